@@ -1,0 +1,98 @@
+"""The frontend: a kernel function's Python source -> one ``ir.Kernel``.
+
+``build_kernel`` parses the function's AST (Python values evaluated at build time, tile operations
+recorded as IR) and is the only entry point; ``visitor`` handles syntax, ``semantic`` types and
+shapes.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from .. import ir
+from ..errors import CompileError
+from . import semantic
+from .context import Builder, active
+from .visitor import KernelVisitor
+
+
+@dataclass
+class KernelSource:
+    """A kernel function with the names it sees (globals + closure, captured at definition)."""
+    fn: Callable
+    names: dict
+    tree: ast.FunctionDef
+    file: str
+    line_offset: int
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    @property
+    def param_names(self) -> list[str]:
+        return [a.arg for a in self.tree.args.args]
+
+    @property
+    def source(self) -> str:
+        return ast.unparse(self.tree)
+
+
+def kernel_source(fn: Callable) -> KernelSource:
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+        file = inspect.getsourcefile(fn) or "<unknown>"
+    except (OSError, TypeError) as e:
+        raise CompileError(f"cannot read the source of kernel '{getattr(fn, '__name__', fn)}': {e}; "
+                           f"kernels must be defined in a file") from None
+    tree = ast.parse(src)
+    fdef = tree.body[0]
+    if not isinstance(fdef, ast.FunctionDef):
+        raise CompileError(f"'{fn.__name__}' is not a plain function")
+    names = dict(fn.__globals__)
+    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            names[var] = cell.cell_contents
+        except ValueError:  # an unbound cell: the name is defined later in the enclosing function
+            pass
+    return KernelSource(fn, names, fdef, file, fn.__code__.co_firstlineno - 1)
+
+
+def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None) -> ir.Kernel:
+    """Build the IR of ``src``. ``param_specs`` overrides annotations (direct style): a
+    ``semantic.TensorSpec``, a DType (runtime scalar) or any Python value (bound as is)."""
+    b = Builder(src.name, src.file)
+    v = KernelVisitor(b, src.names, src.line_offset)
+    with active(b):
+        v._at(src.tree)
+        args = src.tree.args
+        if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
+            raise v.error("kernel functions take plain positional parameters only")
+        for a in args.args:
+            v._at(a)
+            if param_specs is not None and a.arg in param_specs:
+                spec = param_specs[a.arg]
+            elif a.annotation is not None:
+                spec = v.eval(a.annotation)
+            else:
+                raise v.error(f"parameter '{a.arg}' needs an annotation (T.Tensor(shape, dtype) or a "
+                              f"scalar dtype)")
+            v.bind(a.arg, _param_value(a.arg, spec, v))
+        v.visit_body(src.tree.body)
+        if b.kernel is None or "body" not in b.kernel:
+            v._at(src.tree)
+            raise v.error(f"kernel '{src.name}' has no `with T.Kernel(...)` block")
+        k = b.kernel
+        return ir.Kernel(src.name, tuple(b.params), k["grid"], k["block_vars"], k["threads"],
+                         k["body"], b.swizzle_panel, (), k["loc"])
+
+
+def _param_value(name: str, spec: Any, v: KernelVisitor):
+    if isinstance(spec, semantic.TensorSpec):
+        return semantic.tensor_param(name, spec)
+    if isinstance(spec, ir.DType):
+        return semantic.scalar_param(name, spec)
+    return spec

@@ -1,0 +1,77 @@
+"""The build-time state of the kernel being built: statement lists, location, names.
+
+One ``Builder`` is active per thread while the frontend walks a kernel; ``T.*`` functions reach it
+through ``builder()``. Outside a kernel they get a plain error sentence.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Optional
+
+from .. import ir
+from ..errors import CompileError
+
+_state = threading.local()
+
+
+class Builder:
+    def __init__(self, name: str, file: str):
+        self.name = name
+        self.file = file
+        self.loc = ir.Loc(file, 0, 0)
+        self._stack: list[list[ir.Stmt]] = [[]]
+        self._names: dict[str, int] = {}
+        self.params: list = []
+        self.kernel: Optional[dict] = None        # set by T.Kernel: grid, threads, block_vars
+        self.swizzle_panel = 0
+        self.parallel_vars: list[ir.Var] = []     # innermost last
+        self.roles: list[tuple[int, ...]] = []    # enclosing T.ws, innermost last
+        self.mbarrier_list: Optional[ir.Buffer] = None
+        self.name_hint: Optional[str] = None       # the name an allocation is being assigned to
+
+    def unique(self, name: str) -> str:
+        n = self._names.get(name, 0)
+        self._names[name] = n + 1
+        return name if n == 0 else f"{name}_{n}"
+
+    def emit(self, s: ir.Stmt) -> None:
+        if self.kernel is None:
+            raise CompileError("tile operations must be inside `with T.Kernel(...)`", self.loc)
+        self._stack[-1].append(s)
+
+    @contextmanager
+    def block(self):
+        """Collect the statements emitted inside into a fresh list, yielded to the caller."""
+        self._stack.append([])
+        body: list[ir.Stmt] = self._stack[-1]
+        try:
+            yield body
+        finally:
+            self._stack.pop()
+
+    def top_level(self) -> list[ir.Stmt]:
+        return self._stack[0]
+
+
+def builder() -> Builder:
+    b = getattr(_state, "builder", None)
+    if b is None:
+        raise CompileError("tilews language functions (T.*) can only be used inside a kernel "
+                           "body being compiled by @tilews.jit / @T.prim_func")
+    return b
+
+
+def current_loc() -> ir.Loc:
+    b = getattr(_state, "builder", None)
+    return b.loc if b is not None else ir.UNKNOWN_LOC
+
+
+@contextmanager
+def active(b: Builder):
+    prev = getattr(_state, "builder", None)
+    _state.builder = b
+    try:
+        yield b
+    finally:
+        _state.builder = prev

@@ -1,0 +1,551 @@
+"""Semantics of the tile language: type and shape checks, then exactly one IR node per operation.
+
+``tilews.language`` functions normalize their arguments and call one function here. Every check a
+user can fail raises ``CompileError`` at the current source location.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .. import ir
+from ..errors import CompileError
+from .context import builder, current_loc
+from .values import BufferRef, ElementRef, RegionRef, Scalar, promote, to_expr
+
+
+def err(msg: str, notes: Sequence[str] = ()) -> CompileError:
+    return CompileError(msg, current_loc(), notes)
+
+
+# ----------------------------------------------------------------------------------------------
+# dtypes
+
+
+def as_dtype(x, what: str = "dtype") -> ir.DType:
+    """A DType from a DType, a TileLang/numpy name, or a torch dtype."""
+    if isinstance(x, ir.DType):
+        return x
+    if isinstance(x, str):
+        dt = ir.DTYPE_ALIASES.get(x)
+        if dt is None:
+            raise err(f"unknown {what} '{x}'; known: {', '.join(sorted(ir.DTYPE_ALIASES))}")
+        return dt
+    name = getattr(x, "__module__", "") == "torch" and str(x).removeprefix("torch.")
+    if name and name in _TORCH_NAMES:
+        return _TORCH_NAMES[name]
+    raise err(f"{what} must be a tilews dtype (T.float16, ...), a dtype name or a torch dtype, "
+              f"got {x!r}")
+
+
+_TORCH_NAMES = {"bfloat16": ir.DType.BF16, "float16": ir.DType.F16, "float32": ir.DType.F32,
+                "float64": ir.DType.F64, "int8": ir.DType.I8, "int16": ir.DType.I16,
+                "int32": ir.DType.I32, "int64": ir.DType.I64, "uint8": ir.DType.U8,
+                "bool": ir.DType.BOOL, "float8_e4m3fn": ir.DType.F8E4M3,
+                "float8_e5m2": ir.DType.F8E5M2}
+
+
+# ----------------------------------------------------------------------------------------------
+# parameters
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """``T.dynamic("m")``: a tensor dimension bound at each call, not part of the compile key."""
+    name: str
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """``T.Tensor(shape, dtype)``: the annotation of a tensor parameter."""
+    shape: tuple
+    dtype: ir.DType
+
+
+def tensor_param(name: str, spec: TensorSpec) -> BufferRef:
+    b = builder()
+    dims = []
+    for d in spec.shape:
+        if isinstance(d, Dynamic):
+            dims.append(scalar_param(d.name).expr)
+        elif isinstance(d, Scalar):
+            dims.append(d.expr)
+        elif isinstance(d, int) and not isinstance(d, bool) and d > 0:
+            dims.append(ir.Const(d, ir.DType.I32, current_loc()))
+        else:
+            raise err(f"dimension {d!r} of parameter '{name}' must be a positive int or "
+                      f"T.dynamic(name)")
+    buf = ir.Buffer(b.unique(name), tuple(dims), spec.dtype, ir.Scope.GLOBAL, (), current_loc())
+    b.params.append(buf)
+    return BufferRef(buf)
+
+
+def scalar_param(name: str, dtype: ir.DType = ir.DType.I32) -> Scalar:
+    """A runtime scalar parameter; one per name."""
+    b = builder()
+    for p in b.params:
+        if isinstance(p, ir.Var) and p.name == name:
+            return Scalar(p)
+    v = ir.Var(name, dtype, ir.VarKind.PARAM, current_loc())
+    b.params.append(v)
+    return Scalar(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# frames: `with` and `for` constructs
+
+
+class Frame:
+    """A construct the frontend enters, visits the body of, and exits."""
+
+    def enter(self, names: Sequence[Optional[str]]):
+        raise NotImplementedError
+
+    def exit(self, body: list[ir.Stmt]) -> None:
+        raise NotImplementedError
+
+
+def _block(body: list[ir.Stmt]) -> ir.Seq:
+    return ir.Seq(tuple(body), current_loc())
+
+
+class KernelFrame(Frame):
+    def __init__(self, grid: Sequence, threads: int):
+        if not grid or len(grid) > 3:
+            raise err(f"T.Kernel takes 1 to 3 grid extents, got {len(grid)}")
+        if not isinstance(threads, int) or threads <= 0 or threads % 32:
+            raise err(f"T.Kernel(threads=...) must be a positive multiple of 32, got {threads!r}")
+        for g in grid:
+            if isinstance(g, int) and g <= 0:
+                raise err(f"grid extents must be positive, got {g}")
+        self.grid = tuple(to_expr(g, ir.DType.I32) for g in grid)
+        self.threads = threads
+        self.loc = current_loc()
+
+    def enter(self, names):
+        b = builder()
+        if b.kernel is not None:
+            raise err("only one T.Kernel per kernel function")
+        default = ("bx", "by", "bz")
+        vars_ = tuple(ir.Var(b.unique(n or default[i]), ir.DType.I32, ir.VarKind.BLOCK, current_loc())
+                      for i, n in enumerate((list(names) + [None] * 3)[:len(self.grid)]))
+        b.kernel = {"grid": self.grid, "threads": self.threads, "block_vars": vars_}
+        b._stack.append([])
+        vals = tuple(Scalar(v) for v in vars_)
+        return vals[0] if len(vals) == 1 else vals
+
+    def exit(self, body):
+        b = builder()
+        b._stack.pop()
+        b.kernel["body"] = _block(body)
+        b.kernel["loc"] = self.loc
+
+
+class WsFrame(Frame):
+    def __init__(self, warpgroups: Sequence[int]):
+        wgs = tuple(warpgroups)
+        if not wgs or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in wgs):
+            raise err(f"T.ws takes warp-group ids (non-negative ints), got {warpgroups!r}")
+        if len(set(wgs)) != len(wgs):
+            raise err(f"T.ws{wgs} names a warp group twice")
+        self.warpgroups = tuple(sorted(wgs))
+        self.loc = current_loc()
+
+    def enter(self, names):
+        b = builder()
+        if b.roles:
+            raise err(f"T.ws{self.warpgroups} inside T.ws{b.roles[-1]}: roles cannot nest")
+        if b.parallel_vars:
+            raise err("T.ws cannot be used inside T.Parallel")
+        b.roles.append(self.warpgroups)
+        return None
+
+    def exit(self, body):
+        b = builder()
+        b.roles.pop()
+        b.emit(ir.Role(self.warpgroups, _block(body), self.loc))
+
+
+class LoopFrame(Frame):
+    """``range``, ``T.serial``, ``T.unroll`` and ``T.Pipelined`` loops."""
+
+    def __init__(self, kind: ir.ForKind, start, stop=None, step=1, num_stages: int = 0):
+        if stop is None:
+            start, stop = 0, start
+        if isinstance(step, int) and step <= 0:
+            raise err(f"loop step must be positive, got {step}")
+        if kind is ir.ForKind.PIPELINED and (not isinstance(num_stages, int) or num_stages < 0):
+            raise err(f"T.Pipelined(num_stages=...) must be a non-negative int, got {num_stages!r}")
+        self.kind = kind
+        self.start, self.stop, self.step = (to_expr(x, ir.DType.I32) for x in (start, stop, step))
+        for name, e in (("start", self.start), ("stop", self.stop), ("step", self.step)):
+            if not e.dtype.is_int:
+                raise err(f"loop {name} must be an integer, got {e.dtype.value}")
+        self.num_stages = num_stages
+        self.loc = current_loc()
+
+    def enter(self, names):
+        if len(names) != 1:
+            raise err("this loop binds exactly one index variable")
+        b = builder()
+        if b.parallel_vars:
+            raise err("loops inside T.Parallel are not supported; use nested T.Parallel extents")
+        self.var = ir.Var(b.unique(names[0] or "i"), ir.DType.I32, ir.VarKind.LOOP, current_loc())
+        return Scalar(self.var)
+
+    def exit(self, body):
+        builder().emit(ir.For(self.var, self.start, self.stop, self.step, self.kind, _block(body),
+                              self.num_stages, self.loc))
+
+
+class ParallelFrame(Frame):
+    def __init__(self, extents: Sequence[int]):
+        if not extents:
+            raise err("T.Parallel needs at least one extent")
+        for e in extents:
+            if not isinstance(e, int) or isinstance(e, bool) or e <= 0:
+                raise err(f"T.Parallel extents must be positive ints known at build time, got {e!r}")
+        self.extents = tuple(extents)
+        self.loc = current_loc()
+
+    def enter(self, names):
+        if len(names) != len(self.extents):
+            raise err(f"T.Parallel with {len(self.extents)} extents binds {len(self.extents)} "
+                      f"variables, got {len(names)}")
+        b = builder()
+        if b.parallel_vars:
+            raise err("T.Parallel cannot be nested; give all extents to one T.Parallel")
+        self.vars = tuple(ir.Var(b.unique(n or "i"), ir.DType.I32, ir.VarKind.PARALLEL, current_loc())
+                          for n in names)
+        b.parallel_vars.extend(self.vars)
+        vals = tuple(Scalar(v) for v in self.vars)
+        return vals[0] if len(vals) == 1 else vals
+
+    def exit(self, body):
+        b = builder()
+        del b.parallel_vars[-len(self.vars):]
+        for s in body:
+            if not isinstance(s, (ir.Store, ir.If, ir.AtomicAdd)):
+                raise CompileError(f"only element stores, `if` and T.atomic_add may appear inside "
+                                   f"T.Parallel, not {type(s).__name__.lower()}", s.loc)
+        b.emit(ir.Parallel(self.vars, self.extents, _block(body), self.loc))
+
+
+def emit_if(cond: Scalar, then: list[ir.Stmt], orelse: list[ir.Stmt], loc: ir.Loc) -> None:
+    if cond.dtype is not ir.DType.BOOL:
+        c = ir.Cmp(ir.CmpKind.NE, cond.expr, to_expr(0, cond.dtype), loc)
+    else:
+        c = cond.expr
+    builder().emit(ir.If(c, ir.Seq(tuple(then), loc), ir.Seq(tuple(orelse), loc), loc))
+
+
+# ----------------------------------------------------------------------------------------------
+# memory
+
+
+def alloc(shape, dtype, scope: ir.Scope, name: Optional[str]) -> BufferRef:
+    b = builder()
+    if b.parallel_vars:
+        raise err("buffers cannot be allocated inside T.Parallel")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool) or d <= 0:
+            raise err(f"{scope.value} buffer shape must be positive ints known at build time, "
+                      f"got {shape!r}")
+    dt = as_dtype(dtype)
+    buf = ir.Buffer(b.unique(name or f"{scope.value}_buf"), tuple(ir.Const(d, ir.DType.I32, current_loc())
+                                                             for d in shape),
+                    dt, scope, (), current_loc())
+    b.emit(ir.Alloc(buf, current_loc()))
+    return BufferRef(buf)
+
+
+def alloc_barriers(counts: Sequence[int], name: Optional[str]) -> BufferRef:
+    b = builder()
+    for c in counts:
+        if not isinstance(c, int) or isinstance(c, bool) or c <= 0:
+            raise err(f"barrier arrive counts must be positive ints (threads), got {c!r}")
+    buf = ir.Buffer(b.unique(name or "mbar"), (ir.Const(len(counts), ir.DType.I32, current_loc()),),
+                    ir.DType.I64, ir.Scope.BARRIER, tuple(counts), current_loc())
+    b.emit(ir.Alloc(buf, current_loc()))
+    return BufferRef(buf)
+
+
+def mbarrier_list(counts: Sequence[int]) -> None:
+    b = builder()
+    if b.mbarrier_list is not None:
+        raise err("T.create_list_of_mbarrier may be called once per kernel")
+    b.mbarrier_list = alloc_barriers(counts, "mbarrier").buffer
+
+
+def get_mbarrier(i) -> ElementRef:
+    b = builder()
+    if b.mbarrier_list is None:
+        raise err("T.get_mbarrier needs T.create_list_of_mbarrier earlier in the kernel")
+    return ElementRef(b.mbarrier_list, (to_expr(i, ir.DType.I32),))
+
+
+def barrier_ref(bar, what: str = "barrier") -> ir.BarrierRef:
+    if isinstance(bar, int) and not isinstance(bar, bool):
+        bar = get_mbarrier(bar)
+    if isinstance(bar, ElementRef):
+        buf, index = bar.buffer, bar.indices[0]
+    elif isinstance(bar, BufferRef):
+        buf, index = bar.buffer, to_expr(0)
+        if buf.scope is ir.Scope.BARRIER and len(buf.arrive_counts) != 1:
+            raise err(f"'{buf.name}' holds {len(buf.arrive_counts)} barriers; index it")
+    else:
+        raise err(f"{what} must be a barrier from T.alloc_barrier, got {bar!r}")
+    if buf.scope is not ir.Scope.BARRIER:
+        raise err(f"{what} must be a barrier from T.alloc_barrier, got {buf.scope.value} "
+                  f"buffer '{buf.name}'")
+    return ir.BarrierRef(buf, index, current_loc())
+
+
+# ----------------------------------------------------------------------------------------------
+# regions
+
+
+def _whole(buf: ir.Buffer) -> ir.Region:
+    if any(ir.as_int(d) is None for d in buf.shape):
+        raise err(f"'{buf.name}' has runtime dimensions; give a region start (e.g. {buf.name}[i, j])")
+    return ir.Region(buf, tuple(ir.Const(0, ir.DType.I32, current_loc()) for _ in buf.shape),
+                     buf.static_shape, current_loc())
+
+
+def as_region(x, what: str, extent_from: Optional[ir.Region] = None) -> ir.Region:
+    """A Region from a buffer, a slice, or a start index (extents taken from ``extent_from``)."""
+    if isinstance(x, BufferRef):
+        return _whole(x.buffer)
+    if isinstance(x, RegionRef):
+        return x.region
+    if isinstance(x, ElementRef):
+        if extent_from is None:
+            raise err(f"{what}: a start index like {x.buffer.name}[i, j] needs the other operand to "
+                      f"be a whole buffer or a slice that gives the extent")
+        tile = extent_from.tile_shape
+        rank = len(x.indices)
+        if len(tile) > rank:
+            raise err(f"{what}: a {len(tile)}-d tile does not fit in {rank}-d '{x.buffer.name}'")
+        extents = (1,) * (rank - len(tile)) + tile
+        return ir.Region(x.buffer, x.indices, extents, current_loc())
+    raise err(f"{what} must be a buffer, a region (A[i:i+m, :]) or a start index (A[i, j]), got {x!r}")
+
+
+def _check_in_bounds(r: ir.Region, what: str) -> None:
+    """Regions of on-chip buffers must lie inside them (global regions are masked instead)."""
+    if r.buffer.scope is ir.Scope.GLOBAL:
+        return
+    for d, (s, e, dim) in enumerate(zip(r.starts, r.extents, r.buffer.static_shape)):
+        si = ir.as_int(s)
+        if si is not None and (si < 0 or si + e > dim):
+            raise err(f"{what}: region [{si}:{si + e}] of dimension {d} is outside "
+                      f"'{r.buffer.name}' (extent {dim})")
+
+
+def _pair(src, dst, what: str) -> tuple[ir.Region, ir.Region]:
+    if isinstance(src, ElementRef) and isinstance(dst, ElementRef):
+        raise err(f"{what}: both operands are start indices; one must give the extent")
+    if isinstance(src, ElementRef):
+        d = as_region(dst, f"{what} destination")
+        s = as_region(src, f"{what} source", d)
+    else:
+        s = as_region(src, f"{what} source")
+        d = as_region(dst, f"{what} destination", s)
+    if s.tile_shape != d.tile_shape:
+        raise err(f"{what}: source tile {list(s.tile_shape)} and destination tile "
+                  f"{list(d.tile_shape)} differ")
+    _check_in_bounds(s, what)
+    _check_in_bounds(d, what)
+    return s, d
+
+
+# ----------------------------------------------------------------------------------------------
+# tile operations
+
+
+def _tile_op(what: str) -> None:
+    if builder().parallel_vars:
+        raise err(f"{what} is a tile operation and cannot be used inside T.Parallel")
+
+
+def copy(src, dst, barrier=None) -> None:
+    _tile_op("T.copy")
+    s, d = _pair(src, dst, "T.copy")
+    if d.buffer.scope is ir.Scope.BARRIER or s.buffer.scope is ir.Scope.BARRIER:
+        raise err("T.copy cannot copy barriers")
+    bar = None
+    if barrier is not None:
+        bar = barrier_ref(barrier, "T.copy(barrier=...)")
+        if not (s.buffer.scope is ir.Scope.GLOBAL and d.buffer.scope is ir.Scope.SHARED):
+            raise err("T.copy(barrier=...) completes asynchronously and is only for global -> "
+                      "shared copies")
+    builder().emit(ir.Copy(s, d, bar, ir.CopyMechanism.UNDECIDED, current_loc()))
+
+
+def gemm(a, b, c, transpose_a: bool, transpose_b: bool, clear_accum: bool) -> None:
+    _tile_op("T.gemm")
+    ra, rb, rc = (as_region(x, f"T.gemm operand {n}") for x, n in ((a, "A"), (b, "B"), (c, "C")))
+    for r, n in ((ra, "A"), (rb, "B"), (rc, "C")):
+        _check_in_bounds(r, "T.gemm")
+        if len(r.tile_shape) != 2:
+            raise err(f"T.gemm operand {n} ('{r.buffer.name}') must be a 2-d tile, got "
+                      f"{list(r.tile_shape)}")
+    for r, n in ((ra, "A"), (rb, "B")):
+        if r.buffer.scope not in (ir.Scope.SHARED, ir.Scope.FRAGMENT, ir.Scope.LOCAL):
+            raise err(f"T.gemm operand {n} ('{r.buffer.name}') must be in shared memory or a "
+                      f"fragment, not {r.buffer.scope.value}")
+    if rc.buffer.scope not in (ir.Scope.FRAGMENT, ir.Scope.LOCAL):
+        raise err(f"T.gemm accumulator C ('{rc.buffer.name}') must be a fragment "
+                  f"(T.alloc_fragment), not {rc.buffer.scope.value}")
+    m, k = ra.tile_shape[::-1] if transpose_a else ra.tile_shape
+    k2, n = rb.tile_shape[::-1] if transpose_b else rb.tile_shape
+    if k != k2:
+        raise err(f"T.gemm: A is {m}x{k} but B is {k2}x{n} (K differs)",
+                  ["transpose_A / transpose_B select the layout of each operand"])
+    if rc.tile_shape != (m, n):
+        raise err(f"T.gemm: C is {list(rc.tile_shape)} but A @ B is [{m}, {n}]")
+    da, db, dc = ra.buffer.dtype, rb.buffer.dtype, rc.buffer.dtype
+    if da != db and not (da.is_fp8 and db.is_fp8):
+        raise err(f"T.gemm: A is {da.value} but B is {db.value}")
+    if not (dc.is_float or dc is ir.DType.I32) or dc.is_fp8:
+        raise err(f"T.gemm: accumulator must be f32/f16/f64 or i32, got {dc.value}")
+    if da.is_int != (dc is ir.DType.I32):
+        raise err(f"T.gemm: {da.value} operands need a {'i32' if da.is_int else 'float'} accumulator")
+    builder().emit(ir.Gemm(ra, rb, rc, bool(transpose_a), bool(transpose_b), bool(clear_accum),
+                           ir.GemmInstr.UNDECIDED, current_loc()))
+
+
+def fill(dst, value) -> None:
+    _tile_op("T.fill")
+    r = as_region(dst, "T.fill destination")
+    _check_in_bounds(r, "T.fill")
+    if r.buffer.scope in (ir.Scope.GLOBAL, ir.Scope.BARRIER):
+        raise err(f"T.fill writes on-chip buffers, not {r.buffer.scope.value} '{r.buffer.name}'")
+    builder().emit(ir.Fill(r, to_expr(value, r.buffer.dtype), current_loc()))
+
+
+def reduce(kind: ir.ReduceKind, src, dst, dim: int, clear: bool) -> None:
+    _tile_op(f"T.reduce_{kind.value}")
+    if not isinstance(src, BufferRef) or not isinstance(dst, BufferRef):
+        raise err(f"T.reduce_{kind.value} takes whole buffers (src, dst)")
+    s, d = src.buffer, dst.buffer
+    for x in (s, d):
+        if x.scope not in (ir.Scope.FRAGMENT, ir.Scope.SHARED, ir.Scope.LOCAL):
+            raise err(f"T.reduce_{kind.value}: '{x.name}' must be an on-chip buffer")
+    shape = s.static_shape
+    if not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
+        raise err(f"T.reduce_{kind.value}: dim={dim!r} is out of range for {len(shape)}-d '{s.name}'")
+    dim %= len(shape)
+    expect = shape[:dim] + shape[dim + 1:] or (1,)
+    if d.static_shape != expect:
+        raise err(f"T.reduce_{kind.value}: reducing {list(shape)} over dim {dim} gives "
+                  f"{list(expect)}, but '{d.name}' is {list(d.static_shape)}")
+    builder().emit(ir.Reduce(kind, s, d, dim, bool(clear), current_loc()))
+
+
+def store(target, value) -> None:
+    """``buf[i, j] = value`` (per element inside T.Parallel)."""
+    if isinstance(target, RegionRef):
+        raise err("assigning to a slice is not supported; use T.copy or T.fill")
+    if not isinstance(target, ElementRef):
+        raise err("only buffer elements can be assigned")
+    buf = target.buffer
+    if buf.scope is ir.Scope.BARRIER:
+        raise err(f"'{buf.name}' is a barrier and cannot be assigned")
+    if buf.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT, ir.Scope.GLOBAL) and not builder().parallel_vars:
+        raise err(f"element stores into {buf.scope.value} buffer '{buf.name}' must be inside "
+                  f"T.Parallel (local buffers may be stored directly)")
+    builder().emit(ir.Store(buf, target.indices, to_expr(value, buf.dtype), current_loc()))
+
+
+def atomic_add(dst, value) -> None:
+    """Tile form: value is a buffer or region; element form: value is a scalar."""
+    if isinstance(value, (BufferRef, RegionRef)):
+        _tile_op("T.atomic_add of a tile")
+        v, r = _pair(value, dst, "T.atomic_add")
+        payload: object = v
+    else:
+        if not isinstance(dst, ElementRef):
+            raise err("T.atomic_add with a scalar value needs an element destination (C[i, j])")
+        r = ir.Region(dst.buffer, dst.indices, (1,) * len(dst.indices), current_loc())
+        payload = to_expr(value, dst.buffer.dtype)
+    if r.buffer.scope is not ir.Scope.GLOBAL:
+        raise err(f"T.atomic_add targets global memory, not {r.buffer.scope.value} '{r.buffer.name}'")
+    builder().emit(ir.AtomicAdd(r, payload, current_loc()))
+
+
+def barrier_arrive(bar) -> None:
+    _tile_op("T.barrier_arrive")
+    builder().emit(ir.BarrierArrive(barrier_ref(bar), current_loc()))
+
+
+def barrier_wait(bar, parity) -> None:
+    _tile_op("T.barrier_wait")
+    p = to_expr(parity, ir.DType.I32)
+    if not p.dtype.is_int and p.dtype is not ir.DType.BOOL:
+        raise err(f"barrier parity must be an integer (0 or 1), got {p.dtype.value}")
+    if ir.as_int(p) is not None and ir.as_int(p) not in (0, 1):
+        raise err(f"barrier parity must be 0 or 1, got {ir.as_int(p)}")
+    builder().emit(ir.BarrierWait(barrier_ref(bar), p, current_loc()))
+
+
+def use_swizzle(panel: int) -> None:
+    if not isinstance(panel, int) or panel <= 0:
+        raise err(f"T.use_swizzle(panel) takes a positive int, got {panel!r}")
+    builder().swizzle_panel = panel
+
+
+# ----------------------------------------------------------------------------------------------
+# math
+
+
+_PY_MATH = {ir.MathFn.EXP: math.exp, ir.MathFn.EXP2: lambda x: 2.0 ** x, ir.MathFn.LOG: math.log,
+            ir.MathFn.LOG2: math.log2, ir.MathFn.ABS: abs, ir.MathFn.SQRT: math.sqrt,
+            ir.MathFn.RSQRT: lambda x: 1.0 / math.sqrt(x), ir.MathFn.MAX: max, ir.MathFn.MIN: min}
+
+
+def math_call(fn: ir.MathFn, *args):
+    if not any(isinstance(a, Scalar) for a in args):
+        return _PY_MATH[fn](*args)
+    dts = [a.dtype for a in args if isinstance(a, Scalar)]
+    dt = dts[0]
+    for d in dts[1:]:
+        dt = promote(dt, d)
+    exprs = tuple(to_expr(a, dt) for a in args)
+    if fn not in (ir.MathFn.MAX, ir.MathFn.MIN, ir.MathFn.ABS):
+        if not dt.is_float:
+            exprs = tuple(ir.Cast(e, ir.DType.F32, current_loc()) for e in exprs)
+            dt = ir.DType.F32
+    else:
+        exprs = tuple(e if e.dtype == dt else ir.Cast(e, dt, current_loc()) for e in exprs)
+    return Scalar(ir.Call(fn, exprs, dt, current_loc()))
+
+
+def cast(x, dtype) -> Scalar:
+    dt = as_dtype(dtype)
+    e = to_expr(x, None)
+    if e.dtype == dt:
+        return Scalar(e)
+    return Scalar(ir.Cast(e, dt, current_loc()))
+
+
+def select(cond, a, b):
+    if not isinstance(cond, Scalar):
+        return a if cond else b
+    da = a.dtype if isinstance(a, Scalar) else None
+    db = b.dtype if isinstance(b, Scalar) else None
+    dt = promote(da, db) if da and db else (da or db)
+    ea, eb = to_expr(a, dt), to_expr(b, dt)
+    dt = dt or promote(ea.dtype, eb.dtype)
+    ea = ea if ea.dtype == dt else ir.Cast(ea, dt, current_loc())
+    eb = eb if eb.dtype == dt else ir.Cast(eb, dt, current_loc())
+    return Scalar(ir.Select(cond.expr, ea, eb, dt, current_loc()))
+
+
+def infinity(dtype) -> Scalar:
+    dt = as_dtype(dtype)
+    if not dt.is_float:
+        raise err(f"T.infinity needs a float dtype, got {dt.value}")
+    return Scalar(ir.Const(math.inf, dt, current_loc()))

@@ -1,0 +1,374 @@
+"""Walks a kernel function's Python AST and builds Tile IR.
+
+Python-level values (shape parameters, dtypes, build-time lists) are evaluated as Python;
+``T.*`` calls go to ``semantic``; ``with`` and ``for`` over tilews constructs become IR bodies;
+``if`` on a runtime value becomes an IR ``If``. Every node visited sets the builder's location, and
+any foreign exception is re-raised as a ``CompileError`` at the user's line
+(``TILEWS_DEBUG_FRONTEND=1`` re-raises it raw).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import operator
+import os
+from typing import Any
+
+from .. import ir
+from ..errors import CompileError
+from . import semantic
+from .context import Builder
+from .values import ElementRef, Scalar, binary, compare, logical_not
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+           ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+           ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.Pow: operator.pow}
+_CMPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+         ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_,
+         ast.IsNot: operator.is_not, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+_RUNTIME_CMPS = {ast.Lt: ir.CmpKind.LT, ast.LtE: ir.CmpKind.LE, ast.Gt: ir.CmpKind.GT,
+                 ast.GtE: ir.CmpKind.GE, ast.Eq: ir.CmpKind.EQ, ast.NotEq: ir.CmpKind.NE}
+
+
+def _kernel_builtins() -> dict[str, Any]:
+    """Builtins as seen inside a kernel: ``range`` is a serial loop, min/max work on runtime values."""
+    loop = lambda *a: semantic.LoopFrame(ir.ForKind.SERIAL, *a)  # noqa: E731
+    return {"range": loop,
+            "max": lambda *a: semantic.math_call(ir.MathFn.MAX, *a) if len(a) > 1 else builtins.max(*a),
+            "min": lambda *a: semantic.math_call(ir.MathFn.MIN, *a) if len(a) > 1 else builtins.min(*a),
+            "abs": lambda x: semantic.math_call(ir.MathFn.ABS, x)}
+
+
+class _Binding:
+    __slots__ = ("value", "depth", "line")
+
+    def __init__(self, value, depth: int, line: int):
+        self.value, self.depth, self.line = value, depth, line
+
+
+class KernelVisitor:
+    """Visits one function body. ``names`` is the function's global + closure namespace."""
+
+    def __init__(self, b: Builder, names: dict[str, Any], line_offset: int):
+        self.b = b
+        self.names = names
+        self.line_offset = line_offset
+        self.local: dict[str, _Binding] = {}
+        self.scoped_out: dict[str, int] = {}   # names bound inside a finished runtime body
+        self.depth = 0                         # nesting of runtime (IR) bodies
+        self.kernel_builtins = _kernel_builtins()
+        self.debug = os.environ.get("TILEWS_DEBUG_FRONTEND") == "1"
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _at(self, node: ast.AST) -> None:
+        if hasattr(node, "lineno"):
+            self.b.loc = ir.Loc(self.b.file, node.lineno + self.line_offset, node.col_offset)
+
+    def error(self, msg: str, notes=()) -> CompileError:
+        return CompileError(msg, self.b.loc, notes)
+
+    def visit_body(self, stmts: list[ast.stmt]) -> None:
+        for s in stmts:
+            self.visit_stmt(s)
+
+    def visit_stmt(self, node: ast.stmt) -> None:
+        self._at(node)
+        method = getattr(self, f"stmt_{type(node).__name__}", None)
+        if method is None:
+            raise self.error(f"unsupported statement in a kernel: {type(node).__name__}")
+        self._guard(method, node)
+
+    def eval(self, node: ast.expr) -> Any:
+        saved = self.b.loc
+        self._at(node)
+        method = getattr(self, f"expr_{type(node).__name__}", None)
+        if method is None:
+            raise self.error(f"unsupported expression in a kernel: {type(node).__name__}")
+        out = self._guard(method, node)
+        self.b.loc = saved
+        return out
+
+    def _guard(self, method, node):
+        if self.debug:
+            return method(node)
+        try:
+            return method(node)
+        except CompileError:
+            raise
+        except Exception as e:  # a user's mistake surfacing as a Python error at this line
+            raise CompileError(f"{type(e).__name__}: {e}", self.b.loc) from None
+
+    # -- names ------------------------------------------------------------------------------------
+    def lookup(self, name: str) -> Any:
+        if name in self.local:
+            return self.local[name].value
+        if name in self.scoped_out:
+            raise self.error(f"'{name}' was assigned inside a runtime loop or branch (line "
+                             f"{self.scoped_out[name]}) and is not defined after it",
+                             ["values that change at run time live in buffers: T.alloc_local"])
+        if name in self.names:
+            return self.names[name]
+        if name in self.kernel_builtins:
+            return self.kernel_builtins[name]
+        if hasattr(builtins, name):
+            return getattr(builtins, name)
+        raise self.error(f"name '{name}' is not defined")
+
+    def bind(self, name: str, value: Any) -> None:
+        old = self.local.get(name)
+        if old is not None and old.depth < self.depth:
+            raise self.error(f"'{name}' (bound at line {old.line}) is reassigned inside a runtime "
+                             f"loop or branch; a Python name cannot change at run time",
+                             ["use a T.alloc_local buffer for values that change across iterations"])
+        self.local[name] = _Binding(value, self.depth, self.b.loc.line)
+
+    def runtime_body(self, stmts: list[ast.stmt]) -> list[ir.Stmt]:
+        """Visit statements that form an IR body; names bound inside go out of scope after."""
+        before = set(self.local)
+        self.depth += 1
+        try:
+            with self.b.block() as body:
+                self.visit_body(stmts)
+        finally:
+            self.depth -= 1
+        for name in set(self.local) - before:
+            self.scoped_out[name] = self.local.pop(name).line
+        return body
+
+    def assign(self, target: ast.expr, value: Any) -> None:
+        if isinstance(target, ast.Name):
+            self.bind(target.id, value)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            vals = list(value) if not isinstance(value, Scalar) else None
+            if vals is None or len(vals) != len(target.elts):
+                raise self.error(f"cannot unpack {value!r} into {len(target.elts)} names")
+            for t, v in zip(target.elts, vals):
+                self.assign(t, v)
+        elif isinstance(target, ast.Subscript):
+            semantic.store(self.eval(target), value)
+        else:
+            raise self.error(f"cannot assign to {type(target).__name__}")
+
+    # -- statements -------------------------------------------------------------------------------
+    def stmt_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # docstring
+        self.eval(node.value)
+
+    def stmt_Pass(self, node) -> None:
+        pass
+
+    def stmt_Assign(self, node: ast.Assign) -> None:
+        hint = node.targets[0].id if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) else None
+        self.b.name_hint = hint
+        try:
+            value = self.eval(node.value)
+        finally:
+            self.b.name_hint = None
+        for t in node.targets:
+            self.assign(t, value)
+
+    def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is None:
+            raise self.error("annotated names without a value are not supported in kernels")
+        self.b.name_hint = node.target.id if isinstance(node.target, ast.Name) else None
+        try:
+            value = self.eval(node.value)
+        finally:
+            self.b.name_hint = None
+        self.assign(node.target, value)
+
+    def stmt_AugAssign(self, node: ast.AugAssign) -> None:
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            raise self.error(f"unsupported operator {type(node.op).__name__}")
+        current = self.eval(node.target) if not isinstance(node.target, ast.Name) else self.lookup(node.target.id)
+        self.assign(node.target, op(current, self.eval(node.value)))
+
+    def stmt_Assert(self, node: ast.Assert) -> None:
+        cond = self.eval(node.test)
+        if isinstance(cond, Scalar):
+            raise self.error("assert needs a condition known at build time")
+        if not cond:
+            msg = self.eval(node.msg) if node.msg is not None else ast.unparse(node.test)
+            raise self.error(f"assertion failed: {msg}")
+
+    def stmt_If(self, node: ast.If) -> None:
+        cond = self.eval(node.test)
+        if isinstance(cond, Scalar):
+            loc = self.b.loc
+            then = self.runtime_body(node.body)
+            orelse = self.runtime_body(node.orelse)
+            self.b.loc = loc
+            semantic.emit_if(cond, then, orelse, loc)
+        elif cond:
+            self.visit_body(node.body)
+        else:
+            self.visit_body(node.orelse)
+
+    def stmt_With(self, node: ast.With) -> None:
+        if len(node.items) != 1:
+            raise self.error("use one construct per `with` statement")
+        item = node.items[0]
+        frame = self.eval(item.context_expr)
+        if not isinstance(frame, semantic.Frame):
+            raise self.error(f"`with` takes a tilews construct (T.Kernel, T.ws), got {frame!r}")
+        names = self._target_names(item.optional_vars) if item.optional_vars is not None else []
+        loc = self.b.loc
+        value = frame.enter(names)
+        if item.optional_vars is not None:
+            self.assign(item.optional_vars, value)
+        is_kernel = isinstance(frame, semantic.KernelFrame)
+        body = self._frame_body(node.body, bind_depth=not is_kernel)
+        self.b.loc = loc
+        frame.exit(body)
+
+    def _frame_body(self, stmts, bind_depth: bool) -> list[ir.Stmt]:
+        if bind_depth:
+            return self.runtime_body(stmts)
+        with self.b.block() as body:
+            self.visit_body(stmts)
+        return body
+
+    def stmt_For(self, node: ast.For) -> None:
+        if node.orelse:
+            raise self.error("for-else is not supported in kernels")
+        it = self.eval(node.iter)
+        if isinstance(it, semantic.Frame):
+            names = self._target_names(node.target)
+            loc = self.b.loc
+            value = it.enter(names)
+            before = set(self.local)
+            self.depth += 1
+            self.assign(node.target, value)
+            self.depth -= 1
+            body = self.runtime_body(node.body)
+            for name in set(self.local) - before:
+                self.scoped_out[name] = self.local.pop(name).line
+            self.b.loc = loc
+            it.exit(body)
+            return
+        if isinstance(it, Scalar):
+            raise self.error("cannot iterate over a runtime value")
+        try:
+            items = list(it)
+        except TypeError:
+            raise self.error(f"cannot iterate over {it!r}") from None
+        for v in items:  # build-time loop: unrolled into the program
+            self.assign(node.target, v)
+            self.visit_body(node.body)
+
+    def _target_names(self, target: ast.expr) -> list:
+        if isinstance(target, ast.Name):
+            return [target.id]
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return [t.id if isinstance(t, ast.Name) else None for t in target.elts]
+        return [None]
+
+    def stmt_Return(self, node) -> None:
+        raise self.error("a kernel body cannot return a value; write results to output tensors")
+
+    # -- expressions ------------------------------------------------------------------------------
+    def expr_Constant(self, node: ast.Constant):
+        return node.value
+
+    def expr_Name(self, node: ast.Name):
+        return self.lookup(node.id)
+
+    def expr_Attribute(self, node: ast.Attribute):
+        return getattr(self.eval(node.value), node.attr)
+
+    def expr_Subscript(self, node: ast.Subscript):
+        return self.eval(node.value)[self.eval(node.slice)]
+
+    def expr_Slice(self, node: ast.Slice):
+        part = lambda n: None if n is None else self.eval(n)  # noqa: E731
+        return slice(part(node.lower), part(node.upper), part(node.step))
+
+    def expr_Tuple(self, node: ast.Tuple):
+        return tuple(self._elts(node.elts))
+
+    def expr_List(self, node: ast.List):
+        return list(self._elts(node.elts))
+
+    def _elts(self, elts):
+        for e in elts:
+            if isinstance(e, ast.Starred):
+                yield from self.eval(e.value)
+            else:
+                yield self.eval(e)
+
+    def expr_BinOp(self, node: ast.BinOp):
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            raise self.error(f"unsupported operator {type(node.op).__name__}")
+        return op(self.eval(node.left), self.eval(node.right))
+
+    def expr_UnaryOp(self, node: ast.UnaryOp):
+        v = self.eval(node.operand)
+        if isinstance(node.op, ast.Not):
+            return logical_not(v)
+        return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}[type(node.op)](v)
+
+    def expr_Compare(self, node: ast.Compare):
+        left = self.eval(node.left)
+        result = True
+        for op, right_node in zip(node.ops, node.comparators):
+            right = self.eval(right_node)
+            if isinstance(left, Scalar) or isinstance(right, Scalar):
+                kind = _RUNTIME_CMPS.get(type(op))
+                if kind is None:
+                    raise self.error(f"'{type(op).__name__}' cannot compare runtime values")
+                part = compare(kind, left, right)
+            else:
+                part = _CMPS[type(op)](left, right)
+            result = part if result is True else self._and(result, part)
+            left = right
+        return result
+
+    def _and(self, a, b):
+        if isinstance(a, Scalar) or isinstance(b, Scalar):
+            return binary(ir.BinOpKind.LAND, a, b)
+        return a and b
+
+    def expr_BoolOp(self, node: ast.BoolOp):
+        is_and = isinstance(node.op, ast.And)
+        acc = self.eval(node.values[0])
+        for v in node.values[1:]:
+            if not isinstance(acc, Scalar):
+                if (not acc) if is_and else acc:   # Python short-circuit
+                    return acc
+                acc = self.eval(v)
+                continue
+            acc = binary(ir.BinOpKind.LAND if is_and else ir.BinOpKind.LOR, acc, self.eval(v))
+        return acc
+
+    def expr_IfExp(self, node: ast.IfExp):
+        cond = self.eval(node.test)
+        if isinstance(cond, Scalar):
+            return semantic.select(cond, self.eval(node.body), self.eval(node.orelse))
+        return self.eval(node.body) if cond else self.eval(node.orelse)
+
+    def expr_Call(self, node: ast.Call):
+        fn = self.eval(node.func)
+        args = list(self._elts(node.args))
+        kwargs = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                kwargs.update(self.eval(kw.value))
+            else:
+                kwargs[kw.arg] = self.eval(kw.value)
+        return fn(*args, **kwargs)
+
+    def expr_JoinedStr(self, node: ast.JoinedStr):
+        parts = []
+        for v in node.values:
+            if isinstance(v, ast.FormattedValue):
+                parts.append(format(self.eval(v.value)))
+            else:
+                parts.append(v.value)
+        return "".join(parts)
+
+
+__all__ = ["KernelVisitor", "ElementRef"]

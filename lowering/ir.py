@@ -1,0 +1,493 @@
+"""The Tile IR: typed, frozen, target-neutral.
+
+Every pass reads and writes it, the interpreter executes it and every backend emits from it.
+Nodes are frozen dataclasses; each carries the ``Loc`` of the user's source it came from
+(``loc`` takes no part in equality, so structural comparison ignores it). Nothing here is named
+after a backend: a backend's decisions are recorded in neutral fields that ``legalize`` fills.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A position in the user's source."""
+    file: str
+    line: int
+    col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+UNKNOWN_LOC = Loc("<unknown>", 0, 0)
+
+
+def _loc() -> Loc:
+    return field(default=UNKNOWN_LOC, compare=False, repr=False)
+
+
+class DType(enum.Enum):
+    """Element types. The value is the canonical short name used by the printer."""
+    BF16 = "bf16"
+    F16 = "f16"
+    F32 = "f32"
+    F64 = "f64"
+    I8 = "i8"
+    I16 = "i16"
+    I32 = "i32"
+    I64 = "i64"
+    U8 = "u8"
+    BOOL = "bool"
+    F8E4M3 = "f8e4m3"
+    F8E5M2 = "f8e5m2"
+
+    @property
+    def bits(self) -> int:
+        return _BITS[self]
+
+    @property
+    def itemsize(self) -> int:
+        return max(1, self.bits // 8)
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (DType.F8E4M3, DType.F8E5M2)
+
+    def __repr__(self) -> str:
+        return f"T.{_TILELANG_NAME[self]}"
+
+
+_BITS = {DType.BF16: 16, DType.F16: 16, DType.F32: 32, DType.F64: 64, DType.I8: 8, DType.I16: 16,
+         DType.I32: 32, DType.I64: 64, DType.U8: 8, DType.BOOL: 1, DType.F8E4M3: 8, DType.F8E5M2: 8}
+_FLOATS = (DType.BF16, DType.F16, DType.F32, DType.F64, DType.F8E4M3, DType.F8E5M2)
+_TILELANG_NAME = {DType.BF16: "bfloat16", DType.F16: "float16", DType.F32: "float32",
+                  DType.F64: "float64", DType.I8: "int8", DType.I16: "int16", DType.I32: "int32",
+                  DType.I64: "int64", DType.U8: "uint8", DType.BOOL: "bool",
+                  DType.F8E4M3: "float8_e4m3", DType.F8E5M2: "float8_e5m2"}
+# TileLang / numpy / C spellings accepted wherever a dtype is expected.
+DTYPE_ALIASES = {name: dt for dt, name in _TILELANG_NAME.items()}
+DTYPE_ALIASES.update({dt.value: dt for dt in DType})
+DTYPE_ALIASES.update({"float": DType.F32, "half": DType.F16, "double": DType.F64,
+                      "int": DType.I32, "float8_e4m3fn": DType.F8E4M3, "bf16": DType.BF16,
+                      "fp16": DType.F16, "fp32": DType.F32, "fp8_e4m3": DType.F8E4M3,
+                      "fp8_e5m2": DType.F8E5M2})
+
+
+class Scope(enum.Enum):
+    GLOBAL = "global"
+    SHARED = "shared"
+    FRAGMENT = "fragment"
+    LOCAL = "local"
+    BARRIER = "barrier"
+
+
+# ----------------------------------------------------------------------------------------------
+# Expressions
+
+
+@dataclass(frozen=True)
+class Expr:
+    """Base of scalar expressions (inside ``Parallel`` they are evaluated per element)."""
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: Union[int, float, bool]
+    dtype: DType
+    loc: Loc = _loc()
+
+
+class VarKind(enum.Enum):
+    BLOCK = "block"      # block index bound by Kernel
+    LOOP = "loop"        # serial / pipelined / unrolled loop index
+    PARALLEL = "par"     # element index of a Parallel loop
+    PARAM = "param"      # runtime scalar kernel parameter (T.dynamic dims, scalar arguments)
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    name: str
+    dtype: DType
+    kind: VarKind
+    loc: Loc = _loc()
+
+
+class BinOpKind(enum.Enum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"          # true division for floats
+    FLOORDIV = "//"    # floor division (integers)
+    MOD = "%"          # Python modulo (sign of the divisor)
+    AND = "&"
+    OR = "|"
+    XOR = "^"
+    SHL = "<<"
+    SHR = ">>"
+    LAND = "and"       # logical, on bools
+    LOR = "or"
+
+
+@dataclass(frozen=True)
+class BinOp(Expr):
+    op: BinOpKind
+    a: Expr
+    b: Expr
+    dtype: DType
+    loc: Loc = _loc()
+
+
+class CmpKind(enum.Enum):
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+
+
+@dataclass(frozen=True)
+class Cmp(Expr):
+    op: CmpKind
+    a: Expr
+    b: Expr
+    loc: Loc = _loc()
+
+    @property
+    def dtype(self) -> DType:
+        return DType.BOOL
+
+
+class UnOpKind(enum.Enum):
+    NEG = "-"
+    NOT = "not"
+    INVERT = "~"
+
+
+@dataclass(frozen=True)
+class UnOp(Expr):
+    op: UnOpKind
+    a: Expr
+    dtype: DType
+    loc: Loc = _loc()
+
+
+class MathFn(enum.Enum):
+    EXP = "exp"
+    EXP2 = "exp2"
+    LOG = "log"
+    LOG2 = "log2"
+    MAX = "max"
+    MIN = "min"
+    ABS = "abs"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    fn: MathFn
+    args: tuple[Expr, ...]
+    dtype: DType
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    value: Expr
+    dtype: DType
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """``T.if_then_else(cond, a, b)``."""
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """One element of a buffer (per element inside ``Parallel``)."""
+    buffer: "Buffer"
+    indices: tuple[Expr, ...]
+    loc: Loc = _loc()
+
+    @property
+    def dtype(self) -> DType:
+        return self.buffer.dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# Buffers and regions
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A named tensor in one memory scope. Global buffers are kernel parameters; their shape may
+    hold ``Var`` (runtime dims). Barrier buffers hold ``len(arrive_counts)`` mbarriers."""
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: DType
+    scope: Scope
+    arrive_counts: tuple[int, ...] = ()
+    loc: Loc = _loc()
+
+    @property
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape as ints; only valid for buffers whose dims are all constants."""
+        return tuple(d.value for d in self.shape)  # type: ignore[attr-defined]
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.static_shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class Region:
+    """The box ``buffer[starts[i] : starts[i] + extents[i]]``; extents are static."""
+    buffer: Buffer
+    starts: tuple[Expr, ...]
+    extents: tuple[int, ...]
+    loc: Loc = _loc()
+
+    @property
+    def tile_shape(self) -> tuple[int, ...]:
+        """The extents with unit dims dropped (the shape the region has as a tile)."""
+        return tuple(e for e in self.extents if e != 1) or (1,)
+
+
+@dataclass(frozen=True)
+class BarrierRef:
+    """One mbarrier of a barrier buffer."""
+    buffer: Buffer
+    index: Expr
+    loc: Loc = _loc()
+
+
+# ----------------------------------------------------------------------------------------------
+# Statements
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """Base of statements."""
+
+
+@dataclass(frozen=True)
+class Seq(Stmt):
+    stmts: tuple[Stmt, ...]
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Alloc(Stmt):
+    buffer: Buffer
+    loc: Loc = _loc()
+
+
+class CopyMechanism(enum.Enum):
+    """How a copy is performed; ``legalize`` decides, emitters spell it."""
+    UNDECIDED = "undecided"
+    DIRECT = "direct"          # in bounds by construction: no mask
+    MASKED = "masked"          # boundary tiles: zero-fill on load, masked store
+    TMA = "tma"                # bulk tensor copy engine (asynchronous)
+
+
+@dataclass(frozen=True)
+class Copy(Stmt):
+    src: Region
+    dst: Region
+    barrier: Optional[BarrierRef] = None      # completes asynchronously on this barrier
+    mechanism: CopyMechanism = CopyMechanism.UNDECIDED
+    loc: Loc = _loc()
+
+
+class GemmInstr(enum.Enum):
+    """The matrix instruction; ``legalize`` decides."""
+    UNDECIDED = "undecided"
+    DOT = "dot"                    # the target's native tile dot
+    DOT_F32_OPERANDS = "dot_f32"   # operands upcast to f32 first (exact for 16-bit inputs)
+
+
+@dataclass(frozen=True)
+class Gemm(Stmt):
+    """C (+)= op(A) @ op(B)."""
+    a: Region
+    b: Region
+    c: Region
+    transpose_a: bool = False
+    transpose_b: bool = False
+    clear_accum: bool = False
+    instr: GemmInstr = GemmInstr.UNDECIDED
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Fill(Stmt):
+    dst: Region
+    value: Expr
+    loc: Loc = _loc()
+
+
+class ReduceKind(enum.Enum):
+    MAX = "max"
+    MIN = "min"
+    SUM = "sum"
+    ABSSUM = "abssum"
+
+
+@dataclass(frozen=True)
+class Reduce(Stmt):
+    kind: ReduceKind
+    src: Buffer
+    dst: Buffer
+    dim: int
+    clear: bool = True
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    """``buffer[indices] = value``; per element inside ``Parallel``, once otherwise."""
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class AtomicAdd(Stmt):
+    """``dst += value`` atomically; value is an Expr (element form) or a Region (tile form)."""
+    dst: Region
+    value: Union[Expr, Region]
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Parallel(Stmt):
+    """Element-wise loop nest; iterations are independent."""
+    vars: tuple[Var, ...]
+    extents: tuple[int, ...]
+    body: Seq
+    loc: Loc = _loc()
+
+
+class ForKind(enum.Enum):
+    SERIAL = "serial"
+    PIPELINED = "pipelined"
+    UNROLL = "unroll"
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    var: Var
+    start: Expr
+    stop: Expr
+    step: Expr
+    kind: ForKind
+    body: Seq
+    num_stages: int = 0
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    cond: Expr
+    then: Seq
+    orelse: Seq
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Role(Stmt):
+    """Statements run by exactly the warp groups ``warpgroups`` (``T.ws``)."""
+    warpgroups: tuple[int, ...]
+    body: Seq
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class WarpSpecialize(Stmt):
+    """Concurrently running roles, each with the whole program projected onto it."""
+    roles: tuple[Role, ...]
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class BarrierArrive(Stmt):
+    barrier: BarrierRef
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class BarrierWait(Stmt):
+    """Wait until the phase of ``barrier`` with parity ``parity`` has completed."""
+    barrier: BarrierRef
+    parity: Expr
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: parameters (global buffers and runtime scalars), grid, threads, body.
+
+    ``attrs`` holds target-neutral facts set by passes, as sorted (name, value) pairs.
+    """
+    name: str
+    params: tuple[Union[Buffer, Var], ...]
+    grid: tuple[Expr, ...]
+    block_vars: tuple[Var, ...]
+    threads: int
+    body: Seq
+    swizzle_panel: int = 0
+    attrs: tuple[tuple[str, object], ...] = ()
+    loc: Loc = _loc()
+
+    def attr(self, name: str, default=None):
+        return dict(self.attrs).get(name, default)
+
+    @property
+    def buffer_params(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if isinstance(p, Buffer))
+
+    @property
+    def scalar_params(self) -> tuple[Var, ...]:
+        return tuple(p for p in self.params if isinstance(p, Var))
+
+
+NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Select, Load, Buffer, Region,
+                BarrierRef, Seq, Alloc, Copy, Gemm, Fill, Reduce, Store, AtomicAdd, Parallel, For,
+                If, Role, WarpSpecialize, BarrierArrive, BarrierWait, Kernel)
+
+
+def const(value, dtype: Optional[DType] = None, loc: Loc = UNKNOWN_LOC) -> Const:
+    """A constant, with the dtype Python's type implies unless given."""
+    if dtype is None:
+        dtype = DType.BOOL if isinstance(value, bool) else DType.I32 if isinstance(value, int) else DType.F32
+    return Const(value, dtype, loc)
+
+
+def as_int(e: Expr) -> Optional[int]:
+    """The value of an integer constant, else None."""
+    if isinstance(e, Const) and not isinstance(e.value, bool) and isinstance(e.value, int):
+        return e.value
+    return None

@@ -1,0 +1,144 @@
+"""A stable, deterministic text form of the Tile IR (for golden tests, dumps and reports).
+
+Total over ``ir.NODE_CLASSES``; names come from the IR itself, never from ``id()``.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+from . import ir
+
+
+def expr(e: ir.Expr) -> str:
+    if isinstance(e, ir.Const):
+        if e.dtype in (ir.DType.I32, ir.DType.BOOL):
+            return repr(e.value)
+        return f"{e.value!r}:{e.dtype.value}"
+    if isinstance(e, ir.Var):
+        return e.name
+    if isinstance(e, ir.BinOp):
+        return f"({expr(e.a)} {e.op.value} {expr(e.b)})"
+    if isinstance(e, ir.Cmp):
+        return f"({expr(e.a)} {e.op.value} {expr(e.b)})"
+    if isinstance(e, ir.UnOp):
+        sep = " " if e.op is ir.UnOpKind.NOT else ""
+        return f"({e.op.value}{sep}{expr(e.a)})"
+    if isinstance(e, ir.Call):
+        return f"{e.fn.value}({', '.join(expr(a) for a in e.args)})"
+    if isinstance(e, ir.Cast):
+        return f"cast<{e.dtype.value}>({expr(e.value)})"
+    if isinstance(e, ir.Select):
+        return f"select({expr(e.cond)}, {expr(e.a)}, {expr(e.b)})"
+    if isinstance(e, ir.Load):
+        return f"{e.buffer.name}[{', '.join(expr(i) for i in e.indices)}]"
+    raise TypeError(f"printer: no rule for expression {type(e).__name__}")
+
+
+def buffer_decl(b: ir.Buffer) -> str:
+    dims = ", ".join(expr(d) for d in b.shape)
+    s = f"{b.name}: {b.scope.value} {b.dtype.value}[{dims}]"
+    if b.arrive_counts:
+        s += f" arrive_counts={list(b.arrive_counts)}"
+    return s
+
+
+def region(r: ir.Region) -> str:
+    parts = [f"{expr(s)}:+{e}" for s, e in zip(r.starts, r.extents)]
+    return f"{r.buffer.name}[{', '.join(parts)}]"
+
+
+def barrier(b: ir.BarrierRef) -> str:
+    return f"{b.buffer.name}[{expr(b.index)}]"
+
+
+def _stmt_line(s: ir.Stmt) -> str:
+    if isinstance(s, ir.Alloc):
+        return f"alloc {buffer_decl(s.buffer)}"
+    if isinstance(s, ir.Copy):
+        line = f"copy {region(s.src)} -> {region(s.dst)}"
+        if s.barrier is not None:
+            line += f" on {barrier(s.barrier)}"
+        if s.mechanism is not ir.CopyMechanism.UNDECIDED:
+            line += f" [{s.mechanism.value}]"
+        return line
+    if isinstance(s, ir.Gemm):
+        flags = [n for n, v in (("transpose_a", s.transpose_a), ("transpose_b", s.transpose_b),
+                               ("clear_accum", s.clear_accum)) if v]
+        if s.instr is not ir.GemmInstr.UNDECIDED:
+            flags.append(f"instr={s.instr.value}")
+        tail = f" [{', '.join(flags)}]" if flags else ""
+        return f"gemm {region(s.a)}, {region(s.b)} -> {region(s.c)}{tail}"
+    if isinstance(s, ir.Fill):
+        return f"fill {region(s.dst)} = {expr(s.value)}"
+    if isinstance(s, ir.Reduce):
+        clear = "" if s.clear else " accumulate"
+        return f"reduce_{s.kind.value} {s.src.name} -> {s.dst.name} dim={s.dim}{clear}"
+    if isinstance(s, ir.Store):
+        return f"{s.buffer.name}[{', '.join(expr(i) for i in s.indices)}] = {expr(s.value)}"
+    if isinstance(s, ir.AtomicAdd):
+        v = region(s.value) if isinstance(s.value, ir.Region) else expr(s.value)
+        return f"atomic_add {region(s.dst)} += {v}"
+    if isinstance(s, ir.BarrierArrive):
+        return f"barrier_arrive {barrier(s.barrier)}"
+    if isinstance(s, ir.BarrierWait):
+        return f"barrier_wait {barrier(s.barrier)} parity={expr(s.parity)}"
+    raise TypeError(f"printer: no rule for statement {type(s).__name__}")
+
+
+def _stmt(s: ir.Stmt, indent: int, out: list[str]) -> None:
+    pad = "  " * indent
+    if isinstance(s, ir.Seq):
+        for t in s.stmts:
+            _stmt(t, indent, out)
+        if not s.stmts:
+            out.append(pad + "pass")
+        return
+    if isinstance(s, ir.For):
+        stages = f" stages={s.num_stages}" if s.kind is ir.ForKind.PIPELINED else ""
+        out.append(f"{pad}for {s.var.name} in {s.kind.value}({expr(s.start)}, {expr(s.stop)}, "
+                   f"{expr(s.step)}){stages}:")
+        _stmt(s.body, indent + 1, out)
+    elif isinstance(s, ir.Parallel):
+        pairs = ", ".join(f"{v.name} < {e}" for v, e in zip(s.vars, s.extents))
+        out.append(f"{pad}parallel {pairs}:")
+        _stmt(s.body, indent + 1, out)
+    elif isinstance(s, ir.If):
+        out.append(f"{pad}if {expr(s.cond)}:")
+        _stmt(s.then, indent + 1, out)
+        if s.orelse.stmts:
+            out.append(f"{pad}else:")
+            _stmt(s.orelse, indent + 1, out)
+    elif isinstance(s, ir.Role):
+        out.append(f"{pad}ws{tuple(s.warpgroups)}:".replace(",)", ")"))
+        _stmt(s.body, indent + 1, out)
+    elif isinstance(s, ir.WarpSpecialize):
+        out.append(f"{pad}warp_specialize:")
+        for r in s.roles:
+            _stmt(r, indent + 1, out)
+    else:
+        out.append(pad + _stmt_line(s))
+
+
+def kernel(k: ir.Kernel) -> str:
+    params = ", ".join(buffer_decl(p) if isinstance(p, ir.Buffer) else f"{p.name}: param {p.dtype.value}"
+                       for p in k.params)
+    grid = ", ".join(expr(g) for g in k.grid)
+    blocks = ", ".join(v.name for v in k.block_vars)
+    head = f"kernel {k.name}({params}) grid=({grid}) threads={k.threads}"
+    if k.swizzle_panel:
+        head += f" swizzle={k.swizzle_panel}"
+    out = [head + ":", f"  blocks {blocks}"]
+    for name, value in k.attrs:
+        out.append(f"  attr {name} = {value!r}")
+    _stmt(k.body, 1, out)
+    return "\n".join(out) + "\n"
+
+
+def to_text(node: Union[ir.Kernel, ir.Stmt, ir.Expr]) -> str:
+    if isinstance(node, ir.Kernel):
+        return kernel(node)
+    if isinstance(node, ir.Expr):
+        return expr(node)
+    out: list[str] = []
+    _stmt(node, 0, out)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,156 @@
+"""Generic traversal of Tile IR statements: walking and bottom-up rewriting.
+
+Passes use these instead of writing their own recursion over every statement kind.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator, Optional
+
+from . import ir
+
+
+def substmts(s: ir.Stmt) -> tuple[ir.Seq, ...]:
+    """The statement bodies directly nested in ``s``."""
+    if isinstance(s, (ir.For, ir.Parallel, ir.Role)):
+        return (s.body,)
+    if isinstance(s, ir.If):
+        return (s.then, s.orelse)
+    if isinstance(s, ir.WarpSpecialize):
+        return tuple(r.body for r in s.roles)
+    if isinstance(s, ir.Seq):
+        return (s,)
+    return ()
+
+
+def walk(s: ir.Stmt) -> Iterator[ir.Stmt]:
+    """Every statement in ``s`` (pre-order), ``Seq`` nodes excluded."""
+    if isinstance(s, ir.Seq):
+        for t in s.stmts:
+            yield from walk(t)
+        return
+    yield s
+    if isinstance(s, ir.WarpSpecialize):
+        for r in s.roles:
+            yield from walk(r)
+        return
+    for body in substmts(s):
+        yield from walk(body)
+
+
+def rewrite(s: ir.Stmt, fn: Callable[[ir.Stmt], Optional[ir.Stmt]]) -> ir.Stmt:
+    """Rebuild ``s`` bottom-up: children first, then ``fn`` on the rebuilt node.
+
+    ``fn`` returns a replacement (a ``Seq`` is spliced into its parent), or None to keep the node.
+    """
+    if isinstance(s, ir.Seq):
+        out: list[ir.Stmt] = []
+        for t in s.stmts:
+            r = rewrite(t, fn)
+            out.extend(r.stmts if isinstance(r, ir.Seq) else (r,))
+        return dataclasses.replace(s, stmts=tuple(out))
+    if isinstance(s, (ir.For, ir.Parallel, ir.Role)):
+        s = dataclasses.replace(s, body=rewrite(s.body, fn))
+    elif isinstance(s, ir.If):
+        s = dataclasses.replace(s, then=rewrite(s.then, fn), orelse=rewrite(s.orelse, fn))
+    elif isinstance(s, ir.WarpSpecialize):
+        roles = tuple(rewrite(r, fn) for r in s.roles)
+        s = dataclasses.replace(s, roles=roles)
+    r = fn(s)
+    return s if r is None else r
+
+
+def seq(stmts, loc: ir.Loc = ir.UNKNOWN_LOC) -> ir.Seq:
+    return ir.Seq(tuple(stmts), loc)
+
+
+def exprs_of(s: ir.Stmt) -> Iterator[ir.Expr]:
+    """The expressions a statement reads directly (not those of nested bodies)."""
+    def region(r: ir.Region):
+        yield from r.starts
+
+    if isinstance(s, ir.Copy):
+        yield from region(s.src)
+        yield from region(s.dst)
+        if s.barrier is not None:
+            yield s.barrier.index
+    elif isinstance(s, ir.Gemm):
+        for r in (s.a, s.b, s.c):
+            yield from region(r)
+    elif isinstance(s, ir.Fill):
+        yield from region(s.dst)
+        yield s.value
+    elif isinstance(s, ir.Store):
+        yield from s.indices
+        yield s.value
+    elif isinstance(s, ir.AtomicAdd):
+        yield from region(s.dst)
+        if isinstance(s.value, ir.Region):
+            yield from region(s.value)
+        else:
+            yield s.value
+    elif isinstance(s, ir.For):
+        yield from (s.start, s.stop, s.step)
+    elif isinstance(s, ir.If):
+        yield s.cond
+    elif isinstance(s, ir.BarrierArrive):
+        yield s.barrier.index
+    elif isinstance(s, ir.BarrierWait):
+        yield s.barrier.index
+        yield s.parity
+
+
+def subexprs(e: ir.Expr) -> Iterator[ir.Expr]:
+    """``e`` and every expression inside it (pre-order)."""
+    yield e
+    if isinstance(e, ir.BinOp) or isinstance(e, ir.Cmp):
+        yield from subexprs(e.a)
+        yield from subexprs(e.b)
+    elif isinstance(e, ir.UnOp):
+        yield from subexprs(e.a)
+    elif isinstance(e, ir.Call):
+        for a in e.args:
+            yield from subexprs(a)
+    elif isinstance(e, ir.Cast):
+        yield from subexprs(e.value)
+    elif isinstance(e, ir.Select):
+        for a in (e.cond, e.a, e.b):
+            yield from subexprs(a)
+    elif isinstance(e, ir.Load):
+        for a in e.indices:
+            yield from subexprs(a)
+
+
+def buffers_read(s: ir.Stmt) -> list[ir.Buffer]:
+    """Buffers a statement (not its nested bodies) reads, in order."""
+    out: list[ir.Buffer] = []
+    if isinstance(s, ir.Copy):
+        out.append(s.src.buffer)
+    elif isinstance(s, ir.Gemm):
+        out += [s.a.buffer, s.b.buffer]
+        if not s.clear_accum:
+            out.append(s.c.buffer)
+    elif isinstance(s, ir.Reduce):
+        out.append(s.src)
+        if not s.clear:
+            out.append(s.dst)
+    elif isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):
+        out.append(s.value.buffer)
+    for e in exprs_of(s):
+        out += [x.buffer for x in subexprs(e) if isinstance(x, ir.Load)]
+    return out
+
+
+def buffers_written(s: ir.Stmt) -> list[ir.Buffer]:
+    """Buffers a statement (not its nested bodies) writes."""
+    if isinstance(s, ir.Copy):
+        return [s.dst.buffer]
+    if isinstance(s, ir.Gemm):
+        return [s.c.buffer]
+    if isinstance(s, ir.Fill) or isinstance(s, ir.AtomicAdd):
+        return [s.dst.buffer]
+    if isinstance(s, ir.Reduce):
+        return [s.dst]
+    if isinstance(s, ir.Store):
+        return [s.buffer]
+    return []

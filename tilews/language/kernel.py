@@ -1,0 +1,27 @@
+"""Kernels and roles: ``T.prim_func``, ``T.Kernel``, ``T.ws``."""
+from __future__ import annotations
+
+from tilews.lowering.frontend import kernel_source, semantic
+
+
+def prim_func(fn):
+    """Mark a kernel function; its source is parsed (not run) when the kernel is built."""
+    return kernel_source(fn)
+
+
+def Kernel(*grid, threads: int = 128):
+    """``with T.Kernel(gx, gy, threads=N) as (bx, by):`` — a grid of blocks of ``threads`` threads;
+    binds the block indices."""
+    return semantic.KernelFrame(grid, threads)
+
+
+def ws(*warpgroups: int):
+    """``with T.ws(g, ...):`` — the body runs on exactly warp groups g... (threads
+    [128 g, 128 g + 128)), concurrently with the other roles. ``T.ws(1, 2)`` is one role of two
+    warp groups that share its tile operations."""
+    return semantic.WsFrame(warpgroups)
+
+
+def use_swizzle(panel: int = 8) -> None:
+    """Visit blocks in panels of ``panel`` rows for L2 reuse; never changes results."""
+    semantic.use_swizzle(panel)
