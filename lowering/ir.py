@@ -7,6 +7,7 @@ after a backend: a backend's decisions are recorded in neutral fields that ``leg
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -464,6 +465,19 @@ class Kernel:
 
     def attr(self, name: str, default=None):
         return dict(self.attrs).get(name, default)
+
+    def with_attr(self, name: str, value) -> "Kernel":
+        d = dict(self.attrs)
+        d[name] = value
+        return dataclasses.replace(self, attrs=tuple(sorted(d.items())))
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What passes decided or refused, for the compile report."""
+        return self.attr("notes", ())
+
+    def with_note(self, note: str) -> "Kernel":
+        return self.with_attr("notes", self.notes + (note,))
 
     @property
     def buffer_params(self) -> tuple[Buffer, ...]:

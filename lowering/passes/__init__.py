@@ -1,0 +1,56 @@
+"""The pass pipeline. ``PIPELINE`` is the only place the order is written.
+
+Each pass is a module with ``run(kernel, target) -> kernel``: pure, location-preserving, its
+contract in its module docstring. ``lower`` runs ``verify`` after the frontend and after every
+pass, and calls ``observe(name, kernel)`` after each (dumps, tests, timing).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+from .. import ir, printer, verify
+from ..target import Target
+from . import despecialize, legalize
+
+PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
+    # Roles first: on targets without warp specialization the program becomes one stream, so
+    # every later pass sees the program the backend will run.
+    ("despecialize", despecialize.run),
+    # Last: records the target's choices (copy mechanism, matrix instruction) for the emitter.
+    ("legalize", legalize.run),
+)
+
+Observer = Callable[[str, ir.Kernel], None]
+
+
+def lower(kernel: ir.Kernel, target: Target, observe: Optional[Observer] = None,
+          upto: Optional[str] = None) -> ir.Kernel:
+    """Run the pipeline (up to and including pass ``upto``, if given)."""
+    observers = [o for o in (observe, _dump_observer()) if o is not None]
+    verify.run(kernel)
+    for o in observers:
+        o("frontend", kernel)
+    for name, run in PIPELINE:
+        kernel = run(kernel, target)
+        verify.run(kernel)
+        for o in observers:
+            o(name, kernel)
+        if name == upto:
+            break
+    return kernel
+
+
+def _dump_observer() -> Optional[Observer]:
+    """``TILEWS_DUMP_IR=dir`` writes the IR after each pass as ``<kernel>.<n>.<pass>.tir``."""
+    root = os.environ.get("TILEWS_DUMP_IR")
+    if not root:
+        return None
+    counter = iter(range(1 << 30))
+
+    def dump(name: str, kernel: ir.Kernel) -> None:
+        path = Path(root)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / f"{kernel.name}.{next(counter):02d}.{name}.tir").write_text(printer.to_text(kernel))
+    return dump

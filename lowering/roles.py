@@ -1,0 +1,66 @@
+"""Warp-specialized programs: which roles a kernel has, and each role's projection.
+
+A role is the set of warp groups of one ``T.ws(...)``. The projection of a program onto a role
+keeps that role's statements and the loops and branches around them; allocations are block-wide
+and stay outside the roles.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from . import ir
+from .traverse import walk
+
+
+def role_sets(body: ir.Stmt) -> tuple[tuple[int, ...], ...]:
+    """The distinct ``T.ws`` warp-group sets of a program, ordered by their first warp group."""
+    found = {s.warpgroups for s in walk(body) if isinstance(s, ir.Role)}
+    return tuple(sorted(found))
+
+
+def project(s: ir.Stmt, role: tuple[int, ...]) -> ir.Stmt | None:
+    """``s`` as seen by ``role``: other roles' statements and allocations removed, loops and
+    branches kept where they still hold something. None if nothing is left."""
+    if isinstance(s, ir.Seq):
+        kept = []
+        for t in s.stmts:
+            p = project(t, role)
+            if p is not None:
+                kept.extend(p.stmts if isinstance(p, ir.Seq) else (p,))
+        return dataclasses.replace(s, stmts=tuple(kept)) if kept else None
+    if isinstance(s, ir.Role):
+        return s.body if s.warpgroups == role else None
+    if isinstance(s, ir.For):
+        body = project(s.body, role)
+        return None if body is None else dataclasses.replace(s, body=body)
+    if isinstance(s, ir.If):
+        then, orelse = project(s.then, role), project(s.orelse, role)
+        if then is None and orelse is None:
+            return None
+        empty = ir.Seq((), s.loc)
+        return dataclasses.replace(s, then=then or empty, orelse=orelse or empty)
+    return None  # un-roled leaves: allocations (hoisted by split) — verify rejects anything else
+
+
+def split(kernel: ir.Kernel) -> ir.Kernel:
+    """Source form (``Role`` blocks inside the program) -> block-wide allocations followed by one
+    ``WarpSpecialize`` holding each role's projection. A kernel without roles is returned as is."""
+    roles = role_sets(kernel.body)
+    if not roles:
+        return kernel
+    allocs = tuple(s for s in walk(kernel.body) if isinstance(s, ir.Alloc) and not _inside_role(kernel.body, s))
+    projected = tuple(ir.Role(r, _as_seq(project(kernel.body, r), kernel.loc), kernel.loc) for r in roles)
+    body = ir.Seq(allocs + (ir.WarpSpecialize(projected, kernel.loc),), kernel.body.loc)
+    return dataclasses.replace(kernel, body=body)
+
+
+def _as_seq(s, loc) -> ir.Seq:
+    return s if isinstance(s, ir.Seq) else ir.Seq(() if s is None else (s,), loc)
+
+
+def _inside_role(body: ir.Stmt, target: ir.Stmt) -> bool:
+    return any(target in tuple(walk(r.body)) for r in walk(body) if isinstance(r, ir.Role))
+
+
+def role_threads(role: tuple[int, ...]) -> int:
+    return 128 * len(role)

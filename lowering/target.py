@@ -1,0 +1,24 @@
+"""Targets: the capabilities ``legalize`` and the other passes read. Emitters never look at the
+machine; what they need is decided from these fields and recorded in the IR."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                       # "interpret" | "triton" | "hopper" | "metal"
+    warp_specialization: bool       # runs T.ws roles concurrently (else: de-specialize)
+    tma: bool                       # bulk tensor copies
+    wgmma: bool                     # Hopper warp-group MMA
+    smem_bytes: int                 # shared memory per block
+    triton_interpreter: bool = False  # "triton" executed by Triton's CPU interpreter
+    power_of_two_tiles: bool = False  # tile extents must be powers of two (tl.arange)
+
+
+INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)
+TRITON_GPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
+                    smem_bytes=227 * 1024, power_of_two_tiles=True)
+TRITON_CPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
+                    smem_bytes=227 * 1024, triton_interpreter=True, power_of_two_tiles=True)
+HOPPER = Target("hopper", warp_specialization=True, tma=True, wgmma=True, smem_bytes=227 * 1024)
