@@ -1,6 +1,10 @@
 """tilews: a tile language for GPU kernels, compiled through Triton (Gluon on Hopper), Metal, or
 run by a reference interpreter."""
-from .errors import CompileError, DeadlockError, RaceError, UninitializedReadError
-
 __version__ = "0.1.0"
-__all__ = ["CompileError", "DeadlockError", "RaceError", "UninitializedReadError", "__version__"]
+
+from .errors import CompileError, DeadlockError, RaceError, UninitializedReadError  # noqa: E402
+from .jit import jit  # noqa: E402
+from .kernel import CompileReport, Kernel  # noqa: E402
+
+__all__ = ["CompileError", "CompileReport", "DeadlockError", "Kernel", "RaceError",
+           "UninitializedReadError", "__version__", "jit"]

@@ -61,11 +61,13 @@ def kernel_source(fn: Callable) -> KernelSource:
     return KernelSource(fn, names, fdef, file, fn.__code__.co_firstlineno - 1)
 
 
-def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None) -> ir.Kernel:
+def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None,
+                 extra_names: Optional[dict[str, Any]] = None) -> ir.Kernel:
     """Build the IR of ``src``. ``param_specs`` overrides annotations (direct style): a
-    ``semantic.TensorSpec``, a DType (runtime scalar) or any Python value (bound as is)."""
+    ``semantic.TensorSpec``, a DType (runtime scalar) or any Python value (bound as is).
+    ``extra_names`` are visible in the body (direct style: shape symbols bound from arguments)."""
     b = Builder(src.name, src.file)
-    v = KernelVisitor(b, src.names, src.line_offset)
+    v = KernelVisitor(b, {**src.names, **(extra_names or {})}, src.line_offset)
     with active(b):
         v._at(src.tree)
         args = src.tree.args
@@ -92,7 +94,11 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
 
 def _param_value(name: str, spec: Any, v: KernelVisitor):
     if isinstance(spec, semantic.TensorSpec):
-        return semantic.tensor_param(name, spec)
+        ref = semantic.tensor_param(name, spec)
+        for d, e in zip(spec.shape, ref.buffer.shape):   # runtime dims are usable by name
+            if isinstance(d, semantic.Dynamic) and d.name not in v.local:
+                v.bind(d.name, semantic.Scalar(e))
+        return ref
     if isinstance(spec, ir.DType):
         return semantic.scalar_param(name, spec)
     return spec

@@ -67,6 +67,9 @@ def tensor_param(name: str, spec: TensorSpec) -> BufferRef:
     b = builder()
     dims = []
     for d in spec.shape:
+        if isinstance(d, str):
+            raise err(f"dimension '{d}' of parameter '{name}' is a name; names are bound from the "
+                      f"arguments in direct style (@tilews.jit on the kernel function itself)")
         if isinstance(d, Dynamic):
             dims.append(scalar_param(d.name).expr)
         elif isinstance(d, Scalar):

@@ -1,0 +1,47 @@
+"""Per-target emission and execution: the one place a ``Target`` picks a backend."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tilews.lowering import ir, printer
+from tilews.lowering.target import Target
+
+
+def emit_source(target: Target, kernel: ir.Kernel) -> str:
+    """The generated program for ``kernel`` (the lowered IR itself for the interpreter)."""
+    if target.name == "interpret":
+        return printer.to_text(kernel)
+    if target.name == "triton":
+        from tilews.triton_ext.tl import emit
+        return emit(kernel)
+    raise ValueError(f"internal: no emitter for target '{target.name}'")
+
+
+class InterpretExecutor:
+    """Runs the lowered IR in the reference interpreter (tensors on any device are staged
+    through the CPU)."""
+
+    def __init__(self, kernel: ir.Kernel, source: str, options: dict[str, Any]):
+        self.kernel, self.source = kernel, source
+        self.seed = int(options.get("seed", 0))
+        self.accumulate_f64 = bool(options.get("accumulate_f64", False))
+        self.asm: dict[str, str] = {}
+
+    def launch(self, values: list) -> None:
+        from tilews.lowering import interpreter
+        staged = [v.cpu() if isinstance(v, torch.Tensor) else v for v in values]
+        interpreter.run(self.kernel, staged, seed=self.seed, accumulate_f64=self.accumulate_f64)
+        for v, s in zip(values, staged):
+            if isinstance(v, torch.Tensor) and s is not v:
+                v.copy_(s)
+
+
+def make_executor(target: Target, kernel: ir.Kernel, source: str, options: dict[str, Any]):
+    if target.name == "interpret":
+        return InterpretExecutor(kernel, source, options)
+    if target.name == "triton":
+        from tilews.triton_ext.tl import TlExecutor
+        return TlExecutor(kernel, source, interpreter=target.triton_interpreter)
+    raise ValueError(f"internal: no executor for target '{target.name}'")

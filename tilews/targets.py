@@ -1,0 +1,57 @@
+"""Target selection (DESIGN §8): a name -> the ``Target`` the compiler builds for.
+
+``"auto"`` picks from the machine: a Hopper GPU -> ``"hopper"``, another CUDA/ROCm GPU ->
+``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``. Backends this version does
+not have yet are reported, never silently replaced: ``auto`` falls back with a note in the compile
+report, an explicit request is an error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilews.lowering import target as tg
+from tilews.lowering.errors import CompileError
+
+TARGET_NAMES = ("auto", "interpret", "triton", "hopper", "metal")
+_NOT_YET = {"hopper": "the Hopper (Gluon) backend", "metal": "the Metal backend"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    target: tg.Target
+    notes: tuple[str, ...] = ()
+
+
+def has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def _machine_choice() -> str:
+    import torch
+    if torch.cuda.is_available():
+        if torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0):
+            return "hopper"
+        return "triton"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "metal"
+    return "interpret"
+
+
+def select(name: str) -> Selection:
+    if name not in TARGET_NAMES:
+        raise ValueError(f"target must be one of {', '.join(TARGET_NAMES)}; got {name!r}")
+    notes: tuple[str, ...] = ()
+    if name == "auto":
+        name = _machine_choice()
+        if name in _NOT_YET:
+            fallback = "triton" if name == "hopper" else "interpret"
+            notes = (f"auto: this machine suits target '{name}', but {_NOT_YET[name]} is not in this "
+                     f"version of tilews; using '{fallback}'",)
+            name = fallback
+    elif name in _NOT_YET:
+        raise CompileError(f"target '{name}': {_NOT_YET[name]} is not in this version of tilews; "
+                           f"use target='triton' or 'interpret'")
+    if name == "interpret":
+        return Selection(tg.INTERPRET, notes)
+    return Selection(tg.TRITON_GPU if has_cuda() else tg.TRITON_CPU, notes)
