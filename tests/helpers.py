@@ -5,6 +5,8 @@ import inspect
 
 import torch
 
+from tilews.testing import poison_, rel_err  # noqa: F401  (rel_err re-exported for tests)
+
 
 def marked_line(fn, marker: str = "# <- error") -> int:
     """The absolute line number of the line of ``fn``'s source containing ``marker``."""
@@ -22,12 +24,4 @@ def randn(*shape, dtype=torch.float32, seed=None, device="cpu"):
 
 def poisoned(*shape, dtype=torch.float32, device="cpu"):
     """An output buffer full of NaN (or a sentinel for integers) before launch."""
-    t = torch.empty(*shape, dtype=dtype, device=device)
-    t.fill_(float("nan") if dtype.is_floating_point else -12345)
-    return t
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out64, ref64 = out.double().cpu(), ref.double().cpu()
-    assert not torch.isnan(out64).any(), "output has NaN (unwritten or poisoned elements)"
-    return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+    return poison_(torch.empty(*shape, dtype=dtype, device=device))

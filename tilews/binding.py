@@ -3,10 +3,13 @@ launch (``TypeError``/``ValueError`` naming the parameter), resolves runtime dim
 ``out_idx`` outputs on the inputs' device, and lists the values in ``kernel.params`` order."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
+
+from tilews.testing import poison_
 
 from tilews.lowering import ir
 from tilews.lowering.traverse import buffers_written, walk
@@ -45,6 +48,9 @@ class Binder:
         self.out_positions = sorted(set(outs))
         self.inputs = [p for i, p in enumerate(self.params) if i not in self.out_positions]
         self.written = {b for s in walk(kernel.body) for b in buffers_written(s)}
+        # TILEWS_POISON_OUTPUTS=1 (the tests set it): allocated outputs start as NaN, so an
+        # element the kernel never writes cannot pass a check.
+        self.poison = os.environ.get("TILEWS_POISON_OUTPUTS") == "1"
         self._check_outputs_resolvable()
 
     def _check_outputs_resolvable(self) -> None:
@@ -87,6 +93,8 @@ class Binder:
             p = self.params[i]
             shape = [ir.as_int(d) if ir.as_int(d) is not None else values[d.name] for d in p.param.shape]
             t = torch.empty(shape, dtype=TORCH_DTYPES[p.param.dtype], device=device or "cpu")
+            if self.poison:
+                poison_(t)
             values[p.param.name] = t
             outs.append(t)
         return [values[q.name] for q in self.kernel.params], outs

@@ -1,0 +1,7 @@
+import os
+
+# Outputs that tilews allocates (out_idx) start as NaN in every test: an unwritten element fails.
+os.environ["TILEWS_POISON_OUTPUTS"] = "1"
+# Each test run compiles into its own cache unless told otherwise.
+os.environ.setdefault("TILEWS_CACHE_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                                        f"tilews-test-cache-{os.getpid()}"))
