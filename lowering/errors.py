@@ -45,3 +45,7 @@ class DeadlockError(Exception):
 
 class UninitializedReadError(Exception):
     """The reference interpreter saw a read of memory nothing wrote."""
+
+
+class OutOfBoundsError(IndexError):
+    """The reference interpreter saw an on-chip buffer accessed outside its shape."""

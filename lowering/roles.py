@@ -45,6 +45,8 @@ def project(s: ir.Stmt, role: tuple[int, ...]) -> ir.Stmt | None:
 def split(kernel: ir.Kernel) -> ir.Kernel:
     """Source form (``Role`` blocks inside the program) -> block-wide allocations followed by one
     ``WarpSpecialize`` holding each role's projection. A kernel without roles is returned as is."""
+    if any(isinstance(s, ir.WarpSpecialize) for s in walk(kernel.body)):
+        return kernel  # already split
     roles = role_sets(kernel.body)
     if not roles:
         return kernel

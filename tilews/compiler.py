@@ -54,7 +54,10 @@ def _key(kernel: ir.Kernel, target: Target) -> str:
 def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int] = (),
                    param_specs: Optional[dict[str, Any]] = None,
                    extra_names: Optional[dict[str, Any]] = None,
-                   options: Optional[dict[str, Any]] = None) -> Kernel:
+                   options: Optional[dict[str, Any]] = None,
+                   user_params: Optional[Sequence[str]] = None) -> Kernel:
+    """``user_params``: the parameters the caller passes or receives, in order (default: all of
+    the function's; ``out_idx`` indexes them)."""
     t0 = time.perf_counter()
     sel = targets.select(target_name)
     before = build_kernel(src, param_specs, extra_names)
@@ -75,4 +78,4 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
         compile_ms=(time.perf_counter() - t0) * 1e3)
     if os.environ.get("TILEWS_PRINT_SOURCE") == "1":
         print(lowered.source)
-    return Kernel(before, lowered.ir_after, src.param_names, out_idx, executor, report)
+    return Kernel(before, lowered.ir_after, user_params or src.param_names, out_idx, executor, report)

@@ -82,8 +82,14 @@ class DirectKernel:
         self.src = kernel_source(fn)
         sig = inspect.signature(fn, eval_str=True)
         self.params = list(sig.parameters.values())
-        n = len(self.params)
-        self.out_positions = sorted(i % n for i in out_idx)
+        # out_idx indexes the runtime parameters (tensors and runtime scalars), not constants.
+        self.runtime = [p for p in self.params if _is_runtime(p)]
+        n = len(self.runtime)
+        for i in out_idx:
+            if not -n <= i < n:
+                raise ValueError(f"out_idx {i} is out of range for a kernel with {n} tensor/scalar "
+                                 f"parameters")
+        self.outputs = {self.runtime[i % n].name for i in out_idx}
         self._kernels: dict = {}
         self.__doc__, self.__name__ = fn.__doc__, fn.__name__
 
@@ -92,16 +98,16 @@ class DirectKernel:
         k = self._kernels.get(key)
         if k is None:
             k = compile_kernel(self.src, target_name=self.target, out_idx=self.out_idx,
-                               param_specs=specs, extra_names=names, options=self.options)
+                               param_specs=specs, extra_names=names, options=self.options,
+                               user_params=[p.name for p in self.runtime])
             self._kernels[key] = k
         return k(*self._runtime_args(args))
 
     def _inputs(self):
-        return [p for i, p in enumerate(self.params) if i not in self.out_positions]
+        return [p for p in self.params if p.name not in self.outputs]
 
     def _runtime_args(self, args):
-        ins = self._inputs()
-        return [a for p, a in zip(ins, args) if _is_runtime(p)]
+        return [a for p, a in zip(self._inputs(), args) if _is_runtime(p)]
 
     def _specialize(self, args, constants):
         ins = self._inputs()

@@ -41,7 +41,9 @@ class KernelSource:
         return ast.unparse(self.tree)
 
 
-def kernel_source(fn: Callable) -> KernelSource:
+def kernel_source(fn: Callable, enclosing: Optional[dict] = None) -> KernelSource:
+    """``enclosing``: the locals of the scope that defined ``fn`` (string annotations, under
+    ``from __future__ import annotations``, may use names the body's closure does not hold)."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
         file = inspect.getsourcefile(fn) or "<unknown>"
@@ -52,7 +54,7 @@ def kernel_source(fn: Callable) -> KernelSource:
     fdef = tree.body[0]
     if not isinstance(fdef, ast.FunctionDef):
         raise CompileError(f"'{fn.__name__}' is not a plain function")
-    names = dict(fn.__globals__)
+    names = {**fn.__globals__, **(enclosing or {})}
     for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         try:
             names[var] = cell.cell_contents
@@ -78,7 +80,10 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
             if param_specs is not None and a.arg in param_specs:
                 spec = param_specs[a.arg]
             elif a.annotation is not None:
-                spec = v.eval(a.annotation)
+                # Python evaluated the annotation at definition, in the scope that saw every name
+                # it uses (the body's closure may not hold them); only string annotations remain.
+                ann = src.fn.__annotations__.get(a.arg)
+                spec = ann if ann is not None and not isinstance(ann, str) else v.eval(a.annotation)
             else:
                 raise v.error(f"parameter '{a.arg}' needs an annotation (T.Tensor(shape, dtype) or a "
                               f"scalar dtype)")
@@ -95,9 +100,9 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
 def _param_value(name: str, spec: Any, v: KernelVisitor):
     if isinstance(spec, semantic.TensorSpec):
         ref = semantic.tensor_param(name, spec)
-        for d, e in zip(spec.shape, ref.buffer.shape):   # runtime dims are usable by name
-            if isinstance(d, semantic.Dynamic) and d.name not in v.local:
-                v.bind(d.name, semantic.Scalar(e))
+        for e in ref.buffer.shape:   # runtime dims are usable by name in the body
+            if isinstance(e, ir.Var) and e.name not in v.local:
+                v.bind(e.name, semantic.Scalar(e))
         return ref
     if isinstance(spec, ir.DType):
         return semantic.scalar_param(name, spec)

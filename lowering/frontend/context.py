@@ -62,6 +62,11 @@ def builder() -> Builder:
     return b
 
 
+def building() -> bool:
+    """Whether a kernel is being built on this thread."""
+    return getattr(_state, "builder", None) is not None
+
+
 def current_loc() -> ir.Loc:
     b = getattr(_state, "builder", None)
     return b.loc if b is not None else ir.UNKNOWN_LOC

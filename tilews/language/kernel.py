@@ -1,12 +1,14 @@
 """Kernels and roles: ``T.prim_func``, ``T.Kernel``, ``T.ws``."""
 from __future__ import annotations
 
+import sys
+
 from tilews.lowering.frontend import kernel_source, semantic
 
 
 def prim_func(fn):
     """Mark a kernel function; its source is parsed (not run) when the kernel is built."""
-    return kernel_source(fn)
+    return kernel_source(fn, sys._getframe(1).f_locals)
 
 
 def Kernel(*grid, threads: int = 128):

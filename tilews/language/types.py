@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tilews.lowering import ir
-from tilews.lowering.frontend import semantic
+from tilews.lowering.frontend import context, semantic
 
 DType = ir.DType
 bfloat16 = ir.DType.BF16
@@ -21,11 +21,14 @@ float8_e4m3fn = ir.DType.F8E4M3
 float8_e5m2 = ir.DType.F8E5M2
 
 
-def dynamic(name: str) -> semantic.Dynamic:
+def dynamic(name: str):
     """A tensor dimension known only at run time: it is passed to the kernel and never triggers a
-    recompilation."""
+    recompilation. In an annotation it declares the dimension; inside a kernel body it is that
+    dimension's runtime value."""
     if not isinstance(name, str) or not name.isidentifier():
         raise TypeError(f"T.dynamic takes an identifier, got {name!r}")
+    if context.building():
+        return semantic.scalar_param(name)
     return semantic.Dynamic(name)
 
 

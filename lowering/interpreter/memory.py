@@ -1,0 +1,201 @@
+"""The memory of one program instance (block): global views, on-chip buffers, written masks.
+
+Contract:
+* Global buffers are numpy views of the caller's tensors (always initialized). ``allocate`` gives
+  a shared/fragment/local buffer fresh storage (``values.Numerics.held`` dtype) filled with the
+  poison value and, when checking, an all-False written mask.
+* Boxes (``read_box`` / ``write_box``: evaluated starts + static extents) and element lanes
+  (``gather`` / ``scatter`` / ``atomic_add``: evaluated index arrays, broadcast together with the
+  values and an optional ``active`` lane mask) are the two ways in.
+* Out of bounds: global loads read 0 and global stores are dropped; an active on-chip access out
+  of bounds is an ``OutOfBoundsError`` at the statement's line.
+* When checking, reading an on-chip element nothing wrote raises ``UninitializedReadError`` naming
+  the buffer, the element and the line; every shared-memory access is first reported to
+  ``observer.access(buf, box, write, loc)`` (race detection) unless ``observe=False``.
+* Reads return values in the value dtype (``Numerics.value``); writes round to the held dtype.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .. import ir
+from ..errors import OutOfBoundsError, UninitializedReadError
+from .messages import at
+from .values import Numerics, poison, to_storage
+
+Box = tuple[tuple[int, int], ...]
+
+
+def region_box(starts: Sequence[int], extents: Sequence[int]) -> Box:
+    return tuple((s, s + e) for s, e in zip(starts, extents))
+
+
+class Memory:
+    def __init__(self, globals_: dict[str, np.ndarray], numerics: Numerics, check: bool,
+                 observer=None):
+        self.num = numerics
+        self.check = check
+        self.observer = observer
+        self._arrays = dict(globals_)
+        self._written: dict[str, np.ndarray] = {}
+
+    # -- buffers -------------------------------------------------------------------------------
+    def allocate(self, buf: ir.Buffer) -> None:
+        held = self.num.held(buf)
+        self._arrays[buf.name] = np.full(buf.static_shape, poison(held), dtype=held)
+        if self.check:
+            self._written[buf.name] = np.zeros(buf.static_shape, dtype=bool)
+
+    def array(self, buf: ir.Buffer, loc: ir.Loc) -> np.ndarray:
+        arr = self._arrays.get(buf.name)
+        if arr is None:
+            raise RuntimeError(at(loc, f"buffer '{buf.name}' is used before its allocation runs"))
+        return arr
+
+    # -- boxes -----------------------------------------------------------------------------------
+    def read_box(self, buf: ir.Buffer, starts: Sequence[int], extents: Sequence[int],
+                 loc: ir.Loc) -> np.ndarray:
+        arr = self.array(buf, loc)
+        value = self.num.value(buf.dtype)
+        if buf.scope is ir.Scope.GLOBAL:
+            out = np.zeros(tuple(extents), dtype=value)
+            clipped = _clip(starts, extents, arr.shape)
+            if clipped is not None:
+                inner, outer = clipped
+                out[outer] = arr[inner]
+            return out
+        inner = self._on_chip(buf, arr, starts, extents, loc)
+        self._observe(buf, region_box(starts, extents), False, loc)
+        if self.check:
+            written = self._written[buf.name][inner]
+            if not written.all():
+                first = tuple(int(i) + s for i, s in zip(np.argwhere(~written)[0], starts))
+                self._uninitialized(buf, first, loc)
+        return arr[inner].astype(value)
+
+    def write_box(self, buf: ir.Buffer, starts: Sequence[int], extents: Sequence[int], data,
+                  loc: ir.Loc, observe: bool = True) -> None:
+        arr = self.array(buf, loc)
+        data = np.broadcast_to(to_storage(data, arr.dtype), tuple(extents))
+        if buf.scope is ir.Scope.GLOBAL:
+            clipped = _clip(starts, extents, arr.shape)
+            if clipped is not None:
+                inner, outer = clipped
+                arr[inner] = data[outer]
+            return
+        inner = self._on_chip(buf, arr, starts, extents, loc)
+        if observe:
+            self._observe(buf, region_box(starts, extents), True, loc)
+        arr[inner] = data
+        if self.check:
+            self._written[buf.name][inner] = True
+
+    def _on_chip(self, buf, arr, starts, extents, loc) -> tuple[slice, ...]:
+        for d, (s, e, n) in enumerate(zip(starts, extents, arr.shape)):
+            if s < 0 or s + e > n:
+                raise OutOfBoundsError(at(loc, f"region [{s}:{s + e}] of dimension {d} is outside "
+                                         f"{buf.scope.value} buffer '{buf.name}' (extent {n})"))
+        return tuple(slice(s, s + e) for s, e in zip(starts, extents))
+
+    # -- element lanes ---------------------------------------------------------------------------
+    def gather(self, buf: ir.Buffer, idx: Sequence, active: Optional[np.ndarray],
+               loc: ir.Loc) -> np.ndarray:
+        arr, lanes, act = self._lanes(buf, idx, active, loc, False)
+        vals = arr[lanes].astype(self.num.value(buf.dtype))
+        return vals if act is None else np.where(act, vals, vals.dtype.type(0))
+
+    def scatter(self, buf: ir.Buffer, idx: Sequence, values, active: Optional[np.ndarray],
+                loc: ir.Loc) -> None:
+        arr, lanes, act = self._lanes(buf, idx, active, loc, True, np.shape(values))
+        values = to_storage(values, arr.dtype)
+        if act is None:
+            arr[lanes] = np.broadcast_to(values, lanes[0].shape)
+            picked = lanes
+        else:
+            picked = tuple(i[act] for i in lanes)
+            arr[picked] = np.broadcast_to(values, act.shape)[act]
+        if self.check and buf.scope is not ir.Scope.GLOBAL:
+            self._written[buf.name][picked] = True
+
+    def atomic_add(self, buf: ir.Buffer, idx: Sequence, values, active: Optional[np.ndarray],
+                   loc: ir.Loc) -> None:
+        """``buf[idx] += values`` lane by lane; lanes hitting one element all add (in float64 /
+        int64, rounded once)."""
+        arr, lanes, act = self._lanes(buf, idx, active, loc, True, np.shape(values))
+        act = np.ones(lanes[0].shape, dtype=bool) if act is None else act
+        if buf.scope is not ir.Scope.GLOBAL:
+            self._check_written(buf, lanes, act, loc)
+        flat = np.ravel_multi_index(tuple(i[act] for i in lanes), arr.shape)
+        wide = np.float64 if buf.dtype.is_float else np.int64
+        add = np.broadcast_to(np.asarray(values), act.shape)[act].astype(wide)
+        cells, which = np.unique(flat, return_inverse=True)
+        sums = np.zeros(len(cells), dtype=wide)
+        np.add.at(sums, which, add)
+        pos = np.unravel_index(cells, arr.shape)
+        arr[pos] = to_storage(self.num.round(arr[pos].astype(wide) + sums, buf.dtype), arr.dtype)
+
+    def _lanes(self, buf, idx, active, loc, write: bool, values_shape: tuple = ()):
+        """Broadcast indices, mask and values' shape; bounds-check; report the access; check
+        initialization. Returns (array, safe index arrays, active lanes or None for all)."""
+        arr = self.array(buf, loc)
+        idx = [np.asarray(i, dtype=np.int64) for i in idx]
+        shape = np.broadcast_shapes(*(i.shape for i in idx), np.shape(active), values_shape)
+        idx = [np.broadcast_to(i, shape) for i in idx]
+        inside = np.ones(shape, dtype=bool)
+        for i, n in zip(idx, arr.shape):
+            inside &= (i >= 0) & (i < n)
+        if active is not None:
+            active = np.broadcast_to(active, shape)
+        outside = ~inside if active is None else active & ~inside
+        if buf.scope is not ir.Scope.GLOBAL and outside.any():
+            bad = [int(i[outside][0]) for i in idx]
+            raise OutOfBoundsError(at(loc, f"index {bad} is outside {buf.scope.value} buffer "
+                                     f"'{buf.name}' (shape {list(arr.shape)})"))
+        act = inside if active is None else inside & active
+        if act.all():
+            lanes, act = tuple(idx), None
+        else:
+            lanes = tuple(np.where(act, i, 0) for i in idx)
+        if buf.scope is ir.Scope.SHARED and (act is None or act.any()):
+            picked = lanes if act is None else tuple(i[act] for i in lanes)
+            self._observe(buf, tuple((int(i.min()), int(i.max()) + 1) for i in picked), write, loc)
+        if not write and buf.scope is not ir.Scope.GLOBAL:
+            self._check_written(buf, lanes, act, loc)
+        return arr, lanes, act
+
+    # -- checks ----------------------------------------------------------------------------------
+    def _check_written(self, buf, lanes, act, loc) -> None:
+        if not self.check:
+            return
+        bad = ~self._written[buf.name][lanes]
+        if act is not None:
+            bad &= act
+        if bad.any():
+            self._uninitialized(buf, tuple(int(i[bad][0]) for i in lanes), loc)
+
+    def _uninitialized(self, buf: ir.Buffer, index: tuple, loc: ir.Loc):
+        hint = ""
+        if buf.scope is ir.Scope.SHARED:
+            hint = (" (if another role or an asynchronous copy writes it, this read is not "
+                    "ordered after that write by a barrier wait)")
+        raise UninitializedReadError(at(loc, f"read of uninitialized {buf.scope.value} buffer "
+                                             f"'{buf.name}' at index {list(index)}: nothing wrote "
+                                             f"it before this read{hint}"))
+
+    def _observe(self, buf: ir.Buffer, box: Box, write: bool, loc: ir.Loc) -> None:
+        if self.observer is not None and buf.scope is ir.Scope.SHARED:
+            self.observer.access(buf, box, write, loc)
+
+
+def _clip(starts, extents, shape):
+    """(slices into the array, slices into the box) of the in-bounds part, or None if empty."""
+    inner, outer = [], []
+    for s, e, n in zip(starts, extents, shape):
+        lo, hi = max(s, 0), min(s + e, n)
+        if hi <= lo:
+            return None
+        inner.append(slice(lo, hi))
+        outer.append(slice(lo - s, hi - s))
+    return tuple(inner), tuple(outer)

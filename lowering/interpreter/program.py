@@ -1,0 +1,82 @@
+"""Runs a whole kernel: binds its arguments, walks the grid, runs each block's roles.
+
+Contract: ``execute(kernel, args, ...)`` has ``run``'s meaning and returns the schedule trace
+(the name of every scheduling choice, in order: a role, or the landing of an asynchronous copy),
+so tests and tools can see which interleaving a seed produced.
+* A kernel whose body holds ``Role`` blocks is first split (``roles.split``) into block-wide
+  allocations plus one ``WarpSpecialize``; each role then runs with ``128 * len(warpgroups)``
+  threads. A kernel without roles is one role of ``kernel.threads`` threads.
+* Blocks run one after another (``kernel.block_vars[0]`` fastest), each with fresh on-chip memory,
+  barriers, clocks and its own scheduler, all drawing from one ``random.Random(seed)``.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+
+from .. import ir
+from ..roles import role_threads, split
+from ..traverse import walk
+from .barriers import Barriers
+from .binding import bind
+from .executor import Block, RoleExecutor
+from .expressions import Evaluator
+from .memory import Memory
+from .messages import role_name
+from .races import RaceTracker
+from .scheduler import Scheduler
+from .values import Numerics
+
+
+def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: bool = False,
+            check: bool = True) -> list[str]:
+    numerics = Numerics(accumulate_f64)
+    arrays, env, finish = bind(kernel, args, numerics)
+    allocs, roles = _roles(kernel)
+    grid = [Evaluator(None, numerics).index(g, env) for g in kernel.grid]
+    rng = random.Random(seed)
+    trace: list[str] = []
+    try:
+        with np.errstate(all="ignore"):
+            for coords in itertools.product(*(range(n) for n in reversed(grid))):
+                coords = coords[::-1]
+                block_env = dict(env)
+                block_env.update((v, np.int64(c)) for v, c in zip(kernel.block_vars, coords))
+                races = RaceTracker() if check else None
+                memory = Memory(arrays, numerics, check, races)
+                block = Block(memory, Barriers(), Evaluator(memory, numerics),
+                              Scheduler(rng, trace, f"block {coords}"), races)
+                _run_block(block, allocs, roles, block_env)
+    finally:
+        finish()
+    return trace
+
+
+def _run_block(block: Block, allocs: tuple[ir.Alloc, ...], roles, env: dict) -> None:
+    for a in allocs:
+        if a.buffer.scope is ir.Scope.BARRIER:
+            block.barriers.allocate(a.buffer)
+        else:
+            block.memory.allocate(a.buffer)
+    executors = [(name, RoleExecutor(block, name, threads).run(body, env))
+                 for name, threads, body in roles]
+    block.scheduler.run(executors)
+
+
+def _roles(kernel: ir.Kernel):
+    """(block-wide allocations, [(role name, threads, body)])."""
+    if not any(isinstance(s, ir.WarpSpecialize) for s in walk(kernel.body)):
+        kernel = split(kernel)
+    stmts = kernel.body.stmts
+    ws = [s for s in stmts if isinstance(s, ir.WarpSpecialize)]
+    if not ws:
+        return (), [(f"the block ({kernel.threads} threads)", kernel.threads, kernel.body)]
+    others = [s for s in stmts if not isinstance(s, (ir.WarpSpecialize, ir.Alloc))]
+    if len(ws) > 1 or others:
+        raise ValueError(f"{kernel.loc}: a warp-specialized kernel body must be allocations "
+                         f"followed by one WarpSpecialize")
+    allocs = tuple(s for s in stmts if isinstance(s, ir.Alloc))
+    return allocs, [(role_name(r.warpgroups), role_threads(r.warpgroups), r.body)
+                    for r in ws[0].roles]

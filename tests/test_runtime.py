@@ -1,0 +1,175 @@
+"""Runtime: argument checks before launch, out_idx, direct style specialization, the compile
+report, in-memory and on-disk caches (hit, corruption, concurrent processes)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import tilews
+import tilews.language as T
+from tilews.cache import CacheCorruptionWarning
+
+from .helpers import randn, rel_err
+
+
+def add_factory(M, N, dtype=T.float32):
+    @T.prim_func
+    def main(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype), Z: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(M, 16), threads=128) as bx:
+            for i, j in T.Parallel(16, N):
+                Z[bx * 16 + i, j] = X[bx * 16 + i, j] + Y[bx * 16 + i, j]
+    return main
+
+
+add = tilews.jit(out_idx=[-1], target="interpret")(add_factory)
+
+
+def test_argument_checks_name_the_parameter():
+    k = add(32, 8)
+    x, y = randn(32, 8), randn(32, 8)
+    with pytest.raises(TypeError, match=r"takes 2 argument\(s\) \(X, Y\), got 1"):
+        k(x)
+    with pytest.raises(TypeError, match="parameter 'Y' must be a torch.Tensor, got int"):
+        k(x, 3)
+    with pytest.raises(TypeError, match="parameter 'X' has dtype torch.float16, expected torch.float32"):
+        k(x.half(), y)
+    with pytest.raises(ValueError, match=r"parameter 'Y' has shape \(32, 9\), expected \(32, 8\)"):
+        k(x, randn(32, 9))
+    with pytest.raises(ValueError, match="parameter 'X' has 1 dimensions"):
+        k(randn(256), y)
+
+
+def test_written_parameter_must_not_alias():
+    k = tilews.jit(target="interpret")(add_factory)(32, 8)
+    x, y = randn(32, 8), randn(32, 8)
+    with pytest.raises(ValueError, match="parameter 'Z' is written by the kernel but has overlapping"):
+        k(x, y, torch.zeros(1, 8).expand(32, 8))
+
+
+def test_out_idx_allocates_and_computes():
+    k = add(40, 8)                   # 40 rows: the last block is partial
+    x, y = randn(40, 8, seed=1), randn(40, 8, seed=2)
+    z = k(x, y)
+    assert z.shape == (40, 8) and z.dtype == torch.float32 and z.device == x.device
+    assert rel_err(z, x.double() + y.double()) < 1e-7
+
+
+def test_in_memory_cache_returns_the_same_kernel():
+    assert add(32, 8) is add(32, 8)
+    assert add(32, 8) is not add(32, 16)
+
+
+def test_report_and_sources():
+    k = add(32, 8)
+    assert k.target == "interpret"
+    text = str(k.report)
+    assert "target: interpret" in text and "passes: frontend" in text
+    assert "kernel main(" in k.get_kernel_source()
+    assert "tir" in k.asm
+    assert "parallel i < 16, j < 8" in k.ir_text("before")
+
+
+def test_bad_target_and_out_idx():
+    with pytest.raises(ValueError, match="must be one of auto, interpret, triton, hopper, metal"):
+        tilews.jit(target="cuda")
+    with pytest.raises(ValueError, match="out_idx 5 is out of range"):
+        tilews.jit(out_idx=[5], target="interpret")(add_factory)(32, 8)
+    with pytest.raises(tilews.CompileError, match="Hopper .* is not in this version"):
+        tilews.jit(target="hopper")(add_factory)(32, 8)
+
+
+@tilews.jit(out_idx=[-1], target="interpret")
+def scale_rows(X: T.Tensor[("M", "N"), T.float32], Y: T.Tensor[("M", "N"), T.float32], factor=2.0):
+    with T.Kernel(T.ceildiv(M, 8)) as bx:
+        for i, j in T.Parallel(8, N):
+            Y[bx * 8 + i, j] = X[bx * 8 + i, j] * factor
+
+
+def test_direct_style_specializes_on_names_and_constants():
+    x = randn(20, 4)
+    y = scale_rows(x)
+    assert rel_err(y, 2 * x.double()) < 1e-7
+    y3 = scale_rows(x, factor=3.0)
+    assert rel_err(y3, 3 * x.double()) < 1e-7
+    y2 = scale_rows(randn(9, 16, seed=3))
+    assert y2.shape == (9, 16)
+    assert len(scale_rows._kernels) == 3
+    scale_rows(randn(20, 4, seed=4))
+    assert len(scale_rows._kernels) == 3          # same dims and constants: no recompilation
+
+
+@tilews.jit(out_idx=[-1], target="interpret")
+def dyn_copy(X: T.Tensor[(T.dynamic("m"), 8), T.float32], Y: T.Tensor[(T.dynamic("m"), 8), T.float32]):
+    with T.Kernel(T.ceildiv(m, 4)) as bx:
+        for i, j in T.Parallel(4, 8):
+            Y[bx * 4 + i, j] = X[bx * 4 + i, j] + 1
+
+
+def test_dynamic_dims_do_not_recompile():
+    for m in (5, 13, 4):
+        x = randn(m, 8, seed=m)
+        assert rel_err(dyn_copy(x), x.double() + 1) < 1e-7
+    assert len(dyn_copy._kernels) == 1
+    with pytest.raises(ValueError, match="dimension 0 of 'Y' is 5, but 'm' is 4 from 'X'"):
+        tilews.jit(target="interpret")(dyn_copy.fn)(randn(4, 8), randn(5, 8))
+
+
+def _compile_in_subprocess(cache_dir, extra=""):
+    code = textwrap.dedent(f"""
+        import sys, warnings
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+        from tests.test_runtime import add
+        warnings.simplefilter("error")
+        {extra}
+        k = add(32, 8)
+        print("HIT" if k.report.cache_hit else "MISS")
+    """)
+    env = dict(os.environ, TILEWS_CACHE_DIR=str(cache_dir))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_disk_cache_hit_in_a_new_process(tmp_path):
+    assert _compile_in_subprocess(tmp_path) == "MISS"
+    assert _compile_in_subprocess(tmp_path) == "HIT"
+
+
+def test_corrupted_disk_entry_is_recompiled(tmp_path):
+    assert _compile_in_subprocess(tmp_path) == "MISS"
+    entries = list(tmp_path.rglob("*.bin"))
+    assert len(entries) == 1
+    data = bytearray(entries[0].read_bytes())
+    data[-10] ^= 0xFF
+    entries[0].write_bytes(bytes(data))
+    os.environ["TILEWS_CACHE_DIR"], old = str(tmp_path), os.environ["TILEWS_CACHE_DIR"]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            k = tilews.jit(out_idx=[-1], target="interpret")(add_factory)(32, 8)
+        assert any(issubclass(w.category, CacheCorruptionWarning) for w in caught)
+        assert not k.report.cache_hit
+        x, y = randn(32, 8), randn(32, 8)
+        assert rel_err(k(x, y), x.double() + y.double()) < 1e-7
+    finally:
+        os.environ["TILEWS_CACHE_DIR"] = old
+    assert _compile_in_subprocess(tmp_path) == "HIT"
+
+
+def test_concurrent_processes_share_one_compile(tmp_path):
+    env = dict(os.environ, TILEWS_CACHE_DIR=str(tmp_path))
+    code = ("import sys; sys.path.insert(0, %r); from tests.test_runtime import add; "
+            "k = add(32, 8); print('HIT' if k.report.cache_hit else 'MISS')"
+            % os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
+    outcomes = sorted(r[0].strip().splitlines()[-1] for r in results)
+    assert outcomes == ["HIT", "HIT", "MISS"]
