@@ -1,6 +1,7 @@
 """Frontend: IR built from T.* programs, and every user error located at the user's line."""
 from __future__ import annotations
 
+import linecache
 import os
 
 import pytest
@@ -26,6 +27,8 @@ def assert_error_at(fn, prim_factory, fragment: str, marker: str = "# <- error")
     assert fragment in e.message, e.message
     assert e.loc is not None and e.loc.line == marked_line(fn, marker), str(e)
     assert e.loc.file == __file__
+    line = linecache.getline(__file__, e.loc.line)
+    assert len(line) - len(line.lstrip()) <= e.loc.col < len(line.rstrip()), "caret outside the code"
     text = str(e)
     assert INTERNAL_DIR not in text and "visitor.py" not in text, text
     return e

@@ -42,6 +42,6 @@ def make_executor(target: Target, kernel: ir.Kernel, source: str, options: dict[
     if target.name == "interpret":
         return InterpretExecutor(kernel, source, options)
     if target.name == "triton":
-        from tilews.triton_ext.tl import TlExecutor
-        return TlExecutor(kernel, source, interpreter=target.triton_interpreter)
+        from tilews.triton_ext.tl import TlProgram
+        return TlProgram(source, kernel.name, kernel, interpreter=target.triton_interpreter)
     raise ValueError(f"internal: no executor for target '{target.name}'")

@@ -30,7 +30,6 @@ import warnings
 from typing import Callable
 
 import filelock
-import platformdirs
 
 __all__ = ["CacheCorruptionWarning", "DiskCache", "cache_disabled", "cache_key", "default_cache_dir"]
 
@@ -47,6 +46,11 @@ def default_cache_dir() -> pathlib.Path:
     env = os.environ.get("TILEWS_CACHE_DIR")
     if env:
         return pathlib.Path(env).expanduser()
+    try:
+        import platformdirs
+    except ImportError:  # minimal environments (e.g. a bare GPU image): the XDG default
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return pathlib.Path(base) / "tilews"
     return pathlib.Path(platformdirs.user_cache_dir("tilews", appauthor=False))
 
 

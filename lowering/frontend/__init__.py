@@ -27,6 +27,7 @@ class KernelSource:
     tree: ast.FunctionDef
     file: str
     line_offset: int
+    col_offset: int = 0      # indentation removed before parsing
 
     @property
     def name(self) -> str:
@@ -45,7 +46,8 @@ def kernel_source(fn: Callable, enclosing: Optional[dict] = None) -> KernelSourc
     """``enclosing``: the locals of the scope that defined ``fn`` (string annotations, under
     ``from __future__ import annotations``, may use names the body's closure does not hold)."""
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
+        raw = inspect.getsource(fn)
+        src = textwrap.dedent(raw)
         file = inspect.getsourcefile(fn) or "<unknown>"
     except (OSError, TypeError) as e:
         raise CompileError(f"cannot read the source of kernel '{getattr(fn, '__name__', fn)}': {e}; "
@@ -60,7 +62,8 @@ def kernel_source(fn: Callable, enclosing: Optional[dict] = None) -> KernelSourc
             names[var] = cell.cell_contents
         except ValueError:  # an unbound cell: the name is defined later in the enclosing function
             pass
-    return KernelSource(fn, names, fdef, file, fn.__code__.co_firstlineno - 1)
+    indent = len(raw) - len(raw.lstrip(" \t")) - (len(src) - len(src.lstrip(" \t")))
+    return KernelSource(fn, names, fdef, file, fn.__code__.co_firstlineno - 1, indent)
 
 
 def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None,
@@ -69,7 +72,7 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
     ``semantic.TensorSpec``, a DType (runtime scalar) or any Python value (bound as is).
     ``extra_names`` are visible in the body (direct style: shape symbols bound from arguments)."""
     b = Builder(src.name, src.file)
-    v = KernelVisitor(b, {**src.names, **(extra_names or {})}, src.line_offset)
+    v = KernelVisitor(b, {**src.names, **(extra_names or {})}, src.line_offset, src.col_offset)
     with active(b):
         v._at(src.tree)
         args = src.tree.args

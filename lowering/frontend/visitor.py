@@ -50,10 +50,11 @@ class _Binding:
 class KernelVisitor:
     """Visits one function body. ``names`` is the function's global + closure namespace."""
 
-    def __init__(self, b: Builder, names: dict[str, Any], line_offset: int):
+    def __init__(self, b: Builder, names: dict[str, Any], line_offset: int, col_offset: int = 0):
         self.b = b
         self.names = names
         self.line_offset = line_offset
+        self.col_offset = col_offset
         self.local: dict[str, _Binding] = {}
         self.scoped_out: dict[str, int] = {}   # names bound inside a finished runtime body
         self.depth = 0                         # nesting of runtime (IR) bodies
@@ -63,7 +64,8 @@ class KernelVisitor:
     # -- plumbing -------------------------------------------------------------------------------
     def _at(self, node: ast.AST) -> None:
         if hasattr(node, "lineno"):
-            self.b.loc = ir.Loc(self.b.file, node.lineno + self.line_offset, node.col_offset)
+            self.b.loc = ir.Loc(self.b.file, node.lineno + self.line_offset,
+                              node.col_offset + self.col_offset)
 
     def error(self, msg: str, notes=()) -> CompileError:
         return CompileError(msg, self.b.loc, notes)

@@ -1,0 +1,35 @@
+"""``--json PATH`` and ``--csv PATH``: every number of a run, with the device and the versions."""
+from __future__ import annotations
+
+import csv
+import json
+
+from .results import Report, Row
+from .shapes import shape_text
+
+CSV_FIELDS = ["workload", "shape", "dtype", "impl", "kind", "target", "interpreted", "status",
+              "rel_err", "tolerance", "ms", "ms_runs", "spread_pct", "tflops", "input_sets",
+              "build_s", "message"]
+
+
+def write_json(report: Report, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(report.as_json(), f, indent=2)
+        f.write("\n")
+
+
+def write_csv(report: Report, path: str) -> None:
+    """One line per row (the device named on each); the versions are in the JSON."""
+    refs = list(dict.fromkeys(ref for r in report.rows for ref in r.ratios))
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["device"] + CSV_FIELDS + [f"vs {ref}" for ref in refs])
+        for row in report.rows:
+            writer.writerow([report.machine.name] + _fields(row) + [row.ratios.get(ref, "") for ref in refs])
+
+
+def _fields(row: Row) -> list:
+    data = row.as_json()
+    data["shape"] = shape_text(row.shape)
+    data["ms_runs"] = ";".join(f"{ms:.6g}" for ms in row.ms_runs)
+    return ["" if data[k] is None else data[k] for k in CSV_FIELDS]

@@ -1,0 +1,91 @@
+"""What a bench run found: one ``Row`` per (shape, kernel), and the ``Report`` around them that
+the terminal table, the JSON, the CSV and the plot are all made from."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Optional
+
+from .machine import Machine
+from .shapes import Shape
+
+SCHEMA = 1
+FAILED = ("fail", "error")      # statuses that make the exit code non-zero
+TILEWS_RUNS = 2                 # each tilews kernel is timed this often: the spread shows the noise
+
+
+@dataclass
+class Row:
+    workload: str
+    shape: Shape
+    dtype: str                   # "bf16" | "fp16"
+    impl: str                    # "tilews 128x128x64 s3", "torch.matmul", "triton tl.dot"
+    kind: str                    # "tilews" | "reference"
+    target: str                  # the tilews target, or what runs a reference ("cuBLAS")
+    interpreted: bool            # an interpreter ran it: its timing is not comparable
+    tolerance: float
+    status: str = "ok"           # "ok" | "fail" (wrong numbers) | "error" (raised)
+    message: str = ""
+    rel_err: Optional[float] = None
+    build_s: Optional[float] = None
+    input_sets: int = 1          # input sets the timing rotated among
+    ms_runs: list[float] = field(default_factory=list)   # one median per timing run
+    tflops: Optional[float] = None
+    ratios: dict[str, float] = field(default_factory=dict)  # reference -> its ms / this ms
+
+    @property
+    def ms(self) -> Optional[float]:
+        return statistics.median(self.ms_runs) if self.ms_runs else None
+
+    @property
+    def spread_pct(self) -> Optional[float]:
+        """How far apart the timing runs of this kernel were, in % of ``ms``."""
+        if len(self.ms_runs) < 2:
+            return None
+        return (max(self.ms_runs) - min(self.ms_runs)) / self.ms * 100
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "shape": list(self.shape), "ms": self.ms, "spread_pct": self.spread_pct}
+
+
+@dataclass
+class Report:
+    command: str
+    dtype: str
+    targets: list[str]
+    machine: Machine
+    versions: dict[str, Optional[str]]
+    rows: list[Row] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)   # "target hopper" -> why
+    pending: dict[str, str] = field(default_factory=dict)       # workload -> message
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def failures(self) -> list[Row]:
+        return [r for r in self.rows if r.status in FAILED]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failures else 0
+
+    @property
+    def interpreted(self) -> bool:
+        return any(r.interpreted for r in self.rows)
+
+    @property
+    def timing_method(self) -> str:
+        if self.machine.gpu:
+            return ("median of triton.testing.do_bench (CUDA events, warm-up, L2 flushed); inputs "
+                    "rotate among several sets when one set fits in L2")
+        return "wall-clock median after a warm-up call (interpreter timings)"
+
+    def as_json(self) -> dict:
+        return {"schema": SCHEMA, "command": self.command, "created": self.created,
+                "device": self.machine.as_json(), "versions": self.versions, "dtype": self.dtype,
+                "targets": self.targets,
+                "timing": {"method": self.timing_method, "interpreter_timings": self.interpreted,
+                           "tilews_runs": TILEWS_RUNS},
+                "unavailable": self.unavailable, "pending": self.pending,
+                "rows": [r.as_json() for r in self.rows],
+                "failures": len(self.failures), "exit_code": self.exit_code}

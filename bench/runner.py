@@ -1,0 +1,140 @@
+"""Run one workload over its shapes: build every kernel, check it against the exact reference
+(output poisoned with NaN first), then time it, and compare.
+
+Per shape the order is: every check; each tilews kernel timed once; each reference timed; each
+tilews kernel timed again. The two tilews timings bracket the references, so their spread shows
+the drift over the whole comparison.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from tilews.testing import poison_, rel_err
+
+from .machine import Machine, triton_unavailable
+from .results import TILEWS_RUNS, Row
+from .shapes import Shape, shape_text
+from .timing import median_ms, sets_needed
+from .workload import Case, KernelFn, Workload, dtype_name
+
+Advance = Callable[[str], None]   # progress: one step done, with what comes next
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One kernel the bench runs: a tilews variant on one target, or a reference."""
+    name: str
+    kind: str                    # "tilews" | "reference"
+    target: str
+    interpreted: bool
+    build: Callable[[Case], KernelFn]
+
+
+def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[list[Impl], dict[str, str]]:
+    """The kernels to run here, and why the others cannot run ("target hopper" -> reason)."""
+    impls: list[Impl] = []
+    unavailable: dict[str, str] = {}
+    for target in targets:
+        why = target_unavailable(target, machine)
+        if why:
+            unavailable[f"target {target}"] = why
+            continue
+        for v in workload.variants:
+            impls.append(Impl(v.name, "tilews", target, target == "interpret" or not machine.gpu,
+                              lambda case, v=v, target=target: v.build(case, target)))
+    for ref in workload.references:
+        why = ref.unavailable(machine)
+        if why:
+            unavailable[f"reference {ref.name}"] = why
+            continue
+        impls.append(Impl(ref.name, "reference", ref.runs_on(machine), ref.interpreted(machine), ref.build))
+    return impls, unavailable
+
+
+def target_unavailable(target: str, machine: Machine) -> str | None:
+    from tilews import targets
+    try:
+        targets.select(target)
+    except Exception as e:  # noqa: BLE001 - tilews says why (e.g. "not in this version")
+        return str(e).splitlines()[0]
+    return triton_unavailable(machine) if target == "triton" else None
+
+
+def steps(impls: Sequence[Impl]) -> int:
+    """Progress steps per shape: one check per kernel, then its timings."""
+    return sum(1 + (TILEWS_RUNS if i.kind == "tilews" else 1) for i in impls)
+
+
+def run_shape(workload: Workload, case: Case, impls: Sequence[Impl], quick: bool,
+              advance: Advance) -> list[Row]:
+    gen = torch.Generator(device=case.machine.device).manual_seed(0)
+    first = (*workload.make_inputs(case, gen), workload.make_output(case))
+    n_sets = sets_needed(sum(t.nbytes for t in first), case.machine.l2_bytes)
+    sets = [first] + [(*workload.make_inputs(case, gen), workload.make_output(case))
+                      for _ in range(n_sets - 1)]
+    exact = workload.reference(*first[:-1])
+    rows, fns = [], {}
+    for impl in impls:
+        row = Row(workload.name, case.shape, dtype_name(case.dtype), impl.name, impl.kind,
+                  impl.target, impl.interpreted, workload.tolerance, input_sets=n_sets)
+        fn = _check(row, impl, case, first, exact)
+        if fn is not None:
+            fns[id(row)] = fn
+        rows.append(row)
+        advance(f"{shape_text(case.shape)} {impl.name} [{impl.target}]: checked")
+    del exact
+    tilews = [r for r in rows if r.kind == "tilews"]
+    for row in tilews + [r for r in rows if r.kind == "reference"] + tilews:
+        if id(row) in fns and row.status != "error":
+            _time(row, fns[id(row)], sets, case, quick)
+        advance(f"{shape_text(case.shape)} {row.impl} [{row.target}]: timed")
+    _compare(rows, workload.flops(case.shape))
+    return rows
+
+
+def _check(row: Row, impl: Impl, case: Case, inputs: tuple, exact: torch.Tensor) -> KernelFn | None:
+    """Build and run once into a NaN-poisoned output; the built kernel, or None if it raised."""
+    *args, out = inputs
+    try:
+        t0 = time.perf_counter()
+        fn = impl.build(case)
+        row.build_s = time.perf_counter() - t0
+        poison_(out)
+        fn(*args, out)
+        _sync(case)
+    except Exception as e:  # noqa: BLE001 - a kernel that raises is a failing row, not a crash
+        row.status, row.message = "error", f"{type(e).__name__}: {e}"
+        return None
+    try:
+        row.rel_err = rel_err(out, exact)
+    except AssertionError as e:   # NaN in the output: unwritten elements
+        row.status, row.message = "fail", str(e)
+        return fn
+    if not row.rel_err <= row.tolerance:
+        row.status = "fail"
+        row.message = f"rel err {row.rel_err:.3e} exceeds the tolerance {row.tolerance:.0e}"
+    return fn
+
+
+def _time(row: Row, fn: KernelFn, sets: list, case: Case, quick: bool) -> None:
+    try:
+        row.ms_runs.append(median_ms(fn, sets, case.machine.device, quick))
+    except Exception as e:  # noqa: BLE001
+        row.status, row.message = "error", f"while timing: {type(e).__name__}: {e}"
+
+
+def _compare(rows: list[Row], flops: float) -> None:
+    timed = [r for r in rows if r.ms]
+    for row in timed:
+        row.tflops = flops / row.ms / 1e9
+        row.ratios = {ref.impl: ref.ms / row.ms for ref in timed
+                      if ref.kind == "reference" and ref is not row}
+
+
+def _sync(case: Case) -> None:
+    if case.machine.gpu:
+        torch.cuda.synchronize()

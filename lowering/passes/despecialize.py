@@ -1,0 +1,329 @@
+"""despecialize: run a warp-specialized program as one stream, where that is valid.
+
+Requires:  the source form (``Role`` blocks inside the program, no ``WarpSpecialize``).
+Ensures:   on a target with ``warp_specialization`` the kernel is returned unchanged. Otherwise, if
+           the program has roles or barriers: every ``Role`` is replaced by its body (program
+           order), every ``BarrierArrive``/``BarrierWait`` and barrier ``Alloc`` is removed and every
+           ``Copy.barrier`` is cleared, with a note saying so — but only after checking that running
+           the statements in source order satisfies the barrier protocol: every wait would already
+           pass when reached. Otherwise ``CompileError`` at the offending statement saying why.
+Preserves: program meaning (sequential source order is one legal schedule of the roles, so a
+           race-free program computes the same values) and every remaining node's loc.
+
+The check simulates the barriers abstractly: per mbarrier its completed-phase parity and pending
+arrivals (threads; a role of warp groups g arrives with 128*len(g), code outside roles with the
+kernel's threads; a phase completes at the barrier's arrive count). ``wait(b, p)`` passes when the
+current phase's parity differs from p, so a fresh barrier passes a wait on parity 1. An asynchronous
+copy completes before the next statement in one stream, so its transaction bytes never hold a
+phase open. Loops are simulated iteration by iteration on the set of reachable barrier states; as
+the loop index enters barrier indices and parities only periodically (``k % S``, ``(k // S) & 1``),
+a repeated (states, iteration mod period) pair ends the simulation with the exact result for every
+trip count, including unknown ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from .. import ir
+from ..errors import CompileError, InternalError
+from ..target import Target
+from ..traverse import rewrite, subexprs, walk
+
+# Iterations simulated before giving up on a loop whose barrier behaviour never repeats.
+MAX_ITERATIONS = 4096
+
+State = tuple  # sorted ((barrier name, index), (phase parity, pending arrivals)) pairs
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    if target.warp_specialization:
+        return kernel
+    stmts = list(walk(kernel.body))
+    if any(isinstance(s, ir.WarpSpecialize) for s in stmts):
+        raise InternalError("despecialize expects the source form (Role blocks), not "
+                            "WarpSpecialize", kernel.loc)
+    roles = sorted({s.warpgroups for s in stmts if isinstance(s, ir.Role)})
+    if not roles and not any(_is_barrier_op(s) for s in stmts):
+        return kernel
+    _Simulation(kernel, target).stmt(kernel.body, frozenset([()]), {}, None)
+    body = rewrite(kernel.body, _strip)
+    note = (f"despecialize: target '{target.name}' has no warp specialization; "
+            + (f"roles {', '.join(f'T.ws{_wg(r)}' for r in roles)} run as one stream in source "
+               f"order, " if roles else "")
+            + f"{sum(isinstance(s, (ir.BarrierArrive, ir.BarrierWait)) for s in stmts)} barrier "
+              f"arrive/wait operation(s) removed (the barrier protocol holds in source order)")
+    return dataclasses.replace(kernel, body=body).with_note(note)
+
+
+def _wg(role: tuple[int, ...]) -> str:
+    return f"({', '.join(map(str, role))})"
+
+
+def _is_barrier_op(s: ir.Stmt) -> bool:
+    return (isinstance(s, (ir.BarrierArrive, ir.BarrierWait))
+            or isinstance(s, ir.Copy) and s.barrier is not None
+            or isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER)
+
+
+def _strip(s: ir.Stmt) -> Optional[ir.Stmt]:
+    if isinstance(s, ir.Role):
+        return s.body
+    if isinstance(s, (ir.BarrierArrive, ir.BarrierWait)) or (
+            isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER):
+        return ir.Seq((), s.loc)
+    if isinstance(s, ir.Copy) and s.barrier is not None:
+        return dataclasses.replace(s, barrier=None)
+    return None
+
+
+def _syncs_in(s: ir.Stmt) -> bool:
+    return any(isinstance(t, (ir.BarrierArrive, ir.BarrierWait)) for t in walk(s))
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluation of integer expressions over known loop indices
+
+
+def _eval(e: ir.Expr, env: dict) -> Optional[int]:
+    """The value of ``e`` when every variable in it is in ``env``; None when it depends on a
+    runtime value (block index, parameter, buffer element)."""
+    if isinstance(e, ir.Const):
+        return e.value
+    if isinstance(e, ir.Var):
+        return env.get(e)
+    if isinstance(e, (ir.BinOp, ir.Cmp)):
+        a, b = _eval(e.a, env), _eval(e.b, env)
+        if a is None or b is None:
+            return None
+        fn = _BINOPS.get(e.op)
+        if fn is None or (e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and b == 0):
+            return None
+        return fn(a, b)
+    if isinstance(e, ir.UnOp):
+        a = _eval(e.a, env)
+        return None if a is None else {ir.UnOpKind.NEG: lambda: -a, ir.UnOpKind.NOT: lambda: not a,
+                                       ir.UnOpKind.INVERT: lambda: ~a}[e.op]()
+    if isinstance(e, ir.Select):
+        c = _eval(e.cond, env)
+        return None if c is None else _eval(e.a if c else e.b, env)
+    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.MAX, ir.MathFn.ABS):
+        args = [_eval(a, env) for a in e.args]
+        if None in args:
+            return None
+        return {ir.MathFn.MIN: min, ir.MathFn.MAX: max, ir.MathFn.ABS: abs}[e.fn](*args)
+    if isinstance(e, ir.Cast) and not e.dtype.is_float:
+        v = _eval(e.value, env)
+        return None if v is None else (bool(v) if e.dtype is ir.DType.BOOL else int(v))
+    return None
+
+
+_BINOPS = {ir.BinOpKind.ADD: lambda a, b: a + b, ir.BinOpKind.SUB: lambda a, b: a - b,
+           ir.BinOpKind.MUL: lambda a, b: a * b, ir.BinOpKind.FLOORDIV: lambda a, b: a // b,
+           ir.BinOpKind.MOD: lambda a, b: a % b, ir.BinOpKind.AND: lambda a, b: a & b,
+           ir.BinOpKind.OR: lambda a, b: a | b, ir.BinOpKind.XOR: lambda a, b: a ^ b,
+           ir.BinOpKind.SHL: lambda a, b: a << b, ir.BinOpKind.SHR: lambda a, b: a >> b,
+           ir.BinOpKind.LAND: lambda a, b: bool(a and b), ir.BinOpKind.LOR: lambda a, b: bool(a or b),
+           ir.CmpKind.LT: lambda a, b: a < b, ir.CmpKind.LE: lambda a, b: a <= b,
+           ir.CmpKind.GT: lambda a, b: a > b, ir.CmpKind.GE: lambda a, b: a >= b,
+           ir.CmpKind.EQ: lambda a, b: a == b, ir.CmpKind.NE: lambda a, b: a != b}
+
+
+def _shift(e: ir.Expr, v: ir.Var) -> Optional[tuple[int, int]]:
+    """(P, d) with e(v + P) == e(v) + d for every v, or None if no such shift is evident."""
+    if v not in set(subexprs(e)):
+        return 1, 0
+    if e == v:
+        return 1, 1
+    if isinstance(e, ir.BinOp) and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.SUB):
+        a, b = _shift(e.a, v), _shift(e.b, v)
+        if a is None or b is None:
+            return None
+        p = math.lcm(a[0], b[0])
+        sign = 1 if e.op is ir.BinOpKind.ADD else -1
+        return p, a[1] * (p // a[0]) + sign * b[1] * (p // b[0])
+    if isinstance(e, ir.BinOp) and e.op is ir.BinOpKind.MUL and ir.as_int(e.a) is not None:
+        e = dataclasses.replace(e, a=e.b, b=e.a)
+    k = ir.as_int(e.b) if isinstance(e, ir.BinOp) else None
+    a = _shift(e.a, v) if isinstance(e, (ir.BinOp, ir.UnOp)) else None
+    if isinstance(e, ir.UnOp) and e.op is ir.UnOpKind.NEG and a is not None:
+        return a[0], -a[1]
+    if k is not None and a is not None:
+        p, d = a
+        if e.op is ir.BinOpKind.MUL:
+            return p, d * k
+        if e.op is ir.BinOpKind.FLOORDIV and k > 0:
+            m = k // math.gcd(d, k)
+            return p * m, d * m // k
+        modulus = k if e.op is ir.BinOpKind.MOD else k + 1 if (
+            e.op is ir.BinOpKind.AND and k >= 0 and k & (k + 1) == 0) else 0
+        if modulus > 0:
+            return p * (modulus // math.gcd(d, modulus)), 0
+    parts = [_shift(x, v) for x in _operands(e)]
+    if not parts or any(x is None or x[1] != 0 for x in parts):
+        return None
+    return math.lcm(*(x[0] for x in parts)), 0
+
+
+def _operands(e: ir.Expr) -> tuple:
+    if isinstance(e, (ir.BinOp, ir.Cmp)):
+        return e.a, e.b
+    if isinstance(e, (ir.UnOp,)):
+        return (e.a,)
+    if isinstance(e, ir.Cast):
+        return (e.value,)
+    if isinstance(e, ir.Select):
+        return e.cond, e.a, e.b
+    if isinstance(e, ir.Call):
+        return e.args
+    return ()
+
+
+def _sync_exprs(s: ir.Stmt):
+    """The expressions that decide what the barrier operations in ``s`` do."""
+    for t in walk(s):
+        if isinstance(t, (ir.BarrierArrive, ir.BarrierWait)):
+            yield t.barrier.index
+        if isinstance(t, ir.BarrierWait):
+            yield t.parity
+        if isinstance(t, ir.If) and _syncs_in(t):
+            yield t.cond
+        if isinstance(t, ir.For) and _syncs_in(t.body):
+            yield from (t.start, t.stop, t.step)
+
+
+def _period(loop: ir.For, step: Optional[int]) -> Optional[int]:
+    """Iterations after which the barrier behaviour of ``loop``'s body repeats, or None."""
+    period = 1
+    for e in _sync_exprs(loop.body):
+        sh = _shift(e, loop.var)
+        if sh is None or sh[1] != 0:
+            return None
+        if sh[0] > 1:
+            if step is None:
+                return None
+            period = math.lcm(period, sh[0] // math.gcd(sh[0], step))
+    return period
+
+
+# ----------------------------------------------------------------------------------------------
+# the simulation
+
+
+class _Simulation:
+    def __init__(self, kernel: ir.Kernel, target: Target):
+        self.kernel = kernel
+        self.target = target
+        self.arrivers: dict[str, list[str]] = {}
+        for r in walk(kernel.body):
+            if isinstance(r, ir.Role):
+                for t in walk(r.body):
+                    if isinstance(t, ir.BarrierArrive):
+                        names = self.arrivers.setdefault(t.barrier.buffer.name, [])
+                        if f"T.ws{_wg(r.warpgroups)}" not in names:
+                            names.append(f"T.ws{_wg(r.warpgroups)}")
+
+    def stmt(self, s: ir.Stmt, states: frozenset, env: dict, role) -> frozenset:
+        if isinstance(s, ir.Seq):
+            for t in s.stmts:
+                states = self.stmt(t, states, env, role)
+            return states
+        if isinstance(s, ir.Role):
+            return self.stmt(s.body, states, env, s.warpgroups)
+        if isinstance(s, ir.BarrierArrive):
+            key, count = self._barrier(s.barrier, env, s.loc)
+            threads = self.kernel.threads if role is None else 128 * len(role)
+            return frozenset(_arrive(st, key, count, threads) for st in states)
+        if isinstance(s, ir.BarrierWait):
+            key, _ = self._barrier(s.barrier, env, s.loc)
+            parity = self._value(s.parity, env, s.loc, "the parity of this wait")
+            for st in states:
+                if dict(st).get(key, (0, 0))[0] == parity & 1:
+                    raise self._blocked(s, key, parity & 1, env, role)
+            return states
+        if isinstance(s, ir.If):
+            if not _syncs_in(s):
+                return states
+            cond = _eval(s.cond, env)
+            if cond is None:
+                raise CompileError(self._prefix() + "barrier operations under a condition known "
+                                   "only at run time cannot be checked for one-stream execution",
+                                   s.loc)
+            return self.stmt(s.then if cond else s.orelse, states, env, role)
+        if isinstance(s, ir.For):
+            return self._loop(s, states, env, role) if _syncs_in(s.body) else states
+        return states
+
+    def _loop(self, s: ir.For, states: frozenset, env: dict, role) -> frozenset:
+        start, stop, step = (_eval(x, env) for x in (s.start, s.stop, s.step))
+        trip = None
+        if None not in (start, stop, step):
+            trip = max(0, -(-(stop - start) // step))
+        period = _period(s, step)
+        if period is None and trip is None:
+            raise CompileError(self._prefix() + f"the barrier operations in this loop depend on "
+                               f"'{s.var.name}' in a way that does not repeat, and the trip count is "
+                               f"known only at run time; they cannot be checked for one-stream "
+                               f"execution", s.loc)
+        history = [states]
+        seen = {(states, 0): 0}
+        for k in range(MAX_ITERATIONS):
+            if trip is not None and k == trip:
+                return history[k]
+            inner = dict(env)
+            if start is not None and step is not None:
+                inner[s.var] = start + k * step
+            history.append(self.stmt(s.body, history[k], inner, role))
+            if period is not None:
+                first = seen.setdefault((history[k + 1], (k + 1) % period), k + 1)
+                if first != k + 1:
+                    if trip is None:
+                        return frozenset().union(*history)
+                    return history[first + (trip - first) % (k + 1 - first)]
+        raise CompileError(self._prefix() + f"the barrier operations in this loop did not settle "
+                           f"into a repeating pattern within {MAX_ITERATIONS} iterations", s.loc)
+
+    def _barrier(self, ref: ir.BarrierRef, env: dict, loc: ir.Loc):
+        i = self._value(ref.index, env, loc, f"the index of barrier '{ref.buffer.name}'")
+        counts = ref.buffer.arrive_counts
+        if not 0 <= i < len(counts):
+            raise CompileError(f"barrier index {i} is out of range for '{ref.buffer.name}' "
+                               f"({len(counts)} barriers)", loc)
+        return (ref.buffer.name, i), counts[i]
+
+    def _value(self, e: ir.Expr, env: dict, loc: ir.Loc, what: str) -> int:
+        v = _eval(e, env)
+        if v is None:
+            raise CompileError(self._prefix() + f"{what} depends on a value known only at run time, "
+                               f"so the barrier protocol cannot be checked for one-stream execution",
+                               loc)
+        return int(v)
+
+    def _prefix(self) -> str:
+        return f"cannot run the roles as one stream on target '{self.target.name}': "
+
+    def _blocked(self, s: ir.BarrierWait, key, parity: int, env: dict, role) -> CompileError:
+        name = key[0] if len(s.barrier.buffer.arrive_counts) == 1 else f"{key[0]}[{key[1]}]"
+        who = f"role T.ws{_wg(role)}" if role is not None else "the kernel"
+        mine = None if role is None else f"T.ws{_wg(role)}"
+        arrivers = [r for r in self.arrivers.get(key[0], []) if r != mine]
+        verb = " arrive" if len(arrivers) > 1 else " arrives"
+        by = " and ".join(arrivers) + verb if arrivers else "anything arrives"
+        at = ", ".join(f"{v.name}={val}" for v, val in env.items())
+        msg = (f"{who} waits on `{name}` (parity {parity}) before {by} on it in program "
+               f"order{f' (at {at})' if at else ''}; cannot run as one stream on target "
+               f"'{self.target.name}', which has no warp specialization")
+        notes = ["without warp specialization the roles run one after another in source order: "
+                 "put the producing role's section before the consuming one's, or compile for a "
+                 "target with warp specialization (hopper)"]
+        return CompileError(msg, s.loc, notes)
+
+
+def _arrive(state: State, key, count: int, threads: int) -> State:
+    d = dict(state)
+    parity, pending = d.get(key, (0, 0))
+    pending += threads
+    parity ^= (pending // count) & 1
+    d[key] = (parity, pending % count)
+    return tuple(sorted(d.items()))

@@ -1,0 +1,195 @@
+"""legalize: record the target's choices in the IR, so emitters only spell them.
+
+Requires:  despecialize has run (on targets without warp specialization, no roles or barriers).
+Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global region it touches
+           is provably inside its buffer (static dims; interval analysis of the starts over block
+           indices, loop ranges and parallel extents) or when no global buffer is involved, MASKED
+           otherwise. Every ``Gemm.instr`` is DOT, or DOT_F32_OPERANDS on
+           ``target.triton_interpreter`` for float operands narrower than 32 bits (its dot is wrong
+           on bf16; the upcast is exact). ``T.unroll`` loops whose bounds are not build-time
+           constants become serial loops (with a note). On ``target.power_of_two_tiles``, an
+           on-chip buffer, parallel extent or tile region that is not a power of two is a
+           ``CompileError`` at its line saying what to change. On targets without warp
+           specialization (one stream of ``threads`` threads) the kernel gets the attr
+           ``num_warps`` (threads // 32 rounded down to a power of two; a note if that changed it).
+           On ``target.triton_interpreter``: attr ``specialize_scalar_params`` (scalar parameters are
+           compile-time constants, which costs nothing there) and attr ``runtime_bound_loops`` =
+           "while" (its ``for`` cannot iterate to a bound held in a tensor).
+Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
+           targets get only the mechanisms, instructions and unroll rule above).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from .. import ir
+from ..errors import CompileError
+from ..target import Target
+from ..traverse import walk
+
+Interval = Optional[tuple[int, int]]
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    if target.power_of_two_tiles:
+        _check_power_of_two(kernel, target)
+    env = {v: _span(g) for v, g in zip(kernel.block_vars, kernel.grid)}
+    notes: list[str] = []
+    body = _Decide(target, notes).seq(kernel.body, env)
+    kernel = dataclasses.replace(kernel, body=body)
+    for n in notes:
+        kernel = kernel.with_note(n)
+    if not target.warp_specialization:
+        kernel = _num_warps(kernel)
+    if target.triton_interpreter:
+        kernel = kernel.with_attr("specialize_scalar_params", True).with_attr("runtime_bound_loops",
+                                                                             "while")
+    return kernel
+
+
+def _span(extent: ir.Expr) -> Interval:
+    n = ir.as_int(extent)
+    return None if n is None else (0, n - 1)
+
+
+def _num_warps(kernel: ir.Kernel) -> ir.Kernel:
+    warps = kernel.threads // 32
+    n = 1 << (warps.bit_length() - 1)
+    kernel = kernel.with_attr("num_warps", n)
+    if n != warps:
+        kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
+                                  f"runs num_warps={n} (a power of two)")
+    return kernel
+
+
+# ----------------------------------------------------------------------------------------------
+# per-statement decisions
+
+
+class _Decide:
+    """Rebuilds statements with their decisions; ``env`` maps variables to value intervals."""
+
+    def __init__(self, target: Target, notes: list[str]):
+        self.target = target
+        self.notes = notes
+
+    def seq(self, s: ir.Seq, env: dict) -> ir.Seq:
+        return dataclasses.replace(s, stmts=tuple(self.stmt(t, env) for t in s.stmts))
+
+    def stmt(self, s: ir.Stmt, env: dict) -> ir.Stmt:
+        if isinstance(s, ir.Copy):
+            inside = all(self._in_bounds(r, env) for r in (s.src, s.dst))
+            mech = ir.CopyMechanism.DIRECT if inside else ir.CopyMechanism.MASKED
+            return dataclasses.replace(s, mechanism=mech)
+        if isinstance(s, ir.Gemm):
+            narrow = s.a.buffer.dtype.is_float and s.a.buffer.dtype.bits < 32
+            f32 = self.target.triton_interpreter and narrow
+            instr = ir.GemmInstr.DOT_F32_OPERANDS if f32 else ir.GemmInstr.DOT
+            return dataclasses.replace(s, instr=instr)
+        if isinstance(s, ir.For):
+            return self._loop(s, env)
+        if isinstance(s, ir.Parallel):
+            inner = {**env, **{v: (0, e - 1) for v, e in zip(s.vars, s.extents)}}
+            return dataclasses.replace(s, body=self.seq(s.body, inner))
+        if isinstance(s, ir.If):
+            return dataclasses.replace(s, then=self.seq(s.then, env), orelse=self.seq(s.orelse, env))
+        if isinstance(s, ir.Role):
+            return dataclasses.replace(s, body=self.seq(s.body, env))
+        if isinstance(s, ir.WarpSpecialize):
+            return dataclasses.replace(s, roles=tuple(self.stmt(r, env) for r in s.roles))
+        return s
+
+    def _loop(self, s: ir.For, env: dict) -> ir.For:
+        kind = s.kind
+        if kind is ir.ForKind.UNROLL and any(ir.as_int(x) is None for x in (s.start, s.stop, s.step)):
+            kind = ir.ForKind.SERIAL
+            where = f"{os.path.basename(s.loc.file)}:{s.loc.line}"
+            self.notes.append(f"legalize: T.unroll at {where} has bounds known only at run time; it "
+                              f"runs as a serial loop")
+        start, stop, step = (_interval(x, env) for x in (s.start, s.stop, s.step))
+        span = None
+        if start and stop and step and step[0] > 0:
+            span = (start[0], max(start[0], stop[1] - 1))
+        inner = {**env, s.var: span}
+        return dataclasses.replace(s, kind=kind, body=self.seq(s.body, inner))
+
+    def _in_bounds(self, r: ir.Region, env: dict) -> bool:
+        if r.buffer.scope is not ir.Scope.GLOBAL:
+            return True
+        for start, extent, dim in zip(r.starts, r.extents, r.buffer.shape):
+            span, n = _interval(start, env), ir.as_int(dim)
+            if span is None or n is None or span[0] < 0 or span[1] + extent > n:
+                return False
+        return True
+
+
+def _interval(e: ir.Expr, env: dict) -> Interval:
+    """Bounds [lo, hi] of an integer expression over ``env``'s variable intervals, or None."""
+    if isinstance(e, ir.Const):
+        return None if isinstance(e.value, float) else (int(e.value), int(e.value))
+    if isinstance(e, ir.Var):
+        return env.get(e)
+    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.MAX):
+        parts = [_interval(a, env) for a in e.args]
+        if None in parts:
+            return None
+        pick = min if e.fn is ir.MathFn.MIN else max
+        return pick(p[0] for p in parts), pick(p[1] for p in parts)
+    if not isinstance(e, ir.BinOp) or e.dtype.is_float:
+        return None
+    a, b = _interval(e.a, env), _interval(e.b, env)
+    if e.op is ir.BinOpKind.MOD and b is not None and b[0] == b[1] and b[0] > 0:
+        return 0, b[0] - 1
+    if a is None or b is None:
+        return None
+    if e.op is ir.BinOpKind.ADD:
+        return a[0] + b[0], a[1] + b[1]
+    if e.op is ir.BinOpKind.SUB:
+        return a[0] - b[1], a[1] - b[0]
+    if e.op is ir.BinOpKind.MUL:
+        corners = [x * y for x in a for y in b]
+        return min(corners), max(corners)
+    if e.op is ir.BinOpKind.FLOORDIV and b[0] == b[1] and b[0] > 0:
+        return a[0] // b[0], a[1] // b[0]
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# power-of-two tiles
+
+
+def _check_power_of_two(kernel: ir.Kernel, target: Target) -> None:
+    for s in walk(kernel.body):
+        if isinstance(s, ir.Alloc) and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT,
+                                                           ir.Scope.LOCAL):
+            b = s.buffer
+            _require_pow2(b.static_shape, f"{b.scope.value} buffer '{b.name}' has shape "
+                          f"{list(b.static_shape)}", target, s.loc)
+        elif isinstance(s, ir.Parallel):
+            _require_pow2(s.extents, f"T.Parallel has extents {list(s.extents)}", target, s.loc,
+                          ["cover a ragged range with the larger extent and guard the tail with "
+                           "an `if`"])
+        for r in _regions(s):
+            _require_pow2(r.tile_shape, f"this operation moves a {list(r.tile_shape)} tile of "
+                          f"'{r.buffer.name}'", target, s.loc)
+
+
+def _regions(s: ir.Stmt):
+    if isinstance(s, ir.Copy):
+        yield from (s.src, s.dst)
+    elif isinstance(s, ir.Gemm):
+        yield from (s.a, s.b, s.c)
+    elif isinstance(s, ir.Fill):
+        yield s.dst
+    elif isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):
+        yield from (s.dst, s.value)
+
+
+def _require_pow2(dims, what: str, target: Target, loc: ir.Loc, notes=()) -> None:
+    for d, n in enumerate(dims):
+        if n & (n - 1):
+            lo, hi = 1 << (n.bit_length() - 1), 1 << n.bit_length()
+            raise CompileError(f"{what}, but target '{target.name}' needs power-of-two tile "
+                               f"extents: change dim {d} from {n} to {lo} or {hi}", loc, notes)

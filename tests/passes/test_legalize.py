@@ -1,0 +1,114 @@
+"""legalize: copy mechanisms, matrix instructions, warps and tile-shape rules per target."""
+from pathlib import Path
+
+import pytest
+
+import tilews.language as T
+from tilews import CompileError
+from tilews.lowering import ir, printer
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.passes import lower
+from tilews.lowering.target import HOPPER, INTERPRET, TRITON_CPU, TRITON_GPU
+from tilews.lowering.traverse import walk
+
+THIS = Path(__file__)
+
+
+def line_of(marker: str) -> int:
+    lines = [n for n, text in enumerate(THIS.read_text().splitlines(), 1)
+             if text.rstrip().endswith(marker)]
+    assert len(lines) == 1, marker
+    return lines[0]
+
+
+def gemm(M, N, K, bm=64, bn=64, bk=32, threads=128, dtype=T.bfloat16):
+    """C = A @ B (TileLang style); direct style specs so any dim may be T.dynamic."""
+    @T.prim_func
+    def main(A, B, C):
+        with T.Kernel(T.ceildiv(C.shape[1], bn), T.ceildiv(C.shape[0], bm), threads=threads) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), dtype)
+            B_s = T.alloc_shared((bk, bn), dtype)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(A.shape[1], bk), num_stages=3):
+                T.copy(A[by * bm, k * bk], A_s)
+                T.copy(B[k * bk, bx * bn], B_s)
+                T.gemm(A_s, B_s, C_f)
+            T.copy(C_f, C[by * bm, bx * bn])
+    specs = {"A": T.Tensor((M, K), dtype), "B": T.Tensor((K, N), dtype), "C": T.Tensor((M, N), dtype)}
+    return build_kernel(main, specs)
+
+
+def rows(M, extent):
+    """X *= 2 over row blocks of ``extent`` rows, in an unrolled loop."""
+    @T.prim_func
+    def main(X):
+        with T.Kernel(1, threads=128) as bx:
+            for u in T.unroll(0, T.ceildiv(X.shape[0], extent)):
+                for i, j in T.Parallel(extent, 64):  # <- parallel
+                    X[u * extent + i, j] = X[u * extent + i, j] * 2.0
+    return build_kernel(main, {"X": T.Tensor((M, 64), T.float32)})
+
+
+def odd_fragment():
+    @T.prim_func
+    def main(X: T.Tensor((48, 64), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            F = T.alloc_fragment((48, 64), T.float32)  # <- fragment
+            T.copy(X, F)
+            T.copy(F, X)
+    return build_kernel(main)
+
+
+def legalized(kernel, target):
+    return lower(kernel, target, upto="legalize")
+
+
+def test_gemm_interpreter(expect):
+    expect(printer.to_text(legalized(gemm(128, 128, 80), TRITON_CPU)))
+
+
+def test_gemm_gpu_dynamic_m(expect):
+    expect(printer.to_text(legalized(gemm(T.dynamic("m"), 128, 128), TRITON_GPU)))
+
+
+def test_num_warps_rounds_down(expect):
+    expect(printer.to_text(legalized(gemm(128, 128, 128, threads=384), TRITON_GPU)))
+
+
+@pytest.mark.parametrize("target", [HOPPER, INTERPRET], ids=["hopper", "interpret"])
+def test_warp_specialized_targets_get_only_decisions(target):
+    k = legalized(gemm(128, 128, 80), target)
+    assert k.attrs == ()
+    copies = [s.mechanism for s in walk(k.body) if isinstance(s, ir.Copy)]
+    assert copies == [ir.CopyMechanism.MASKED, ir.CopyMechanism.MASKED, ir.CopyMechanism.DIRECT]
+    assert {s.instr for s in walk(k.body) if isinstance(s, ir.Gemm)} == {ir.GemmInstr.DOT}
+
+
+def test_out_of_range_starts_are_masked():
+    k = legalized(gemm(96, 128, 128, bm=64), TRITON_GPU)  # the second row block overhangs
+    assert [s.mechanism for s in walk(k.body) if isinstance(s, ir.Copy)] == [
+        ir.CopyMechanism.MASKED, ir.CopyMechanism.DIRECT, ir.CopyMechanism.MASKED]
+
+
+def test_fragment_not_power_of_two():
+    with pytest.raises(CompileError) as e:
+        legalized(odd_fragment(), TRITON_CPU)
+    assert e.value.loc.line == line_of("# <- fragment")
+    assert "fragment buffer 'F' has shape [48, 64]" in e.value.message
+    assert "change dim 0 from 48 to 32 or 64" in e.value.message
+
+
+def test_parallel_not_power_of_two():
+    with pytest.raises(CompileError) as e:
+        legalized(rows(64, 48), TRITON_GPU)
+    assert e.value.loc.line == line_of("# <- parallel")
+    assert "T.Parallel has extents [48, 64]" in e.value.message
+
+
+def test_power_of_two_only_where_required():
+    legalized(rows(64, 48), HOPPER)
+
+
+def test_unroll_with_runtime_bounds(expect):
+    expect(printer.to_text(legalized(rows(T.dynamic("m"), 64), TRITON_CPU)))

@@ -1,0 +1,232 @@
+"""The bench CLI (``tilews-bench`` / ``python -m bench``) on the CPU: argument parsing, the JSON and
+CSV it writes, the exit code when a kernel is wrong, the plot, graceful degradation without rich
+and matplotlib, and the workloads tilews has no kernels for yet.
+
+Runs in-process on the ``interpret`` target with ``torch.matmul`` as the only reference, so no test
+here imports triton (its CPU interpreter is chosen at import; other test modules need it off). One
+test runs ``python -m bench`` in a subprocess.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import cli, gemm
+from bench.shapes import ShapeError, parse_shapes
+from bench.timing import MAX_SETS, sets_needed
+from bench.workload import Variant
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--targets", "interpret", "--shapes", "64x64x64,100x72x40", "--quick"]
+
+
+@pytest.fixture(autouse=True)
+def torch_only(monkeypatch):
+    """torch.matmul is the only reference: the Triton baseline would import triton."""
+    monkeypatch.setattr(gemm.WORKLOAD, "references", [gemm.TORCH])
+
+
+def bench(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def planted(name: str, body) -> Variant:
+    """A variant whose kernel ``body(a, b, c)`` runs on every target."""
+    return Variant(name, lambda case, target: body)
+
+
+# ---- --shapes ----------------------------------------------------------------------------------
+
+def test_presets_and_explicit_shapes_in_order_without_duplicates():
+    shapes = parse_shapes("square, 1024x1024x512,4096x4096x4096,ragged", gemm.PRESETS, "MNK")
+    assert shapes == [(4096, 4096, 4096), (8192, 8192, 8192), (1024, 1024, 512), *gemm.RAGGED]
+    assert parse_shapes("200X136X100", gemm.PRESETS, "MNK") == [(200, 136, 100)]
+    assert parse_shapes("cpu", gemm.PRESETS, "MNK") == [(128, 128, 128), (200, 136, 100)]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("1024x1024", "has 2 dimension(s); this workload's shapes are MxNxK"),
+    ("squares", "unknown shape preset 'squares'; presets: square, "),
+    ("0x64x64", "has a zero dimension"),
+    ("64x-1x64", "is not MxNxK with positive integers"),
+    ("64x64x64,", "has an empty entry"),
+    ("1.5x2x3", "is not MxNxK with positive integers"),
+])
+def test_bad_shapes_are_clear_errors(text, says, capsys):
+    with pytest.raises(ShapeError, match=None) as e:
+        parse_shapes(text, gemm.PRESETS, "MNK")
+    assert says in str(e.value)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["gemm", "--shapes", text])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "tilews-bench gemm: error:" in err and says in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["gemm", "--targets", "cuda"], "targets are a comma list of hopper, triton, interpret"),
+    (["gemm", "--dtype", "fp32"], "invalid choice: 'fp32'"),
+    (["matmul"], "invalid choice: 'matmul'"),
+    ([], "required: {gemm,fp8,attention,all}"),
+])
+def test_bad_options_exit_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_defaults_follow_the_machine():
+    args = cli.build_parser().parse_args(["gemm"])
+    assert (args.shapes, args.dtype, args.targets, args.quick) == (None, "bf16", None, False)
+    cpu = cli.machines.detect()
+    if not cpu.gpu:
+        assert cli.default_targets(cpu) == ["interpret", "triton"]
+        assert gemm.WORKLOAD.default_preset(cpu, False) == "cpu"
+
+
+def test_rotation_only_when_a_set_fits_in_l2():
+    l2 = 50 * 2**20
+    assert sets_needed(3 * 8192 * 8192 * 2, l2) == 1            # 8192^3 bf16: no rotation
+    assert sets_needed(3 * 1024 * 1024 * 2, l2) == 17           # 6 MiB sets span 2x L2
+    assert sets_needed(3 * 128 * 128 * 2, l2) == MAX_SETS
+    assert sets_needed(10 * 2**20, None) == 1                    # CPU: nothing to defeat
+
+
+# ---- a run: table, JSON, CSV, plot ---------------------------------------------------------------
+
+def test_cpu_run_prints_interpreter_note_then_the_table_last(capsys):
+    code, out, _ = bench(capsys, "gemm", *SMALL, "--targets", "interpret,hopper")
+    assert code == 0
+    lines = out.rstrip().splitlines()
+    assert "target hopper: unavailable (target 'hopper': the Hopper (Gluon) backend" in out
+    assert "INTERPRETER TIMINGS" in out and "NOT comparable" in out
+    assert lines[-1].endswith("all rows correct.")
+    table = [ln for ln in lines if ln.startswith("| ")]
+    assert table[0].split("|")[1].strip() == "shape" and "vs torch.matmul" in table[0]
+    assert [r.split("|")[2].strip() for r in table[1:]] == ["tilews 128x128x64 s3", "torch.matmul"] * 2
+    assert all(r.split("|")[4].strip().startswith("OK ") for r in table[1:])
+    assert lines.index(table[-1]) > max(i for i, ln in enumerate(lines) if "INTERPRETER" in ln)
+
+
+def test_json_schema(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    code, out, _ = bench(capsys, "gemm", *SMALL, "--dtype", "fp16", "--json", str(path))
+    assert code == 0 and f"wrote {path}" in out
+    data = json.loads(path.read_text())
+    assert data["schema"] == 1 and data["command"] == "gemm" and data["dtype"] == "fp16"
+    assert set(data) >= {"created", "device", "versions", "targets", "timing", "unavailable",
+                         "pending", "rows", "failures", "exit_code"}
+    assert data["device"]["type"] in ("cpu", "cuda") and isinstance(data["device"]["name"], str)
+    assert data["versions"]["torch"] == torch.__version__
+    assert data["versions"]["tilews"] and data["versions"]["python"] and "triton" in data["versions"]
+    assert data["timing"]["tilews_runs"] == 2 and isinstance(data["timing"]["interpreter_timings"], bool)
+    assert (data["failures"], data["exit_code"], data["targets"]) == (0, 0, ["interpret"])
+    assert len(data["rows"]) == 4
+    types = {"workload": str, "shape": list, "dtype": str, "impl": str, "kind": str, "target": str,
+             "interpreted": bool, "tolerance": float, "status": str, "message": str,
+             "rel_err": float, "build_s": float, "input_sets": int, "ms_runs": list, "ms": float,
+             "tflops": float, "ratios": dict}
+    for row in data["rows"]:
+        for key, t in types.items():
+            assert isinstance(row[key], t), (key, row[key])
+        assert row["status"] == "ok" and row["rel_err"] < 1e-2 and row["dtype"] == "fp16"
+        assert len(row["ms_runs"]) == (2 if row["kind"] == "tilews" else 1)
+        assert row["ms"] > 0 and row["tflops"] > 0
+    tilews = [r for r in data["rows"] if r["kind"] == "tilews"]
+    assert [r["shape"] for r in tilews] == [[64, 64, 64], [100, 72, 40]]
+    assert all(set(r["ratios"]) == {"torch.matmul"} and r["spread_pct"] >= 0 for r in tilews)
+
+
+def test_csv_has_a_line_per_row(tmp_path, capsys):
+    path = tmp_path / "bench.csv"
+    assert bench(capsys, "gemm", *SMALL, "--csv", str(path))[0] == 0
+    rows = list(csv.DictReader(path.open()))
+    assert [(r["shape"], r["impl"], r["status"]) for r in rows] == [
+        ("64x64x64", "tilews 128x128x64 s3", "ok"), ("64x64x64", "torch.matmul", "ok"),
+        ("100x72x40", "tilews 128x128x64 s3", "ok"), ("100x72x40", "torch.matmul", "ok")]
+    assert float(rows[0]["vs torch.matmul"]) > 0 and rows[1]["vs torch.matmul"] == ""
+
+
+def test_plot_is_a_png_written_by_matplotlib(tmp_path, capsys):
+    path = tmp_path / "ratios.png"
+    code, out, _ = bench(capsys, "gemm", *SMALL, "--plot", str(path))
+    assert code == 0 and f"wrote {path}" in out
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"Software" in data and b"Matplotlib" in data[:200]   # the tEXt chunk matplotlib writes
+
+
+def test_without_rich_and_matplotlib(tmp_path, capsys, monkeypatch):
+    for name in ("rich", "rich.table", "rich.progress", "matplotlib"):
+        monkeypatch.setitem(sys.modules, name, None)   # import fails as if not installed
+    path = tmp_path / "ratios.png"
+    code, out, err = bench(capsys, "gemm", *SMALL, "--plot", str(path))
+    assert code == 0 and not path.exists()
+    assert "plot skipped: matplotlib is not installed" in out
+    assert "[1/10] 64x64x64 tilews 128x128x64 s3 [interpret]: checked" in err
+    assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+# ---- a wrong kernel fails the run ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name, body, status, says", [
+    ("wrong", lambda a, b, c: c.copy_(a @ b * 1.5), "fail", "exceeds the tolerance 1e-02"),
+    ("unwritten", lambda a, b, c: c[: c.shape[0] // 2].copy_((a @ b)[: c.shape[0] // 2]), "fail",
+     "NaN element(s): unwritten or poisoned"),
+    ("raises", lambda a, b, c: 1 / 0, "error", "ZeroDivisionError"),
+])
+def test_planted_incorrect_kernel_makes_the_exit_code_nonzero(name, body, status, says, tmp_path,
+                                                               capsys, monkeypatch):
+    monkeypatch.setattr(gemm.WORKLOAD, "variants", gemm.WORKLOAD.variants + [planted(name, body)])
+    path = tmp_path / "bench.json"
+    code, out, _ = bench(capsys, "gemm", *SMALL, "--json", str(path))
+    assert code == 1
+    data = json.loads(path.read_text())
+    bad = [r for r in data["rows"] if r["impl"] == name]
+    assert len(bad) == 2 and all(r["status"] == status and says in r["message"] for r in bad)
+    assert data["failures"] == 2 and data["exit_code"] == 1
+    assert all(r["status"] == "ok" for r in data["rows"] if r["impl"] != name)
+    lines = out.rstrip().splitlines()
+    assert f"{status.upper()} 64x64x64 {name} [interpret]: " in out
+    assert lines[-1].endswith("2 row(s) FAILED: exit code 1.")
+    marker = "ERROR" if status == "error" else "FAIL "
+    assert sum(ln.startswith("| ") and f"| {marker}" in ln for ln in lines) == 2
+
+
+# ---- workloads without tilews kernels ------------------------------------------------------------
+
+@pytest.mark.parametrize("command, says", [
+    ("fp8", "tilews has no FP8 GEMM kernels yet"),
+    ("attention", "tilews has no attention kernels yet"),
+])
+def test_pending_workloads_say_so_and_exit_0(command, says, capsys):
+    code, out, _ = bench(capsys, command)
+    assert code == 0
+    assert out.strip() == f"{command}: not yet available. " + out.split("available. ", 1)[1].strip()
+    assert says in out
+
+
+def test_all_runs_gemm_and_reports_the_others(tmp_path, capsys):
+    path = tmp_path / "all.json"
+    code, out, _ = bench(capsys, "all", *SMALL, "--json", str(path))
+    assert code == 0
+    assert "fp8: not yet available." in out and "attention: not yet available." in out
+    data = json.loads(path.read_text())
+    assert set(data["pending"]) == {"fp8", "attention"} and len(data["rows"]) == 4
+    assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+def test_python_dash_m_bench(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench", "attention"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("attention: not yet available. tilews has no attention kernels yet")

@@ -1,0 +1,252 @@
+"""Spelling Tile IR expressions as ``triton.language`` expressions.
+
+Outside ``T.Parallel`` an expression is a scalar; inside, every parallel variable is a
+``tl.arange`` laid along its own axis, so an expression is a tensor that broadcasts over the loop
+nest. Element accesses:
+
+* a global element ``A[i, j]`` is a masked ``tl.load`` at ``A + i * A_stride0 + j * A_stride1``;
+* an on-chip buffer indexed by the parallel variables (each over the buffer's whole extent, in any
+  order, or a subset of them; ``0`` on unit dims) is the register tensor itself, permuted and
+  broadcast into the loop's axes;
+* an on-chip element at indices that do not involve the parallel variables is extracted with a
+  one-hot ``tl.where`` and a sum; a local buffer of shape (1,) is a plain scalar.
+
+Integer ``//`` and ``%`` follow Python (floor) semantics; they are spelled natively when both
+operands are provably non-negative, else through a remainder correction that is right whichever
+rounding Triton applies (constants fold in Python, tensors truncate).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Optional
+
+from tilews.lowering import ir
+from tilews.lowering.errors import InternalError
+from tilews.lowering.traverse import subexprs
+
+from .context import TL_DTYPE, Ctx, shape_text
+
+_MATH = {ir.MathFn.EXP: "tl.exp", ir.MathFn.EXP2: "tl.exp2", ir.MathFn.LOG: "tl.log",
+         ir.MathFn.LOG2: "tl.log2", ir.MathFn.SQRT: "tl.sqrt", ir.MathFn.RSQRT: "tl.rsqrt"}
+_MINMAX = {ir.MathFn.MAX: "tl.maximum", ir.MathFn.MIN: "tl.minimum"}
+_NONNEG_OPS = (ir.BinOpKind.ADD, ir.BinOpKind.MUL, ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD,
+               ir.BinOpKind.AND, ir.BinOpKind.OR, ir.BinOpKind.SHR)
+
+
+def spell(ctx: Ctx, e: ir.Expr) -> str:
+    rule = _EXPRS.get(type(e))
+    if rule is None:
+        raise InternalError(f"triton backend: no rule for expression {type(e).__name__}",
+                            getattr(e, "loc", None))
+    return rule(ctx, e)
+
+
+def cast(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
+    """``e`` converted to ``dtype`` (a tensor even when ``e`` is a Python constant)."""
+    return f"tl.cast({spell(ctx, e)}, {TL_DTYPE[dtype]})"
+
+
+def value_as(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
+    """``e`` as a tensor of ``dtype``, cast unless it is one already (it reads an element or a
+    parallel index; constants, parameters and loop indices may be plain Python numbers)."""
+    tensor = any(isinstance(x, ir.Load) or ctx.par is not None and x in ctx.par.vars
+                 for x in subexprs(e))
+    return spell(ctx, e) if tensor and e.dtype == dtype else cast(ctx, e, dtype)
+
+
+def atom(text: str) -> str:
+    """``text`` parenthesized unless it already is a name, a number or one parenthesized group."""
+    if re.fullmatch(r"[\w.]+", text):
+        return text
+    if text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for k, ch in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                if k == len(text) - 1:
+                    return text
+                break
+    return f"({text})"
+
+
+def _const(ctx: Ctx, e: ir.Const) -> str:
+    if isinstance(e.value, bool) or not isinstance(e.value, float):
+        return repr(e.value)
+    if math.isfinite(e.value):
+        return repr(e.value)
+    return f"float('{e.value}')"
+
+
+def _var(ctx: Ctx, e: ir.Var) -> str:
+    return ctx.name(e.name)
+
+
+def _operand(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
+    if isinstance(e, ir.Const) or e.dtype == dtype:
+        return spell(ctx, e)
+    return cast(ctx, e, dtype)
+
+
+def _binop(ctx: Ctx, e: ir.BinOp) -> str:
+    if e.op in (ir.BinOpKind.LAND, ir.BinOpKind.LOR):
+        sym = "&" if e.op is ir.BinOpKind.LAND else "|"
+        return f"({spell(ctx, e.a)} {sym} {spell(ctx, e.b)})"
+    a, b = _operand(ctx, e.a, e.dtype), _operand(ctx, e.b, e.dtype)
+    signed = not (nonneg(ctx, e.a) and nonneg(ctx, e.b))
+    if e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and e.dtype.is_int and signed:
+        return _floor_divmod(ctx, e.op, a, b, ir.as_int(e.b))
+    return f"({a} {e.op.value} {b})"
+
+
+def _floor_divmod(ctx: Ctx, op: ir.BinOpKind, a: str, b: str, b_const: Optional[int]) -> str:
+    q, r = ctx.fresh("q"), ctx.fresh("r")
+    ctx.line(f"{q} = {a} // {b}")
+    ctx.line(f"{r} = {a} - {q} * {b}")
+    fix = f"({r} < 0)" if b_const is not None and b_const > 0 else \
+        f"(({r} != 0) & (({r} < 0) != ({b} < 0)))"
+    if op is ir.BinOpKind.FLOORDIV:
+        return f"tl.where({fix}, {q} - 1, {q})"
+    return f"tl.where({fix}, {r} + {b}, {r})"
+
+
+def nonneg(ctx: Ctx, e: ir.Expr) -> bool:
+    """Whether an integer expression is >= 0 by construction."""
+    if isinstance(e, ir.Const):
+        return e.value >= 0
+    if isinstance(e, ir.Var):
+        return e in ctx.nonneg
+    if isinstance(e, ir.BinOp) and e.op in _NONNEG_OPS:
+        return nonneg(ctx, e.a) and nonneg(ctx, e.b)
+    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.ABS):
+        return e.fn is ir.MathFn.ABS or all(nonneg(ctx, a) for a in e.args)
+    return False
+
+
+def _cmp(ctx: Ctx, e: ir.Cmp) -> str:
+    return f"({spell(ctx, e.a)} {e.op.value} {spell(ctx, e.b)})"
+
+
+def _unop(ctx: Ctx, e: ir.UnOp) -> str:
+    a = spell(ctx, e.a)
+    if e.op is ir.UnOpKind.NOT:
+        return f"({a} == 0)"
+    return f"({e.op.value}{a})"
+
+
+def _call(ctx: Ctx, e: ir.Call) -> str:
+    args = [spell(ctx, a) for a in e.args]
+    if e.fn in _MINMAX:
+        out = args[0]
+        for a in args[1:]:
+            out = f"{_MINMAX[e.fn]}({out}, {a})"
+        return out
+    if e.fn is ir.MathFn.ABS:
+        return f"tl.abs({args[0]})"
+    if e.dtype.bits >= 32:
+        return f"{_MATH[e.fn]}({args[0]})"
+    # triton's transcendental functions take f32/f64: compute in f32, round to the IR's type
+    return f"tl.cast({_MATH[e.fn]}(tl.cast({args[0]}, tl.float32)), {TL_DTYPE[e.dtype]})"
+
+
+def _cast(ctx: Ctx, e: ir.Cast) -> str:
+    return cast(ctx, e.value, e.dtype)
+
+
+def _select(ctx: Ctx, e: ir.Select) -> str:
+    return f"tl.where({spell(ctx, e.cond)}, {spell(ctx, e.a)}, {spell(ctx, e.b)})"
+
+
+def _load(ctx: Ctx, e: ir.Load) -> str:
+    b = e.buffer
+    if b.scope is ir.Scope.GLOBAL:
+        ptr, mask = element_ptr(ctx, b, e.indices)
+        return f"tl.load({ptr}, mask={mask}, other=0)"
+    if b in ctx.scalars:
+        return ctx.name(b.name)
+    axes = parallel_axes(ctx, b, e.indices)
+    if axes is not None:
+        return parallel_view(ctx, b, axes)
+    if ctx.par is not None and _mentions_parallel(ctx, e.indices):
+        raise ctx.unsupported(f"this access to on-chip buffer '{b.name}' inside T.Parallel", e.loc,
+                              "index on-chip buffers by the parallel loop's variables, each over "
+                              "the buffer's whole extent (in any order, or a subset of them), by 0 "
+                              "on unit dims, or by indices that do not involve the parallel "
+                              "variables")
+    picked = f"tl.where({one_hot(ctx, b, e.indices)}, {ctx.name(b.name)}, 0)"
+    return f"tl.sum({picked}, axis=None).to({TL_DTYPE[b.dtype]})"
+
+
+_EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
+    ir.Const: _const, ir.Var: _var, ir.BinOp: _binop, ir.Cmp: _cmp, ir.UnOp: _unop,
+    ir.Call: _call, ir.Cast: _cast, ir.Select: _select, ir.Load: _load}
+
+
+# ----------------------------------------------------------------------------------------------
+# element access
+
+
+def element_ptr(ctx: Ctx, b: ir.Buffer, indices) -> tuple[str, str]:
+    """Pointer and mask (in bounds, and the enclosing parallel `if`s) of global elements."""
+    idx = [spell(ctx, i) for i in indices]
+    ptr = " + ".join([ctx.name(b.name)] + [f"{atom(i)} * {ctx.stride(b, d)}" for d, i in enumerate(idx)])
+    conds = [f"({i} < {spell(ctx, dim)})" for i, dim in zip(idx, b.shape)]
+    if ctx.par is not None and ctx.par.mask():
+        conds.append(ctx.par.mask())
+    return ptr, " & ".join(conds)
+
+
+def _mentions_parallel(ctx: Ctx, indices) -> bool:
+    return any(x in ctx.par.vars for i in indices for x in subexprs(i))
+
+
+def parallel_axes(ctx: Ctx, b: ir.Buffer, indices) -> Optional[list[Optional[int]]]:
+    """For each dim of ``b``: the parallel axis indexing it (None for a unit dim indexed by 0), or
+    None if the indices are not that pattern."""
+    if ctx.par is None:
+        return None
+    axes: list[Optional[int]] = []
+    for i, n in zip(indices, b.static_shape):
+        a = ctx.par.axis(i)
+        if a is not None and ctx.par.extents[a] == n and a not in axes:
+            axes.append(a)
+        elif n == 1 and ir.as_int(i) == 0:
+            axes.append(None)
+        else:
+            return None
+    return axes if any(a is not None for a in axes) else None
+
+
+def parallel_view(ctx: Ctx, b: ir.Buffer, axes: list[Optional[int]]) -> str:
+    """The register tensor of ``b`` laid out along the loop's axes (broadcast over the others)."""
+    x = ctx.name(b.name)
+    present = [a for a in axes if a is not None]
+    if len(present) != len(axes):
+        x = f"tl.reshape({x}, {shape_text([n for n, a in zip(b.static_shape, axes) if a is not None])})"
+    order = sorted(range(len(present)), key=lambda k: present[k])
+    if order != list(range(len(present))):
+        x = f"tl.permute({x}, {shape_text(order)})"
+    rank = len(ctx.par.extents)
+    if len(present) < rank:
+        x = f"{x}[{', '.join(':' if a in present else 'None' for a in range(rank))}]"
+    return x
+
+
+def from_parallel(ctx: Ctx, value: str, b: ir.Buffer, axes: list[Optional[int]]) -> str:
+    """A tensor over the loop's axes (covering all of them) converted to ``b``'s layout."""
+    present = [a for a in axes if a is not None]
+    if present != sorted(present):
+        value = f"tl.permute({value}, {shape_text(present)})"
+    if len(present) != len(axes):
+        value = f"tl.reshape({value}, {shape_text(b.static_shape)})"
+    return value
+
+
+def one_hot(ctx: Ctx, b: ir.Buffer, indices) -> str:
+    """A mask over ``b``'s shape selecting the element at ``indices``."""
+    rank = len(b.static_shape)
+    conds = []
+    for d, (i, n) in enumerate(zip(indices, b.static_shape)):
+        expand = "" if rank == 1 else f"[{', '.join(':' if k == d else 'None' for k in range(rank))}]"
+        conds.append(f"(tl.arange(0, {n}){expand} == {spell(ctx, i)})")
+    return " & ".join(conds)

@@ -1,0 +1,85 @@
+"""Tiles as values: global regions as pointer tensors, on-chip buffers as register tensors.
+
+A tile value has its region's ``tile_shape`` (unit dims dropped, ``(1,)`` when all are unit). A
+global region becomes ``base + sum(offsets_d * stride_d)`` with one ``tl.arange`` per non-unit dim
+(the last dim when all are unit), masked by ``offsets_d < dim_d`` when the copy's mechanism says so.
+Shared and fragment buffers are register tensors reassigned whole (so a loop carries them with one
+type); a local buffer of shape (1,) is a scalar. Only whole on-chip buffers take part in tile
+operations.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from tilews.lowering import ir
+
+from .context import TL_DTYPE, Ctx, shape_text
+from .exprs import spell
+
+
+def region_ptr(ctx: Ctx, r: ir.Region, masked: bool) -> tuple[str, Optional[str], tuple[int, ...]]:
+    """Pointer tensor, mask (None when unmasked) and tile shape of a global region."""
+    b = r.buffer
+    axes = [d for d, e in enumerate(r.extents) if e != 1] or [len(r.extents) - 1]
+    terms, conds = [ctx.name(b.name)], []
+    for d, (start, extent) in enumerate(zip(r.starts, r.extents)):
+        if d in axes:
+            offs = ctx.fresh(f"{b.name}_i{d}")
+            ctx.line(f"{offs} = {_plus(spell(ctx, start))}tl.arange(0, {extent})")
+            k = axes.index(d)
+            if len(axes) > 1:
+                offs += f"[{', '.join(':' if j == k else 'None' for j in range(len(axes)))}]"
+        else:
+            offs = spell(ctx, start)
+        terms.append(f"{offs} * {ctx.stride(b, d)}")
+        conds.append(f"({offs} < {spell(ctx, b.shape[d])})")
+    mask = " & ".join(conds) if masked else None
+    return " + ".join(terms), mask, tuple(r.extents[d] for d in axes)
+
+
+def _plus(start: str) -> str:
+    return "" if start == "0" else f"{start} + "
+
+
+def load(ptr: str, mask: Optional[str]) -> str:
+    return f"tl.load({ptr})" if mask is None else f"tl.load({ptr}, mask={mask}, other=0)"
+
+
+def store(ptr: str, value: str, mask: Optional[str]) -> str:
+    return f"tl.store({ptr}, {value})" if mask is None else f"tl.store({ptr}, {value}, mask={mask})"
+
+
+def require_whole(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> None:
+    b = r.buffer
+    if any(ir.as_int(s) != 0 for s in r.starts) or tuple(r.extents) != b.static_shape:
+        raise ctx.unsupported(f"a part of on-chip buffer '{b.name}' in a tile operation", loc,
+                              "tile operations (copy, gemm, fill, atomic_add) use whole shared, "
+                              "fragment and local buffers; allocate a buffer of the tile's shape")
+
+
+def tile_value(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
+    """The value of a whole on-chip region, shaped as its tile."""
+    require_whole(ctx, r, loc)
+    b = r.buffer
+    x = ctx.name(b.name)
+    if b in ctx.scalars:
+        return f"tl.full((1,), {x}, {TL_DTYPE[b.dtype]})"
+    if b.static_shape != r.tile_shape:
+        return f"tl.reshape({x}, {shape_text(r.tile_shape)})"
+    return x
+
+
+def assign(ctx: Ctx, b: ir.Buffer, value: str, shape: Optional[tuple[int, ...]],
+           dtype: ir.DType) -> None:
+    """``b = value``: a tensor of ``shape`` (None: a scalar) and ``dtype`` in ``b``'s form."""
+    to = "" if dtype == b.dtype else f".to({TL_DTYPE[b.dtype]})"
+    x = ctx.name(b.name)
+    if b in ctx.scalars:
+        value = value if shape is None else f"tl.sum({value}, axis=None)"
+        ctx.line(f"{x} = tl.cast({value}, {TL_DTYPE[b.dtype]})")
+    elif shape is None:
+        ctx.line(f"{x} = tl.full({shape_text(b.static_shape)}, {value}, {TL_DTYPE[b.dtype]})")
+    elif shape != b.static_shape:
+        ctx.line(f"{x} = tl.reshape({value}, {shape_text(b.static_shape)}){to}")
+    else:
+        ctx.line(f"{x} = {value}{to}")
