@@ -28,7 +28,7 @@ class Row:
     status: str = "ok"           # "ok" | "fail" (wrong numbers) | "error" (raised)
     message: str = ""
     rel_err: Optional[float] = None
-    build_s: Optional[float] = None
+    build_s: Optional[float] = None       # building it (on a GPU, Triton compiles at the first call)
     input_sets: int = 1          # input sets the timing rotated among
     ms_runs: list[float] = field(default_factory=list)   # one median per timing run
     tflops: Optional[float] = None

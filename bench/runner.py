@@ -17,7 +17,7 @@ from tilews.testing import poison_, rel_err
 
 from .machine import Machine, triton_unavailable
 from .results import TILEWS_RUNS, Row
-from .shapes import Shape, shape_text
+from .shapes import shape_text
 from .timing import median_ms, sets_needed
 from .workload import Case, KernelFn, Workload, dtype_name
 

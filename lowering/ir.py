@@ -327,6 +327,7 @@ class GemmInstr(enum.Enum):
     UNDECIDED = "undecided"
     DOT = "dot"                    # the target's native tile dot
     DOT_F32_OPERANDS = "dot_f32"   # operands upcast to f32 first (exact for 16-bit inputs)
+    WGMMA = "wgmma"                # Hopper warp-group MMA, issued asynchronously (see GemmWait)
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,22 @@ class Gemm(Stmt):
     transpose_b: bool = False
     clear_accum: bool = False
     instr: GemmInstr = GemmInstr.UNDECIDED
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class GemmWait(Stmt):
+    """Wait until at most ``outstanding`` asynchronous gemms issued by this role are in flight.
+    An asynchronous gemm's accumulator may be read, and its operands overwritten, only after a
+    wait that covers it. (The interpreter runs gemms synchronously: a no-op there.)"""
+    outstanding: int
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class ProxyFence(Stmt):
+    """Orders this role's generic shared-memory writes before later asynchronous-proxy accesses
+    (bulk tensor copies, wgmma operand reads) of the same memory. A no-op in the interpreter."""
     loc: Loc = _loc()
 
 
@@ -420,9 +437,12 @@ class If(Stmt):
 
 @dataclass(frozen=True)
 class Role(Stmt):
-    """Statements run by exactly the warp groups ``warpgroups`` (``T.ws``)."""
+    """Statements run by exactly the warp groups ``warpgroups`` (``T.ws``). ``num_warps`` and
+    ``num_regs`` (per thread) are what warp specialization decided for the role (0: undecided)."""
     warpgroups: tuple[int, ...]
     body: Seq
+    num_warps: int = 0
+    num_regs: int = 0
     loc: Loc = _loc()
 
 
@@ -489,7 +509,7 @@ class Kernel:
 
 
 NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Select, Load, Buffer, Region,
-                BarrierRef, Seq, Alloc, Copy, Gemm, Fill, Reduce, Store, AtomicAdd, Parallel, For,
+                BarrierRef, Seq, Alloc, Copy, Gemm, GemmWait, ProxyFence, Fill, Reduce, Store, AtomicAdd, Parallel, For,
                 If, Role, WarpSpecialize, BarrierArrive, BarrierWait, Kernel)
 
 

@@ -78,6 +78,10 @@ def _stmt_line(s: ir.Stmt) -> str:
     if isinstance(s, ir.AtomicAdd):
         v = region(s.value) if isinstance(s.value, ir.Region) else expr(s.value)
         return f"atomic_add {region(s.dst)} += {v}"
+    if isinstance(s, ir.GemmWait):
+        return f"gemm_wait outstanding={s.outstanding}"
+    if isinstance(s, ir.ProxyFence):
+        return "proxy_fence"
     if isinstance(s, ir.BarrierArrive):
         return f"barrier_arrive {barrier(s.barrier)}"
     if isinstance(s, ir.BarrierWait):
@@ -109,7 +113,8 @@ def _stmt(s: ir.Stmt, indent: int, out: list[str]) -> None:
             out.append(f"{pad}else:")
             _stmt(s.orelse, indent + 1, out)
     elif isinstance(s, ir.Role):
-        out.append(f"{pad}ws{tuple(s.warpgroups)}:".replace(",)", ")"))
+        budget = f" warps={s.num_warps} regs={s.num_regs}" if s.num_warps else ""
+        out.append(f"{pad}ws{tuple(s.warpgroups)}{budget}:".replace(",)", ")"))
         _stmt(s.body, indent + 1, out)
     elif isinstance(s, ir.WarpSpecialize):
         out.append(f"{pad}warp_specialize:")

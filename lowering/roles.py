@@ -51,7 +51,8 @@ def split(kernel: ir.Kernel) -> ir.Kernel:
     if not roles:
         return kernel
     allocs = tuple(s for s in walk(kernel.body) if isinstance(s, ir.Alloc) and not _inside_role(kernel.body, s))
-    projected = tuple(ir.Role(r, _as_seq(project(kernel.body, r), kernel.loc), kernel.loc) for r in roles)
+    projected = tuple(ir.Role(r, _as_seq(project(kernel.body, r), kernel.loc), loc=kernel.loc)
+                      for r in roles)
     body = ir.Seq(allocs + (ir.WarpSpecialize(projected, kernel.loc),), kernel.body.loc)
     return dataclasses.replace(kernel, body=body)
 
@@ -66,3 +67,8 @@ def _inside_role(body: ir.Stmt, target: ir.Stmt) -> bool:
 
 def role_threads(role: tuple[int, ...]) -> int:
     return 128 * len(role)
+
+
+def describe(warpgroups: tuple[int, ...]) -> str:
+    """``T.ws(1, 2)`` as the user wrote it."""
+    return f"T.ws({', '.join(map(str, warpgroups))})"

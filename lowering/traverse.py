@@ -154,3 +154,27 @@ def buffers_written(s: ir.Stmt) -> list[ir.Buffer]:
     if isinstance(s, ir.Store):
         return [s.buffer]
     return []
+
+
+def transform(node, fn: Callable):
+    """Rebuild any IR node bottom-up: its IR-valued fields first (nested tuples included), then
+    ``fn(node)``, which returns a replacement or None to keep the node. Buffers are leaves (``fn``
+    sees them); locations are kept."""
+    if isinstance(node, tuple):
+        out = tuple(transform(x, fn) for x in node)
+        return node if all(a is b for a, b in zip(out, node)) else out
+    if isinstance(node, ir.Buffer):
+        r = fn(node)
+        return node if r is None else r
+    if not dataclasses.is_dataclass(node) or isinstance(node, ir.Loc):
+        return node
+    changes = {}
+    for f in dataclasses.fields(node):
+        v = getattr(node, f.name)
+        nv = transform(v, fn)
+        if nv is not v:
+            changes[f.name] = nv
+    if changes:
+        node = dataclasses.replace(node, **changes)
+    r = fn(node)
+    return node if r is None else r

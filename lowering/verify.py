@@ -101,7 +101,7 @@ def _role_loc(body: ir.Stmt, warpgroups) -> ir.Loc:
 
 
 def _check_outside_roles(s: ir.Stmt, first_role) -> None:
-    if isinstance(s, ir.Role):
+    if isinstance(s, (ir.Role, ir.WarpSpecialize)):
         return
     if isinstance(s, (ir.Seq, ir.For, ir.If)):
         for body in substmts(s):

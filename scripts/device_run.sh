@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # One command for the device tool (a GPU machine with torch and triton, nothing installable):
-#     bash scripts/device_run.sh
+#     bash scripts/device_run.sh [more bench options, e.g. --quick or --shapes square]
 # Runs tests/gpu, then the GEMM bench; the bench's table is printed last. Files go to $OUT (the
 # device tool sets it; /tmp/out otherwise). Time limits keep the whole run well under 8 minutes.
 #
 # tilews is not installed there, and PYTHONPATH=$PWD is not enough: pyproject.toml installs
 # lowering/, triton_ext/ and metal/ as tilews.lowering, ... ([tool.setuptools.package-dir]). So the
-# run happens in a scratch view of this checkout, made of symlinks, with that layout; where
-# platformdirs is missing (tilews.cache imports it), a stand-in goes into the view.
+# run happens in a scratch view of this checkout, made of symlinks, with that layout.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 view="$(mktemp -d)"
+trap 'rm -rf "$view"' EXIT                            # symlinks only: rm does not follow them
 python - "$view" <<'PY'
 import pathlib, sys, tomllib
 view, root = pathlib.Path(sys.argv[1]), pathlib.Path.cwd()
@@ -29,11 +29,6 @@ for parent in parents:
 for package, folder in moved.items():
     view.joinpath(*package.split(".")).symlink_to(root / folder)
 PY
-if ! python -c "import platformdirs" 2>/dev/null; then
-    printf '%s\n' '"""Stand-in for platformdirs (absent on this machine)."""' 'import os' '' \
-        'def user_cache_dir(appname, appauthor=None, *args, **kwargs):' \
-        '    return os.path.join(os.path.expanduser("~/.cache"), appname)' > "$view/platformdirs.py"
-fi
 cd "$view"
 
 python -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}, cuda available: {torch.cuda.is_available()}')"
@@ -47,7 +42,7 @@ else
     echo "tests/gpu: skipped, pytest is not installed here"
 fi
 
-timeout 270 python -m bench gemm --json "$OUT/bench.json" --csv "$OUT/bench.csv" --plot "$OUT/bench.png"
+timeout 270 python -m bench gemm --json "$OUT/bench.json" --csv "$OUT/bench.csv" --plot "$OUT/bench.png" "$@"
 bench=$?
 [ "$bench" -eq 124 ] && echo "bench: timed out after 270 s"
 exit $(( tests != 0 ? tests : bench ))

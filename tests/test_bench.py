@@ -2,9 +2,9 @@
 CSV it writes, the exit code when a kernel is wrong, the plot, graceful degradation without rich
 and matplotlib, and the workloads tilews has no kernels for yet.
 
-Runs in-process on the ``interpret`` target with ``torch.matmul`` as the only reference, so no test
-here imports triton (its CPU interpreter is chosen at import; other test modules need it off). One
-test runs ``python -m bench`` in a subprocess.
+Most tests run in-process on the ``interpret`` target with ``torch.matmul`` as the only reference
+(fast, and triton stays unimported). Two run ``python -m bench`` in a subprocess, one of them the
+whole default ``gemm --quick`` (both targets, both references).
 """
 from __future__ import annotations
 
@@ -225,8 +225,30 @@ def test_all_runs_gemm_and_reports_the_others(tmp_path, capsys):
     assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
 
 
-def test_python_dash_m_bench(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench", "attention"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+def python_m_bench(*argv) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_python_dash_m_bench_pending():
+    proc = python_m_bench("attention")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("attention: not yet available. tilews has no attention kernels yet")
+
+
+def test_python_dash_m_bench_gemm_quick(tmp_path):
+    """The issue's "done when" command, with its defaults: every target and reference of this
+    machine, all correct, the table last."""
+    path = tmp_path / "quick.json"
+    proc = python_m_bench("gemm", "--quick", "--json", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(path.read_text())
+    gpu = data["device"]["type"] == "cuda"
+    kernels = {(r["impl"], r["target"]) for r in data["rows"]}
+    assert kernels == ({("tilews 128x128x64 s3", "triton"), ("torch.matmul", "cuBLAS"),
+                        ("triton tl.dot", "triton")} if gpu else
+                       {("tilews 128x128x64 s3", "interpret"), ("tilews 128x128x64 s3", "triton"),
+                        ("torch.matmul", "torch CPU"), ("triton tl.dot", "triton CPU interpreter")})
+    assert all(r["status"] == "ok" for r in data["rows"]) and len(data["rows"]) == 2 * len(kernels)
+    assert gpu or "INTERPRETER TIMINGS" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].endswith("all rows correct.")

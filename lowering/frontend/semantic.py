@@ -167,7 +167,7 @@ class WsFrame(Frame):
     def exit(self, body):
         b = builder()
         b.roles.pop()
-        b.emit(ir.Role(self.warpgroups, _block(body), self.loc))
+        b.emit(ir.Role(self.warpgroups, _block(body), loc=self.loc))
 
 
 class LoopFrame(Frame):

@@ -63,7 +63,9 @@ class RoleExecutor:
         self._straight = {ir.Alloc: self._alloc, ir.Copy: self._copy, ir.Gemm: self._gemm,
                           ir.Fill: self._fill, ir.Reduce: self._reduce,
                           ir.Parallel: self._parallel, ir.Store: self._store,
-                          ir.AtomicAdd: self._atomic_add}
+                          ir.AtomicAdd: self._atomic_add,
+                          # gemms run synchronously here, and shared memory has one proxy
+                          ir.GemmWait: _no_op, ir.ProxyFence: _no_op}
 
     def run(self, body: ir.Seq, env: dict) -> Iterator:
         self._resume()
@@ -241,3 +243,7 @@ class RoleExecutor:
         idx = [self.ev.eval(i, env, mask) for i in s.indices]
         value = self.ev.eval(s.value, env, mask)
         self.mem.scatter(s.buffer, idx, value, mask, s.loc)
+
+
+def _no_op(s: ir.Stmt, env: dict) -> None:
+    return None

@@ -12,14 +12,24 @@ from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
-from . import despecialize, legalize
+from . import (despecialize, infer_layouts, legalize, legalize_wgmma, plan_buffers, plan_pipeline,
+               warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
     # every later pass sees the program the backend will run.
     ("despecialize", despecialize.run),
+    # Before layouts and buffers: warp specialization decides which buffers become rings and
+    # which roles exist, so later passes plan for the buffers and roles that really exist.
+    ("plan_pipeline", plan_pipeline.run),
+    ("warp_specialize", warp_specialize.run),
+    # Rings and roles are final: place shared buffers and check the budget.
+    ("plan_buffers", plan_buffers.run),
+    ("infer_layouts", infer_layouts.run),
     # Last: records the target's choices (copy mechanism, matrix instruction) for the emitter.
     ("legalize", legalize.run),
+    # Hopper's choices (TMA, wgmma, register budgets) or the reason to use triton.language.
+    ("legalize_wgmma", legalize_wgmma.run),
 )
 
 Observer = Callable[[str, ir.Kernel], None]

@@ -1,0 +1,210 @@
+"""legalize_wgmma: on Hopper, decide whether the Gluon path can run the program, and record every
+choice its emitter spells; otherwise say why and leave the program to ``triton.language``.
+
+Requires:  warp_specialize, plan_buffers, infer_layouts and legalize have run; applies on targets
+           with ``wgmma`` and ``tma``.
+Ensures:   attr ``backend`` = "gluon", or "tl" with a note naming the reason and line (the
+           program is then compiled from the frontend IR for a plain Triton target). For "gluon":
+           * global -> shared copies are TMA; in explicit programs a copy followed (before any
+             read of its destination) by an arrival on barrier ``b`` completes *on* ``b``
+             (expect-tx), so no arrival happens while its bytes are in flight;
+           * fragment -> shared stores are DIRECT and shared -> global copies TMA stores;
+           * gemms on shared operands are WGMMA, each followed by ``GemmWait(0)``;
+           * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies and barrier
+             operations: 1 warp, 24 registers; the role holding fragments is the default
+             partition and gets the rest of the register file);
+           * attrs ``default_role``, ``num_warps`` (the default partition's), ``mbarrier_counts``
+             (arrivals per phase translated from threads to arriving roles; a count no set of
+             arriving roles matches is a ``CompileError`` at the barrier), ``tma_descriptors``.
+Preserves: program meaning (interpreter before == after) and locations.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from .. import ir, roles
+from ..errors import CompileError
+from ..target import Target
+from ..traverse import buffers_read, walk
+
+_SPELLED = (ir.Alloc, ir.For, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
+            ir.ProxyFence, ir.GemmWait)
+REGISTER_FILE = 65536
+
+
+class _Refuse(Exception):
+    pass
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    if not (target.wgmma and target.tma):
+        return kernel
+    try:
+        return _legalize(kernel)
+    except _Refuse as why:
+        return kernel.with_attr("backend", "tl").with_note(
+            f"hopper: compiled with triton.language instead of warp-specialized Gluon: {why}")
+
+
+def _legalize(kernel: ir.Kernel) -> ir.Kernel:
+    wss = [s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)]
+    if len(wss) != 1:
+        raise _Refuse("the program has no warp-specialized form (no T.ws roles and no "
+                      "T.Pipelined loop of copies feeding a T.gemm)")
+    for s in walk(kernel.body):
+        if not isinstance(s, (*_SPELLED, ir.WarpSpecialize, ir.Role)):
+            raise _Refuse(f"the Gluon emitter does not spell {type(s).__name__.lower()} yet "
+                          f"(line {s.loc.line})")
+        if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
+            raise _Refuse(f"a pipelined loop inside a role (line {s.loc.line})")
+    ws = wss[0]
+    new_roles = tuple(dataclasses.replace(r, body=_seq(r.body)) for r in ws.roles)
+    descriptors: list[tuple[str, tuple[int, ...]]] = []
+    for r in new_roles:
+        for s in walk(r.body):
+            if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA:
+                _check_tma(s)
+                entry = (_global(s).name, s.src.extents if s.src.buffer.scope is ir.Scope.GLOBAL
+                         else s.dst.extents)
+                if entry not in descriptors:
+                    descriptors.append(entry)
+    default = _default_role(new_roles)
+    new_roles = _budget(new_roles, default)
+    kernel = dataclasses.replace(kernel, body=ir.Seq(
+        tuple(dataclasses.replace(ws, roles=new_roles) if s is ws else s for s in kernel.body.stmts),
+        kernel.body.loc))
+    counts = _mbarrier_counts(kernel, new_roles)
+    return (kernel.with_attr("backend", "gluon").with_attr("default_role", default.warpgroups)
+            .with_attr("num_warps", next(r.num_warps for r in new_roles if r.warpgroups == default.warpgroups))
+            .with_attr("mbarrier_counts", counts).with_attr("tma_descriptors", tuple(descriptors)))
+
+
+def _seq(body: ir.Seq) -> ir.Seq:
+    """Decide the statements of one statement list (recursing into loops)."""
+    out: list[ir.Stmt] = []
+    stmts = body.stmts
+    for i, s in enumerate(stmts):
+        if isinstance(s, ir.For):
+            out.append(dataclasses.replace(s, body=_seq(s.body)))
+        elif isinstance(s, ir.Copy):
+            out.append(_copy(s, stmts[i + 1:]))
+        elif isinstance(s, ir.Gemm):
+            for x, n in ((s.a, "A"), (s.b, "B")):
+                if x.buffer.scope is not ir.Scope.SHARED:
+                    raise _Refuse(f"gemm operand {n} is not in shared memory (line {s.loc.line})")
+            out += [dataclasses.replace(s, instr=ir.GemmInstr.WGMMA), ir.GemmWait(0, s.loc)]
+        elif isinstance(s, ir.Fill) and s.dst.buffer.scope is not ir.Scope.FRAGMENT:
+            raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
+        else:
+            out.append(s)
+    return dataclasses.replace(body, stmts=tuple(out))
+
+
+def _copy(s: ir.Copy, rest: tuple) -> ir.Copy:
+    src, dst = s.src.buffer.scope, s.dst.buffer.scope
+    if src is ir.Scope.GLOBAL and dst is ir.Scope.SHARED:
+        bar = s.barrier or _completing_barrier(s, rest)
+        if bar is None:
+            raise _Refuse(f"the copy at line {s.loc.line} is not followed by a barrier arrival "
+                          f"that could complete it asynchronously")
+        return dataclasses.replace(s, barrier=bar, mechanism=ir.CopyMechanism.TMA)
+    if src is ir.Scope.SHARED and dst is ir.Scope.GLOBAL:
+        return dataclasses.replace(s, mechanism=ir.CopyMechanism.TMA)
+    if src is ir.Scope.FRAGMENT and dst is ir.Scope.SHARED:
+        return dataclasses.replace(s, mechanism=ir.CopyMechanism.DIRECT)
+    raise _Refuse(f"a {src.value} -> {dst.value} copy (line {s.loc.line})")
+
+
+def _completing_barrier(s: ir.Copy, rest: tuple) -> Optional[ir.BarrierRef]:
+    """The barrier of the first arrival after ``s`` if nothing in between reads its bytes."""
+    for t in rest:
+        if isinstance(t, ir.BarrierArrive):
+            return t.barrier
+        if any(s.dst.buffer in buffers_read(u) for u in walk(t)) or isinstance(t, (ir.For, ir.BarrierWait)):
+            return None
+    return None
+
+
+def _global(s: ir.Copy) -> ir.Buffer:
+    return s.src.buffer if s.src.buffer.scope is ir.Scope.GLOBAL else s.dst.buffer
+
+
+def _check_tma(s: ir.Copy) -> None:
+    g = _global(s)
+    box = s.src.extents if g is s.src.buffer else s.dst.extents
+    if any(ir.as_int(d) is None for d in g.shape):
+        raise _Refuse(f"'{g.name}' has runtime dimensions; its bulk-copy descriptor needs static "
+                      f"strides (line {s.loc.line})")
+    shape = g.static_shape
+    row_bytes = shape[-1] * g.dtype.itemsize
+    if len(shape) > 1 and row_bytes % 16:
+        raise _Refuse(f"rows of '{g.name}' are {row_bytes} bytes, not a multiple of 16, so it "
+                      f"cannot be a bulk-copy (TMA) operand (line {s.loc.line})")
+    if any(b > 256 for b in box) or box[-1] * g.dtype.itemsize < 16:
+        raise _Refuse(f"tile {list(box)} of '{g.name}' exceeds the bulk-copy box limits "
+                      f"(<= 256 per dim, >= 16 bytes inner) (line {s.loc.line})")
+
+
+def _has_gemm(r: ir.Role) -> bool:
+    return any(isinstance(s, ir.Gemm) for s in walk(r.body))
+
+
+def _default_role(role_list) -> ir.Role:
+    holders = [r for r in role_list if _has_gemm(r)]
+    if not holders:
+        raise _Refuse("no role computes a gemm")
+    return holders[0]
+
+
+def _copy_only(r: ir.Role) -> bool:
+    return all(isinstance(s, (ir.For, ir.BarrierWait, ir.BarrierArrive)) or
+               (isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA
+                and s.dst.buffer.scope is ir.Scope.SHARED)
+               for s in walk(r.body))
+
+
+def _budget(role_list, default: ir.Role):
+    """Warps and registers per role: copy-only roles 1 warp at 24 registers; other workers
+    4 warps per warp group; the default partition the rest of the register file."""
+    out, used = [], 0
+    for r in role_list:
+        if r.warpgroups == default.warpgroups:
+            out.append(r)
+            continue
+        if _copy_only(r):
+            warps, regs = 1, 24
+        else:
+            warps, regs = 4 * len(r.warpgroups), 232 if _has_gemm(r) else 64
+        used += 128 * len(r.warpgroups) * regs   # a worker occupies whole warp groups
+        out.append(dataclasses.replace(r, num_warps=warps, num_regs=regs))
+    threads = 128 * len(default.warpgroups)
+    regs = min(256, (REGISTER_FILE - used) // threads // 8 * 8)
+    if regs < 24:
+        raise CompileError(f"the roles' register requests leave {regs} registers per thread for "
+                           f"{roles.describe(default.warpgroups)}", default.loc)
+    return tuple(dataclasses.replace(r, num_warps=4 * len(r.warpgroups), num_regs=regs)
+                 if r.warpgroups == default.warpgroups else r for r in out)
+
+
+def _mbarrier_counts(kernel: ir.Kernel, role_list) -> tuple:
+    arrivals: dict[str, set] = {}
+    for r in role_list:
+        for s in walk(r.body):
+            if isinstance(s, ir.BarrierArrive):
+                arrivals.setdefault(s.barrier.buffer.name, set()).add(r.warpgroups)
+    out = []
+    for s in walk(kernel.body):
+        if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER:
+            b = s.buffer
+            arriving = arrivals.get(b.name, set())
+            threads = sum(128 * len(w) for w in arriving)
+            for count in b.arrive_counts:
+                if count != threads:
+                    raise CompileError(
+                        f"barrier '{b.name}' counts {count} arriving threads, but the roles "
+                        f"arriving on it ({', '.join(roles.describe(w) for w in sorted(arriving)) or 'none'}) "
+                        f"have {threads} threads; on Hopper each phase must be completed by whole roles",
+                        b.loc)
+            out.append((b.name, (len(arriving),) * len(b.arrive_counts)))
+    return tuple(out)

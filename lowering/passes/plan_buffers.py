@@ -1,0 +1,42 @@
+"""plan_buffers: give every shared buffer and barrier a byte range; check the shared budget.
+
+Requires:  warp_specialize has run (rings and roles are final); runs on targets with warp
+           specialization (elsewhere Triton plans shared memory itself).
+Ensures:   attr ``shared_offsets`` = ((name, offset, bytes), ...) with every range disjoint from
+           every other (buffers of concurrently running roles never share bytes; no reuse is
+           attempted), 128-byte aligned for tiles and 8-byte for barriers; attr ``shared_bytes``;
+           a total above ``target.smem_bytes`` is a ``CompileError`` at the kernel naming the
+           largest buffers and what to shrink.
+Preserves: the program.
+"""
+from __future__ import annotations
+
+from .. import ir
+from ..errors import CompileError
+from ..target import Target
+from ..traverse import walk
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    if not target.warp_specialization:
+        return kernel
+    offsets = []
+    top = 0
+    for s in walk(kernel.body):
+        if isinstance(s, ir.Alloc) and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.BARRIER):
+            b = s.buffer
+            size = 8 * len(b.arrive_counts) if b.scope is ir.Scope.BARRIER else b.nbytes
+            align = 8 if b.scope is ir.Scope.BARRIER else 128
+            top = -(-top // align) * align
+            offsets.append((b.name, top, size))
+            top += size
+    if top > target.smem_bytes:
+        biggest = sorted(offsets, key=lambda o: -o[2])[:3]
+        raise CompileError(
+            f"kernel '{kernel.name}' needs {top} bytes of shared memory, more than the "
+            f"{target.smem_bytes} target '{target.name}' has",
+            kernel.loc,
+            [f"largest: {', '.join(f'{n} ({b} bytes)' for n, _, b in biggest)}",
+             "shrink block_M/block_N/block_K or num_stages (each stage holds one tile of every "
+             "pipelined buffer)"])
+    return kernel.with_attr("shared_offsets", tuple(offsets)).with_attr("shared_bytes", top)

@@ -1,0 +1,92 @@
+"""plan_pipeline: decide which statements of a ``T.Pipelined`` loop produce and which consume.
+
+Requires:  a verified kernel; runs on targets with warp-group MMA (``target.wgmma``) only.
+Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop, epilogue] where the
+           loop body starts with global -> shared copies (the producers) filling whole shared
+           buffers that nothing else writes, followed by statements that only read them (the
+           consumers), the kernel attr ``pipeline`` = ``PipelinePlan``; otherwise a note saying
+           why the loop will not be warp-specialized (the program is unchanged either way).
+Preserves: the program (this pass only analyses) and every node's loc.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import ir
+from ..roles import role_sets
+from ..target import Target
+from ..traverse import buffers_read, buffers_written, subexprs, walk
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    loop_index: int                  # position of the loop in the kernel body
+    num_producers: int               # the loop body's first statements that are producers
+    stages: int
+    ring_buffers: tuple[str, ...]    # shared buffers the producers fill
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    if not target.wgmma or role_sets(kernel.body):
+        return kernel
+    loops = [s for s in walk(kernel.body) if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED]
+    if not loops:
+        return kernel
+    plan, why = _plan(kernel, loops)
+    if plan is None:
+        return kernel.with_note(f"plan_pipeline: T.Pipelined at line {loops[0].loc.line} is not "
+                                f"warp-specialized: {why}")
+    return kernel.with_attr("pipeline", plan)
+
+
+def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan], str]:
+    body = kernel.body.stmts
+    if len(loops) != 1 or loops[0] not in body:
+        return None, "only a single pipelined loop at the top level of the kernel is supported"
+    loop = loops[0]
+    if kernel.threads % 128:
+        return None, f"threads={kernel.threads} is not a whole number of warp groups"
+    producers = []
+    for s in loop.body.stmts:
+        if not _is_producer(s, loop.var):
+            break
+        producers.append(s)
+    if not producers:
+        return None, "the loop does not start with global -> shared copies"
+    ring = {p.dst.buffer for p in producers}
+    if len(ring) != len(producers):
+        return None, "two copies in the loop fill the same shared buffer"
+    for s in walk(kernel.body):
+        if s in producers:
+            continue
+        if isinstance(s, (ir.BarrierArrive, ir.BarrierWait)) or getattr(s, "barrier", None) is not None:
+            return None, f"the kernel synchronizes explicitly (line {s.loc.line})"
+        if ring & set(buffers_written(s)):
+            return None, f"line {s.loc.line} writes a buffer the producers fill"
+    loop_pos = body.index(loop)
+    for s in body[:loop_pos] + body[loop_pos + 1:]:
+        if not isinstance(s, ir.Alloc) and ring & set(_touched(s)):
+            return None, f"line {s.loc.line} uses a pipelined buffer outside the loop"
+    if not any(ring & set(buffers_read(s)) for s in loop.body.stmts[len(producers):]):
+        return None, "nothing in the loop reads what the copies load"
+    stages = max(1, loop.num_stages)
+    return PipelinePlan(loop_pos, len(producers), stages,
+                        tuple(p.dst.buffer.name for p in producers)), ""
+
+
+def _is_producer(s: ir.Stmt, var: ir.Var) -> bool:
+    if not (isinstance(s, ir.Copy) and s.barrier is None and s.src.buffer.scope is ir.Scope.GLOBAL
+            and s.dst.buffer.scope is ir.Scope.SHARED):
+        return False
+    whole = all(ir.as_int(st) == 0 for st in s.dst.starts) and \
+        s.dst.extents == s.dst.buffer.static_shape
+    no_loads = not any(isinstance(x, ir.Load) for e in s.src.starts for x in subexprs(e))
+    return whole and no_loads
+
+
+def _touched(s: ir.Stmt) -> list[ir.Buffer]:
+    out = []
+    for t in walk(s):
+        out += buffers_read(t) + buffers_written(t)
+    return out

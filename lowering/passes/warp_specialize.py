@@ -1,0 +1,132 @@
+"""warp_specialize: split a program into concurrently running roles.
+
+Requires:  plan_pipeline has run.
+Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one ``WarpSpecialize``
+             with each role's projection (``roles.split``);
+           * a kernel with a ``pipeline`` plan (targets with warp-group MMA): one producer role
+             ``ws(0)`` running the loop's copies into ``stages``-deep ring buffers (a leading stage
+             dimension), each stage guarded by a *full*/*empty* barrier pair — the producer waits
+             ``empty[s]`` with parity ``((i // S) & 1) ^ 1``, copies on ``full[s]`` and arrives
+             on it; and one consumer role of ``threads / 128`` warp groups ``ws(1..n)`` that holds
+             the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
+             ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
+             through shared memory (a proxy fence between). ``threads`` grows by one warp group.
+           * anything else: unchanged.
+Preserves: program meaning (interpreter before == after, under any schedule) and locations.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir, roles
+from ..target import Target
+from ..traverse import transform
+from .plan_pipeline import PipelinePlan
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    if not target.warp_specialization:
+        return kernel
+    if roles.role_sets(kernel.body):
+        return roles.split(kernel)
+    plan: PipelinePlan | None = kernel.attr("pipeline")
+    if plan is None:
+        return kernel
+    return _auto(kernel, plan)
+
+
+def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
+    body = kernel.body.stmts
+    loop: ir.For = body[plan.loop_index]
+    loc = loop.loc
+    c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
+    S = plan.stages
+    consumers = kernel.threads // 128
+
+    rings = {}
+    new_allocs = []
+    for s in body:
+        if isinstance(s, ir.Alloc) and s.buffer.name in plan.ring_buffers:
+            b = s.buffer
+            rings[b] = dataclasses.replace(b, shape=(c(S),) + b.shape)
+    full = ir.Buffer("full", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128,) * S, loc)
+    empty = ir.Buffer("empty", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128 * consumers,) * S, loc)
+
+    it = _iteration(loop, loc)
+    stage = ir.BinOp(ir.BinOpKind.MOD, it, c(S), ir.DType.I32, loc)
+    phase = ir.BinOp(ir.BinOpKind.AND, ir.BinOp(ir.BinOpKind.FLOORDIV, it, c(S), ir.DType.I32, loc),
+                     c(1), ir.DType.I32, loc)
+    restage = _restager(rings, stage, loc)
+
+    def bar(b):
+        return ir.BarrierRef(b, stage, loc)
+
+    producers = loop.body.stmts[:plan.num_producers]
+    produce = (ir.BarrierWait(bar(empty), ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc), loc),
+               *(dataclasses.replace(restage(p), barrier=bar(full)) for p in producers),
+               ir.BarrierArrive(bar(full), loc))
+    consume = (ir.BarrierWait(bar(full), phase, loc),
+               *(restage(s) for s in loop.body.stmts[plan.num_producers:]),
+               ir.BarrierArrive(bar(empty), loc))
+    serial = dict(kind=ir.ForKind.SERIAL, num_stages=0)
+    producer_loop = dataclasses.replace(loop, body=ir.Seq(produce, loc), **serial)
+    consumer_loop = dataclasses.replace(loop, body=ir.Seq(consume, loc), **serial)
+
+    allocs, prelude = [], []
+    for s in body[:plan.loop_index]:
+        if isinstance(s, ir.Alloc):
+            allocs.append(ir.Alloc(rings.get(s.buffer, s.buffer), s.loc))
+        else:
+            prelude.append(s)
+    epilogue = []
+    for s in body[plan.loop_index + 1:]:
+        if isinstance(s, ir.Alloc):
+            allocs.append(s)
+        else:
+            staged = _stage_store(s, new_allocs)
+            epilogue.extend(staged)
+    allocs += new_allocs + [ir.Alloc(full, loc), ir.Alloc(empty, loc)]
+    producer = ir.Role((0,), ir.Seq((producer_loop,), loc), loc=loc)
+    consumer = ir.Role(tuple(range(1, consumers + 1)),
+                       ir.Seq((*prelude, consumer_loop, *epilogue), loc), loc=loc)
+    ws = ir.WarpSpecialize((producer, consumer), loc)
+    out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
+                              threads=kernel.threads + 128)
+    return out.with_note(f"warp_specialize: T.Pipelined at line {loc.line} -> producer T.ws(0) + "
+                         f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "
+                         f"{', '.join(plan.ring_buffers)}")
+
+
+def _iteration(loop: ir.For, loc: ir.Loc) -> ir.Expr:
+    """The 0-based iteration number of ``loop``'s index."""
+    it: ir.Expr = loop.var
+    if ir.as_int(loop.start) != 0:
+        it = ir.BinOp(ir.BinOpKind.SUB, it, loop.start, ir.DType.I32, loc)
+    if ir.as_int(loop.step) != 1:
+        it = ir.BinOp(ir.BinOpKind.FLOORDIV, it, loop.step, ir.DType.I32, loc)
+    return it
+
+
+def _restager(rings: dict, stage: ir.Expr, loc: ir.Loc):
+    """Rewrite accesses of the pipelined buffers to their ring slot ``stage``."""
+    def fn(node):
+        if isinstance(node, ir.Region) and node.buffer in rings:
+            return ir.Region(rings[node.buffer], (stage,) + node.starts, (1,) + node.extents, node.loc)
+        if isinstance(node, ir.Load) and node.buffer in rings:
+            return ir.Load(rings[node.buffer], (stage,) + node.indices, node.loc)
+        return None
+    return lambda s: transform(s, fn)
+
+
+def _stage_store(s: ir.Stmt, new_allocs: list) -> list[ir.Stmt]:
+    """fragment -> global copy  =>  fragment -> shared staging buffer, fence, shared -> global."""
+    if not (isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT
+            and s.dst.buffer.scope is ir.Scope.GLOBAL):
+        return [s]
+    tile = s.src.tile_shape
+    name = f"{s.src.buffer.name}_stage{len(new_allocs)}"
+    buf = ir.Buffer(name, tuple(ir.Const(d, ir.DType.I32, s.loc) for d in tile), s.dst.buffer.dtype,
+                    ir.Scope.SHARED, (), s.loc)
+    new_allocs.append(ir.Alloc(buf, s.loc))
+    whole = ir.Region(buf, tuple(ir.Const(0, ir.DType.I32, s.loc) for _ in tile), tile, s.loc)
+    return [dataclasses.replace(s, dst=whole), ir.ProxyFence(s.loc), dataclasses.replace(s, src=whole)]
