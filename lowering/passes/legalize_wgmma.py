@@ -28,7 +28,7 @@ from ..errors import CompileError
 from ..target import Target
 from ..traverse import buffers_read, walk
 
-_SPELLED = (ir.Alloc, ir.For, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
+_SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
             ir.ProxyFence, ir.GemmWait)
 REGISTER_FILE = 65536
 

@@ -1,0 +1,76 @@
+"""overlap_mma: keep one warp-group MMA in flight across iterations of a pipelined consumer loop.
+
+Requires:  legalize_wgmma chose the Gluon path for a kernel that warp_specialize built from a
+           ``T.Pipelined`` loop (attr ``pipeline``) with at least 2 stages.
+Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]`` becomes
+           ``gemm; gemm_wait 1; if k > start: barrier_arrive b[i(k - step)]`` — the stage read by
+           the previous iteration's gemm is released once that gemm is known complete, while this
+           iteration's gemm runs — followed after the loop by ``gemm_wait 0`` and the release of
+           the last iteration's stage. With one stage the producer would wait for a release that
+           only comes after its own next fill (deadlock), so one-stage loops are left alone.
+Preserves: program meaning (interpreter before == after) and locations.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir
+from ..target import Target
+from ..simplify import fold
+from ..traverse import transform
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    plan = kernel.attr("pipeline")
+    if kernel.attr("backend") != "gluon" or plan is None or plan.stages < 2:
+        return kernel
+    return dataclasses.replace(kernel, body=_seq(kernel.body))
+
+
+def _seq(body: ir.Seq) -> ir.Seq:
+    out: list[ir.Stmt] = []
+    for s in body.stmts:
+        if isinstance(s, ir.WarpSpecialize):
+            out.append(dataclasses.replace(s, roles=tuple(dataclasses.replace(r, body=_seq(r.body))
+                                                          for r in s.roles)))
+        elif isinstance(s, ir.For) and _matches(s):
+            out.extend(_overlap(s))
+        else:
+            out.append(s)
+    return dataclasses.replace(body, stmts=tuple(out))
+
+
+def _matches(loop: ir.For) -> bool:
+    tail = loop.body.stmts[-3:]
+    return (len(tail) == 3 and isinstance(tail[0], ir.Gemm) and tail[0].instr is ir.GemmInstr.WGMMA
+            and isinstance(tail[1], ir.GemmWait) and tail[1].outstanding == 0
+            and isinstance(tail[2], ir.BarrierArrive)
+            and len(tail[2].barrier.buffer.arrive_counts) >= 2)
+
+
+def _at(e: ir.Expr, var: ir.Var, value: ir.Expr) -> ir.Expr:
+    return fold(transform(e, lambda n: value if n == var else None))
+
+
+def _overlap(loop: ir.For) -> list[ir.Stmt]:
+    gemm, wait, arrive = loop.body.stmts[-3:]
+    loc = arrive.loc
+    i32 = ir.DType.I32
+    k, bar = loop.var, arrive.barrier
+    prev = ir.BinOp(ir.BinOpKind.SUB, k, loop.step, i32, loc)
+    release_prev = ir.If(ir.Cmp(ir.CmpKind.GT, k, loop.start, loc),
+                         ir.Seq((dataclasses.replace(arrive, barrier=dataclasses.replace(
+                             bar, index=_at(bar.index, k, prev))),), loc), ir.Seq((), loc), loc)
+    body = loop.body.stmts[:-3] + (gemm, ir.GemmWait(1, wait.loc), release_prev)
+    # the last iteration's index: start + ((stop - start - 1) // step) * step
+    span = ir.BinOp(ir.BinOpKind.SUB, ir.BinOp(ir.BinOpKind.SUB, loop.stop, loop.start, i32, loc),
+                    ir.Const(1, i32, loc), i32, loc)
+    last = ir.BinOp(ir.BinOpKind.ADD, loop.start, ir.BinOp(
+        ir.BinOpKind.MUL, ir.BinOp(ir.BinOpKind.FLOORDIV, span, loop.step, i32, loc), loop.step, i32, loc),
+        i32, loc)
+    arrive_last = dataclasses.replace(arrive, barrier=dataclasses.replace(bar, index=_at(bar.index, k, last)))
+    ran = fold(ir.Cmp(ir.CmpKind.GT, loop.stop, loop.start, loc))
+    release_last = arrive_last if ran == ir.Const(True, ir.DType.BOOL) else \
+        ir.If(ran, ir.Seq((arrive_last,), loc), ir.Seq((), loc), loc)
+    return [dataclasses.replace(loop, body=ir.Seq(body, loop.body.loc)), ir.GemmWait(0, wait.loc),
+            release_last]
