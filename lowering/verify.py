@@ -2,12 +2,13 @@
 
 Checks: every statement has a location; every variable is bound where it is used; in a
 warp-specialized program, roles name existing warp groups and are pairwise disjoint, only
-allocations, loops and branches stand outside roles, and fragment/local buffers belong to one role.
+allocations, loops and branches stand outside roles, and fragment/local buffers belong to one role;
+on the Gluon path, the asynchronous-MMA discipline (``verify_async``).
 Violations a user can cause are ``CompileError`` at the offending line.
 """
 from __future__ import annotations
 
-from . import ir
+from . import ir, verify_async
 from .errors import CompileError
 from .roles import role_sets
 from .traverse import buffers_read, buffers_written, exprs_of, subexprs, substmts
@@ -22,6 +23,8 @@ def run(kernel: ir.Kernel) -> ir.Kernel:
         _check_expr(g, bound, kernel.loc)
     _check_stmt(kernel.body, bound)
     _check_roles(kernel)
+    if kernel.attr("backend") == "gluon":
+        verify_async.run(kernel)
     return kernel
 
 

@@ -11,6 +11,7 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
              ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
              through shared memory (a proxy fence between). ``threads`` grows by one warp group.
+             Explicit programs on targets with bulk copies get the same epilogue staging.
            * anything else: unchanged.
 Preserves: program meaning (interpreter before == after, under any schedule) and locations.
 """
@@ -20,7 +21,7 @@ import dataclasses
 
 from .. import ir, roles
 from ..target import Target
-from ..traverse import transform
+from ..traverse import rewrite, transform
 from .plan_pipeline import PipelinePlan
 
 
@@ -28,7 +29,8 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if not target.warp_specialization:
         return kernel
     if roles.role_sets(kernel.body):
-        return roles.split(kernel)
+        split = roles.split(kernel)
+        return _stage_epilogues(split) if target.tma else split
     plan: PipelinePlan | None = kernel.attr("pipeline")
     if plan is None:
         return kernel
@@ -95,6 +97,16 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     return out.with_note(f"warp_specialize: T.Pipelined at line {loc.line} -> producer T.ws(0) + "
                          f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "
                          f"{', '.join(plan.ring_buffers)}")
+
+
+def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:
+    """Explicit programs: stage each role's fragment -> global copies through shared memory."""
+    new_allocs: list[ir.Alloc] = []
+    body = rewrite(kernel.body, lambda s: ir.Seq(tuple(_stage_store(s, new_allocs)), s.loc)
+                   if isinstance(s, ir.Copy) else None)
+    allocs = tuple(s for s in body.stmts if isinstance(s, ir.Alloc))
+    rest = tuple(s for s in body.stmts if not isinstance(s, ir.Alloc))
+    return dataclasses.replace(kernel, body=ir.Seq(allocs + tuple(new_allocs) + rest, body.loc))
 
 
 def _iteration(loop: ir.For, loc: ir.Loc) -> ir.Expr:

@@ -1,0 +1,94 @@
+"""Asynchronous-MMA discipline of a lowered warp-specialized kernel (ws-semantics #5).
+
+The interpreter runs gemms synchronously, so it cannot see a missing wait; this check can. Per
+role, in program order (loop bodies checked as written and once more as the loop's next
+iteration sees them):
+
+* a ``WGMMA`` gemm is in flight from its issue until a ``GemmWait(n)`` leaves at most ``n`` newer;
+* reading or overwriting an in-flight gemm's accumulator (any statement but another gemm into
+  it) is an error;
+* an arrival on a barrier that another role waits on before writing a buffer an in-flight gemm
+  reads — at the same index expression — releases that operand while the gemm may still read it:
+  an error;
+* a role must not end with gemms in flight.
+
+Violations are ``CompileError`` naming the kernel, the role and the line.
+"""
+from __future__ import annotations
+
+from . import ir, roles
+from .errors import CompileError
+from .traverse import buffers_read, buffers_written, walk
+
+
+def run(kernel: ir.Kernel) -> ir.Kernel:
+    for ws in (s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)):
+        guards = _guarded_buffers(ws)
+        for role in ws.roles:
+            inflight = _Role(kernel, role, guards).seq(role.body.stmts, [])
+            if inflight:
+                raise CompileError(f"kernel '{kernel.name}': {roles.describe(role.warpgroups)} ends "
+                                   f"with a wgmma in flight (issued at line {inflight[-1].loc.line}); "
+                                   f"add a wait", inflight[-1].loc)
+    return kernel
+
+
+def _guarded_buffers(ws: ir.WarpSpecialize) -> dict[str, set]:
+    """barrier name -> buffers some role writes after waiting on that barrier."""
+    guards: dict[str, set] = {}
+    for role in ws.roles:
+        waited: list[str] = []
+        for s in walk(role.body):
+            if isinstance(s, ir.BarrierWait):
+                waited.append(s.barrier.buffer.name)
+            elif waited:
+                for b in buffers_written(s):
+                    guards.setdefault(waited[-1], set()).add(b)
+    return guards
+
+
+class _Role:
+    def __init__(self, kernel: ir.Kernel, role: ir.Role, guards: dict[str, set]):
+        self.kernel, self.role, self.guards = kernel, role, guards
+
+    def fail(self, msg: str, loc: ir.Loc) -> CompileError:
+        return CompileError(f"kernel '{self.kernel.name}', {roles.describe(self.role.warpgroups)}: "
+                            f"{msg}", loc)
+
+    def seq(self, stmts, inflight: list[ir.Gemm]) -> list[ir.Gemm]:
+        for s in stmts:
+            inflight = self.stmt(s, inflight)
+        return inflight
+
+    def stmt(self, s: ir.Stmt, inflight: list[ir.Gemm]) -> list[ir.Gemm]:
+        if isinstance(s, ir.For):
+            once = self.seq(s.body.stmts, list(inflight))
+            return self.seq(s.body.stmts, once)        # what the next iteration sees
+        if isinstance(s, ir.If):
+            a = self.seq(s.then.stmts, list(inflight))
+            b = self.seq(s.orelse.stmts, list(inflight))
+            return a if len(a) >= len(b) else b
+        if isinstance(s, ir.GemmWait):
+            return inflight[len(inflight) - s.outstanding:] if s.outstanding else []
+        if isinstance(s, ir.Gemm):
+            for g in inflight:
+                if g.c.buffer == s.c.buffer and s.clear_accum:
+                    raise self.fail(f"the wgmma at line {s.loc.line} overwrites accumulator "
+                                    f"'{s.c.buffer.name}' while the one from line {g.loc.line} is "
+                                    f"in flight", s.loc)
+            return inflight + [s] if s.instr is ir.GemmInstr.WGMMA else inflight
+        if isinstance(s, ir.BarrierArrive):
+            released = self.guards.get(s.barrier.buffer.name, set())
+            for g in inflight:
+                for op in (g.a, g.b):
+                    if op.buffer in released and op.starts[:1] == (s.barrier.index,):
+                        raise self.fail(f"arrives on '{s.barrier.buffer.name}' releasing "
+                                        f"'{op.buffer.name}' while the wgmma from line "
+                                        f"{g.loc.line} may still read it (wait first)", s.loc)
+            return inflight
+        touched = set(buffers_read(s)) | set(buffers_written(s))
+        for g in inflight:
+            if g.c.buffer in touched:
+                raise self.fail(f"uses accumulator '{g.c.buffer.name}' while the wgmma from line "
+                                f"{g.loc.line} is in flight (wait first)", s.loc)
+        return inflight

@@ -1,0 +1,74 @@
+"""Property tests of the layouts the compiler produces (lowering/layouts.py)."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tilews.lowering import layouts
+
+bits = st.sampled_from([8, 16, 32])
+
+
+@st.composite
+def accumulator_cases(draw):
+    groups = draw(st.sampled_from([1, 2]))
+    warps = 4 * groups
+    M = 64 * groups * draw(st.integers(1, 2))
+    N = 8 * draw(st.integers(1, 32))
+    return M, N, warps, draw(bits)
+
+
+@settings(max_examples=60, deadline=None)
+@given(accumulator_cases())
+def test_accumulator_is_a_bijection_and_splits_m_by_warp_group(case):
+    M, N, warps, b = case
+    lay = layouts.accumulator_for(M, N, warps, b)
+    assert layouts.warp_partition_ok(*lay.warps_per_cta, warps, M, N)
+    assert lay.instr_shape[0] == 16 and lay.instr_shape[1] % 8 == 0 and lay.instr_shape[1] <= 256
+    assert lay.instr_shape[2] * b == 256
+    regs = layouts.registers_per_thread(lay, M, N)
+    seen = {}
+    for i in range(M):
+        for j in range(N):
+            t, r = layouts.element_to_thread(lay, M, N, i, j)
+            assert 0 <= t < 32 * warps and 0 <= r < regs
+            assert (t, r) not in seen, f"({i},{j}) and {seen[(t, r)]} share thread {t} register {r}"
+            seen[(t, r)] = (i, j)
+    assert len(seen) == 32 * warps * regs == M * N
+    if lay.warps_per_cta[1] == 1:     # merged groups: warp group g holds rows [g M/G, (g+1) M/G)
+        G = warps // 4
+        for (t, _), (i, _) in seen.items():
+            assert i // (M // G) == t // 128
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([0, 32, 64, 128]), bits, st.integers(1, 4), st.integers(1, 4))
+def test_swizzle_is_a_permutation_of_the_tile(swizzle, b, row_blocks, col_atoms):
+    width = max(swizzle, 16)
+    rows, cols = 8 * row_blocks, col_atoms * width * 8 // b
+    lay = layouts.NVMMAShared(swizzle, b)
+    offsets = [layouts.element_to_offset(lay, rows, cols, i, j) for i in range(rows) for j in range(cols)]
+    elem = b // 8
+    assert sorted(offsets) == [k * elem for k in range(rows * cols)]
+    # 16-byte chunks move as a whole: elements of one chunk stay contiguous
+    for i in range(rows):
+        for j in range(0, cols, 16 // elem):
+            base = layouts.element_to_offset(lay, rows, cols, i, j)
+            assert base % 16 == 0
+            assert [layouts.element_to_offset(lay, rows, cols, i, j + d) for d in range(16 // elem)] == \
+                [base + d * elem for d in range(16 // elem)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 8), st.sampled_from([4, 8, 12, 16]),
+       st.integers(1, 16).map(lambda x: 16 * x), st.integers(1, 32).map(lambda x: 8 * x), st.booleans())
+def test_warp_partition_rule(m, n, warps, M, N, wgmma):
+    ok = layouts.warp_partition_ok(m, n, warps, M, N, wgmma)
+    # accept exactly when every warp gets whole 16 x 8 pieces and all warps are used
+    rows_each, cols_each = M / m, N / n
+    expect = (m * n == warps and rows_each == int(rows_each) and cols_each == int(cols_each)
+              and int(rows_each) % 16 == 0 and int(cols_each) % 8 == 0 and (not wgmma or m % 4 == 0))
+    assert ok == expect
+    if ok:   # a valid partition leaves no output column unwritten
+        owned = {(wi, wj) for wi in range(m) for wj in range(n)}
+        assert len(owned) == warps
