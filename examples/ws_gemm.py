@@ -43,6 +43,35 @@ def ws_matmul_program(M, N, K, block_M=128, block_N=128, block_K=32, dtype=T.flo
     return main
 
 
+def ws_ring_matmul_program(M, N, K, block_M=128, block_N=256, block_K=64, stages=3,
+                           dtype=T.bfloat16, accum=T.float32):
+    """The same roles over a ``stages``-deep ring of shared buffers, each slot guarded by a
+    full/empty barrier pair (ws-semantics #7): the producer runs up to ``stages`` tiles ahead."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=384) as (bx, by):
+            A_s = T.alloc_shared((stages, block_M, block_K), dtype)
+            B_s = T.alloc_shared((stages, block_K, block_N), dtype)
+            C_f = T.alloc_fragment((block_M, block_N), accum)
+            full = T.alloc_barrier([128] * stages)
+            empty = T.alloc_barrier([256] * stages)
+            with T.ws(1, 2):
+                T.clear(C_f)
+            for ko in range(T.ceildiv(K, block_K)):
+                with T.ws(0):
+                    T.barrier_wait(empty[ko % stages], ((ko // stages) & 1) ^ 1)
+                    T.copy(A[by * block_M, ko * block_K], A_s[ko % stages, :, :])
+                    T.copy(B[ko * block_K, bx * block_N], B_s[ko % stages, :, :])
+                    T.barrier_arrive(full[ko % stages])
+                with T.ws(1, 2):
+                    T.barrier_wait(full[ko % stages], (ko // stages) & 1)
+                    T.gemm(A_s[ko % stages, :, :], B_s[ko % stages, :, :], C_f)
+                    T.barrier_arrive(empty[ko % stages])
+            with T.ws(1, 2):
+                T.copy(C_f, C[by * block_M, bx * block_N])
+    return main
+
+
 def ws_matmul(M, N, K, target="auto", **kw):
     return tilews.jit(out_idx=[-1], target=target)(ws_matmul_program)(M, N, K, **kw)
 

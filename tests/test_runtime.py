@@ -80,8 +80,17 @@ def test_bad_target_and_out_idx():
         tilews.jit(target="cuda")
     with pytest.raises(ValueError, match="out_idx 5 is out of range"):
         tilews.jit(out_idx=[5], target="interpret")(add_factory)(32, 8)
-    with pytest.raises(tilews.CompileError, match="Hopper .* is not in this version"):
-        tilews.jit(target="hopper")(add_factory)(32, 8)
+    with pytest.raises(tilews.CompileError, match="Metal backend is not in this version"):
+        tilews.jit(target="metal")(add_factory)(32, 8)
+
+
+def test_hopper_falls_back_to_triton_language_with_the_reason():
+    k = tilews.jit(out_idx=[-1], target="hopper")(add_factory)(32, 16)
+    assert k.target == "hopper -> triton"
+    assert any("compiled with triton.language instead of warp-specialized Gluon" in n
+               for n in k.report.notes), k.report.notes
+    x, y = randn(32, 16, seed=11), randn(32, 16, seed=12)
+    assert rel_err(k(x, y), x.double() + y.double()) < 1e-6
 
 
 @tilews.jit(out_idx=[-1], target="interpret")

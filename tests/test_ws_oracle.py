@@ -11,7 +11,7 @@ import torch
 
 import tilews.language as T
 from examples.gemm import matmul
-from examples.ws_gemm import ws_matmul_program
+from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 from tilews import CompileError
 from tilews.lowering import interpreter, ir, layouts, verify_async
 from tilews.lowering.errors import DeadlockError, RaceError
@@ -70,6 +70,18 @@ def test_explicit_merged_consumer_gemm(block_M):
     assert consumer.num_warps == 8
     acc = dict(after.attr("layouts"))["C_f"]
     assert acc.warps_per_cta == (8, 1)          # M split across the two warp groups
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_explicit_ring_gemm(stages):
+    M, N, K = 256, 64, 224                       # K / block_K = 7 tiles: the ring wraps
+    prim = ws_ring_matmul_program(M, N, K, block_M=128, block_N=64, block_K=32, stages=stages,
+                                  dtype=T.float16)
+    a, b = randn(M, K, dtype=torch.float16, seed=13), randn(K, N, dtype=torch.float16, seed=14)
+    after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
+    assert after.attr("backend") == "gluon"
+    waits = [s.outstanding for s in walk(after.body) if isinstance(s, ir.GemmWait)]
+    assert waits == ([0] if stages == 1 else [1, 0])   # overlapped only with a ring of >= 2
 
 
 def two_consumers(D, aliased=False):

@@ -16,6 +16,9 @@ def emit_source(target: Target, kernel: ir.Kernel) -> str:
     if target.name == "triton":
         from tilews.triton_ext.tl import emit
         return emit(kernel)
+    if target.name == "hopper":
+        from tilews.triton_ext.gluon import emit
+        return emit(kernel)
     raise ValueError(f"internal: no emitter for target '{target.name}'")
 
 
@@ -44,4 +47,7 @@ def make_executor(target: Target, kernel: ir.Kernel, source: str, options: dict[
     if target.name == "triton":
         from tilews.triton_ext.tl import TlProgram
         return TlProgram(source, kernel.name, kernel, interpreter=target.triton_interpreter)
+    if target.name == "hopper":
+        from tilews.triton_ext.gluon import GluonProgram
+        return GluonProgram(source, kernel.name, kernel)
     raise ValueError(f"internal: no executor for target '{target.name}'")

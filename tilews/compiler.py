@@ -27,12 +27,13 @@ from .kernel import CompileReport, Kernel
 @dataclass
 class Lowered:
     """What the disk cache stores."""
+    target: Target
     ir_after: ir.Kernel
     source: str
     pass_ms: tuple[tuple[str, float], ...] = field(default=())
 
 
-def _lower(kernel: ir.Kernel, target: Target) -> Lowered:
+def _passes(kernel: ir.Kernel, target: Target) -> tuple[ir.Kernel, tuple[tuple[str, float], ...]]:
     times: list[tuple[str, float]] = []
     last = [time.perf_counter()]
 
@@ -41,8 +42,22 @@ def _lower(kernel: ir.Kernel, target: Target) -> Lowered:
         times.append((name, (now - last[0]) * 1e3))
         last[0] = now
 
-    after = lower(kernel, target, observe)
-    return Lowered(after, emit_source(target, after), tuple(times[1:]))
+    return lower(kernel, target, observe), tuple(times[1:])
+
+
+def _lower_with_fallback(kernel: ir.Kernel, target: Target) -> Lowered:
+    """Lower for ``target`` and emit. A Hopper program the Gluon path refuses (attr ``backend`` =
+    "tl", with the reason in its notes) is compiled from the frontend IR with plain
+    ``triton.language``, keeping those notes."""
+    after, times = _passes(kernel, target)
+    if after.attr("backend") == "tl":
+        refused = after
+        target = targets.plain_triton()
+        after, more = _passes(kernel, target)
+        times += more
+        for note in refused.notes:
+            after = after.with_note(note)
+    return Lowered(target, after, emit_source(target, after), times)
 
 
 def _key(kernel: ir.Kernel, target: Target) -> str:
@@ -62,16 +77,18 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
     sel = targets.select(target_name)
     before = build_kernel(src, param_specs, extra_names)
     frontend_ms = (time.perf_counter() - t0) * 1e3
+    target = sel.target
     payload, hit = cache.DiskCache().get_or_build(
-        _key(before, sel.target), lambda: pickle.dumps(_lower(before, sel.target)))
+        _key(before, target), lambda: pickle.dumps(_lower_with_fallback(before, target)))
     try:
         lowered: Lowered = pickle.loads(payload)
     except Exception:  # a verified entry from an incompatible build: rebuild it
-        lowered = _lower(before, sel.target)
+        lowered = _lower_with_fallback(before, target)
         hit = False
-    executor = make_executor(sel.target, lowered.ir_after, lowered.source, options or {})
+    executor = make_executor(lowered.target, lowered.ir_after, lowered.source, options or {})
     report = CompileReport(
-        target=sel.target.name, notes=sel.notes + lowered.ir_after.notes,
+        target=lowered.target.name if lowered.target == target else
+        f"{target.name} -> {lowered.target.name}", notes=sel.notes + lowered.ir_after.notes,
         passes=(("frontend", frontend_ms),) + lowered.pass_ms, cache_hit=hit,
         shared_bytes=sum(s.buffer.nbytes for s in walk(lowered.ir_after.body)
                          if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED),

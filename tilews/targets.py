@@ -3,7 +3,8 @@
 ``"auto"`` picks from the machine: a Hopper GPU -> ``"hopper"``, another CUDA/ROCm GPU ->
 ``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``. Backends this version does
 not have yet are reported, never silently replaced: ``auto`` falls back with a note in the compile
-report, an explicit request is an error.
+report, an explicit request is an error. ``"hopper"`` on a machine without a GPU compiles fully
+(compile-only); only calling the kernel needs the GPU.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tilews.lowering import target as tg
 from tilews.lowering.errors import CompileError
 
 TARGET_NAMES = ("auto", "interpret", "triton", "hopper", "metal")
-_NOT_YET = {"hopper": "the Hopper (Gluon) backend", "metal": "the Metal backend"}
+_NOT_YET = {"metal": "the Metal backend"}
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,19 @@ def select(name: str) -> Selection:
     if name == "auto":
         name = _machine_choice()
         if name in _NOT_YET:
-            fallback = "triton" if name == "hopper" else "interpret"
             notes = (f"auto: this machine suits target '{name}', but {_NOT_YET[name]} is not in this "
-                     f"version of tilews; using '{fallback}'",)
-            name = fallback
+                     f"version of tilews; using 'interpret'",)
+            name = "interpret"
     elif name in _NOT_YET:
         raise CompileError(f"target '{name}': {_NOT_YET[name]} is not in this version of tilews; "
                            f"use target='triton' or 'interpret'")
     if name == "interpret":
         return Selection(tg.INTERPRET, notes)
-    return Selection(tg.TRITON_GPU if has_cuda() else tg.TRITON_CPU, notes)
+    if name == "hopper":   # without a GPU: compile-only (calling the kernel needs an H100/H200)
+        return Selection(tg.HOPPER, notes)
+    return Selection(plain_triton(), notes)
+
+
+def plain_triton() -> tg.Target:
+    """``triton.language`` on this machine: the GPU, or Triton's CPU interpreter."""
+    return tg.TRITON_GPU if has_cuda() else tg.TRITON_CPU

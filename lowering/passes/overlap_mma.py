@@ -1,13 +1,16 @@
 """overlap_mma: keep one warp-group MMA in flight across iterations of a pipelined consumer loop.
 
-Requires:  legalize_wgmma chose the Gluon path for a kernel that warp_specialize built from a
-           ``T.Pipelined`` loop (attr ``pipeline``) with at least 2 stages.
-Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]`` becomes
+Requires:  legalize_wgmma chose the Gluon path.
+Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]``, where
+           ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot) and
+           ``b`` holds at least 2 barriers (a ring of >= 2 stages), becomes
            ``gemm; gemm_wait 1; if k > start: barrier_arrive b[i(k - step)]`` — the stage read by
            the previous iteration's gemm is released once that gemm is known complete, while this
            iteration's gemm runs — followed after the loop by ``gemm_wait 0`` and the release of
            the last iteration's stage. With one stage the producer would wait for a release that
-           only comes after its own next fill (deadlock), so one-stage loops are left alone.
+           only comes after its own next fill (deadlock), so one-stage rings are left alone; with
+           >= 2 stages the producer's fill of iteration k needs the release of k - stages, which
+           the consumer gives at iteration k - stages + 1 <= k - 1.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -21,8 +24,7 @@ from ..traverse import transform
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    plan = kernel.attr("pipeline")
-    if kernel.attr("backend") != "gluon" or plan is None or plan.stages < 2:
+    if kernel.attr("backend") != "gluon":
         return kernel
     return dataclasses.replace(kernel, body=_seq(kernel.body))
 
@@ -45,7 +47,9 @@ def _matches(loop: ir.For) -> bool:
     return (len(tail) == 3 and isinstance(tail[0], ir.Gemm) and tail[0].instr is ir.GemmInstr.WGMMA
             and isinstance(tail[1], ir.GemmWait) and tail[1].outstanding == 0
             and isinstance(tail[2], ir.BarrierArrive)
-            and len(tail[2].barrier.buffer.arrive_counts) >= 2)
+            and len(tail[2].barrier.buffer.arrive_counts) >= 2
+            and any(op.starts[:1] == (tail[2].barrier.index,) and len(op.extents) == 3
+                    for op in (tail[0].a, tail[0].b)))
 
 
 def _at(e: ir.Expr, var: ir.Var, value: ir.Expr) -> ir.Expr:
