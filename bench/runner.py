@@ -61,6 +61,8 @@ def target_unavailable(target: str, machine: Machine) -> str | None:
         targets.select(target)
     except Exception as e:  # noqa: BLE001 - tilews says why (e.g. "not in this version")
         return str(e).splitlines()[0]
+    if target == "hopper" and machine.capability != "9.0":
+        return "needs an H100/H200 (sm_90) to run; without one tilews only compiles for it"
     return triton_unavailable(machine) if target == "triton" else None
 
 

@@ -16,11 +16,11 @@ from tilews.testing import best_device, rel_err, time_ms
 
 
 @tilews.jit(out_idx=[-1])
-def matmul(M, N, K, block_M=128, block_N=128, block_K=32, num_stages=3, dtype=T.float16,
-           accum=T.float32):
+def matmul(M, N, K, block_M=128, block_N=128, block_K=32, num_stages=3, threads=128,
+           dtype=T.float16, accum=T.float32):
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
             A_s = T.alloc_shared((block_M, block_K), dtype)
             B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), accum)
@@ -37,7 +37,9 @@ def main(argv=None) -> int:
     device = best_device()
     # A size that fills a GPU; a small ragged one for the CPU paths (interpreters are slow).
     M, N, K = (4096, 4096, 4096) if device.type == "cuda" else (200, 136, 100)
-    blocks = dict(block_M=128, block_N=128, block_K=64) if device.type == "cuda" else \
+    # On a GPU: 128x256 tiles for two consumer warp groups (on Hopper, warp specialization adds
+    # a producer warp group); on the CPU small tiles.
+    blocks = dict(block_M=128, block_N=256, block_K=64, threads=256) if device.type == "cuda" else \
         dict(block_M=64, block_N=64, block_K=32)
     t0 = time.perf_counter()
     kernel = matmul(M, N, K, **blocks)

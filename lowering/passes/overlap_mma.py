@@ -4,7 +4,8 @@ Requires:  legalize_wgmma chose the Gluon path.
 Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]``, where
            ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot) and
            ``b`` holds at least 2 barriers (a ring of >= 2 stages), becomes
-           ``gemm; gemm_wait 1; if k > start: barrier_arrive b[i(k - step)]`` — the stage read by
+           ``gemm; gemm_wait 1; if k > start: barrier_arrive b[i(k - step)]`` (for ``i(k) = x % n``
+           spelled ``(x + n - 1) % n``, which stays non-negative) — the stage read by
            the previous iteration's gemm is released once that gemm is known complete, while this
            iteration's gemm runs — followed after the loop by ``gemm_wait 0`` and the release of
            the last iteration's stage. With one stage the producer would wait for a release that
@@ -61,10 +62,17 @@ def _overlap(loop: ir.For) -> list[ir.Stmt]:
     loc = arrive.loc
     i32 = ir.DType.I32
     k, bar = loop.var, arrive.barrier
-    prev = ir.BinOp(ir.BinOpKind.SUB, k, loop.step, i32, loc)
+    n = len(bar.buffer.arrive_counts)
+    if isinstance(bar.index, ir.BinOp) and bar.index.op is ir.BinOpKind.MOD and ir.as_int(bar.index.b) == n:
+        # slot (x - 1) % n written as (x + n - 1) % n: never negative, so a plain remainder
+        ahead = ir.BinOp(ir.BinOpKind.ADD, k, ir.BinOp(ir.BinOpKind.MUL, ir.Const(n - 1, i32, loc),
+                                                        loop.step, i32, loc), i32, loc)
+        prev_index = _at(bar.index, k, ahead)
+    else:
+        prev_index = _at(bar.index, k, ir.BinOp(ir.BinOpKind.SUB, k, loop.step, i32, loc))
     release_prev = ir.If(ir.Cmp(ir.CmpKind.GT, k, loop.start, loc),
                          ir.Seq((dataclasses.replace(arrive, barrier=dataclasses.replace(
-                             bar, index=_at(bar.index, k, prev))),), loc), ir.Seq((), loc), loc)
+                             bar, index=prev_index)),), loc), ir.Seq((), loc), loc)
     body = loop.body.stmts[:-3] + (gemm, ir.GemmWait(1, wait.loc), release_prev)
     # the last iteration's index: start + ((stop - start - 1) // step) * step
     span = ir.BinOp(ir.BinOpKind.SUB, ir.BinOp(ir.BinOpKind.SUB, loop.stop, loop.start, i32, loc),

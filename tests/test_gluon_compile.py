@@ -1,0 +1,345 @@
+"""The Gluon backend (Hopper, sm_90a): emitted source and compile-only builds.
+
+Kernels come from the frontend (``examples/gemm.py``'s ``matmul``, ``examples/ws_gemm.py``'s
+``ws_matmul_program`` and small variants written here), are lowered with ``lower(kernel,
+HOPPER)``, emitted, and compiled for ``GPUTarget("cuda", 90, 32)`` in a child process (no GPU
+needed). The assertions read the TTGIR and PTX: one ``ttg.warp_specialize`` with the producer's
+warps and registers, the accumulator layout, ``wgmma.mma_async`` shapes and counts (a merged
+``T.ws(1, 2)`` consumer splits M between its two warp groups), TMA loads and the TMA store,
+``mbarrier`` init counts / expect bytes / waits / arrivals, ``setmaxnreg``, ``fence.proxy.async``
+and the absence of spills. Expected values are computed from each case's block sizes, not read
+back from the kernel. ``test_numerics_on_gpu`` runs every case on an sm_90 GPU (skipped
+elsewhere) against torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilews.language as T
+from tilews.lowering import ir
+from tilews.lowering.errors import InternalError
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.passes import lower
+from tilews.lowering.target import HOPPER, TRITON_CPU
+from tilews.lowering.traverse import walk
+from tilews.triton_ext.gluon import GluonProgram, emit
+from tilews.triton_ext.gluon import launch as gluon_launch
+
+from examples.gemm import matmul
+from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
+
+from .helpers import randn, rel_err
+from .test_tl_backend import gemm as tl_gemm
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+
+
+def explicit_gemm(M, N, K, bm, bn, bk, dtype=T.float16):
+    """An explicit producer T.ws(0) and ONE single-warp-group consumer T.ws(1), iterating over a
+    runtime number of K tiles (a scalar parameter)."""
+    @T.prim_func
+    def main(A, B, C, tiles):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=256) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), dtype)
+            B_s = T.alloc_shared((bk, bn), dtype)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            ready = T.alloc_barrier(arrive_count=128)
+            done = T.alloc_barrier(arrive_count=128)
+            with T.ws(1):
+                T.clear(C_f)
+            for ko in range(tiles):
+                with T.ws(0):
+                    T.barrier_wait(done, (ko + 1) % 2)
+                    T.copy(A[by * bm, ko * bk], A_s)
+                    T.copy(B[ko * bk, bx * bn], B_s)
+                    T.barrier_arrive(ready)
+                with T.ws(1):
+                    T.barrier_wait(ready, ko % 2)
+                    T.gemm(A_s, B_s, C_f)
+                    T.barrier_arrive(done)
+            with T.ws(1):
+                T.copy(C_f, C[by * bm, bx * bn])
+    return build_kernel(main, {"A": T.Tensor((M, K), dtype), "B": T.Tensor((K, N), dtype),
+                               "C": T.Tensor((M, N), dtype), "tiles": T.int32})
+
+
+def explicit_merged(M, N, K, bm, bn, bk):
+    return build_kernel(ws_matmul_program(M, N, K, block_M=bm, block_N=bn, block_K=bk))
+
+
+def auto(M, N, K, bm, bn, bk, stages, threads=128):
+    """examples/gemm.py's kernel; threads=256 gives the consumer two warp groups."""
+    return build_kernel(matmul.fn(M, N, K, block_M=bm, block_N=bn, block_K=bk, num_stages=stages,
+                                  threads=threads))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    make: object                # () -> the frontend's kernel
+    M: int
+    N: int
+    K: int
+    bm: int
+    bn: int
+    bk: int
+    stages: int                 # ring depth (1: an explicit program's single buffers)
+    consumer_groups: int        # warp groups of the role holding the accumulator
+    dtype: str = "f16"
+    transpose_b: bool = False
+    scalars: tuple = ()         # values of the kernel's scalar parameters at launch
+
+
+CASES = {
+    # automatic WS of examples/gemm.py (threads=128): producer + one consumer warp group
+    "auto_1wg": Case(lambda: auto(512, 512, 256, 128, 128, 64, 3), 512, 512, 256, 128, 128, 64, 3, 1),
+    # threads=256, 128x256 tile: the consumer is ONE role of two warp groups, M split
+    "auto_merged": Case(lambda: auto(512, 512, 256, 128, 256, 64, 3, threads=256),
+                        512, 512, 256, 128, 256, 64, 3, 2),
+    # bf16, B given K-major ([N, K]) and read through a permuted shared view; swizzled blocks
+    "auto_bf16_transpose_b": Case(lambda: tl_gemm(256, 256, 256, T.bfloat16, 128, 128, 64,
+                                                  transpose_b=True, swizzle=2, stages=2),
+                                  256, 256, 256, 128, 128, 64, 2, 1, "bf16", True),
+    "explicit_ws0_ws1": Case(lambda: explicit_gemm(256, 256, 256, 128, 128, 64),
+                             256, 256, 256, 128, 128, 64, 1, 1, scalars=(4,)),
+    # examples/ws_gemm.py: producer T.ws(0) + merged consumer T.ws(1, 2)
+    "explicit_merged_bm128": Case(lambda: explicit_merged(256, 512, 256, 128, 128, 64),
+                                  256, 512, 256, 128, 128, 64, 1, 2),
+    "explicit_merged_bm256": Case(lambda: explicit_merged(512, 256, 256, 256, 128, 64),
+                                  512, 256, 256, 256, 128, 64, 1, 2),
+    # examples/ws_gemm.py's ring: full/empty pairs indexed by the iteration, one wgmma in flight
+    "explicit_ring_merged": Case(lambda: build_kernel(ws_ring_matmul_program(512, 512, 512, stages=3)),
+                                 512, 512, 512, 128, 256, 64, 3, 2, "bf16"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def lowered(name: str) -> ir.Kernel:
+    kernel = lower(CASES[name].make(), HOPPER)
+    assert kernel.attr("backend") == "gluon", f"lowering chose {kernel.attr('backend')!r}: {kernel.notes}"
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def program(name: str) -> GluonProgram:
+    kernel = lowered(name)
+    return GluonProgram(emit(kernel), kernel.name, kernel)
+
+
+def roles(kernel: ir.Kernel) -> list[ir.Role]:
+    return [r for s in walk(kernel.body) if isinstance(s, ir.WarpSpecialize) for r in s.roles]
+
+
+def count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text))
+
+
+# ----------------------------------------------------------------------------------------------
+# compile-only: TTGIR and PTX
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_warp_specialized_partitions(name):
+    c, kernel, asm = CASES[name], lowered(name), program(name).asm
+    ttgir = asm["ttgir"]
+    default_warps = 4 * c.consumer_groups
+    assert count(r"ttg\.warp_specialize\(", ttgir) == 1
+    assert f'"ttg.num-warps" = {default_warps} : i32' in ttgir
+    # the producer: one worker partition of one warp at 24 registers
+    assert re.findall(r"partition\d+\(.*\) num_warps\((\d+)\)", ttgir) == ["1"]
+    assert "requestedRegisters = array<i32: 24>" in ttgir
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", asm["ptx"])
+    # the default partition gets what legalize budgeted for it
+    default = next(r for r in roles(kernel) if r.warpgroups == kernel.attr("default_role"))
+    assert default.num_warps == default_warps
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{default.num_regs};", asm["ptx"])
+    assert c.consumer_groups != 2 or default.num_regs == 240   # gluon-hopper.md's measurement
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_wgmma(name):
+    c, kernel, asm = CASES[name], lowered(name), program(name).asm
+    t = c.dtype
+    ttgir, ptx = asm["ttgir"], asm["ptx"]
+    # accumulator: M split across the consumer's warp groups, one instruction spans the tile's N
+    mma = (f"#ttg.nvidia_mma<{{versionMajor = 3, versionMinor = 0, warpsPerCTA = "
+           f"[{4 * c.consumer_groups}, 1], instrShape = [16, {c.bn}, 16]}}>")
+    assert mma in ttgir
+    assert re.search(r"ttng\.warp_group_dot .*isAsync = true", ttgir)
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)\.", ptx))
+    assert shapes == {f"m64n{c.bn}k16"}
+    # per warp group: (rows / 64) row blocks x (block_K / 16) k steps, once per k iteration
+    per_group_rows = c.bm // c.consumer_groups
+    want = per_group_rows // 64 * (c.bk // 16)
+    assert count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c.bn}k16\.f32\.{t}\.{t}", ptx) == want
+    assert count(r"wgmma\.fence\.sync\.aligned", ptx) >= 1
+    for n in {s.outstanding for s in walk(kernel.body) if isinstance(s, ir.GemmWait)}:
+        assert re.search(rf"wgmma\.wait_group\.sync\.aligned\s+{n};", ptx)
+    if c.transpose_b:
+        assert re.search(r"ttg\.memdesc_trans .*order = array<i32: 1, 0>", ttgir)
+    assert count(r"\b(ld|st)\.local\b", ptx) == 0, "the kernel spills registers"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tma_and_barriers(name):
+    c, asm = CASES[name], program(name).asm
+    ttgir, ptx = asm["ttgir"], asm["ptx"]
+    item = 2                          # every case is f16 or bf16
+    stage_bytes = (c.bm * c.bk + c.bk * c.bn) * item
+    barriers = 2 * c.stages           # a full/empty (ready/done) pair per stage
+    # TMA: two loads per stage completing on one barrier whose expect carries both tiles' bytes
+    assert count(r"ttng\.async_tma_copy_global_to_local", ttgir) == 2
+    assert re.findall(r"ttng\.barrier_expect %\w+, (\d+)", ttgir) == [str(stage_bytes)]
+    load = r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.mbarrier::complete_tx::bytes"
+    assert count(load, ptx) >= 2
+    assert count(r"mbarrier\.arrive\.expect_tx", ptx) >= 1
+    # the epilogue: registers -> shared, proxy fence, one TMA store, wait for it
+    assert count(r"ttng\.async_tma_copy_local_to_global", ttgir) == 1
+    assert count(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group", ptx) >= 1
+    assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)
+    assert count(r"fence\.proxy\.async\.shared::cta", ptx) >= 1
+    # mbarriers: every one initialized with one arrival per arriving role, waited, arrived on
+    assert re.findall(r"ttng\.init_barrier %\w+, (\d+)", ttgir) == ["1"] * barriers
+    assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == barriers
+    assert count(r"mbarrier\.inval\.shared::cta\.b64", ptx) == barriers
+    assert count(r"mbarrier\.try_wait\.parity", ptx) >= 2
+    assert count(r"mbarrier\.arrive\.shared::cta\.b64", ptx) >= 1
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_shared_memory_fits_the_plan(name):
+    kernel, p = lowered(name), program(name)
+    allocs = [s.buffer for s in walk(kernel.body) if isinstance(s, ir.Alloc)]
+    tiles = sum(b.nbytes for b in allocs if b.scope is ir.Scope.SHARED)
+    barriers = sum(8 * len(b.arrive_counts) for b in allocs if b.scope is ir.Scope.BARRIER)
+    # Triton's own allocation holds every buffer and fits an SM (Triton does not check this at
+    # compile time: a kernel over 227 KB fails only at launch); plan_buffers budgeted it
+    assert tiles + barriers <= p.metadata["shared"] <= HOPPER.smem_bytes
+    assert kernel.attr("shared_bytes") <= HOPPER.smem_bytes
+
+
+def test_compile_is_cached(monkeypatch):
+    first = program("auto_1wg")
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled again although the disk cache holds the result")
+    monkeypatch.setattr(gluon_launch, "_run_compile", no_compile)
+    again = GluonProgram(first.source, first.kernel.name, first.kernel)
+    assert again.asm == first.asm
+
+
+def test_launch_without_gpu_is_a_clear_error():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("this machine can launch")
+    p = program("auto_1wg")
+    a, b, c = (torch.empty(512, 512, dtype=torch.float16) for _ in range(3))
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        p.launch([a, b])
+    with pytest.raises(RuntimeError, match="hopper"):
+        p.launch([a[:, :256], b[:256], c])
+
+
+# ----------------------------------------------------------------------------------------------
+# emitted source
+
+
+def _line_of(path: Path, text: str) -> int:
+    hits = [i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def test_source_expect_replaces_the_producer_arrival():
+    src = program("auto_1wg").source
+    producer = src[src.index("def main_ws0("):src.index("def main(")]
+    expect = producer.index("mbarrier.expect(full.index(k % 3), 32768)")
+    loads = [m.start() for m in re.finditer(r"tma\.async_copy_global_to_shared\(", producer)]
+    assert len(loads) == 2 and expect < min(loads)
+    assert "mbarrier.arrive(full" not in src
+    assert re.search(r"mbarrier\.wait\(empty\.index\(k % 3\), \(\(k // 3\) & 1\) \^ 1\)", producer)
+
+
+def test_source_host_part_and_locations():
+    src = program("explicit_merged_bm128").source
+    assert "TensorDescriptor.from_tensor(A, [128, 64], A_s_layout.value)" in src
+    assert "TensorDescriptor.from_tensor(B, [64, 128], B_s_layout.value)" in src
+    assert re.search(r"TensorDescriptor\.from_tensor\(C, \[128, 128\], \w+_layout\.value\)", src)
+    assert "def main_grid():\n    return (4, 2)" in src
+    assert "gl.warp_specialize([(main_ws1_2, args), (main_ws0, args)], [1], [24])" in src
+    gemm_line = _line_of(EXAMPLES / "ws_gemm.py", "T.gemm(A_s, B_s, C_f)")
+    lines = src.splitlines()
+    mma = next(i for i, line in enumerate(lines) if "warpgroup_mma(" in line)
+    assert lines[mma - 1].strip() == f"# tilews: ws_gemm.py:{gemm_line}"
+    # every statement of a role is preceded by its origin comment
+    for i, line in enumerate(lines):
+        if "mbarrier.wait(" in line or "warpgroup_mma(" in line or "tma.async_copy" in line:
+            assert lines[i - 1].strip().startswith("# tilews: ws_gemm.py:"), line
+
+
+def test_emit_refuses_a_kernel_not_legalized_for_gluon():
+    kernel = lower(CASES["auto_1wg"].make(), TRITON_CPU)
+    with pytest.raises(InternalError, match="not legalized for Gluon"):
+        emit(kernel)
+
+
+def test_emit_names_a_statement_without_a_rule():
+    kernel = lowered("auto_1wg")
+    ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
+    consumer = ws.roles[1]
+    x = next(s.buffer for s in walk(kernel.body) if isinstance(s, ir.Alloc) and s.buffer.name == "C_f")
+    store = ir.Store(x, (ir.const(0), ir.const(0)), ir.const(1.0), consumer.loc)
+    consumer = dataclasses.replace(consumer, body=ir.Seq(consumer.body.stmts + (store,)))
+    ws = dataclasses.replace(ws, roles=(ws.roles[0], consumer))
+    broken = dataclasses.replace(kernel, body=ir.Seq(tuple(ws if isinstance(s, ir.WarpSpecialize)
+                                                           else s for s in kernel.body.stmts)))
+    with pytest.raises(InternalError, match="no rule for Store"):
+        emit(broken)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU (sm_90 only)
+
+
+_TORCH = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_numerics_on_gpu(name):
+    c = CASES[name]
+    a = randn(c.M, c.K, dtype=_TORCH[c.dtype], device="cuda")
+    b = randn(*((c.N, c.K) if c.transpose_b else (c.K, c.N)), dtype=_TORCH[c.dtype], device="cuda")
+    out = torch.full((c.M, c.N), float("nan"), dtype=_TORCH[c.dtype], device="cuda")
+    program(name).launch([a, b, out, *c.scalars])
+    torch.cuda.synchronize()
+    ref = a.double() @ (b.double().T if c.transpose_b else b.double())
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_scalar_parameter_is_a_runtime_argument():
+    p = program("explicit_ws0_ws1")
+    assert "def main(A_desc_0, B_desc_0, C_desc_0, tiles):" in p.source
+    assert "for ko in range(0, tiles, 1):" in p.source
+    assert "def main_args(A, B, C, tiles):" in p.source and "def main_grid(tiles):" in p.source
+    assert re.search(r"%tiles: i32", p.asm["ttgir"])
+
+
+def test_a_failing_triton_compile_is_an_internal_error():
+    kernel = lowered("auto_1wg")
+    good = program("auto_1wg").source
+    bad = good.replace("instr_shape=[16, 128, 16]", "instr_shape=[16, 120, 16]")
+    assert bad != good
+    with pytest.raises(InternalError, match="for sm_90a failed") as e:
+        GluonProgram(bad, kernel.name, kernel)
+    assert e.value.notes, "the compiler's message is attached"

@@ -1,0 +1,76 @@
+"""Compile-only build of an emitted Gluon module, run in its own process.
+
+``python compile.py SPEC.json OUT.json`` (the file runs by path and imports nothing from tilews):
+SPEC names the module file, its kernel function and host argument function, ``num_warps``, the
+target and the kernel's parameters (buffers: shape and torch dtype; scalars: Triton type). The
+argument function is called on meta tensors, so the signature of each TMA descriptor comes from
+Gluon's own ``TensorDescriptor`` and ``mangle_type``; then ``triton.compile`` builds for the
+target and OUT receives the text stages (``ttgir``, ``llir``, ``ptx``, ...) and some metadata.
+
+It runs apart because Gluon cannot compile under ``TRITON_INTERPRET=1`` (the parent removes it
+from this process's environment) and because some invalid layouts abort the process.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+
+class _Scalar:
+    """A scalar parameter's place in the argument tuple, carrying its Triton type."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+
+def _compile(spec: dict) -> dict:
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    loader = importlib.util.spec_from_file_location("tilews_gluon_compile", spec["source"])
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    fn = getattr(module, spec["fn"])
+    values = []
+    for p in spec["params"]:
+        if p["kind"] == "scalar":
+            values.append(_Scalar(p["type"]))
+        else:
+            shape = p["shape"]
+            strides = [1] * len(shape)
+            for d in range(len(shape) - 2, -1, -1):
+                strides[d] = strides[d + 1] * shape[d + 1]
+            values.append(torch.empty_strided(shape, strides, dtype=getattr(torch, p["dtype"]),
+                                              device="meta"))
+    flat = getattr(module, spec["args_fn"])(*values)
+    signature = {name: v.type_name if isinstance(v, _Scalar) else mangle_type(v)
+                 for name, v in zip(fn.arg_names, flat)}
+    compiled = triton.compile(GluonASTSource(fn, signature, {}), target=GPUTarget(*spec["target"]),
+                              options={"num_warps": spec["num_warps"]})
+    meta = compiled.metadata
+    return {"asm": {k: v for k, v in compiled.asm.items() if isinstance(v, str)},
+            "metadata": {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared,
+                         "triton_version": triton.__version__}}
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = _compile(spec)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    # run by path: this folder is sys.path[0]; keep its modules (emit, launch, ...) from shadowing
+    # anything torch or triton imports
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.exit(main(sys.argv[1:]))

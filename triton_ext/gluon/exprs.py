@@ -1,0 +1,98 @@
+"""Spelling Tile IR scalar expressions (indices, coordinates, parities, fill values) in Gluon.
+
+Inside a Gluon partition every expression is a scalar: block indices, loop indices, scalar
+parameters and constants. Integer ``//`` and ``%`` follow Python (floor) semantics; they are
+spelled natively when both operands are provably non-negative (``tl``'s analysis), else with a
+remainder correction that is right whichever rounding Triton applies.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from tilews.lowering import ir
+from tilews.lowering.errors import InternalError
+
+from ..tl.exprs import nonneg
+from .context import GL_DTYPE, Ctx
+
+_MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
+_LOGICAL = {ir.BinOpKind.LAND: "&", ir.BinOpKind.LOR: "|"}
+
+
+def spell(ctx: Ctx, e: ir.Expr) -> str:
+    rule = _EXPRS.get(type(e))
+    if rule is None:
+        raise InternalError(f"gluon backend: no rule for expression {type(e).__name__}",
+                            getattr(e, "loc", None))
+    return rule(ctx, e)
+
+
+def arg(ctx: Ctx, e: ir.Expr) -> str:
+    """``e`` spelled as a call argument (without enclosing parentheses)."""
+    text = spell(ctx, e)
+    if text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for k, ch in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                return text[1:-1] if k == len(text) - 1 else text
+    return text
+
+
+def _const(ctx: Ctx, e: ir.Const) -> str:
+    if isinstance(e.value, float) and not math.isfinite(e.value):
+        return f"float('{e.value}')"
+    return repr(e.value)
+
+
+def _var(ctx: Ctx, e: ir.Var) -> str:
+    return ctx.name(e.name)
+
+
+def _binop(ctx: Ctx, e: ir.BinOp) -> str:
+    a, b = spell(ctx, e.a), spell(ctx, e.b)
+    if e.op in _LOGICAL:
+        return f"({a} {_LOGICAL[e.op]} {b})"
+    floor = e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and e.dtype.is_int
+    if floor and not (nonneg(ctx, e.a) and nonneg(ctx, e.b)):
+        q, r = ctx.fresh("q"), ctx.fresh("r")
+        ctx.line(f"{q} = {a} // {b}")
+        ctx.line(f"{r} = {a} - {q} * {b}")
+        fix = f"({r} < 0)" if (ir.as_int(e.b) or 0) > 0 else f"(({r} != 0) & (({r} < 0) != ({b} < 0)))"
+        if e.op is ir.BinOpKind.FLOORDIV:
+            return f"gl.where({fix}, {q} - 1, {q})"
+        return f"gl.where({fix}, {r} + {b}, {r})"
+    return f"({a} {e.op.value} {b})"
+
+
+def _cmp(ctx: Ctx, e: ir.Cmp) -> str:
+    return f"({spell(ctx, e.a)} {e.op.value} {spell(ctx, e.b)})"
+
+
+def _unop(ctx: Ctx, e: ir.UnOp) -> str:
+    a = spell(ctx, e.a)
+    return f"({a} == 0)" if e.op is ir.UnOpKind.NOT else f"({e.op.value}{a})"
+
+
+def _call(ctx: Ctx, e: ir.Call) -> str:
+    if e.fn not in _MINMAX:
+        raise InternalError(f"gluon backend: no rule for scalar {e.fn.value}()", e.loc)
+    args = [spell(ctx, a) for a in e.args]
+    out = args[0]
+    for a in args[1:]:
+        out = f"{_MINMAX[e.fn]}({out}, {a})"
+    return out
+
+
+def _cast(ctx: Ctx, e: ir.Cast) -> str:
+    return f"gl.cast({spell(ctx, e.value)}, {GL_DTYPE[e.dtype]})"
+
+
+def _select(ctx: Ctx, e: ir.Select) -> str:
+    return f"gl.where({spell(ctx, e.cond)}, {spell(ctx, e.a)}, {spell(ctx, e.b)})"
+
+
+_EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
+    ir.Const: _const, ir.Var: _var, ir.BinOp: _binop, ir.Cmp: _cmp, ir.UnOp: _unop,
+    ir.Call: _call, ir.Cast: _cast, ir.Select: _select}

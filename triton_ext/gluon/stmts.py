@@ -1,0 +1,200 @@
+"""Statements inside a role: one small spelling function per Tile IR statement kind.
+
+``seq`` spells a statement list. An arrival on a barrier that TMA copies earlier in the same list
+complete on is spelled as that role's ``mbarrier.expect`` of their bytes, issued before the first
+of them (the expect is the role's arrival); every other arrival is ``mbarrier.arrive``. Ring slots
+``B[(s):+1, ...]`` are ``B.index(s)``; a transposed operand is a ``.permute((1, 0))`` view. A
+statement kind without a rule is an ``InternalError``: lowering let it through.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tilews.lowering import ir
+from tilews.lowering.errors import InternalError
+
+from ..tl.exprs import nonneg
+from .context import GL_DTYPE, Ctx
+from .exprs import arg, spell
+
+
+def seq(ctx: Ctx, s: ir.Seq) -> None:
+    """Spell the statement list ``s`` of a role."""
+    expects, absorbed = _expects(s)
+    for i, t in enumerate(s.stmts):
+        if i in expects:
+            arrive, nbytes = expects[i]
+            ctx.origin(arrive.loc)
+            ctx.line(f"mbarrier.expect({_bar(ctx, arrive.barrier)}, {nbytes})")
+        if i not in absorbed:
+            _stmt(ctx, t)
+
+
+def _expects(body: ir.Seq) -> tuple[dict[int, tuple[ir.BarrierArrive, int]], set[int]]:
+    """Arrivals that are expects: position of the first copy -> (arrival, bytes); the arrivals'
+    positions."""
+    pending: dict[ir.BarrierRef, list[ir.Copy]] = {}
+    first: dict[ir.BarrierRef, int] = {}
+    expects, absorbed = {}, set()
+    for i, s in enumerate(body.stmts):
+        if isinstance(s, ir.Copy) and s.barrier is not None:
+            pending.setdefault(s.barrier, []).append(s)
+            first.setdefault(s.barrier, i)
+        elif isinstance(s, ir.BarrierArrive) and s.barrier in pending:
+            copies = pending.pop(s.barrier)
+            expects[first.pop(s.barrier)] = (s, sum(_nbytes(c.dst) for c in copies))
+            absorbed.add(i)
+    for copies in pending.values():
+        raise InternalError("gluon backend: a copy completes on a barrier that no later arrival in "
+                            "its statement list expects", copies[0].loc)
+    return expects, absorbed
+
+
+def _nbytes(r: ir.Region) -> int:
+    n = r.buffer.dtype.itemsize
+    for e in r.extents:
+        n *= e
+    return n
+
+
+def _stmt(ctx: Ctx, s: ir.Stmt) -> None:
+    rule = _STMTS.get(type(s))
+    if rule is None:
+        raise InternalError(f"gluon backend: no rule for {type(s).__name__} inside a role", s.loc)
+    ctx.origin(s.loc)
+    rule(ctx, s)
+
+
+def _bar(ctx: Ctx, b: ir.BarrierRef) -> str:
+    return f"{ctx.name(b.buffer.name)}.index({arg(ctx, b.index)})"
+
+
+def whole(r: ir.Region) -> bool:
+    return all(ir.as_int(st) == 0 for st in r.starts) and tuple(r.extents) == r.buffer.static_shape
+
+
+def _smem(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
+    """A shared region as a shared-memory descriptor: leading unit dims (ring slots) indexed,
+    the rest whole."""
+    b = r.buffer
+    if b.scope is not ir.Scope.SHARED:
+        raise InternalError(f"gluon backend: '{b.name}' is not in shared memory", loc)
+    text, d = ctx.name(b.name), 0
+    while len(r.extents) - d > len(r.tile_shape) and r.extents[d] == 1:
+        text += f".index({arg(ctx, r.starts[d])})"
+        d += 1
+    if any(ir.as_int(st) != 0 for st in r.starts[d:]) or tuple(r.extents[d:]) != b.static_shape[d:]:
+        raise InternalError(f"gluon backend: no rule for a partial region of shared buffer "
+                            f"'{b.name}'", loc)
+    return text
+
+
+def _fragment(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
+    if r.buffer.scope is not ir.Scope.FRAGMENT or not whole(r) or r.buffer.name not in ctx.fragments:
+        raise InternalError(f"gluon backend: no rule for region of {r.buffer.scope.value} buffer "
+                            f"'{r.buffer.name}' as a whole fragment of this role", loc)
+    return ctx.name(r.buffer.name)
+
+
+def _tma_load(ctx: Ctx, s: ir.Copy) -> None:
+    coords = ", ".join(arg(ctx, x) for x in s.src.starts)
+    ctx.line(f"tma.async_copy_global_to_shared({ctx.descriptor(s.src, s.loc)}, [{coords}], "
+             f"{_bar(ctx, s.barrier)}, {_smem(ctx, s.dst, s.loc)})")
+
+
+def _tma_store(ctx: Ctx, s: ir.Copy) -> None:
+    coords = ", ".join(arg(ctx, x) for x in s.dst.starts)
+    ctx.line(f"tma.async_copy_shared_to_global({ctx.descriptor(s.dst, s.loc)}, [{coords}], "
+             f"{_smem(ctx, s.src, s.loc)})")
+    ctx.line("tma.store_wait(0)")
+
+
+def _store_fragment(ctx: Ctx, s: ir.Copy) -> None:
+    value = _fragment(ctx, s.src, s.loc)
+    if s.src.buffer.dtype != s.dst.buffer.dtype:
+        value += f".to({GL_DTYPE[s.dst.buffer.dtype]})"
+    ctx.line(f"{_smem(ctx, s.dst, s.loc)}.store({value})")
+
+
+_COPIES = {(ir.CopyMechanism.TMA, ir.Scope.GLOBAL, ir.Scope.SHARED): _tma_load,
+           (ir.CopyMechanism.TMA, ir.Scope.SHARED, ir.Scope.GLOBAL): _tma_store,
+           (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.SHARED): _store_fragment}
+
+
+def _copy(ctx: Ctx, s: ir.Copy) -> None:
+    key = (s.mechanism, s.src.buffer.scope, s.dst.buffer.scope)
+    rule = _COPIES.get(key)
+    if rule is None or (key[0] is ir.CopyMechanism.TMA and key[1] is ir.Scope.GLOBAL
+                        and s.barrier is None):
+        raise InternalError(f"gluon backend: no rule for a {s.mechanism.value} copy "
+                            f"{key[1].value} -> {key[2].value}"
+                            + (" without a barrier" if rule else ""), s.loc)
+    rule(ctx, s)
+
+
+def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
+    if s.instr is not ir.GemmInstr.WGMMA:
+        raise InternalError(f"gluon backend: no rule for gemm instruction {s.instr.value}", s.loc)
+    a, b = _smem(ctx, s.a, s.loc), _smem(ctx, s.b, s.loc)
+    a += ".permute((1, 0))" if s.transpose_a else ""
+    b += ".permute((1, 0))" if s.transpose_b else ""
+    c = _fragment(ctx, s.c, s.loc)
+    use = ", use_acc=False" if s.clear_accum else ""
+    ctx.line(f"{c} = warpgroup_mma({a}, {b}, {c}{use}, is_async=True)")
+
+
+def _gemm_wait(ctx: Ctx, s: ir.GemmWait) -> None:
+    accs = [ctx.name(b.name) for b in ctx.accumulators]
+    if not accs:
+        raise InternalError("gluon backend: gemm_wait in a role without gemms", s.loc)
+    ctx.line(f"{', '.join(accs)} = warpgroup_mma_wait(num_outstanding={s.outstanding}, "
+             f"deps=({', '.join(accs)},))")
+
+
+def _fill(ctx: Ctx, s: ir.Fill) -> None:
+    b = s.dst.buffer
+    name = _fragment(ctx, s.dst, s.loc)
+    ctx.line(f"{name} = gl.full({list(b.static_shape)}, {spell(ctx, s.value)}, {GL_DTYPE[b.dtype]}, "
+             f"layout={ctx.layout(b, s.loc)})")
+
+
+def _barrier_wait(ctx: Ctx, s: ir.BarrierWait) -> None:
+    ctx.line(f"mbarrier.wait({_bar(ctx, s.barrier)}, {arg(ctx, s.parity)})")
+
+
+def _barrier_arrive(ctx: Ctx, s: ir.BarrierArrive) -> None:
+    ctx.line(f"mbarrier.arrive({_bar(ctx, s.barrier)}, count=1)")
+
+
+def _proxy_fence(ctx: Ctx, s: ir.ProxyFence) -> None:
+    ctx.line("fence_async_shared()")
+
+
+_LOOPS = {ir.ForKind.SERIAL: "range", ir.ForKind.UNROLL: "gl.static_range"}
+
+
+def _for(ctx: Ctx, s: ir.For) -> None:
+    if s.kind not in _LOOPS:
+        raise InternalError(f"gluon backend: no rule for a {s.kind.value} loop inside a role", s.loc)
+    if nonneg(ctx, s.start) and (ir.as_int(s.step) or 0) > 0:
+        ctx.nonneg.add(s.var)
+    bounds = ", ".join(arg(ctx, x) for x in (s.start, s.stop, s.step))
+    ctx.line(f"for {ctx.name(s.var.name)} in {_LOOPS[s.kind]}({bounds}):")
+    with ctx.indent():
+        seq(ctx, s.body)
+
+
+def _if(ctx: Ctx, s: ir.If) -> None:
+    ctx.line(f"if {arg(ctx, s.cond)}:")
+    with ctx.indent():
+        seq(ctx, s.then)
+    if s.orelse.stmts:
+        ctx.line("else:")
+        with ctx.indent():
+            seq(ctx, s.orelse)
+
+
+_STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
+    ir.Copy: _copy, ir.Gemm: _gemm, ir.GemmWait: _gemm_wait, ir.Fill: _fill,
+    ir.BarrierWait: _barrier_wait, ir.BarrierArrive: _barrier_arrive, ir.ProxyFence: _proxy_fence,
+    ir.For: _for, ir.If: _if}
