@@ -16,11 +16,13 @@ from tilews.testing import best_device, rel_err, time_ms
 
 
 @tilews.jit(out_idx=[-1])
-def matmul(M, N, K, block_M=128, block_N=128, block_K=32, num_stages=3, threads=128,
+def matmul(M, N, K, block_M=128, block_N=128, block_K=32, num_stages=3, threads=128, swizzle=0,
            dtype=T.float16, accum=T.float32):
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            if swizzle:
+                T.use_swizzle(swizzle)          # visit tiles in panels for L2 reuse
             A_s = T.alloc_shared((block_M, block_K), dtype)
             B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), accum)

@@ -178,3 +178,23 @@ def transform(node, fn: Callable):
         node = dataclasses.replace(node, **changes)
     r = fn(node)
     return node if r is None else r
+
+
+def generic_shared_writes(s: ir.Stmt) -> set:
+    """Shared buffers ``s`` writes through the generic proxy (ordinary stores)."""
+    if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA:
+        return set()
+    if isinstance(s, (ir.Copy, ir.Fill)):
+        return {s.dst.buffer} if s.dst.buffer.scope is ir.Scope.SHARED else set()
+    if isinstance(s, ir.Store):
+        return {s.buffer} if s.buffer.scope is ir.Scope.SHARED else set()
+    return set()
+
+
+def async_shared_reads(s: ir.Stmt) -> set:
+    """Shared buffers ``s`` reads through the asynchronous proxy (bulk stores, wgmma operands)."""
+    if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA and s.src.buffer.scope is ir.Scope.SHARED:
+        return {s.src.buffer}
+    if isinstance(s, ir.Gemm) and s.instr is ir.GemmInstr.WGMMA:
+        return {s.a.buffer, s.b.buffer}
+    return set()

@@ -10,7 +10,9 @@ iteration sees them):
 * an arrival on a barrier that another role waits on before writing a buffer an in-flight gemm
   reads — at the same index expression — releases that operand while the gemm may still read it:
   an error;
-* a role must not end with gemms in flight.
+* a role must not end with gemms in flight;
+* an asynchronous read of shared memory (TMA store, wgmma operand) of a buffer the role wrote with
+  ordinary stores since its last ``ProxyFence`` is an error (the async proxy may not see them).
 
 Violations are ``CompileError`` naming the kernel, the role and the line.
 """
@@ -18,14 +20,16 @@ from __future__ import annotations
 
 from . import ir, roles
 from .errors import CompileError
-from .traverse import buffers_read, buffers_written, walk
+from .traverse import (async_shared_reads, buffers_read, buffers_written, generic_shared_writes,
+                       walk)
 
 
 def run(kernel: ir.Kernel) -> ir.Kernel:
     for ws in (s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)):
         guards = _guarded_buffers(ws)
         for role in ws.roles:
-            inflight = _Role(kernel, role, guards).seq(role.body.stmts, [])
+            checker = _Role(kernel, role, guards)
+            inflight = checker.seq(role.body.stmts, [])
             if inflight:
                 raise CompileError(f"kernel '{kernel.name}': {roles.describe(role.warpgroups)} ends "
                                    f"with a wgmma in flight (issued at line {inflight[-1].loc.line}); "
@@ -50,6 +54,7 @@ def _guarded_buffers(ws: ir.WarpSpecialize) -> dict[str, set]:
 class _Role:
     def __init__(self, kernel: ir.Kernel, role: ir.Role, guards: dict[str, set]):
         self.kernel, self.role, self.guards = kernel, role, guards
+        self.unfenced: dict[ir.Buffer, ir.Loc] = {}   # generic writes not yet fenced
 
     def fail(self, msg: str, loc: ir.Loc) -> CompileError:
         return CompileError(f"kernel '{self.kernel.name}', {roles.describe(self.role.warpgroups)}: "
@@ -61,6 +66,15 @@ class _Role:
         return inflight
 
     def stmt(self, s: ir.Stmt, inflight: list[ir.Gemm]) -> list[ir.Gemm]:
+        if isinstance(s, ir.ProxyFence):
+            self.unfenced.clear()
+        for b in async_shared_reads(s):
+            if b in self.unfenced:
+                raise self.fail(f"reads '{b.name}' through the asynchronous proxy after ordinary "
+                                f"stores to it (line {self.unfenced[b].line}) with no proxy fence "
+                                f"between", s.loc)
+        for b in generic_shared_writes(s):
+            self.unfenced[b] = s.loc
         if isinstance(s, ir.For):
             once = self.seq(s.body.stmts, list(inflight))
             return self.seq(s.body.stmts, once)        # what the next iteration sees

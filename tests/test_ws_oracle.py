@@ -235,3 +235,22 @@ def test_ws6_release_by_one_of_two_reading_groups_is_caught():
     with pytest.raises(CompileError, match="counts 128 arriving threads"):
         from tilews.lowering.passes import legalize_wgmma
         legalize_wgmma.run(with_arrive_count(lower(prim_threads, HOPPER, upto="legalize"), "empty", 128), HOPPER)
+
+
+def test_ws5_tma_store_without_proxy_fence_is_caught():
+    ours = lowered_auto_gemm()
+    fences = [s for s in walk(ours.body) if isinstance(s, ir.ProxyFence)]
+    assert len(fences) == 1
+    wrong = transform(ours, lambda n: dataclasses.replace(n, stmts=tuple(
+        t for t in n.stmts if not isinstance(t, ir.ProxyFence))) if isinstance(n, ir.Seq) else None)
+    with pytest.raises(CompileError, match="asynchronous proxy after ordinary stores"):
+        verify_async.run(wrong)
+
+
+def test_explicit_shared_staging_gets_a_proxy_fence():
+    # the user stages the result through shared memory themselves (acc -> P -> C): lowering the
+    # P -> C copy to a TMA store must fence the ordinary stores to P first
+    k = lower(build_kernel(two_consumers(64)[0]), HOPPER)
+    for role in (r for s in walk(k.body) if isinstance(s, ir.WarpSpecialize) for r in s.roles[1:]):
+        kinds = [type(s).__name__ for s in role.body.stmts]
+        assert kinds[-3:] == ["Copy", "ProxyFence", "Copy"], kinds

@@ -10,6 +10,8 @@ Ensures:   attr ``backend`` = "gluon", or "tl" with a note naming the reason and
              (expect-tx), so no arrival happens while its bytes are in flight;
            * fragment -> shared stores are DIRECT and shared -> global copies TMA stores;
            * gemms on shared operands are WGMMA, each followed by ``GemmWait(0)``;
+           * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
+             next asynchronous read of them (TMA store, wgmma operand) — ws-semantics #5;
            * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies and barrier
              operations: 1 warp, 24 registers; the role holding fragments is the default
              partition and gets the rest of the register file);
@@ -26,7 +28,7 @@ from typing import Optional
 from .. import ir, roles
 from ..errors import CompileError
 from ..target import Target
-from ..traverse import buffers_read, walk
+from ..traverse import async_shared_reads, buffers_read, generic_shared_writes, walk
 
 _SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
             ir.ProxyFence, ir.GemmWait)
@@ -59,7 +61,7 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
             raise _Refuse(f"a pipelined loop inside a role (line {s.loc.line})")
     ws = wss[0]
-    new_roles = tuple(dataclasses.replace(r, body=_seq(r.body)) for r in ws.roles)
+    new_roles = tuple(dataclasses.replace(r, body=_fence(_seq(r.body), set())) for r in ws.roles)
     descriptors: list[tuple[str, tuple[int, ...]]] = []
     for r in new_roles:
         for s in walk(r.body):
@@ -98,6 +100,30 @@ def _seq(body: ir.Seq) -> ir.Seq:
             raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
         else:
             out.append(s)
+    return dataclasses.replace(body, stmts=tuple(out))
+
+
+def _fence(body: ir.Seq, pending: set) -> ir.Seq:
+    """Insert a proxy fence before an asynchronous read of shared memory this role wrote with
+    ordinary stores since the last fence (``pending`` is updated in place)."""
+    out: list[ir.Stmt] = []
+    for s in body.stmts:
+        if isinstance(s, ir.For):
+            carried = set(pending)
+            _fence(s.body, carried)                 # what one iteration leaves for the next
+            pending |= carried
+            s = dataclasses.replace(s, body=_fence(s.body, pending))
+        elif isinstance(s, ir.If):
+            then_p, else_p = set(pending), set(pending)
+            s = dataclasses.replace(s, then=_fence(s.then, then_p), orelse=_fence(s.orelse, else_p))
+            pending |= then_p | else_p
+        elif isinstance(s, ir.ProxyFence):
+            pending.clear()
+        elif async_shared_reads(s) & pending:
+            out.append(ir.ProxyFence(s.loc))
+            pending.clear()
+        pending |= generic_shared_writes(s)
+        out.append(s)
     return dataclasses.replace(body, stmts=tuple(out))
 
 

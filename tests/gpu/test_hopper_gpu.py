@@ -22,9 +22,9 @@ def _hopper():
         pytest.skip("needs a Hopper GPU")
 
 
-def auto_ws(M, N, K):
+def auto_ws(M, N, K, swizzle=0):
     return tilews.jit(out_idx=[-1], target="hopper")(matmul.fn)(
-        M, N, K, num_stages=3, threads=256, dtype=T.bfloat16, **BIG)
+        M, N, K, num_stages=3, threads=256, swizzle=swizzle, dtype=T.bfloat16, **BIG)
 
 
 def explicit_ring(M, N, K):
@@ -36,7 +36,8 @@ def explicit_single(M, N, K):
         M, N, K, block_M=128, block_N=128, block_K=64, dtype=T.bfloat16)
 
 
-VARIANTS = {"auto-ws": auto_ws, "explicit-ring ws(0)+ws(1,2)": explicit_ring}
+VARIANTS = {"auto-ws": auto_ws, "auto-ws swizzle 8": lambda M, N, K: auto_ws(M, N, K, 8),
+            "explicit-ring ws(0)+ws(1,2)": explicit_ring}
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (1000, 1096, 1232), (8192, 8192, 1024)]
 
 

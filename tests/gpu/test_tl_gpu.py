@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from examples.gemm import matmul
-from examples.softmax import softmax
+import tilews
+from examples.gemm import matmul as matmul_any_target
+from examples.softmax import softmax as softmax_any_target
 from examples.ws_gemm import ws_matmul
 from tilews.testing import rel_err, time_ms
 
 pytestmark = pytest.mark.gpu
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
+matmul = tilews.jit(out_idx=[-1], target="triton")(matmul_any_target.fn)
+softmax = tilews.jit(out_idx=[-1], target="triton")(softmax_any_target.fn)
 ROWS = []
 
 
@@ -53,7 +56,7 @@ def test_softmax():
 
 def test_ws_gemm_despecialized():
     M, N, K = 1000, 1100, 1234
-    k = ws_matmul(M, N, K, block_M=128, block_N=128, block_K=64)
+    k = ws_matmul(M, N, K, target="triton", block_M=128, block_N=128, block_K=64)
     a = torch.randn(M, K, device="cuda").half()
     b = torch.randn(K, N, device="cuda").half()
     assert rel_err(k(a, b), a.double() @ b.double()) < 1e-2
