@@ -14,7 +14,7 @@ from examples.gemm import matmul
 from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 from tilews import CompileError
 from tilews.lowering import interpreter, ir, layouts, verify_async
-from tilews.lowering.errors import DeadlockError, RaceError
+from tilews.lowering.errors import DeadlockError, RaceError, UninitializedReadError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
 from tilews.lowering.target import HOPPER
@@ -254,3 +254,59 @@ def test_explicit_shared_staging_gets_a_proxy_fence():
     for role in (r for s in walk(k.body) if isinstance(s, ir.WarpSpecialize) for r in s.roles[1:]):
         kinds = [type(s).__name__ for s in role.body.stmts]
         assert kinds[-3:] == ["Copy", "ProxyFence", "Copy"], kinds
+
+
+def block_sparse_gemm(M, N, K, block_M=64, block_N=32, block_K=32, stages=2):
+    """C = A @ B over the K tiles BlockMask selects (per row block): a guarded pipelined loop."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             BlockMask: T.Tensor((T.ceildiv(M, block_M), T.ceildiv(K, block_K)), T.int32),
+             C: T.Tensor((M, N), T.float16)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), T.float16)
+            B_s = T.alloc_shared((block_K, block_N), T.float16)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=stages):
+                if BlockMask[by, k] != 0:
+                    T.copy(A[by * block_M, k * block_K], A_s)
+                    T.copy(B[k * block_K, bx * block_N], B_s)
+                    T.gemm(A_s, B_s, C_f)
+            T.copy(C_f, C[by * block_M, bx * block_N])
+    return main
+
+
+def sparse_case(stages):
+    M, N, K = 128, 64, 192
+    a, b = randn(M, K, dtype=torch.float16, seed=15), randn(K, N, dtype=torch.float16, seed=16)
+    mask = torch.tensor([[1, 0, 0, 1, 1, 0], [0, 1, 1, 0, 0, 1]], dtype=torch.int32)
+    return block_sparse_gemm(M, N, K, stages=stages), [a, b, mask, torch.empty(M, N, dtype=torch.float16)]
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_ws8_guarded_iterations_advance_phases_only_when_run(stages):
+    prim, args = sparse_case(stages)
+    after = assert_same_under_schedules(prim, args, 3)
+    a, b, mask = args[:3]
+    keep = mask.repeat_interleave(32, dim=1).repeat_interleave(64, dim=0).to(torch.float64)
+    ref = (a.double() * keep) @ b.double()
+    got = run_interp(after, args, 3)
+    assert (got.double() - ref).abs().max() < 0.05
+    counters = {s.buffer.name for s in walk(after.body) if isinstance(s, ir.Alloc)
+                and s.buffer.scope is ir.Scope.LOCAL}
+    assert counters == {"produced", "consumed"}
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_ws8_phases_from_the_loop_index_are_caught(stages):
+    # The known failure: a guarded body whose ring slot and parity follow the loop index, so a
+    # skipped iteration leaves the barriers out of step with what the next wait expects: a wait
+    # passes on the wrong phase (a read before the write) or never passes (deadlock).
+    prim, args = sparse_case(stages)
+    ours = lower(build_kernel(prim), HOPPER)
+    loop_var = next(s.var for s in walk(ours.body) if isinstance(s, ir.For))
+    wrong = transform(ours, lambda n: loop_var if isinstance(n, ir.Load)
+                      and n.buffer.name in ("produced", "consumed") else None)
+    with pytest.raises((DeadlockError, RaceError, UninitializedReadError)):
+        for seed in SEEDS:
+            run_interp(wrong, args, 3, seed)

@@ -2,9 +2,11 @@
 
 Requires:  a verified kernel; runs on targets with warp-group MMA (``target.wgmma``) only.
 Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop, epilogue] where the
-           loop body starts with global -> shared copies (the producers) filling whole shared
-           buffers that nothing else writes, followed by statements that only read them (the
-           consumers), the kernel attr ``pipeline`` = ``PipelinePlan``; otherwise a note saying
+           loop body — or the body of one `if` that is the whole loop body, its condition reading
+           no on-chip memory (block-sparse loops) — starts with global -> shared copies (the
+           producers) filling whole shared buffers that nothing else writes, followed by
+           statements that only read them (the consumers), the kernel attr ``pipeline`` =
+           ``PipelinePlan``; otherwise a note saying
            why the loop will not be warp-specialized (the program is unchanged either way).
 Preserves: the program (this pass only analyses) and every node's loc.
 """
@@ -25,6 +27,7 @@ class PipelinePlan:
     num_producers: int               # the loop body's first statements that are producers
     stages: int
     ring_buffers: tuple[str, ...]    # shared buffers the producers fill
+    guarded: bool = False            # the loop body is one `if` (iterations may be skipped)
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -47,8 +50,16 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
     loop = loops[0]
     if kernel.threads % 128:
         return None, f"threads={kernel.threads} is not a whole number of warp groups"
+    stmts, guarded = loop.body.stmts, False
+    if len(stmts) == 1 and isinstance(stmts[0], ir.If) and not stmts[0].orelse.stmts:
+        on_chip = [x for x in subexprs(stmts[0].cond) if isinstance(x, ir.Load)
+                   and x.buffer.scope is not ir.Scope.GLOBAL]
+        if on_chip:
+            return None, (f"the condition at line {stmts[0].loc.line} reads on-chip memory, which "
+                          f"the producer role does not have")
+        stmts, guarded = stmts[0].then.stmts, True
     producers = []
-    for s in loop.body.stmts:
+    for s in stmts:
         if not _is_producer(s, loop.var):
             break
         producers.append(s)
@@ -68,11 +79,11 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
     for s in body[:loop_pos] + body[loop_pos + 1:]:
         if not isinstance(s, ir.Alloc) and ring & set(_touched(s)):
             return None, f"line {s.loc.line} uses a pipelined buffer outside the loop"
-    if not any(ring & set(buffers_read(s)) for s in loop.body.stmts[len(producers):]):
+    if not any(ring & set(buffers_read(s)) for s in stmts[len(producers):]):
         return None, "nothing in the loop reads what the copies load"
     stages = max(1, loop.num_stages)
     return PipelinePlan(loop_pos, len(producers), stages,
-                        tuple(p.dst.buffer.name for p in producers)), ""
+                        tuple(p.dst.buffer.name for p in producers), guarded), ""
 
 
 def _is_producer(s: ir.Stmt, var: ir.Var) -> bool:

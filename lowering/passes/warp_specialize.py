@@ -11,6 +11,9 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
              ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
              through shared memory (a proxy fence between). ``threads`` grows by one warp group.
+             When the loop body is guarded (``plan.guarded``), each role keeps the guard and
+             counts the iterations that ran in a local counter; ``i`` is that count, so phases
+             advance only on iterations that run (ws-semantics #8).
              Explicit programs on targets with bulk copies get the same epilogue staging.
            * anything else: unchanged.
 Preserves: program meaning (interpreter before == after, under any schedule) and locations.
@@ -54,25 +57,45 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     full = ir.Buffer("full", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128,) * S, loc)
     empty = ir.Buffer("empty", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128 * consumers,) * S, loc)
 
-    it = _iteration(loop, loc)
-    stage = ir.BinOp(ir.BinOpKind.MOD, it, c(S), ir.DType.I32, loc)
-    phase = ir.BinOp(ir.BinOpKind.AND, ir.BinOp(ir.BinOpKind.FLOORDIV, it, c(S), ir.DType.I32, loc),
-                     c(1), ir.DType.I32, loc)
-    restage = _restager(rings, stage, loc)
+    guard = loop.body.stmts[0] if plan.guarded else None
+    inner = guard.then.stmts if guard is not None else loop.body.stmts
+    counters: list[ir.Alloc] = []
 
-    def bar(b):
-        return ir.BarrierRef(b, stage, loc)
+    def role_loop(name: str, make_body) -> list[ir.Stmt]:
+        """The role's copy of the loop. Its ring slot comes from the iteration number, or, when
+        iterations may be skipped, from a counter of the iterations that ran (so phases advance
+        only on those)."""
+        if guard is None:
+            stage, phase = _slot(_iteration(loop, loc), S, loc)
+            body = make_body(stage, phase)
+            return [dataclasses.replace(loop, body=ir.Seq(body, loc), kind=ir.ForKind.SERIAL, num_stages=0)]
+        count = ir.Buffer(name, (c(1),), ir.DType.I32, ir.Scope.LOCAL, (), loc)
+        counters.append(ir.Alloc(count, loc))
+        ran = ir.Load(count, (c(0),), loc)
+        stage, phase = _slot(ran, S, loc)
+        bump = ir.Store(count, (c(0),), ir.BinOp(ir.BinOpKind.ADD, ran, c(1), ir.DType.I32, loc), loc)
+        body = (dataclasses.replace(guard, then=ir.Seq(make_body(stage, phase) + (bump,), loc)),)
+        return [ir.Store(count, (c(0),), c(0), loc),
+                dataclasses.replace(loop, body=ir.Seq(body, loc), kind=ir.ForKind.SERIAL, num_stages=0)]
 
-    producers = loop.body.stmts[:plan.num_producers]
-    produce = (ir.BarrierWait(bar(empty), ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc), loc),
-               *(dataclasses.replace(restage(p), barrier=bar(full)) for p in producers),
-               ir.BarrierArrive(bar(full), loc))
-    consume = (ir.BarrierWait(bar(full), phase, loc),
-               *(restage(s) for s in loop.body.stmts[plan.num_producers:]),
-               ir.BarrierArrive(bar(empty), loc))
-    serial = dict(kind=ir.ForKind.SERIAL, num_stages=0)
-    producer_loop = dataclasses.replace(loop, body=ir.Seq(produce, loc), **serial)
-    consumer_loop = dataclasses.replace(loop, body=ir.Seq(consume, loc), **serial)
+    producers = inner[:plan.num_producers]
+
+    def produce(stage, phase):
+        restage = _restager(rings, stage, loc)
+        bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
+        return (ir.BarrierWait(bar(empty), ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc), loc),
+                *(dataclasses.replace(restage(p), barrier=bar(full)) for p in producers),
+                ir.BarrierArrive(bar(full), loc))
+
+    def consume(stage, phase):
+        restage = _restager(rings, stage, loc)
+        bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
+        return (ir.BarrierWait(bar(full), phase, loc),
+                *(restage(s) for s in inner[plan.num_producers:]),
+                ir.BarrierArrive(bar(empty), loc))
+
+    producer_loop = role_loop("produced", produce)
+    consumer_loop = role_loop("consumed", consume)
 
     allocs, prelude = [], []
     for s in body[:plan.loop_index]:
@@ -87,10 +110,10 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         else:
             staged = _stage_store(s, new_allocs)
             epilogue.extend(staged)
-    allocs += new_allocs + [ir.Alloc(full, loc), ir.Alloc(empty, loc)]
-    producer = ir.Role((0,), ir.Seq((producer_loop,), loc), loc=loc)
+    allocs += new_allocs + counters + [ir.Alloc(full, loc), ir.Alloc(empty, loc)]
+    producer = ir.Role((0,), ir.Seq(tuple(producer_loop), loc), loc=loc)
     consumer = ir.Role(tuple(range(1, consumers + 1)),
-                       ir.Seq((*prelude, consumer_loop, *epilogue), loc), loc=loc)
+                       ir.Seq((*prelude, *consumer_loop, *epilogue), loc), loc=loc)
     ws = ir.WarpSpecialize((producer, consumer), loc)
     out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
                               threads=kernel.threads + 128)
@@ -107,6 +130,14 @@ def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:
     allocs = tuple(s for s in body.stmts if isinstance(s, ir.Alloc))
     rest = tuple(s for s in body.stmts if not isinstance(s, ir.Alloc))
     return dataclasses.replace(kernel, body=ir.Seq(allocs + tuple(new_allocs) + rest, body.loc))
+
+
+def _slot(it: ir.Expr, stages: int, loc: ir.Loc) -> tuple[ir.Expr, ir.Expr]:
+    """(ring slot, phase parity) of the ``it``-th use of a ring of ``stages``."""
+    c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
+    return (ir.BinOp(ir.BinOpKind.MOD, it, c(stages), ir.DType.I32, loc),
+            ir.BinOp(ir.BinOpKind.AND, ir.BinOp(ir.BinOpKind.FLOORDIV, it, c(stages), ir.DType.I32, loc),
+                     c(1), ir.DType.I32, loc))
 
 
 def _iteration(loop: ir.For, loc: ir.Loc) -> ir.Expr:
