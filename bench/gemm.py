@@ -82,13 +82,13 @@ def _example_gemm():
 
 
 def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
-                   threads: int = 128) -> Variant:
+                   threads: int = 128, swizzle: int = 0) -> Variant:
     def build(case: Case, target: str):
         import tilews.language as T
         dtype = {torch.bfloat16: T.bfloat16, torch.float16: T.float16}[case.dtype]
         return _factory(target)(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
-                                num_stages=num_stages, threads=threads, dtype=dtype)
-    suffix = "" if threads == 128 else f" t{threads}"
+                                num_stages=num_stages, threads=threads, swizzle=swizzle, dtype=dtype)
+    suffix = ("" if threads == 128 else f" t{threads}") + (f" sw{swizzle}" if swizzle else "")
     return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build)
 
 
@@ -117,5 +117,5 @@ WORKLOAD = Workload(
     # 128 threads: one consumer warp group; on a GPU also 128x256 tiles over 256 threads, two
     # consumer warp groups (on Hopper, plus the producer warp group warp specialization adds)
     variants=[tilews_variant(128, 128, 64, 3)]
-    + ([tilews_variant(128, 256, 64, 3, threads=256)] if torch.cuda.is_available() else []),
+    + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=8)] if torch.cuda.is_available() else []),
     references=[TORCH, TRITON])

@@ -43,13 +43,15 @@ def ws_matmul_program(M, N, K, block_M=128, block_N=128, block_K=32, dtype=T.flo
     return main
 
 
-def ws_ring_matmul_program(M, N, K, block_M=128, block_N=256, block_K=64, stages=3,
+def ws_ring_matmul_program(M, N, K, block_M=128, block_N=256, block_K=64, stages=3, swizzle=8,
                            dtype=T.bfloat16, accum=T.float32):
     """The same roles over a ``stages``-deep ring of shared buffers, each slot guarded by a
     full/empty barrier pair (ws-semantics #7): the producer runs up to ``stages`` tiles ahead."""
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=384) as (bx, by):
+            if swizzle:
+                T.use_swizzle(swizzle)          # visit tiles in panels for L2 reuse
             A_s = T.alloc_shared((stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((stages, block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), accum)
