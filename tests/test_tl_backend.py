@@ -393,7 +393,7 @@ def _launch_checks() -> None:
     prog = build(axpy(), TRITON_CPU)
     x = randn(10)
     for args, error, words in (([10, x, x], TypeError, "takes 5 arguments"),
-                               ([10, x, x.double(), x, 1.0], TypeError, "'Y' must have dtype float32"),
+                               ([10, x, x.double(), x, 1.0], TypeError, "'Y' must have dtype torch.float32"),
                                ([10, x, x[:5], x, 1.0], ValueError, "'Y' must have shape [10]"),
                                ([10, x, x, x, "a"], TypeError, "'alpha' must be a number")):
         try:

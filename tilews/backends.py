@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from tilews.lowering import ir, printer
 from tilews.lowering.target import Target
 
@@ -23,8 +21,7 @@ def emit_source(target: Target, kernel: ir.Kernel) -> str:
 
 
 class InterpretExecutor:
-    """Runs the lowered IR in the reference interpreter (tensors on any device are staged
-    through the CPU)."""
+    """Runs the lowered IR in the reference interpreter."""
 
     def __init__(self, kernel: ir.Kernel, source: str, options: dict[str, Any]):
         self.kernel, self.source = kernel, source
@@ -34,11 +31,7 @@ class InterpretExecutor:
 
     def launch(self, values: list) -> None:
         from tilews.lowering import interpreter
-        staged = [v.cpu() if isinstance(v, torch.Tensor) else v for v in values]
-        interpreter.run(self.kernel, staged, seed=self.seed, accumulate_f64=self.accumulate_f64)
-        for v, s in zip(values, staged):
-            if isinstance(v, torch.Tensor) and s is not v:
-                v.copy_(s)
+        interpreter.run(self.kernel, values, seed=self.seed, accumulate_f64=self.accumulate_f64)
 
 
 def make_executor(target: Target, kernel: ir.Kernel, source: str, options: dict[str, Any]):

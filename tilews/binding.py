@@ -11,15 +11,9 @@ import torch
 
 from tilews.testing import poison_
 
-from tilews.lowering import ir
+from tilews.lowering import arguments, ir
+from tilews.lowering.arguments import TORCH_DTYPES
 from tilews.lowering.traverse import buffers_written, walk
-
-TORCH_DTYPES = {ir.DType.BF16: torch.bfloat16, ir.DType.F16: torch.float16,
-                ir.DType.F32: torch.float32, ir.DType.F64: torch.float64, ir.DType.I8: torch.int8,
-                ir.DType.I16: torch.int16, ir.DType.I32: torch.int32, ir.DType.I64: torch.int64,
-                ir.DType.U8: torch.uint8, ir.DType.BOOL: torch.bool,
-                ir.DType.F8E4M3: torch.float8_e4m3fn, ir.DType.F8E5M2: torch.float8_e5m2}
-
 
 @dataclass(frozen=True)
 class UserParam:
@@ -84,7 +78,7 @@ class Binder:
                     raise ValueError(f"parameter '{p.name}' is on {a.device} but earlier tensors are "
                                      f"on {device}")
             else:
-                self._check_scalar(p, a)
+                arguments.check_scalar(p.param, a)
             values[p.param.name] = a
         for v, (size, _) in dims.items():
             values.setdefault(v.name, size)
@@ -122,15 +116,6 @@ class Binder:
         if b in self.written and a.numel() > 1 and 0 in a.stride():
             raise ValueError(f"parameter '{p.name}' is written by the kernel but has overlapping "
                              f"elements (a stride of 0); pass a contiguous tensor")
-
-    def _check_scalar(self, p: UserParam, a) -> None:
-        v = p.param
-        ok = isinstance(a, bool) if v.dtype is ir.DType.BOOL else (
-            isinstance(a, (int, float)) and not isinstance(a, bool) if v.dtype.is_float
-            else isinstance(a, int) and not isinstance(a, bool))
-        if not ok:
-            raise TypeError(f"parameter '{p.name}' must be a Python {v.dtype.value} scalar, got "
-                            f"{type(a).__name__}")
 
 
 def _shape_text(b: ir.Buffer) -> str:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from tilews.cache import default_cache_dir
-from tilews.lowering import ir
+from tilews.lowering import arguments, ir
 
 from .emit import GRID_SUFFIX
 
@@ -84,39 +84,13 @@ class TlProgram:
     def launch(self, args: list) -> None:
         """Run the kernel; ``args`` align with ``kernel.params`` (tensors for buffers, ints for
         scalars), on the current torch stream."""
-        params = self.kernel.params
-        if len(args) != len(params):
-            raise TypeError(f"kernel '{self.kernel.name}' takes {len(params)} arguments "
-                            f"({', '.join(p.name for p in params)}), got {len(args)}")
-        values = {p: a for p, a in zip(params, args) if isinstance(p, ir.Var)}
+        scalars = arguments.check(self.kernel, args)
         flat = []
-        for p, a in zip(params, args):
+        for p, a in zip(self.kernel.params, args):
             if isinstance(p, ir.Buffer):
-                _check_tensor(p, a, values)
                 flat += [a, *a.stride()]
             else:
-                kinds, what = ((int, float), "a number") if p.dtype.is_float else ((int,), "an int")
-                if isinstance(a, bool) or not isinstance(a, kinds):
-                    raise TypeError(f"argument '{p.name}' must be {what}, got {type(a).__name__}")
                 flat.append(float(a) if p.dtype.is_float else a)
-        grid = self.grid_fn(*(values[v] for v in self.kernel.scalar_params))
+        grid = self.grid_fn(*(scalars[v] for v in self.kernel.scalar_params))
         options = {} if self.num_warps is None else {"num_warps": self.num_warps}
         self._compiled = self.fn[grid](*flat, **options)
-
-
-_TORCH_DTYPE = {ir.DType.BF16: "bfloat16", ir.DType.F16: "float16", ir.DType.F32: "float32",
-                ir.DType.F64: "float64", ir.DType.I8: "int8", ir.DType.I16: "int16",
-                ir.DType.I32: "int32", ir.DType.I64: "int64", ir.DType.U8: "uint8",
-                ir.DType.BOOL: "bool", ir.DType.F8E4M3: "float8_e4m3fn",
-                ir.DType.F8E5M2: "float8_e5m2"}
-
-
-def _check_tensor(p: ir.Buffer, a, values: dict) -> None:
-    shape = getattr(a, "shape", None)
-    if shape is None or not hasattr(a, "stride"):
-        raise TypeError(f"argument '{p.name}' must be a torch tensor, got {type(a).__name__}")
-    if str(a.dtype).removeprefix("torch.") != _TORCH_DTYPE[p.dtype]:
-        raise TypeError(f"argument '{p.name}' must have dtype {_TORCH_DTYPE[p.dtype]}, got {a.dtype}")
-    want = tuple(values.get(d) if isinstance(d, ir.Var) else ir.as_int(d) for d in p.shape)
-    if tuple(shape) != want:
-        raise ValueError(f"argument '{p.name}' must have shape {list(want)}, got {list(shape)}")
