@@ -8,8 +8,10 @@ warps and registers, the accumulator layout, ``wgmma.mma_async`` shapes and coun
 ``T.ws(1, 2)`` consumer splits M between its two warp groups), TMA loads and the TMA store,
 ``mbarrier`` init counts / expect bytes / waits / arrivals, ``setmaxnreg``, ``fence.proxy.async``
 and the absence of spills. Expected values are computed from each case's block sizes, not read
-back from the kernel. ``test_numerics_on_gpu`` runs every case on an sm_90 GPU (skipped
-elsewhere) against torch.
+back from the kernel. The block-sparse case (ws-semantics #8) also checks that the mask guard
+(a scalar load) stays around each role's TMA loads and wgmma, and that the iteration counters are
+loop-carried values. ``test_numerics_on_gpu`` runs every case on an sm_90 GPU (skipped elsewhere)
+against torch.
 """
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ import tilews.language as T
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
+from tilews.lowering.passes import legalize_wgmma, lower
 from tilews.lowering.target import HOPPER, TRITON_CPU
-from tilews.lowering.traverse import walk
+from tilews.lowering.traverse import transform, walk
 from tilews.triton_ext.gluon import GluonProgram, emit
 from tilews.triton_ext.gluon import launch as gluon_launch
 
@@ -36,6 +38,7 @@ from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 
 from .helpers import randn, rel_err
 from .test_tl_backend import gemm as tl_gemm
+from .test_ws_oracle import block_sparse_gemm
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -97,6 +100,7 @@ class Case:
     dtype: str = "f16"
     transpose_b: bool = False
     scalars: tuple = ()         # values of the kernel's scalar parameters at launch
+    sparse: bool = False        # takes a block mask (row blocks x K tiles) after B
 
 
 CASES = {
@@ -119,6 +123,11 @@ CASES = {
     # examples/ws_gemm.py's ring: full/empty pairs indexed by the iteration, one wgmma in flight
     "explicit_ring_merged": Case(lambda: build_kernel(ws_ring_matmul_program(512, 512, 512, stages=3)),
                                  512, 512, 512, 128, 256, 64, 3, 2, "bf16"),
+    # ws-semantics #8: the loop body is guarded by BlockMask[by, k]; each role keeps the guard and
+    # counts the iterations that ran (ring slot and phase follow the count)
+    "block_sparse": Case(lambda: build_kernel(block_sparse_gemm(512, 512, 512, 128, 256, 64, 3, threads=256,
+                                                                dtype=T.bfloat16)),
+                         512, 512, 512, 128, 256, 64, 3, 2, "bf16", sparse=True),
 }
 
 
@@ -294,15 +303,19 @@ def test_emit_refuses_a_kernel_not_legalized_for_gluon():
 def test_emit_names_a_statement_without_a_rule():
     kernel = lowered("auto_1wg")
     ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
-    consumer = ws.roles[1]
     x = next(s.buffer for s in walk(kernel.body) if isinstance(s, ir.Alloc) and s.buffer.name == "C_f")
-    store = ir.Store(x, (ir.const(0), ir.const(0)), ir.const(1.0), consumer.loc)
-    consumer = dataclasses.replace(consumer, body=ir.Seq(consumer.body.stmts + (store,)))
-    ws = dataclasses.replace(ws, roles=(ws.roles[0], consumer))
-    broken = dataclasses.replace(kernel, body=ir.Seq(tuple(ws if isinstance(s, ir.WarpSpecialize)
-                                                           else s for s in kernel.body.stmts)))
-    with pytest.raises(InternalError, match="no rule for Store"):
-        emit(broken)
+
+    def with_consumer_stmt(stmt):
+        consumer = dataclasses.replace(ws.roles[1], body=ir.Seq(ws.roles[1].body.stmts + (stmt,)))
+        new_ws = dataclasses.replace(ws, roles=(ws.roles[0], consumer))
+        body = tuple(new_ws if s is ws else s for s in kernel.body.stmts)
+        return dataclasses.replace(kernel, body=ir.Seq(body))
+
+    with pytest.raises(InternalError, match="no rule for Reduce"):
+        emit(with_consumer_stmt(ir.Reduce(ir.ReduceKind.SUM, x, x, 0, loc=ws.loc)))
+    # a store is spelled only for the scalar locals legalize recorded
+    with pytest.raises(InternalError, match="'C_f' is not a scalar local"):
+        emit(with_consumer_stmt(ir.Store(x, (ir.const(0), ir.const(0)), ir.const(1.0), ws.loc)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,10 +334,25 @@ def test_numerics_on_gpu(name):
     a = randn(c.M, c.K, dtype=_TORCH[c.dtype], device="cuda")
     b = randn(*((c.N, c.K) if c.transpose_b else (c.K, c.N)), dtype=_TORCH[c.dtype], device="cuda")
     out = torch.full((c.M, c.N), float("nan"), dtype=_TORCH[c.dtype], device="cuda")
-    program(name).launch([a, b, out, *c.scalars])
+    mask = block_mask(c.M // c.bm, c.K // c.bk, seed=0) if c.sparse else None
+    program(name).launch([a, b, *([mask.cuda()] if c.sparse else []), out, *c.scalars])
     torch.cuda.synchronize()
-    ref = a.double() @ (b.double().T if c.transpose_b else b.double())
+    kept = a.double() * expand(mask, c.bm, c.bk).cuda() if c.sparse else a.double()
+    ref = kept @ (b.double().T if c.transpose_b else b.double())
     assert rel_err(out, ref) < 1e-2
+
+
+def block_mask(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """A random ~50% block mask (int32) whose second row block keeps no K tile."""
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(rows, cols, generator=g) < 0.5).to(torch.int32)
+    mask[1 % rows] = 0
+    return mask
+
+
+def expand(mask: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
+    """The element mask (float64) of a block mask with bm x bk blocks."""
+    return mask.repeat_interleave(bm, dim=0).repeat_interleave(bk, dim=1).to(torch.float64)
 
 
 def test_scalar_parameter_is_a_runtime_argument():
@@ -343,3 +371,93 @@ def test_a_failing_triton_compile_is_an_internal_error():
     with pytest.raises(InternalError, match="for sm_90a failed") as e:
         GluonProgram(bad, kernel.name, kernel)
     assert e.value.notes, "the compiler's message is attached"
+
+
+# ----------------------------------------------------------------------------------------------
+# block-sparse (ws-semantics #8): guarded iterations, scalar loads, loop-carried counters
+
+
+def then_regions(ttgir: str) -> list[str]:
+    """The text of each ``scf.if``'s then-region (brace-matched)."""
+    out = []
+    for m in re.finditer(r"scf\.if [^{]*\{", ttgir):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(ttgir[i], 0)
+            i += 1
+        out.append(ttgir[m.end():i])
+    return out
+
+
+def test_block_sparse_keeps_the_guard_and_counts_the_iterations_that_ran():
+    kernel, p = lowered("block_sparse"), program("block_sparse")
+    assert kernel.attr("backend") == "gluon"
+    assert dict(kernel.attr("scalar_locals")) == {"produced": True, "consumed": True}
+    assert kernel.attr("pointer_params") == (("BlockMask", ((0,), (1, 2))),)
+    ttgir = p.asm["ttgir"]
+    assert count(r"ttg\.warp_specialize\(", ttgir) == 1
+    # each role reads its mask element (a scalar load from the pointer parameter) ...
+    assert count(r"tt\.load %\w+, %\w+, %\w+ : !tt\.ptr<i32>", ttgir) == 2
+    # ... and runs its TMA loads / wgmma only under it
+    guarded = then_regions(ttgir)
+    assert sum("ttng.async_tma_copy_global_to_local" in r for r in guarded) == 1
+    assert sum(count(r"ttng\.async_tma_copy_global_to_local", r) for r in guarded) == 2
+    assert sum("ttng.warp_group_dot " in r for r in guarded) == 1
+    assert count(r"ttng\.async_tma_copy_global_to_local", ttgir) == 2
+    assert count(r"ttng\.warp_group_dot ", ttgir) == 1
+    # the counters are loop-carried from 0, and each guard yields its role's counter
+    for name in ("produced", "consumed"):
+        assert re.search(rf"scf\.for %k = .* iter_args\([^)]*%{name}\w* = %c0_i32\w*\)", ttgir), name
+    assert count(r"= scf\.if %\w+ -> \((?:[^)]*, )?i32\)", ttgir) == 2
+    src = p.source
+    for role, name in (("main_ws0", "produced"), ("main_ws1_2", "consumed")):
+        body = src[src.index(f"def {role}("):]
+        assert body.index(f"    {name} = 0\n") < body.index("for k in range(0, 8, 1):")
+        assert f"{name} = {name} + 1" in body
+        assert re.search(r"BlockMask, BlockMask_stride0, BlockMask_stride1\):", body.splitlines()[0])
+        assert "mbarrier.wait(" in body and f".index({name} % 3)" in body
+    assert "BlockMask,\n            BlockMask.stride(0),\n            BlockMask.stride(1)," in src
+
+
+def test_pointer_parameters_go_only_to_the_roles_that_read_them():
+    # the consumer's guard made constant: only the producer reads BlockMask
+    base = lower(CASES["block_sparse"].make(), HOPPER, upto="legalize")
+    consumer = next(r for s in walk(base.body) if isinstance(s, ir.WarpSpecialize) for r in s.roles
+                    if r.warpgroups == (1, 2))
+    guard = next(s for s in walk(consumer.body) if isinstance(s, ir.If))
+    kernel = legalize_wgmma.run(transform(base, lambda n: dataclasses.replace(n, cond=ir.const(True))
+                                          if n is guard else None), HOPPER)
+    assert kernel.attr("pointer_params") == (("BlockMask", ((0,),)),)
+    src = emit(kernel)
+    shared = "A_desc_0, B_desc_0, C_desc_0, A_s, B_s, C_f_stage0, full, empty"
+    assert f"def main_ws1_2({shared}):" in src
+    assert f"def main_ws0({shared}, BlockMask, BlockMask_stride0, BlockMask_stride1):" in src
+    assert f"main_ws0_args = ({shared}, BlockMask, BlockMask_stride0, BlockMask_stride1)" in src
+    assert "gl.warp_specialize([(main_ws1_2, args), (main_ws0, main_ws0_args)], [1], [24])" in src
+    ttgir = GluonProgram(src, kernel.name, kernel).asm["ttgir"]
+    assert count(r"tt\.load %\w+, %\w+, %\w+ : !tt\.ptr<i32>", ttgir) == 1
+
+
+def _refusal(kernel: ir.Kernel) -> str:
+    out = legalize_wgmma.run(kernel, HOPPER)
+    assert out.attr("backend") == "tl"
+    return out.notes[-1]
+
+
+def test_legalize_refuses_scalar_accesses_gluon_cannot_spell():
+    base = lower(CASES["block_sparse"].make(), HOPPER, upto="legalize")
+    assert legalize_wgmma.run(base, HOPPER).attr("backend") == "gluon"
+    # a counter whose role does not define it at its top level before the loop
+    undefined = transform(base, lambda n: dataclasses.replace(n, body=ir.Seq(tuple(
+        s for s in n.body.stmts if not isinstance(s, ir.Store)), n.body.loc))
+        if isinstance(n, ir.Role) else None)
+    assert "before a store at the role's top level defines it" in _refusal(undefined)
+    # a local buffer that is not a scalar
+    wide = transform(base, lambda n: dataclasses.replace(n, shape=(ir.const(2),))
+                     if isinstance(n, ir.Buffer) and n.name == "produced" else None)
+    assert "local buffer 'produced' (i32[2]) is not an i32 or f32 scalar" in _refusal(wide)
+    # an element read of shared memory in the guard
+    a_s = next(s.buffer for s in walk(base.body) if isinstance(s, ir.Alloc) and s.buffer.name == "A_s")
+    on_chip = transform(base, lambda n: ir.Load(a_s, (ir.const(0),) * 3, n.loc)
+                        if isinstance(n, ir.Load) and n.buffer.name == "BlockMask" else None)
+    assert "an element read of shared buffer 'A_s'" in _refusal(on_chip)

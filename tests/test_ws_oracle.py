@@ -256,15 +256,16 @@ def test_explicit_shared_staging_gets_a_proxy_fence():
         assert kinds[-3:] == ["Copy", "ProxyFence", "Copy"], kinds
 
 
-def block_sparse_gemm(M, N, K, block_M=64, block_N=32, block_K=32, stages=2):
+def block_sparse_gemm(M, N, K, block_M=64, block_N=32, block_K=32, stages=2, threads=128,
+                      dtype=T.float16):
     """C = A @ B over the K tiles BlockMask selects (per row block): a guarded pipelined loop."""
     @T.prim_func
-    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
              BlockMask: T.Tensor((T.ceildiv(M, block_M), T.ceildiv(K, block_K)), T.int32),
-             C: T.Tensor((M, N), T.float16)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
-            A_s = T.alloc_shared((block_M, block_K), T.float16)
-            B_s = T.alloc_shared((block_K, block_N), T.float16)
+             C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
             T.clear(C_f)
             for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=stages):

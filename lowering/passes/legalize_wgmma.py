@@ -12,12 +12,24 @@ Ensures:   attr ``backend`` = "gluon", or "tl" with a note naming the reason and
            * gemms on shared operands are WGMMA, each followed by ``GemmWait(0)``;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
              next asynchronous read of them (TMA store, wgmma operand) — ws-semantics #5;
-           * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies and barrier
-             operations: 1 warp, 24 registers; the role holding fragments is the default
-             partition and gets the rest of the register file);
+           * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
+             are scalars (shape (1,), i32 or f32, indexed by 0) and each is first written by a
+             store at the top level of its role's body, before any loop or branch touches it, so
+             it can be a value of the role (Gluon carries it through ``scf.for`` / ``scf.if``);
+             statements read on-chip memory only through such scalars, and read global memory
+             element by element (scalar loads, e.g. block-sparse masks in ``if`` conditions) —
+             anything else is a refusal naming it (ws-semantics #8: guarded pipelined loops);
+           * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies, barrier
+             operations and scalar bookkeeping: 1 warp, 24 registers; the role holding fragments
+             is the default partition and gets the rest of the register file);
            * attrs ``default_role``, ``num_warps`` (the default partition's), ``mbarrier_counts``
              (arrivals per phase translated from threads to arriving roles; a count no set of
-             arriving roles matches is a ``CompileError`` at the barrier), ``tma_descriptors``.
+             arriving roles matches is a ``CompileError`` at the barrier), ``tma_descriptors``,
+             ``scalar_locals`` ((name, non-negative) per scalar local: spelled as a value of its
+             role; non-negative when every store writes a non-negative constant or a sum /
+             product of such values and scalars, e.g. iteration counters) and ``pointer_params``
+             ((global buffer, warp groups of the roles reading it) in parameter order: buffers
+             read by scalar loads, passed to the kernel and to those roles as pointer + strides).
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -28,10 +40,13 @@ from typing import Optional
 from .. import ir, roles
 from ..errors import CompileError
 from ..target import Target
-from ..traverse import async_shared_reads, buffers_read, generic_shared_writes, walk
+from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
+                        generic_shared_writes, subexprs, walk)
 
 _SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
-            ir.ProxyFence, ir.GemmWait)
+            ir.ProxyFence, ir.GemmWait, ir.Store)
+_SCALAR_DTYPES = (ir.DType.I32, ir.DType.F32)     # the types Gluon gives Python literals
+_COUNTING = (ir.BinOpKind.ADD, ir.BinOpKind.MUL)
 REGISTER_FILE = 65536
 
 
@@ -61,6 +76,8 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
             raise _Refuse(f"a pipelined loop inside a role (line {s.loc.line})")
     ws = wss[0]
+    scalars = _scalar_locals(kernel, ws)
+    pointers = _pointer_params(kernel, ws)
     new_roles = tuple(dataclasses.replace(r, body=_fence(_seq(r.body), set())) for r in ws.roles)
     descriptors: list[tuple[str, tuple[int, ...]]] = []
     for r in new_roles:
@@ -79,7 +96,91 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
     counts = _mbarrier_counts(kernel, new_roles)
     return (kernel.with_attr("backend", "gluon").with_attr("default_role", default.warpgroups)
             .with_attr("num_warps", next(r.num_warps for r in new_roles if r.warpgroups == default.warpgroups))
-            .with_attr("mbarrier_counts", counts).with_attr("tma_descriptors", tuple(descriptors)))
+            .with_attr("mbarrier_counts", counts).with_attr("tma_descriptors", tuple(descriptors))
+            .with_attr("scalar_locals", scalars).with_attr("pointer_params", pointers))
+
+
+def _scalar_locals(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
+    """Check the local buffers (scalars, defined at their role's top level before any use) and
+    say which of them are never negative."""
+    scalars = []
+    for s in kernel.body.stmts:
+        if not isinstance(s, (ir.Alloc, ir.WarpSpecialize)):
+            raise _Refuse(f"a {type(s).__name__.lower()} outside the roles (line {s.loc.line})")
+        if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.LOCAL:
+            b = s.buffer
+            if b.static_shape != (1,) or b.dtype not in _SCALAR_DTYPES:
+                raise _Refuse(f"local buffer '{b.name}' ({b.dtype.value}{list(b.static_shape)}) is "
+                              f"not an i32 or f32 scalar (line {s.loc.line})")
+            scalars.append(b)
+    for r in ws.roles:
+        defined: set = set()
+        for top in r.body.stmts:
+            for s in walk(top):
+                if isinstance(s, ir.Alloc):
+                    raise _Refuse(f"an allocation inside a role (line {s.loc.line})")
+                _check_scalar_access(s)
+            if isinstance(top, ir.Store):
+                _require_defined(r, buffers_read(top), defined, top)
+                if top.value.dtype != top.buffer.dtype:
+                    raise _Refuse(f"a {top.value.dtype.value} value stored to {top.buffer.dtype.value} "
+                                  f"scalar '{top.buffer.name}' (line {top.loc.line})")
+                defined.add(top.buffer)
+            else:
+                _require_defined(r, [b for s in walk(top) for b in buffers_read(s) + buffers_written(s)],
+                                 defined, top)
+    stores = [s for s in walk(ws) if isinstance(s, ir.Store)]
+    nonneg = set(scalars)
+    while True:                                    # the largest set closed under the stores
+        bad = {s.buffer for s in stores if s.buffer in nonneg and not _counts(s.value, nonneg)}
+        if not bad:
+            break
+        nonneg -= bad
+    return tuple((b.name, b in nonneg) for b in scalars)
+
+
+def _check_scalar_access(s: ir.Stmt) -> None:
+    if isinstance(s, ir.Store) and s.buffer.scope is not ir.Scope.LOCAL:
+        raise _Refuse(f"a store to {s.buffer.scope.value} buffer '{s.buffer.name}' (line {s.loc.line})")
+    index = s.indices if isinstance(s, ir.Store) else ()
+    loads = [x for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)]
+    for x in loads:
+        if x.buffer.scope not in (ir.Scope.LOCAL, ir.Scope.GLOBAL):
+            raise _Refuse(f"an element read of {x.buffer.scope.value} buffer '{x.buffer.name}' "
+                          f"(line {x.loc.line or s.loc.line})")
+    for idx in [index] + [x.indices for x in loads if x.buffer.scope is ir.Scope.LOCAL]:
+        if tuple(ir.as_int(i) for i in idx) not in ((), (0,)):
+            raise _Refuse(f"a scalar local indexed by something other than 0 (line {s.loc.line})")
+
+
+def _require_defined(role: ir.Role, used, defined: set, s: ir.Stmt) -> None:
+    for b in used:
+        if b.scope is ir.Scope.LOCAL and b not in defined:
+            raise _Refuse(f"scalar '{b.name}' of {roles.describe(role.warpgroups)} is used at line "
+                          f"{s.loc.line} before a store at the role's top level defines it")
+
+
+def _counts(e: ir.Expr, nonneg: set) -> bool:
+    """Whether ``e`` is non-negative when the scalars ``nonneg`` are."""
+    if isinstance(e, ir.Const):
+        return e.value >= 0
+    if isinstance(e, ir.Load):
+        return e.buffer in nonneg
+    return isinstance(e, ir.BinOp) and e.op in _COUNTING and _counts(e.a, nonneg) and _counts(e.b, nonneg)
+
+
+def _pointer_params(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
+    """The global buffers read by scalar loads, each with the roles reading it."""
+    readers: dict[str, list] = {}
+    for r in ws.roles:
+        for s in walk(r.body):
+            for e in exprs_of(s):
+                for x in subexprs(e):
+                    if isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.GLOBAL:
+                        who = readers.setdefault(x.buffer.name, [])
+                        if r.warpgroups not in who:
+                            who.append(r.warpgroups)
+    return tuple((b.name, tuple(readers[b.name])) for b in kernel.buffer_params if b.name in readers)
 
 
 def _seq(body: ir.Seq) -> ir.Seq:
@@ -89,6 +190,8 @@ def _seq(body: ir.Seq) -> ir.Seq:
     for i, s in enumerate(stmts):
         if isinstance(s, ir.For):
             out.append(dataclasses.replace(s, body=_seq(s.body)))
+        elif isinstance(s, ir.If):
+            out.append(dataclasses.replace(s, then=_seq(s.then), orelse=_seq(s.orelse)))
         elif isinstance(s, ir.Copy):
             out.append(_copy(s, stmts[i + 1:]))
         elif isinstance(s, ir.Gemm):
@@ -184,7 +287,8 @@ def _default_role(role_list) -> ir.Role:
 
 
 def _copy_only(r: ir.Role) -> bool:
-    return all(isinstance(s, (ir.For, ir.BarrierWait, ir.BarrierArrive)) or
+    """Only bulk loads, barrier operations, loops, branches and scalar bookkeeping."""
+    return all(isinstance(s, (ir.For, ir.If, ir.Store, ir.BarrierWait, ir.BarrierArrive)) or
                (isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA
                 and s.dst.buffer.scope is ir.Scope.SHARED)
                for s in walk(r.body))

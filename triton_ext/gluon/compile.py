@@ -50,6 +50,8 @@ def _compile(spec: dict) -> dict:
     flat = getattr(module, spec["args_fn"])(*values)
     signature = {name: v.type_name if isinstance(v, _Scalar) else mangle_type(v)
                  for name, v in zip(fn.arg_names, flat)}
+    from tilews.triton_ext import passes as ttgir_passes
+    ttgir_passes.install()   # our TTGIR passes (the warp-specialization verifier) run in this compile
     compiled = triton.compile(GluonASTSource(fn, signature, {}), target=GPUTarget(*spec["target"]),
                               options={"num_warps": spec["num_warps"]})
     meta = compiled.metadata
@@ -62,7 +64,11 @@ def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     with open(spec_path) as f:
         spec = json.load(f)
-    result = _compile(spec)
+    from tilews.lowering.errors import CompileError
+    try:
+        result = _compile(spec)
+    except CompileError as e:   # the TTGIR verifier's finding: reported to the user, not a crash
+        result = {"verifier_error": e.message, "notes": list(e.notes)}
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0

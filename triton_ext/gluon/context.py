@@ -1,11 +1,13 @@
 """The state of one Gluon emission: output lines and Python names (``tl``'s ``Ctx``, with the
 names Gluon source uses reserved), plus the decisions lowering recorded, read once from the kernel
-attrs: layouts, TMA descriptors, barrier counts and the default role.
+attrs: layouts, TMA descriptors, barrier counts, the default role, the scalar locals (and which
+are never negative) and the global buffers passed as pointers (and the roles reading them).
 """
 from __future__ import annotations
 
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
+from tilews.lowering.roles import describe
 
 from ..tl.context import Ctx as _TlCtx
 
@@ -33,7 +35,11 @@ class Ctx(_TlCtx):
             n = seen[gname] = seen.get(gname, -1) + 1
             self.descriptors[(gname, tuple(block))] = self.fresh(f"{gname}_desc_{n}")
         self.layout_names: dict[str, str] = {}
-        # the role being emitted: its fragments (declared at its start) and gemm accumulators
+        self.scalar_locals: dict[str, bool] = dict(kernel.attr("scalar_locals", ()))
+        self.pointers: dict[str, tuple[tuple[int, ...], ...]] = dict(kernel.attr("pointer_params", ()))
+        # the role being emitted: its warp groups, fragments (declared at its start) and gemm
+        # accumulators
+        self.role: tuple[int, ...] = ()
         self.fragments: dict[str, ir.Buffer] = {}
         self.accumulators: list[ir.Buffer] = []
 
@@ -44,6 +50,20 @@ class Ctx(_TlCtx):
             raise InternalError(f"gluon backend: no TMA descriptor for '{g.buffer.name}' with block "
                                 f"{list(g.extents)} (attr tma_descriptors lacks it)", loc)
         return self.descriptors[key]
+
+    def scalar(self, b: ir.Buffer, loc: ir.Loc) -> str:
+        """The Python variable holding the scalar local ``b`` in the role being emitted."""
+        if b.name not in self.scalar_locals:
+            raise InternalError(f"gluon backend: {b.scope.value} buffer '{b.name}' is not a scalar "
+                                f"local (attr scalar_locals lacks it)", loc)
+        return self.name(b.name)
+
+    def pointer(self, b: ir.Buffer, loc: ir.Loc) -> str:
+        """The pointer parameter of the global buffer ``b`` in the role being emitted."""
+        if self.role not in self.pointers.get(b.name, ()):
+            raise InternalError(f"gluon backend: '{b.name}' is not passed as a pointer to "
+                                f"{describe(self.role)} (attr pointer_params)", loc)
+        return self.name(b.name)
 
     def layout(self, b: ir.Buffer, loc: ir.Loc) -> str:
         """The module-level constant holding ``b``'s layout."""

@@ -1,8 +1,11 @@
 """Spelling Tile IR scalar expressions (indices, coordinates, parities, fill values) in Gluon.
 
 Inside a Gluon partition every expression is a scalar: block indices, loop indices, scalar
-parameters and constants. Integer ``//`` and ``%`` follow Python (floor) semantics; they are
-spelled natively when both operands are provably non-negative (``tl``'s analysis), else with a
+parameters, constants, scalar locals (the role's Python variable of that name) and elements of
+global buffers (``gl.load(A + i * A_stride0 + j * A_stride1, mask=..., other=0)``: out of bounds
+reads 0, as in the IR; the pointer and strides are parameters of the role). Integer ``//`` and
+``%`` follow Python (floor) semantics; they are spelled natively when both operands are provably
+non-negative (``tl``'s analysis, plus the scalar locals legalize found non-negative), else with a
 remainder correction that is right whichever rounding Triton applies.
 """
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Callable
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 
-from ..tl.exprs import nonneg
+from ..tl.exprs import _NONNEG_OPS, atom, nonneg
 from .context import GL_DTYPE, Ctx
 
 _MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
@@ -55,7 +58,7 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
     if e.op in _LOGICAL:
         return f"({a} {_LOGICAL[e.op]} {b})"
     floor = e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and e.dtype.is_int
-    if floor and not (nonneg(ctx, e.a) and nonneg(ctx, e.b)):
+    if floor and not (nonnegative(ctx, e.a) and nonnegative(ctx, e.b)):
         q, r = ctx.fresh("q"), ctx.fresh("r")
         ctx.line(f"{q} = {a} // {b}")
         ctx.line(f"{r} = {a} - {q} * {b}")
@@ -64,6 +67,31 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
             return f"gl.where({fix}, {q} - 1, {q})"
         return f"gl.where({fix}, {r} + {b}, {r})"
     return f"({a} {e.op.value} {b})"
+
+
+def nonnegative(ctx: Ctx, e: ir.Expr) -> bool:
+    """``tl``'s analysis, with the scalar locals legalize recorded as never negative."""
+    if isinstance(e, ir.Load):
+        return e.buffer.scope is ir.Scope.LOCAL and ctx.scalar_locals.get(e.buffer.name, False)
+    if isinstance(e, ir.BinOp) and e.op in _NONNEG_OPS:
+        return nonnegative(ctx, e.a) and nonnegative(ctx, e.b)
+    return nonneg(ctx, e)
+
+
+def _load(ctx: Ctx, e: ir.Load) -> str:
+    b = e.buffer
+    if b.scope is ir.Scope.LOCAL:
+        return ctx.scalar(b, e.loc)
+    if b.scope is not ir.Scope.GLOBAL:
+        raise InternalError(f"gluon backend: no rule for reading {b.scope.value} buffer '{b.name}' "
+                            f"element by element", e.loc)
+    ptr = ctx.pointer(b, e.loc)
+    inside = []
+    for d, (i, n) in enumerate(zip(e.indices, b.shape)):
+        index = spell(ctx, i)
+        ptr += f" + {atom(index)} * {ctx.stride(b, d)}"
+        inside += ([] if nonnegative(ctx, i) else [f"({index} >= 0)"]) + [f"({index} < {spell(ctx, n)})"]
+    return f"gl.load({ptr}, mask={' & '.join(inside)}, other=0)"
 
 
 def _cmp(ctx: Ctx, e: ir.Cmp) -> str:
@@ -95,4 +123,4 @@ def _select(ctx: Ctx, e: ir.Select) -> str:
 
 _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
     ir.Const: _const, ir.Var: _var, ir.BinOp: _binop, ir.Cmp: _cmp, ir.UnOp: _unop,
-    ir.Call: _call, ir.Cast: _cast, ir.Select: _select}
+    ir.Call: _call, ir.Cast: _cast, ir.Select: _select, ir.Load: _load}

@@ -7,9 +7,10 @@ invalid layouts abort the process), so ``.asm`` holds ``"gluon"``, ``"ttgir"``, 
 source, the parameters' shapes and dtypes, ``num_warps`` and the Triton version.
 
 ``.launch(args)`` needs a Hopper GPU: it loads the module (written like ``tl``'s, content-addressed
-under the tilews cache dir), builds the TMA descriptors from the tensors with the module's
-``<kernel>_args`` and launches the ``@gluon.jit`` kernel on ``<kernel>_grid`` with Triton's JIT,
-on the current torch stream. Triton is imported only there.
+under the tilews cache dir), builds the kernel's arguments with the module's ``<kernel>_args``
+(TMA descriptors; tensors and strides for pointer parameters) and launches the ``@gluon.jit``
+kernel on ``<kernel>_grid`` with Triton's JIT, on the current torch stream. Triton is imported
+only there.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ import tempfile
 from pathlib import Path
 
 from tilews import cache
-from tilews.lowering import ir
-from tilews.lowering.errors import InternalError
+from tilews.lowering import arguments, ir
+from tilews.lowering.errors import CompileError, InternalError
 
 from ..tl.emit import GRID_SUFFIX
-from ..tl.launch import _TORCH_DTYPE, _check_tensor, source_path
+from ..tl.launch import source_path
 from .emit import ARGS_SUFFIX
 
 TARGET = ("cuda", 90, 32)
@@ -46,7 +47,10 @@ def compile_only(source: str, fn_name: str, kernel: ir.Kernel) -> dict:
     except importlib.metadata.PackageNotFoundError:
         raise InternalError("target 'hopper' needs Triton (pip install triton==3.6.0 on Linux)",
                             kernel.loc) from None
-    key = cache.cache_key("tilews-gluon-asm", 1, version, source, json.dumps(spec, sort_keys=True))
+    from tilews.triton_ext import passes as ttgir_passes
+    # the stage hook is not part of Triton's cache key: it is part of ours
+    key = cache.cache_key("tilews-gluon-asm", 1, version, ttgir_passes.cache_key_part(), source,
+                          json.dumps(spec, sort_keys=True))
     payload, _ = cache.DiskCache().get_or_build(key, lambda: _run_compile(source, spec, kernel))
     return json.loads(payload)
 
@@ -54,7 +58,7 @@ def compile_only(source: str, fn_name: str, kernel: ir.Kernel) -> dict:
 def _param_spec(p) -> dict:
     if isinstance(p, ir.Var):
         return {"kind": "scalar", "type": _SCALAR_TYPES[p.dtype]}
-    return {"kind": "buffer", "shape": list(p.static_shape), "dtype": _TORCH_DTYPE[p.dtype]}
+    return {"kind": "buffer", "shape": list(p.static_shape), "dtype": str(arguments.TORCH_DTYPES[p.dtype]).removeprefix("torch.")}
 
 
 def _run_compile(source: str, spec: dict, kernel: ir.Kernel) -> bytes:
@@ -72,7 +76,11 @@ def _run_compile(source: str, spec: dict, kernel: ir.Kernel) -> bytes:
             raise InternalError(f"gluon backend: compiling the generated source of "
                                 f"'{kernel.name}' for sm_90a failed ({how}); source: {path}",
                                 kernel.loc, tail)
-        return out_file.read_bytes()
+        payload = out_file.read_bytes()
+        finding = json.loads(payload)
+        if "verifier_error" in finding:   # raised, so never cached
+            raise CompileError(finding["verifier_error"], kernel.loc, finding["notes"])
+        return payload
 
 
 class GluonProgram:
@@ -96,19 +104,12 @@ class GluonProgram:
     def launch(self, args: list) -> None:
         """Run the kernel; ``args`` align with ``kernel.params`` (tensors for buffers, ints for
         scalars), on the current torch stream."""
-        params = self.kernel.params
-        if len(args) != len(params):
-            raise TypeError(f"kernel '{self.kernel.name}' takes {len(params)} arguments "
-                            f"({', '.join(p.name for p in params)}), got {len(args)}")
+        values = arguments.check(self.kernel, args)
         _require_hopper()
-        values = {p: a for p, a in zip(params, args) if isinstance(p, ir.Var)}
-        for p, a in zip(params, args):
+        tma = {g for g, _ in self.kernel.attr("tma_descriptors", ())}
+        for p, a in zip(self.kernel.params, args):
             if isinstance(p, ir.Buffer):
-                _check_tensor(p, a, values)
-                _check_tma_operand(p, a)
-            elif isinstance(a, bool) or not isinstance(a, (int, float) if p.dtype.is_float else int):
-                what = "a number" if p.dtype.is_float else "an int"
-                raise TypeError(f"argument '{p.name}' must be {what}, got {type(a).__name__}")
+                _check_operand(p, a, p.name in tma)
         module = self._load()
         flat = getattr(module, self.fn_name + ARGS_SUFFIX)(*args)
         grid = getattr(module, self.fn_name + GRID_SUFFIX)(*(values[v] for v in self.kernel.scalar_params))
@@ -134,11 +135,13 @@ def _require_hopper() -> None:
                            "it is compile-only: inspect .asm")
 
 
-def _check_tma_operand(p: ir.Buffer, a) -> None:
-    """What a TMA descriptor needs: a CUDA tensor, 16-byte aligned base and strides, unit stride
-    in the last dimension."""
+def _check_operand(p: ir.Buffer, a, tma: bool) -> None:
+    """A CUDA tensor; for a TMA descriptor also 16-byte aligned base and strides, unit stride in
+    the last dimension (a pointer parameter takes any strides)."""
     if a.device.type != "cuda":
         raise ValueError(f"argument '{p.name}' must be a CUDA tensor, got device {a.device}")
+    if not tma:
+        return
     item = a.element_size()
     if a.data_ptr() % 16 or a.stride()[-1] != 1 or any(s * item % 16 for s in a.stride()[:-1]):
         raise ValueError(f"argument '{p.name}' must have a 16-byte aligned address, unit stride in "

@@ -4,6 +4,8 @@
 complete on is spelled as that role's ``mbarrier.expect`` of their bytes, issued before the first
 of them (the expect is the role's arrival); every other arrival is ``mbarrier.arrive``. Ring slots
 ``B[(s):+1, ...]`` are ``B.index(s)``; a transposed operand is a ``.permute((1, 0))`` view. A
+store to a scalar local assigns the role's Python variable (Gluon carries it through loops and
+branches as ``scf.for`` / ``scf.if`` results; legalize made sure it is defined first). A
 statement kind without a rule is an ``InternalError``: lowering let it through.
 """
 from __future__ import annotations
@@ -13,9 +15,8 @@ from typing import Callable
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 
-from ..tl.exprs import nonneg
 from .context import GL_DTYPE, Ctx
-from .exprs import arg, spell
+from .exprs import arg, nonnegative, spell
 
 
 def seq(ctx: Ctx, s: ir.Seq) -> None:
@@ -158,6 +159,10 @@ def _fill(ctx: Ctx, s: ir.Fill) -> None:
              f"layout={ctx.layout(b, s.loc)})")
 
 
+def _store(ctx: Ctx, s: ir.Store) -> None:
+    ctx.line(f"{ctx.scalar(s.buffer, s.loc)} = {arg(ctx, s.value)}")
+
+
 def _barrier_wait(ctx: Ctx, s: ir.BarrierWait) -> None:
     ctx.line(f"mbarrier.wait({_bar(ctx, s.barrier)}, {arg(ctx, s.parity)})")
 
@@ -176,7 +181,7 @@ _LOOPS = {ir.ForKind.SERIAL: "range", ir.ForKind.UNROLL: "gl.static_range"}
 def _for(ctx: Ctx, s: ir.For) -> None:
     if s.kind not in _LOOPS:
         raise InternalError(f"gluon backend: no rule for a {s.kind.value} loop inside a role", s.loc)
-    if nonneg(ctx, s.start) and (ir.as_int(s.step) or 0) > 0:
+    if nonnegative(ctx, s.start) and (ir.as_int(s.step) or 0) > 0:
         ctx.nonneg.add(s.var)
     bounds = ", ".join(arg(ctx, x) for x in (s.start, s.stop, s.step))
     ctx.line(f"for {ctx.name(s.var.name)} in {_LOOPS[s.kind]}({bounds}):")
@@ -197,4 +202,4 @@ def _if(ctx: Ctx, s: ir.If) -> None:
 _STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
     ir.Copy: _copy, ir.Gemm: _gemm, ir.GemmWait: _gemm_wait, ir.Fill: _fill,
     ir.BarrierWait: _barrier_wait, ir.BarrierArrive: _barrier_arrive, ir.ProxyFence: _proxy_fence,
-    ir.For: _for, ir.If: _if}
+    ir.For: _for, ir.If: _if, ir.Store: _store}
