@@ -64,6 +64,8 @@ def _param_spec(p) -> dict:
 def _run_compile(source: str, spec: dict, kernel: ir.Kernel) -> bytes:
     path = source_path(source)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the child imports what this process imports (tilews may be a checkout, not an install)
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
     with tempfile.TemporaryDirectory(prefix="tilews-gluon-") as tmp:
         spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_file.write_text(json.dumps({**spec, "source": str(path)}))
