@@ -81,6 +81,18 @@ def _example_gemm():
         return module
 
 
+def persistent_variant(block_M: int, block_N: int, block_K: int, num_stages: int, threads: int) -> Variant:
+    """``examples.gemm.persistent_matmul``: one block per SM over output tiles."""
+    def build(case: Case, target: str):
+        import tilews
+        import tilews.language as T
+        dtype = {torch.bfloat16: T.bfloat16, torch.float16: T.float16}[case.dtype]
+        factory = tilews.jit(target=target)(_example_gemm().persistent_matmul.fn)
+        return factory(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
+                       num_stages=num_stages, threads=threads, dtype=dtype)
+    return Variant(f"tilews persistent {block_M}x{block_N}x{block_K} s{num_stages} t{threads}", build)
+
+
 def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
                    threads: int = 128, swizzle: int = 0) -> Variant:
     def build(case: Case, target: str):
@@ -117,5 +129,6 @@ WORKLOAD = Workload(
     # 128 threads: one consumer warp group; on a GPU also 128x256 tiles over 256 threads, two
     # consumer warp groups (on Hopper, plus the producer warp group warp specialization adds)
     variants=[tilews_variant(128, 128, 64, 3)]
-    + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=8)] if torch.cuda.is_available() else []),
+    + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=8),
+        persistent_variant(128, 256, 64, 3, threads=256)] if torch.cuda.is_available() else []),
     references=[TORCH, TRITON])

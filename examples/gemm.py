@@ -35,6 +35,30 @@ def matmul(M, N, K, block_M=128, block_N=128, block_K=32, num_stages=3, threads=
     return main
 
 
+@tilews.jit(out_idx=[-1])
+def persistent_matmul(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256,
+                      num_sms=None, group_size=8, dtype=T.bfloat16, accum=T.float32):
+    """One block per SM looping over output tiles in grouped order (T.Persistent): on Hopper the
+    producer runs ahead into the next tile's loads while the consumers store this tile."""
+    sms = num_sms or tilews.num_sms()
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(sms, threads=threads) as block_id:
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            C_f = T.alloc_fragment((block_M, block_N), accum)
+            for bx, by in T.Persistent([T.ceildiv(M, block_M), T.ceildiv(N, block_N)], sms, block_id,
+                                       group_size):
+                T.clear(C_f)
+                for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                    T.copy(A[bx * block_M, k * block_K], A_s)
+                    T.copy(B[k * block_K, by * block_N], B_s)
+                    T.gemm(A_s, B_s, C_f)
+                T.copy(C_f, C[bx * block_M, by * block_N])
+    return main
+
+
 def main(argv=None) -> int:
     device = best_device()
     # A size that fills a GPU; a small ragged one for the CPU paths (interpreters are slow).

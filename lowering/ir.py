@@ -413,6 +413,7 @@ class ForKind(enum.Enum):
     SERIAL = "serial"
     PIPELINED = "pipelined"
     UNROLL = "unroll"
+    PERSISTENT = "persistent"   # a block's loop over output tiles (T.Persistent): one tile per iteration
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,12 @@ def _fold(e):
             return e.a
         if a == 0 and e.op is ir.BinOpKind.ADD or a == 1 and e.op is ir.BinOpKind.MUL:
             return e.b
+        # x + (y + c) -> (x + y) + c: constant offsets outermost, so slot (x + 1) % S reads as
+        # one more than slot x % S
+        if e.op is ir.BinOpKind.ADD and isinstance(e.b, ir.BinOp) and e.b.op is ir.BinOpKind.ADD \
+                and ir.as_int(e.b.b) is not None:
+            inner = ir.BinOp(ir.BinOpKind.ADD, e.a, e.b.a, e.dtype, e.loc)
+            return ir.BinOp(ir.BinOpKind.ADD, inner, e.b.b, e.dtype, e.loc)
     if isinstance(e, ir.Cmp):
         a, b = ir.as_int(e.a), ir.as_int(e.b)
         if a is not None and b is not None:

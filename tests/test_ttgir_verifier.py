@@ -1,7 +1,8 @@
 """The TTGIR verifier (``triton_ext/passes``): real tilews kernels pass, edited ones fail per rule.
 
-Kernels come from the frontend (``examples/gemm.py``'s ``matmul``, ``examples/ws_gemm.py``'s
-programs, and two separate consumer roles written here, the case of ws-semantics #4), are lowered
+Kernels come from the frontend (``examples/gemm.py``'s ``matmul`` and ``persistent_matmul`` (the
+pipelined k loop nested in a loop over output tiles), ``examples/ws_gemm.py``'s programs, and two
+separate consumer roles written here, the case of ws-semantics #4), are lowered
 for ``HOPPER``, emitted and compiled for sm_90a without a GPU; the verifier reads ``asm["ttgir"]``.
 A violating module is the real text edited: a wait moved or weakened, an arrive moved before its
 wait, an allocation offset moved onto another partition's buffer, a warp count or warp-group start
@@ -30,7 +31,7 @@ from tilews.lowering.target import HOPPER
 from tilews.triton_ext import passes
 from tilews.triton_ext.gluon import GluonProgram, emit
 
-from examples.gemm import matmul
+from examples.gemm import matmul, persistent_matmul
 from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 
 COMPILE_SCRIPT = Path(passes.__file__).parents[1] / "gluon" / "compile.py"
@@ -81,6 +82,10 @@ KERNELS = {
                                      num_stages=3, threads=256),
     "explicit_merged": lambda: ws_matmul_program(256, 512, 256, block_M=128, block_N=128, block_K=64),
     "explicit_ring": lambda: ws_ring_matmul_program(512, 512, 512, stages=3),
+    # 8 tiles over 3 blocks (3, 3, 2), 4 k steps per tile over 3 stages: the stage of step k of a
+    # tile is (tile_iter * 4 + k) % 3
+    "persistent": lambda: persistent_matmul.fn(512, 512, 256, block_M=128, block_N=256, block_K=64,
+                                               num_sms=3),
     "two_consumers": two_consumers,
 }
 
@@ -160,6 +165,29 @@ def test_stage_released_before_wait_fails(edit):
         lines.insert(end - 1, lines.pop(i))
     msg = rejected("\n".join(lines))
     assert re.search(r"partition 'default' \(4 warps\) releases [AB]_s \(arrive on empty\) while "
+                     r"`%\S+ = ttng\.warp_group_dot", msg)
+    assert "partition 'partition0' (1 warp) overwrites" in msg
+
+
+@pytest.mark.parametrize("edit", ["in_loop_keeps_two", "after_loop_keeps_one", "after_loop_moved"])
+def test_persistent_stage_released_before_wait_fails(edit):
+    """The persistent kernel (k loop inside the tile loop), edited: the arrive inside the k loop
+    releases the previous step's stage, which wait(2) leaves in flight (two wgmma of different
+    iterations, stages (x + 2) % 3 and x % 3 of different x); or the arrive after the k loop
+    releases the last step's stage while its wgmma is in flight."""
+    lines = program("persistent").asm["ttgir"].splitlines()
+    if edit == "in_loop_keeps_two":
+        i = next(i for i, line in enumerate(lines) if "pendings = 1" in line)
+        lines[i] = lines[i].replace("pendings = 1", "pendings = 2")
+    elif edit == "after_loop_keeps_one":
+        i = post_loop_wait(lines)
+        lines[i] = lines[i].replace("pendings = 0", "pendings = 1")
+    else:                               # the final wait(0) moved below the last stage's arrive
+        i = post_loop_wait(lines)
+        j = next(j for j in range(i, len(lines)) if "ttng.arrive_barrier" in lines[j])
+        lines.insert(j, lines.pop(i))
+    msg = rejected("\n".join(lines))
+    assert re.search(r"partition 'default' \(8 warps\) releases [AB]_s \(arrive on empty\) while "
                      r"`%\S+ = ttng\.warp_group_dot", msg)
     assert "partition 'partition0' (1 warp) overwrites" in msg
 

@@ -311,3 +311,50 @@ def test_ws8_phases_from_the_loop_index_are_caught(stages):
     with pytest.raises((DeadlockError, RaceError, UninitializedReadError)):
         for seed in SEEDS:
             run_interp(wrong, args, 3, seed)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+@pytest.mark.parametrize("sms", [3, 5])          # 12 tiles do not divide evenly among 5 blocks
+def test_ws11_persistent_gemm(stages, sms):
+    from examples.gemm import persistent_matmul
+    M, N, K = 200, 96, 100                        # ragged M and K
+    prim = persistent_matmul.fn(M, N, K, block_M=64, block_N=32, block_K=32, num_stages=stages,
+                                threads=128, num_sms=sms, group_size=2, dtype=T.float16)
+    a, b = randn(M, K, dtype=torch.float16, seed=17), randn(K, N, dtype=torch.float16, seed=18)
+    after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
+    got = run_interp(after, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed=3)
+    assert (got.double() - a.double() @ b.double()).abs().max() < 0.05
+    ws = next(s for s in walk(after.body) if isinstance(s, ir.WarpSpecialize))
+    producer, consumer = ws.roles
+    # ws-semantics #11: the producer's loop nest holds only loads; the consumer's holds the
+    # epilogue per tile, after its k loop
+    tile_loop = consumer.body.stmts[0]
+    assert isinstance(tile_loop, ir.For) and tile_loop.kind is ir.ForKind.PERSISTENT
+    assert isinstance(tile_loop.body.stmts[-1], ir.Copy)
+    assert tile_loop.body.stmts[-1].dst.buffer.scope is ir.Scope.GLOBAL
+    assert not any(isinstance(s, ir.Copy) and s.dst.buffer.scope is ir.Scope.GLOBAL
+                   for s in walk(producer.body))
+
+
+def test_ws11_persistent_ring_count_runs_across_tiles():
+    # one running count over (tile, k): restarting it per tile would put the producer and the
+    # consumer a phase apart whenever the tile's k count is not a multiple of the stages
+    from examples.gemm import persistent_matmul
+    M, N, K = 128, 64, 96                          # 3 k tiles, 2 stages
+    prim = persistent_matmul.fn(M, N, K, block_M=64, block_N=32, block_K=32, num_stages=2,
+                                threads=128, num_sms=2, group_size=2, dtype=T.float16)
+    ours = lower(build_kernel(prim), HOPPER)
+    tile_var = next(s.var for s in walk(ours.body) if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT)
+    zero = ir.Const(0, ir.DType.I32)
+
+    def restart_per_tile(n):      # only the ring slots and parities forget the tiles done
+        if isinstance(n, (ir.BarrierRef, ir.BarrierWait)) or (
+                isinstance(n, ir.Region) and n.buffer.scope is ir.Scope.SHARED):
+            return transform(n, lambda m: zero if m == tile_var else None)
+        return None
+    wrong = transform(ours, restart_per_tile)
+    a, b = randn(M, K, dtype=torch.float16, seed=19), randn(K, N, dtype=torch.float16, seed=20)
+    args = [a, b, torch.empty(M, N, dtype=torch.float16)]
+    with pytest.raises((DeadlockError, RaceError, UninitializedReadError)):
+        for seed in SEEDS:
+            run_interp(wrong, args, 2, seed)

@@ -62,3 +62,12 @@ def select(name: str) -> Selection:
 def plain_triton() -> tg.Target:
     """``triton.language`` on this machine: the GPU, or Triton's CPU interpreter."""
     return tg.TRITON_GPU if has_cuda() else tg.TRITON_CPU
+
+
+def num_sms(default: int = 132) -> int:
+    """Streaming multiprocessors of the current CUDA device (a persistent grid's size); without
+    a GPU, ``default`` (an H100 SXM's 132), so programs still build and run on the CPU paths."""
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return default

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from .. import ir
 from ..errors import CompileError
 from .context import builder, current_loc
-from .values import BufferRef, ElementRef, RegionRef, Scalar, promote, to_expr
+from .values import BufferRef, ElementRef, RegionRef, Scalar, ceildiv, promote, to_expr
 
 
 def err(msg: str, notes: Sequence[str] = ()) -> CompileError:
@@ -200,6 +200,42 @@ class LoopFrame(Frame):
     def exit(self, body):
         builder().emit(ir.For(self.var, self.start, self.stop, self.step, self.kind, _block(body),
                               self.num_stages, self.loc))
+
+
+class PersistentFrame(Frame):
+    """``for bx, by in T.Persistent([tiles_0, tiles_1], wave_size, index, group_size)``: block
+    ``index`` of ``wave_size`` visits tiles index, index + wave_size, ... of the domain, in
+    panels of ``group_size`` along dimension 0 (L2-friendly order)."""
+
+    def __init__(self, domain: Sequence, wave_size, index, group_size: int):
+        if len(domain) != 2:
+            raise err(f"T.Persistent takes a 2-d tile domain, got {len(domain)} extents")
+        if not isinstance(group_size, int) or group_size <= 0:
+            raise err(f"T.Persistent(group_size=...) must be a positive int, got {group_size!r}")
+        self.domain = tuple(Scalar(to_expr(d, ir.DType.I32)) if isinstance(d, Scalar) else d
+                            for d in domain)
+        self.wave_size, self.index, self.group_size = wave_size, index, group_size
+        self.loc = current_loc()
+
+    def enter(self, names):
+        if len(names) != 2:
+            raise err("T.Persistent binds two tile indices (for bx, by in T.Persistent(...))")
+        b = builder()
+        # a 0-based count of this block's tiles: tile = index + i * wave_size
+        self.var = ir.Var(b.unique("tile_iter"), ir.DType.I32, ir.VarKind.LOOP, current_loc())
+        t = self.index + Scalar(self.var) * self.wave_size
+        tiles_0, tiles_1 = self.domain
+        width = self.group_size * tiles_1
+        first = (t // width) * self.group_size
+        rows = math_call(ir.MathFn.MIN, tiles_0 - first, self.group_size)
+        return first + (t % width) % rows, (t % width) // rows
+
+    def exit(self, body):
+        tiles_0, tiles_1 = self.domain
+        count = ceildiv(tiles_0 * tiles_1 - self.index, self.wave_size)
+        builder().emit(ir.For(self.var, to_expr(0, ir.DType.I32), to_expr(count, ir.DType.I32),
+                              to_expr(1, ir.DType.I32), ir.ForKind.PERSISTENT, _block(body), 0,
+                              self.loc))
 
 
 class ParallelFrame(Frame):

@@ -38,6 +38,8 @@ def _seq(body: ir.Seq) -> ir.Seq:
                                                           for r in s.roles)))
         elif isinstance(s, ir.For) and _matches(s):
             out.extend(_overlap(s))
+        elif isinstance(s, ir.For):          # e.g. a persistent tile loop around the k loop
+            out.append(dataclasses.replace(s, body=_seq(s.body)))
         else:
             out.append(s)
     return dataclasses.replace(body, stmts=tuple(out))

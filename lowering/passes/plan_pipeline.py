@@ -1,7 +1,9 @@
 """plan_pipeline: decide which statements of a ``T.Pipelined`` loop produce and which consume.
 
 Requires:  a verified kernel; runs on targets with warp-group MMA (``target.wgmma``) only.
-Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop, epilogue] where the
+Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop, epilogue] — or
+           [allocations, one T.Persistent tile loop whose body is [prelude, pipelined loop,
+           epilogue]] — where the
            loop body — or the body of one `if` that is the whole loop body, its condition reading
            no on-chip memory (block-sparse loops) — starts with global -> shared copies (the
            producers) filling whole shared buffers that nothing else writes, followed by
@@ -28,6 +30,8 @@ class PipelinePlan:
     stages: int
     ring_buffers: tuple[str, ...]    # shared buffers the producers fill
     guarded: bool = False            # the loop body is one `if` (iterations may be skipped)
+    tile_loop_index: Optional[int] = None   # persistent kernels: the T.Persistent loop's position
+                                            # in the kernel body (loop_index is then inside it)
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -44,9 +48,17 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 
 
 def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan], str]:
-    body = kernel.body.stmts
+    body, tile_loop = kernel.body.stmts, None
+    tiles = [s for s in body if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT]
+    if len(tiles) == 1 and loops and loops[0] in tiles[0].body.stmts:
+        tile_loop = tiles[0]
+        outside = [s for s in body if s is not tile_loop and not isinstance(s, ir.Alloc)]
+        if outside:
+            return None, (f"line {outside[0].loc.line} runs outside the T.Persistent tile loop")
+        body = tile_loop.body.stmts
     if len(loops) != 1 or loops[0] not in body:
-        return None, "only a single pipelined loop at the top level of the kernel is supported"
+        return None, ("only a single pipelined loop at the top level of the kernel (or of its "
+                      "T.Persistent tile loop) is supported")
     loop = loops[0]
     if kernel.threads % 128:
         return None, f"threads={kernel.threads} is not a whole number of warp groups"
@@ -77,13 +89,16 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
             return None, f"line {s.loc.line} writes a buffer the producers fill"
     loop_pos = body.index(loop)
     for s in body[:loop_pos] + body[loop_pos + 1:]:
+        if tile_loop is not None and isinstance(s, ir.Alloc):
+            return None, f"allocation inside the T.Persistent loop (line {s.loc.line})"
         if not isinstance(s, ir.Alloc) and ring & set(_touched(s)):
             return None, f"line {s.loc.line} uses a pipelined buffer outside the loop"
     if not any(ring & set(buffers_read(s)) for s in stmts[len(producers):]):
         return None, "nothing in the loop reads what the copies load"
     stages = max(1, loop.num_stages)
     return PipelinePlan(loop_pos, len(producers), stages,
-                        tuple(p.dst.buffer.name for p in producers), guarded), ""
+                        tuple(p.dst.buffer.name for p in producers), guarded,
+                        None if tile_loop is None else kernel.body.stmts.index(tile_loop)), ""
 
 
 def _is_producer(s: ir.Stmt, var: ir.Var) -> bool:

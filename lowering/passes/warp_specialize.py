@@ -13,7 +13,11 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              through shared memory (a proxy fence between). ``threads`` grows by one warp group.
              When the loop body is guarded (``plan.guarded``), each role keeps the guard and
              counts the iterations that ran in a local counter; ``i`` is that count, so phases
-             advance only on iterations that run (ws-semantics #8).
+             advance only on iterations that run (ws-semantics #8). In a persistent kernel (the
+             loop inside a ``T.Persistent`` tile loop) both roles keep the tile loop; the
+             producer's ring position is one running count over (tile, k), and the consumer keeps
+             its prelude and epilogue per tile (ws-semantics #11), so the producer loads the next
+             tile while the consumer stores this one.
              Explicit programs on targets with bulk copies get the same epilogue staging.
            * anything else: unchanged.
 Preserves: program meaning (interpreter before == after, under any schedule) and locations.
@@ -24,6 +28,7 @@ import dataclasses
 
 from .. import ir, roles
 from ..target import Target
+from ..simplify import fold
 from ..traverse import rewrite, transform
 from .plan_pipeline import PipelinePlan
 
@@ -41,19 +46,17 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 
 
 def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
-    body = kernel.body.stmts
+    top = kernel.body.stmts
+    tile_loop = None if plan.tile_loop_index is None else top[plan.tile_loop_index]
+    body = top if tile_loop is None else tile_loop.body.stmts
     loop: ir.For = body[plan.loop_index]
     loc = loop.loc
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
     S = plan.stages
     consumers = kernel.threads // 128
 
-    rings = {}
-    new_allocs = []
-    for s in body:
-        if isinstance(s, ir.Alloc) and s.buffer.name in plan.ring_buffers:
-            b = s.buffer
-            rings[b] = dataclasses.replace(b, shape=(c(S),) + b.shape)
+    rings = {s.buffer: dataclasses.replace(s.buffer, shape=(c(S),) + s.buffer.shape)
+             for s in top if isinstance(s, ir.Alloc) and s.buffer.name in plan.ring_buffers}
     full = ir.Buffer("full", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128,) * S, loc)
     empty = ir.Buffer("empty", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128 * consumers,) * S, loc)
 
@@ -61,22 +64,28 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     inner = guard.then.stmts if guard is not None else loop.body.stmts
     counters: list[ir.Alloc] = []
 
-    def role_loop(name: str, make_body) -> list[ir.Stmt]:
-        """The role's copy of the loop. Its ring slot comes from the iteration number, or, when
-        iterations may be skipped, from a counter of the iterations that ran (so phases advance
-        only on those)."""
+    def role_loop(name: str, make_body) -> tuple[list[ir.Stmt], ir.For]:
+        """(statements before the loops, the role's copy of the k loop). The ring slot follows
+        the iteration number — across tiles in a persistent kernel, one running count — or, when
+        iterations may be skipped, a counter of the iterations that ran (phases advance only on
+        those)."""
+        serial = dict(kind=ir.ForKind.SERIAL, num_stages=0)
         if guard is None:
-            stage, phase = _slot(_iteration(loop, loc), S, loc)
-            body = make_body(stage, phase)
-            return [dataclasses.replace(loop, body=ir.Seq(body, loc), kind=ir.ForKind.SERIAL, num_stages=0)]
+            it = _iteration(loop, loc)
+            if tile_loop is not None:
+                done = ir.BinOp(ir.BinOpKind.MUL, _iteration(tile_loop, loc), _trip(loop, loc),
+                                ir.DType.I32, loc)
+                it = ir.BinOp(ir.BinOpKind.ADD, done, it, ir.DType.I32, loc)
+            stage, phase = _slot(fold(it), S, loc)
+            return [], dataclasses.replace(loop, body=ir.Seq(make_body(stage, phase), loc), **serial)
         count = ir.Buffer(name, (c(1),), ir.DType.I32, ir.Scope.LOCAL, (), loc)
         counters.append(ir.Alloc(count, loc))
         ran = ir.Load(count, (c(0),), loc)
         stage, phase = _slot(ran, S, loc)
         bump = ir.Store(count, (c(0),), ir.BinOp(ir.BinOpKind.ADD, ran, c(1), ir.DType.I32, loc), loc)
-        body = (dataclasses.replace(guard, then=ir.Seq(make_body(stage, phase) + (bump,), loc)),)
-        return [ir.Store(count, (c(0),), c(0), loc),
-                dataclasses.replace(loop, body=ir.Seq(body, loc), kind=ir.ForKind.SERIAL, num_stages=0)]
+        guarded = (dataclasses.replace(guard, then=ir.Seq(make_body(stage, phase) + (bump,), loc)),)
+        return ([ir.Store(count, (c(0),), c(0), loc)],
+                dataclasses.replace(loop, body=ir.Seq(guarded, loc), **serial))
 
     producers = inner[:plan.num_producers]
 
@@ -94,32 +103,36 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
                 *(restage(s) for s in inner[plan.num_producers:]),
                 ir.BarrierArrive(bar(empty), loc))
 
-    producer_loop = role_loop("produced", produce)
-    consumer_loop = role_loop("consumed", consume)
+    def per_tile(stmts: list[ir.Stmt]) -> list[ir.Stmt]:
+        return stmts if tile_loop is None else [dataclasses.replace(tile_loop, body=ir.Seq(tuple(stmts), loc))]
 
-    allocs, prelude = [], []
-    for s in body[:plan.loop_index]:
-        if isinstance(s, ir.Alloc):
-            allocs.append(ir.Alloc(rings.get(s.buffer, s.buffer), s.loc))
-        else:
-            prelude.append(s)
-    epilogue = []
-    for s in body[plan.loop_index + 1:]:
-        if isinstance(s, ir.Alloc):
-            allocs.append(s)
-        else:
-            staged = _stage_store(s, new_allocs)
-            epilogue.extend(staged)
+    new_allocs: list[ir.Alloc] = []
+    prelude = [s for s in body[:plan.loop_index] if not isinstance(s, ir.Alloc)]
+    epilogue = [t for s in body[plan.loop_index + 1:] if not isinstance(s, ir.Alloc)
+                for t in _stage_store(s, new_allocs)]
+    p_init, p_loop = role_loop("produced", produce)
+    c_init, c_loop = role_loop("consumed", consume)
+    allocs = [ir.Alloc(rings.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
     allocs += new_allocs + counters + [ir.Alloc(full, loc), ir.Alloc(empty, loc)]
-    producer = ir.Role((0,), ir.Seq(tuple(producer_loop), loc), loc=loc)
+    producer = ir.Role((0,), ir.Seq(tuple(p_init + per_tile([p_loop])), loc), loc=loc)
     consumer = ir.Role(tuple(range(1, consumers + 1)),
-                       ir.Seq((*prelude, *consumer_loop, *epilogue), loc), loc=loc)
+                       ir.Seq(tuple(c_init + per_tile([*prelude, c_loop, *epilogue])), loc), loc=loc)
     ws = ir.WarpSpecialize((producer, consumer), loc)
     out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
                               threads=kernel.threads + 128)
+    shape = "" if tile_loop is None else " over a persistent tile loop (one running ring count)"
     return out.with_note(f"warp_specialize: T.Pipelined at line {loc.line} -> producer T.ws(0) + "
                          f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "
-                         f"{', '.join(plan.ring_buffers)}")
+                         f"{', '.join(plan.ring_buffers)}{shape}")
+
+
+def _trip(loop: ir.For, loc: ir.Loc) -> ir.Expr:
+    """The number of iterations of ``loop``: ceil((stop - start) / step)."""
+    i32 = ir.DType.I32
+    span = ir.BinOp(ir.BinOpKind.SUB, loop.stop, loop.start, i32, loc)
+    up = ir.BinOp(ir.BinOpKind.SUB, ir.BinOp(ir.BinOpKind.ADD, span, loop.step, i32, loc),
+                  ir.Const(1, i32, loc), i32, loc)
+    return fold(ir.BinOp(ir.BinOpKind.FLOORDIV, up, loop.step, i32, loc))
 
 
 def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:

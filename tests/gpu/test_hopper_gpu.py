@@ -9,7 +9,7 @@ import torch
 
 import tilews
 import tilews.language as T
-from examples.gemm import matmul
+from examples.gemm import matmul, persistent_matmul
 from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 from tilews.testing import rel_err, time_ms
 
@@ -37,7 +37,12 @@ def explicit_single(M, N, K):
         M, N, K, block_M=128, block_N=128, block_K=64, dtype=T.bfloat16)
 
 
-VARIANTS = {"auto-ws": auto_ws, "auto-ws swizzle 8": lambda M, N, K: auto_ws(M, N, K, 8),
+def persistent(M, N, K):
+    return tilews.jit(out_idx=[-1], target="hopper")(persistent_matmul.fn)(
+        M, N, K, num_stages=3, threads=256, dtype=T.bfloat16, **BIG)
+
+
+VARIANTS = {"persistent auto-ws": persistent, "auto-ws": auto_ws, "auto-ws swizzle 8": lambda M, N, K: auto_ws(M, N, K, 8),
             "explicit-ring ws(0)+ws(1,2)": explicit_ring}
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (1000, 1096, 1232), (8192, 8192, 1024)]
 

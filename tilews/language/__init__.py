@@ -4,7 +4,7 @@ from .elementwise import (abs, atomic_add, cast, ceildiv, clear, exp, exp2, fill
                           infinity, log, log2, max, min, rsqrt, sqrt)
 from .gemm import gemm
 from .kernel import Kernel, prim_func, use_swizzle, ws
-from .loops import Parallel, Pipelined, serial, unroll
+from .loops import Parallel, Persistent, Pipelined, serial, unroll
 from .memory import (alloc_barrier, alloc_fragment, alloc_local, alloc_shared,
                      create_list_of_mbarrier, get_mbarrier)
 from .reduce import reduce_abssum, reduce_max, reduce_min, reduce_sum

@@ -175,7 +175,8 @@ def _proxy_fence(ctx: Ctx, s: ir.ProxyFence) -> None:
     ctx.line("fence_async_shared()")
 
 
-_LOOPS = {ir.ForKind.SERIAL: "range", ir.ForKind.UNROLL: "gl.static_range"}
+_LOOPS = {ir.ForKind.SERIAL: "range", ir.ForKind.PERSISTENT: "range",
+          ir.ForKind.UNROLL: "gl.static_range"}
 
 
 def _for(ctx: Ctx, s: ir.For) -> None:

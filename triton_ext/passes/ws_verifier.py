@@ -304,7 +304,12 @@ class _Dot:
 
 
 class _Flow:
-    """Program-order walk of one partition: outstanding wgmma and pending (unwaited) values."""
+    """Program-order walk of one partition: outstanding wgmma and pending (unwaited) values.
+
+    ``run``'s state is (``out``: the outstanding ``_Dot``, oldest first; ``carried``: the ``_Dot``
+    outstanding at some loop back edge, whose stage index is an SSA value of an earlier iteration
+    and so may equal any). ``carried`` holds the objects themselves, never their ``id()``: a
+    ``_Dot`` no longer referenced is freed, and a later one may get its id."""
 
     def __init__(self, m: Module, region: Region, guards: dict, who: str, errors: list):
         self.m, self.guards, self.who, self.errors = m, guards, who, errors
@@ -349,7 +354,7 @@ class _Flow:
                 body, before, carry = op.regions[0], list(out), inits
                 for again in (False, True):
                     if again:
-                        carried |= {id(d) for d in out}
+                        carried |= set(out)
                     for a, p in zip(body.args[1:], carry):
                         self.pending[a] = p
                     ys = self.run(body.ops, st) or inits
@@ -383,7 +388,7 @@ class _Flow:
         for buf, writer in self.guards.get(bar, ()):
             for d in out:
                 for base, index in d.reads:
-                    if base is buf and (id(d) in carried or self.m.may_alias(bar_index, index)):
+                    if base is buf and (d in carried or self.m.may_alias(bar_index, index)):
                         self.report(op, f"partition {self.who} releases {_name(buf)} (arrive on "
                                         f"{_name(bar)}) while `{_short(d.op)}` may still read it (no "
                                         f"warp_group_dot_wait covers it before the arrive); partition "
