@@ -33,6 +33,11 @@ cd "$view"
 
 python -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}, cuda available: {torch.cuda.is_available()}')"
 
+if [ -n "${TILEWS_DEVICE_CMD:-}" ]; then     # run something else in the same importable view
+    eval "$TILEWS_DEVICE_CMD"
+    exit $?
+fi
+
 if python -c "import pytest" 2>/dev/null; then
     timeout 330 python -m pytest -q -s -p no:cacheprovider tests/gpu tests/test_gluon_compile.py::test_numerics_on_gpu
     tests=$?
