@@ -74,6 +74,70 @@ def ws_ring_matmul_program(M, N, K, block_M=128, block_N=256, block_K=64, stages
     return main
 
 
+def pingpong_matmul_program(M, N, K, block_M=128, block_N=128, block_K=64, stages=4, num_sms=None,
+                            group_size=8, dtype=T.bfloat16, accum=T.float32):
+    """Persistent ping-pong: one producer warp group loads the (tile, k) sequence of this block's
+    tiles; consumer T.ws(1) takes the even tiles and T.ws(2) the odd ones, each a whole tile in
+    its own accumulator. A pair of `turn` barriers orders their main loops, so one consumer's
+    epilogue (store of its tile) runs while the other's wgmmas run."""
+    sms = num_sms or tilews.num_sms()
+    tiles_m, tiles_n = T.ceildiv(M, block_M), T.ceildiv(N, block_N)
+    k_tiles = T.ceildiv(K, block_K)
+
+    def coords(tile):
+        """Tile -> (row block, column block), in panels of group_size row blocks (L2 reuse)."""
+        width = group_size * tiles_n
+        first = tile // width * group_size
+        rows = T.min(tiles_m - first, group_size)
+        return first + tile % width % rows, tile % width // rows
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(sms, threads=384) as block_id:
+            A_s = T.alloc_shared((stages, block_M, block_K), dtype)
+            B_s = T.alloc_shared((stages, block_K, block_N), dtype)
+            C1 = T.alloc_fragment((block_M, block_N), accum)
+            C2 = T.alloc_fragment((block_M, block_N), accum)
+            full = T.alloc_barrier([128] * stages)
+            empty = T.alloc_barrier([128] * stages)       # released by whichever consumer read it
+            turn = T.alloc_barrier([128, 128])            # turn[c]: consumer c + 1 may run its MMAs
+            my_tiles = T.ceildiv(tiles_m * tiles_n - block_id, sms)
+            with T.ws(0):
+                for j in T.serial(my_tiles):
+                    bx, by = coords(block_id + j * sms)
+                    for k in T.serial(k_tiles):
+                        it = j * k_tiles + k
+                        T.barrier_wait(empty[it % stages], ((it // stages) & 1) ^ 1)
+                        T.copy(A[bx * block_M, k * block_K], A_s[it % stages, :, :])
+                        T.copy(B[k * block_K, by * block_N], B_s[it % stages, :, :])
+                        T.barrier_arrive(full[it % stages])
+            with T.ws(1):
+                for j in T.serial(0, my_tiles, 2):
+                    bx, by = coords(block_id + j * sms)
+                    T.barrier_wait(turn[0], (j // 2 + 1) & 1)      # T.ws(2)'s last main loop ended
+                    T.clear(C1)
+                    for k in T.serial(k_tiles):
+                        it = j * k_tiles + k
+                        T.barrier_wait(full[it % stages], (it // stages) & 1)
+                        T.gemm(A_s[it % stages, :, :], B_s[it % stages, :, :], C1)
+                        T.barrier_arrive(empty[it % stages])
+                    T.barrier_arrive(turn[1])
+                    T.copy(C1, C[bx * block_M, by * block_N])
+            with T.ws(2):
+                for j in T.serial(1, my_tiles, 2):
+                    bx, by = coords(block_id + j * sms)
+                    T.barrier_wait(turn[1], (j // 2) & 1)          # T.ws(1)'s main loop of tile j - 1 ended
+                    T.clear(C2)
+                    for k in T.serial(k_tiles):
+                        it = j * k_tiles + k
+                        T.barrier_wait(full[it % stages], (it // stages) & 1)
+                        T.gemm(A_s[it % stages, :, :], B_s[it % stages, :, :], C2)
+                        T.barrier_arrive(empty[it % stages])
+                    T.barrier_arrive(turn[0])
+                    T.copy(C2, C[bx * block_M, by * block_N])
+    return main
+
+
 def ws_matmul(M, N, K, target="auto", **kw):
     return tilews.jit(out_idx=[-1], target=target)(ws_matmul_program)(M, N, K, **kw)
 

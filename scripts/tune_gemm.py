@@ -13,7 +13,7 @@ import torch
 import tilews
 import tilews.language as T
 from examples.gemm import matmul, persistent_matmul
-from examples.ws_gemm import ws_ring_matmul_program
+from examples.ws_gemm import pingpong_matmul_program, ws_ring_matmul_program
 from tilews.testing import rel_err, time_ms
 
 
@@ -30,6 +30,7 @@ def configs(M, N, K):
     yield "persistent 128x256x64 s3", hop(persistent_matmul.fn)(M, N, K, dtype=T.bfloat16)
     yield "persistent 128x256x32 s6", hop(persistent_matmul.fn)(M, N, K, block_K=32, num_stages=6,
                                                                dtype=T.bfloat16)
+    yield "ping-pong 128x128x64 s4", hop(pingpong_matmul_program)(M, N, K)
 
 
 def main(argv) -> None:

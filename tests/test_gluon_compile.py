@@ -480,3 +480,18 @@ def test_two_consumers_with_private_buffers_compile(D):
     assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\.f32\.f16\.f16", ptx)) >= 2
     assert ptx.count("cp.async.bulk.tensor") >= 5          # 3 loads + 2 stores
     assert "fence.proxy.async" in ptx
+
+
+def test_pingpong_consumers_compile():
+    """Persistent ping-pong: producer (1 warp), consumer T.ws(1) as the default partition and
+    T.ws(2) as a 4-warp worker holding its own wgmma accumulator; `turn` barriers order them."""
+    from examples.ws_gemm import pingpong_matmul_program
+    kernel = lower(build_kernel(pingpong_matmul_program(1024, 1024, 512, num_sms=4)), HOPPER)
+    assert kernel.attr("backend") == "gluon"
+    prog = GluonProgram(emit(kernel), kernel.name, kernel)
+    ttgir, ptx = prog.asm["ttgir"], prog.asm["ptx"]
+    assert sorted(int(w) for w in re.findall(r"num_warps\((\d+)\)", ttgir)) == [1, 4]
+    assert re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx) and \
+        set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)) == {"m64n128k16"}
+    assert "turn" in prog.source and prog.source.count("mbarrier.wait(turn") == 2
+    assert dict(kernel.attr("mbarrier_counts"))["turn"] == (1, 1)

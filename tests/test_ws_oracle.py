@@ -358,3 +358,35 @@ def test_ws11_persistent_ring_count_runs_across_tiles():
     with pytest.raises((DeadlockError, RaceError, UninitializedReadError)):
         for seed in SEEDS:
             run_interp(wrong, args, 2, seed)
+
+
+@pytest.mark.parametrize("sms", [2, 3])
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_ws11_pingpong_consumers_alternate_tiles(sms, stages):
+    from examples.ws_gemm import pingpong_matmul_program
+    M, N, K = 320, 96, 96                         # 5 x 3 = 15 tiles: odd, uneven among blocks
+    prim = pingpong_matmul_program(M, N, K, block_M=64, block_N=32, block_K=32, stages=stages,
+                                   num_sms=sms, group_size=2, dtype=T.float16)
+    a, b = randn(M, K, dtype=torch.float16, seed=21), randn(K, N, dtype=torch.float16, seed=22)
+    after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
+    assert after.attr("backend") == "gluon"
+    # `empty` is released by either consumer: one arrival per phase, whichever role it is
+    assert dict(after.attr("mbarrier_counts"))["empty"] == (1,) * stages
+    got = run_interp(after, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed=5)
+    assert (got.double() - a.double() @ b.double()).abs().max() < 0.05
+
+
+def test_ws11_pingpong_turn_with_the_wrong_parity_is_caught():
+    # consumer 2 waiting for the turn of a main loop consumer 1 has not run yet deadlocks
+    from examples.ws_gemm import pingpong_matmul_program
+    M, N, K = 256, 64, 64
+    prim = pingpong_matmul_program(M, N, K, block_M=64, block_N=32, block_K=32, stages=2,
+                                   num_sms=2, group_size=2, dtype=T.float16)
+    ours = lower(build_kernel(prim), HOPPER)
+    flip = lambda n: dataclasses.replace(n, parity=ir.BinOp(ir.BinOpKind.XOR, n.parity, ir.Const(1, ir.DType.I32), ir.DType.I32)) \
+        if isinstance(n, ir.BarrierWait) and n.barrier.buffer.name == "turn" and ir.as_int(n.barrier.index) == 1 else None  # noqa: E731
+    wrong = transform(ours, flip)
+    a, b = randn(M, K, dtype=torch.float16, seed=23), randn(K, N, dtype=torch.float16, seed=24)
+    with pytest.raises((DeadlockError, RaceError, UninitializedReadError)):
+        for seed in SEEDS:
+            run_interp(wrong, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed)

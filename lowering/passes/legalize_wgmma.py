@@ -323,18 +323,28 @@ def _mbarrier_counts(kernel: ir.Kernel, role_list) -> tuple:
         for s in walk(r.body):
             if isinstance(s, ir.BarrierArrive):
                 arrivals.setdefault(s.barrier.buffer.name, set()).add(r.warpgroups)
+    return tuple((s.buffer.name, _per_phase(s.buffer, arrivals.get(s.buffer.name, set())))
+                 for s in walk(kernel.body)
+                 if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER)
+
+
+def _per_phase(b: ir.Buffer, arriving: set) -> tuple[int, ...]:
+    """Gluon arrivals per phase of each barrier in ``b`` (the IR counts threads; a Gluon arrive is
+    one per partition): every arriving role once (the count is their threads together), or any
+    ``n`` of equally sized roles (the count is ``n`` times their size, e.g. ping-pong consumers
+    taking turns)."""
+    total = sum(128 * len(w) for w in arriving)
+    sizes = {128 * len(w) for w in arriving}
     out = []
-    for s in walk(kernel.body):
-        if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER:
-            b = s.buffer
-            arriving = arrivals.get(b.name, set())
-            threads = sum(128 * len(w) for w in arriving)
-            for count in b.arrive_counts:
-                if count != threads:
-                    raise CompileError(
-                        f"barrier '{b.name}' counts {count} arriving threads, but the roles "
-                        f"arriving on it ({', '.join(roles.describe(w) for w in sorted(arriving)) or 'none'}) "
-                        f"have {threads} threads; on Hopper each phase must be completed by whole roles",
-                        b.loc)
-            out.append((b.name, (len(arriving),) * len(b.arrive_counts)))
+    for count in b.arrive_counts:
+        if count == total:
+            out.append(len(arriving))
+        elif len(sizes) == 1 and count % min(sizes) == 0:
+            out.append(count // min(sizes))
+        else:
+            raise CompileError(
+                f"barrier '{b.name}' counts {count} arriving threads, but the roles arriving on it "
+                f"({', '.join(roles.describe(w) for w in sorted(arriving)) or 'none'}) cannot complete "
+                f"a phase with exactly that many; on Hopper each phase must be completed by whole roles",
+                b.loc)
     return tuple(out)

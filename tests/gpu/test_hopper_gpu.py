@@ -10,7 +10,7 @@ import torch
 import tilews
 import tilews.language as T
 from examples.gemm import matmul, persistent_matmul
-from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
+from examples.ws_gemm import pingpong_matmul_program, ws_matmul_program, ws_ring_matmul_program
 from tilews.testing import rel_err, time_ms
 
 pytestmark = pytest.mark.gpu
@@ -42,7 +42,11 @@ def persistent(M, N, K):
         M, N, K, num_stages=3, threads=256, dtype=T.bfloat16, **BIG)
 
 
-VARIANTS = {"persistent auto-ws": persistent, "auto-ws": auto_ws, "auto-ws swizzle 8": lambda M, N, K: auto_ws(M, N, K, 8),
+def pingpong(M, N, K):
+    return tilews.jit(out_idx=[-1], target="hopper")(pingpong_matmul_program)(M, N, K)
+
+
+VARIANTS = {"persistent ping-pong 128x128x64 s4": pingpong, "persistent auto-ws": persistent, "auto-ws": auto_ws, "auto-ws swizzle 8": lambda M, N, K: auto_ws(M, N, K, 8),
             "explicit-ring ws(0)+ws(1,2)": explicit_ring}
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (1000, 1096, 1232), (8192, 8192, 1024)]
 
