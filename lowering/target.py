@@ -14,6 +14,7 @@ class Target:
     smem_bytes: int                 # shared memory per block
     triton_interpreter: bool = False  # "triton" executed by Triton's CPU interpreter
     power_of_two_tiles: bool = False  # tile extents must be powers of two (tl.arange)
+    num_sms: int = 0                # multiprocessors, when known (persistent grids); 0: unknown
 
 
 INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)

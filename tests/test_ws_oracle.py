@@ -390,3 +390,20 @@ def test_ws11_pingpong_turn_with_the_wrong_parity_is_caught():
     with pytest.raises((DeadlockError, RaceError, UninitializedReadError)):
         for seed in SEEDS:
             run_interp(wrong, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed)
+
+
+@pytest.mark.parametrize("sms", [5, 7])
+def test_large_gemm_becomes_persistent_automatically(sms):
+    M, N, K = 200, 96, 100                     # 4 x 3 = 12 tiles > sms: uneven among the blocks
+    prim = matmul.fn(M, N, K, block_M=64, block_N=32, block_K=32, num_stages=2)
+    a, b = randn(M, K, dtype=torch.float16, seed=25), randn(K, N, dtype=torch.float16, seed=26)
+    before = build_kernel(prim)
+    target = dataclasses.replace(HOPPER, num_sms=sms)
+    after = lower(before, target)
+    assert [ir.as_int(g) for g in after.grid] == [sms]
+    assert any("persist: 12 tiles > " in n for n in after.notes)
+    want = run_interp(before, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
+    for seed in SEEDS:
+        assert torch.equal(run_interp(after, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed), want)
+    small = lower(before, dataclasses.replace(HOPPER, num_sms=12))      # 12 tiles fit: unchanged grid
+    assert [ir.as_int(g) for g in small.grid] == [3, 4]

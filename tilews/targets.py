@@ -8,6 +8,7 @@ report, an explicit request is an error. ``"hopper"`` on a machine without a GPU
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tilews.lowering import target as tg
@@ -55,7 +56,7 @@ def select(name: str) -> Selection:
     if name == "interpret":
         return Selection(tg.INTERPRET, notes)
     if name == "hopper":   # without a GPU: compile-only (calling the kernel needs an H100/H200)
-        return Selection(tg.HOPPER, notes)
+        return Selection(dataclasses.replace(tg.HOPPER, num_sms=num_sms()), notes)
     return Selection(plain_triton(), notes)
 
 

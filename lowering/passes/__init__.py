@@ -12,8 +12,8 @@ from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
-from . import (despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma, plan_buffers,
-               plan_pipeline, warp_specialize)
+from . import (despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma, persist,
+               plan_buffers, plan_pipeline, warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
@@ -21,6 +21,8 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     ("despecialize", despecialize.run),
     # Before layouts and buffers: warp specialization decides which buffers become rings and
     # which roles exist, so later passes plan for the buffers and roles that really exist.
+    # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop.
+    ("persist", persist.run),
     ("plan_pipeline", plan_pipeline.run),
     ("warp_specialize", warp_specialize.run),
     # Rings and roles are final: place shared buffers and check the budget.
