@@ -60,10 +60,6 @@ def rewrite(s: ir.Stmt, fn: Callable[[ir.Stmt], Optional[ir.Stmt]]) -> ir.Stmt:
     return s if r is None else r
 
 
-def seq(stmts, loc: ir.Loc = ir.UNKNOWN_LOC) -> ir.Seq:
-    return ir.Seq(tuple(stmts), loc)
-
-
 def exprs_of(s: ir.Stmt) -> Iterator[ir.Expr]:
     """The expressions a statement reads directly (not those of nested bodies)."""
     def region(r: ir.Region):

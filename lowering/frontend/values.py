@@ -8,7 +8,6 @@ indexing one gives an ``ElementRef`` (all indices scalar: an element, or a regio
 """
 from __future__ import annotations
 
-import math
 from typing import Union
 
 from .. import ir
@@ -277,6 +276,3 @@ def ceildiv(a, b):
         return (a + b - 1) // b
     return -(-a // b)
 
-
-def is_finite_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
