@@ -129,6 +129,6 @@ WORKLOAD = Workload(
     # 128 threads: one consumer warp group; on a GPU also 128x256 tiles over 256 threads, two
     # consumer warp groups (on Hopper, plus the producer warp group warp specialization adds)
     variants=[tilews_variant(128, 128, 64, 3)]
-    + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=8),
+    + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=16),
         persistent_variant(128, 256, 64, 3, threads=256)] if torch.cuda.is_available() else []),
     references=[TORCH, TRITON])

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     M, N, K = (4096, 4096, 4096) if device.type == "cuda" else (200, 136, 100)
     # On a GPU: 128x256 tiles for two consumer warp groups (on Hopper, warp specialization adds
     # a producer warp group); on the CPU small tiles.
-    blocks = dict(block_M=128, block_N=256, block_K=64, threads=256, swizzle=8) if device.type == "cuda" else \
+    blocks = dict(block_M=128, block_N=256, block_K=64, threads=256, swizzle=16) if device.type == "cuda" else \
         dict(block_M=64, block_N=64, block_K=32)
     t0 = time.perf_counter()
     kernel = matmul(M, N, K, **blocks)

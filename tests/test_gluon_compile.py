@@ -495,3 +495,19 @@ def test_pingpong_consumers_compile():
         set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)) == {"m64n128k16"}
     assert "turn" in prog.source and prog.source.count("mbarrier.wait(turn") == 2
     assert dict(kernel.attr("mbarrier_counts"))["turn"] == (1, 1)
+
+
+def test_persistent_gemm_compile():
+    """T.Persistent GEMM: one warp_specialize whose partitions each loop over the block's tiles
+    (an outer scf.for around the k loop), the TMA store inside the consumer's tile loop."""
+    from examples.gemm import persistent_matmul
+    kernel = lower(build_kernel(persistent_matmul.fn(1024, 1024, 512, num_sms=3)), HOPPER)
+    assert kernel.attr("backend") == "gluon" and [ir.as_int(g) for g in kernel.grid] == [3]
+    prog = GluonProgram(emit(kernel), kernel.name, kernel)
+    ttgir = prog.asm["ttgir"]
+    assert ttgir.count("ttg.warp_specialize") == 1
+    default = ttgir[ttgir.index("ttg.warp_specialize"):ttgir.index("partition0(")]
+    assert default.count("scf.for") >= 2                      # tile loop around the k loop
+    tile_loop = default[default.index("scf.for"):]
+    assert "async_tma_copy_local_to_global" in tile_loop       # the store happens per tile
+    assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", prog.asm["ptx"])) == {"m64n256k16"}

@@ -49,7 +49,7 @@ def pingpong(M, N, K):
 # "auto": the plain T.Pipelined GEMM, which the compiler makes persistent when the tiles
 # outnumber the SMs (and warp-specializes); "persistent": written with T.Persistent
 VARIANTS = {"persistent ping-pong 128x128x64 s4": pingpong, "persistent (T.Persistent)": persistent,
-            "auto": auto_ws, "auto swizzle 8": lambda M, N, K: auto_ws(M, N, K, 8),
+            "auto": auto_ws, "auto swizzle 16": lambda M, N, K: auto_ws(M, N, K, 16),
             "explicit-ring ws(0)+ws(1,2)": explicit_ring}
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (1000, 1096, 1232), (8192, 8192, 1024)]
 
