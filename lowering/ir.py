@@ -353,6 +353,15 @@ class GemmWait(Stmt):
 
 
 @dataclass(frozen=True)
+class BulkStoreWait(Stmt):
+    """Wait until at most ``outstanding`` of this role's bulk (TMA) stores are still reading
+    their shared source. A source may be written again only after a wait that covers its store.
+    (The interpreter's stores are synchronous: a no-op there.)"""
+    outstanding: int
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
 class ProxyFence(Stmt):
     """Orders this role's generic shared-memory writes before later asynchronous-proxy accesses
     (bulk tensor copies, wgmma operand reads) of the same memory. A no-op in the interpreter."""
@@ -510,7 +519,7 @@ class Kernel:
 
 
 NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Select, Load, Buffer, Region,
-                BarrierRef, Seq, Alloc, Copy, Gemm, GemmWait, ProxyFence, Fill, Reduce, Store, AtomicAdd, Parallel, For,
+                BarrierRef, Seq, Alloc, Copy, Gemm, GemmWait, BulkStoreWait, ProxyFence, Fill, Reduce, Store, AtomicAdd, Parallel, For,
                 If, Role, WarpSpecialize, BarrierArrive, BarrierWait, Kernel)
 
 

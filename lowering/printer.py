@@ -82,6 +82,8 @@ def _stmt_line(s: ir.Stmt) -> str:
         return f"gemm_wait outstanding={s.outstanding}"
     if isinstance(s, ir.ProxyFence):
         return "proxy_fence"
+    if isinstance(s, ir.BulkStoreWait):
+        return f"bulk_store_wait outstanding={s.outstanding}"
     if isinstance(s, ir.BarrierArrive):
         return f"barrier_arrive {barrier(s.barrier)}"
     if isinstance(s, ir.BarrierWait):

@@ -12,7 +12,9 @@ iteration sees them):
   an error;
 * a role must not end with gemms in flight;
 * an asynchronous read of shared memory (TMA store, wgmma operand) of a buffer the role wrote with
-  ordinary stores since its last ``ProxyFence`` is an error (the async proxy may not see them).
+  ordinary stores since its last ``ProxyFence`` is an error (the async proxy may not see them);
+* writing a buffer a bulk (TMA) store may still be reading — issued and not covered by a
+  ``BulkStoreWait(0)`` — is an error, and so is ending a role with bulk stores in flight.
 
 Violations are ``CompileError`` naming the kernel, the role and the line.
 """
@@ -30,6 +32,10 @@ def run(kernel: ir.Kernel) -> ir.Kernel:
         for role in ws.roles:
             checker = _Role(kernel, role, guards)
             inflight = checker.seq(role.body.stmts, [])
+            if checker.storing:
+                loc = next(iter(checker.storing.values()))
+                raise CompileError(f"kernel '{kernel.name}': {roles.describe(role.warpgroups)} ends "
+                                   f"with a bulk store in flight (line {loc.line}); wait for it", loc)
             if inflight:
                 raise CompileError(f"kernel '{kernel.name}': {roles.describe(role.warpgroups)} ends "
                                    f"with a wgmma in flight (issued at line {inflight[-1].loc.line}); "
@@ -55,6 +61,7 @@ class _Role:
     def __init__(self, kernel: ir.Kernel, role: ir.Role, guards: dict[str, set]):
         self.kernel, self.role, self.guards = kernel, role, guards
         self.unfenced: dict[ir.Buffer, ir.Loc] = {}   # generic writes not yet fenced
+        self.storing: dict[ir.Buffer, ir.Loc] = {}    # bulk stores not yet waited for
 
     def fail(self, msg: str, loc: ir.Loc) -> CompileError:
         return CompileError(f"kernel '{self.kernel.name}', {roles.describe(self.role.warpgroups)}: "
@@ -74,7 +81,15 @@ class _Role:
                                 f"stores to it (line {self.unfenced[b].line}) with no proxy fence "
                                 f"between", s.loc)
         for b in generic_shared_writes(s):
+            if b in self.storing:
+                raise self.fail(f"writes '{b.name}' while the bulk store from line "
+                                f"{self.storing[b].line} may still read it (wait first)", s.loc)
             self.unfenced[b] = s.loc
+        if isinstance(s, ir.BulkStoreWait) and s.outstanding == 0:
+            self.storing.clear()
+        if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA \
+                and s.dst.buffer.scope is ir.Scope.GLOBAL:
+            self.storing[s.src.buffer] = s.loc
         if isinstance(s, ir.For):
             once = self.seq(s.body.stmts, list(inflight))
             return self.seq(s.body.stmts, once)        # what the next iteration sees

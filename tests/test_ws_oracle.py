@@ -253,7 +253,7 @@ def test_explicit_shared_staging_gets_a_proxy_fence():
     k = lower(build_kernel(two_consumers(64)[0]), HOPPER)
     for role in (r for s in walk(k.body) if isinstance(s, ir.WarpSpecialize) for r in s.roles[1:]):
         kinds = [type(s).__name__ for s in role.body.stmts]
-        assert kinds[-3:] == ["Copy", "ProxyFence", "Copy"], kinds
+        assert kinds[-4:] == ["Copy", "ProxyFence", "Copy", "BulkStoreWait"], kinds
 
 
 def block_sparse_gemm(M, N, K, block_M=64, block_N=32, block_K=32, stages=2, threads=128,
@@ -407,3 +407,22 @@ def test_large_gemm_becomes_persistent_automatically(sms):
         assert torch.equal(run_interp(after, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed), want)
     small = lower(before, dataclasses.replace(HOPPER, num_sms=12))      # 12 tiles fit: unchanged grid
     assert [ir.as_int(g) for g in small.grid] == [3, 4]
+
+
+def test_persistent_store_overlaps_the_next_tile_and_unwaited_rewrites_are_caught():
+    from examples.gemm import persistent_matmul
+    prim = persistent_matmul.fn(256, 128, 64, block_M=64, block_N=64, block_K=32, num_stages=2,
+                                threads=128, num_sms=2, dtype=T.float16)
+    ours = lower(build_kernel(prim), HOPPER)
+    consumer = next(r for s in walk(ours.body) if isinstance(s, ir.WarpSpecialize) for r in s.roles
+                    if r.warpgroups == (1,))
+    tile_loop = consumer.body.stmts[0]
+    kinds = [type(s).__name__ for s in tile_loop.body.stmts]
+    # the store of tile t is waited for only before tile t+1 writes the staging buffer again
+    assert kinds[-4:] == ["BulkStoreWait", "Copy", "ProxyFence", "Copy"], kinds
+    assert isinstance(consumer.body.stmts[-1], ir.BulkStoreWait)
+    verify_async.run(ours)
+    wrong = transform(ours, lambda n: dataclasses.replace(n, stmts=tuple(
+        t for t in n.stmts if not isinstance(t, ir.BulkStoreWait))) if n is tile_loop.body else None)
+    with pytest.raises(CompileError, match="while the bulk store from line .* may still read it"):
+        verify_async.run(wrong)

@@ -65,7 +65,8 @@ class RoleExecutor:
                           ir.Parallel: self._parallel, ir.Store: self._store,
                           ir.AtomicAdd: self._atomic_add,
                           # gemms run synchronously here, and shared memory has one proxy
-                          ir.GemmWait: _no_op, ir.ProxyFence: _no_op}
+                          ir.GemmWait: _no_op, ir.BulkStoreWait: _no_op,
+                          ir.ProxyFence: _no_op}
 
     def run(self, body: ir.Seq, env: dict) -> Iterator:
         self._resume()

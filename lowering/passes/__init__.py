@@ -12,8 +12,8 @@ from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
-from . import (despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma, persist,
-               plan_buffers, plan_pipeline, warp_specialize)
+from . import (despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma, overlap_store,
+               persist, plan_buffers, plan_pipeline, warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
@@ -34,6 +34,8 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     ("legalize_wgmma", legalize_wgmma.run),
     # After the instruction choice: overlaps one wgmma with the next iteration's.
     ("overlap_mma", overlap_mma.run),
+    # ... and a tile's result store with the next tile's main loop (persistent kernels).
+    ("overlap_store", overlap_store.run),
 )
 
 Observer = Callable[[str, ir.Kernel], None]

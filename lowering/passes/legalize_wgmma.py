@@ -8,7 +8,8 @@ Ensures:   attr ``backend`` = "gluon", or "tl" with a note naming the reason and
            * global -> shared copies are TMA; in explicit programs a copy followed (before any
              read of its destination) by an arrival on barrier ``b`` completes *on* ``b``
              (expect-tx), so no arrival happens while its bytes are in flight;
-           * fragment -> shared stores are DIRECT and shared -> global copies TMA stores;
+           * fragment -> shared stores are DIRECT and shared -> global copies TMA stores, each
+             followed by ``BulkStoreWait(0)``;
            * gemms on shared operands are WGMMA, each followed by ``GemmWait(0)``;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
              next asynchronous read of them (TMA store, wgmma operand) — ws-semantics #5;
@@ -194,6 +195,8 @@ def _seq(body: ir.Seq) -> ir.Seq:
             out.append(dataclasses.replace(s, then=_seq(s.then), orelse=_seq(s.orelse)))
         elif isinstance(s, ir.Copy):
             out.append(_copy(s, stmts[i + 1:]))
+            if out[-1].mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
+                out.append(ir.BulkStoreWait(0, s.loc))    # overlap_store may defer it
         elif isinstance(s, ir.Gemm):
             for x, n in ((s.a, "A"), (s.b, "B")):
                 if x.buffer.scope is not ir.Scope.SHARED:

@@ -107,7 +107,10 @@ def _tma_store(ctx: Ctx, s: ir.Copy) -> None:
     coords = ", ".join(arg(ctx, x) for x in s.dst.starts)
     ctx.line(f"tma.async_copy_shared_to_global({ctx.descriptor(s.dst, s.loc)}, [{coords}], "
              f"{_smem(ctx, s.src, s.loc)})")
-    ctx.line("tma.store_wait(0)")
+
+
+def _bulk_store_wait(ctx: Ctx, s: ir.BulkStoreWait) -> None:
+    ctx.line(f"tma.store_wait({s.outstanding})")
 
 
 def _store_fragment(ctx: Ctx, s: ir.Copy) -> None:
@@ -203,4 +206,5 @@ def _if(ctx: Ctx, s: ir.If) -> None:
 _STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
     ir.Copy: _copy, ir.Gemm: _gemm, ir.GemmWait: _gemm_wait, ir.Fill: _fill,
     ir.BarrierWait: _barrier_wait, ir.BarrierArrive: _barrier_arrive, ir.ProxyFence: _proxy_fence,
+    ir.BulkStoreWait: _bulk_store_wait,
     ir.For: _for, ir.If: _if, ir.Store: _store}
