@@ -23,6 +23,24 @@ def substmts(s: ir.Stmt) -> tuple[ir.Seq, ...]:
     return ()
 
 
+def rewrite_loops(body: ir.Seq, fn: Callable[[ir.For], Optional[list]]) -> ir.Seq:
+    """Offer every loop in ``body`` (inside roles and other loops) to ``fn``, outermost first:
+    it returns the statements replacing the loop, or None to look inside it instead."""
+    out: list[ir.Stmt] = []
+    for s in body.stmts:
+        if isinstance(s, ir.WarpSpecialize):
+            s = dataclasses.replace(s, roles=tuple(dataclasses.replace(r, body=rewrite_loops(r.body, fn))
+                                                   for r in s.roles))
+        elif isinstance(s, ir.For):
+            new = fn(s)
+            if new is not None:
+                out.extend(new)
+                continue
+            s = dataclasses.replace(s, body=rewrite_loops(s.body, fn))
+        out.append(s)
+    return dataclasses.replace(body, stmts=tuple(out))
+
+
 def walk(s: ir.Stmt) -> Iterator[ir.Stmt]:
     """Every statement in ``s`` (pre-order), ``Seq`` nodes excluded."""
     if isinstance(s, ir.Seq):

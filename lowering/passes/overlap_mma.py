@@ -21,28 +21,14 @@ import dataclasses
 from .. import ir
 from ..target import Target
 from ..simplify import fold
-from ..traverse import transform
+from ..traverse import rewrite_loops, transform
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if kernel.attr("backend") != "gluon":
         return kernel
-    return dataclasses.replace(kernel, body=_seq(kernel.body))
-
-
-def _seq(body: ir.Seq) -> ir.Seq:
-    out: list[ir.Stmt] = []
-    for s in body.stmts:
-        if isinstance(s, ir.WarpSpecialize):
-            out.append(dataclasses.replace(s, roles=tuple(dataclasses.replace(r, body=_seq(r.body))
-                                                          for r in s.roles)))
-        elif isinstance(s, ir.For) and _matches(s):
-            out.extend(_overlap(s))
-        elif isinstance(s, ir.For):          # e.g. a persistent tile loop around the k loop
-            out.append(dataclasses.replace(s, body=_seq(s.body)))
-        else:
-            out.append(s)
-    return dataclasses.replace(body, stmts=tuple(out))
+    return dataclasses.replace(kernel, body=rewrite_loops(
+        kernel.body, lambda loop: _overlap(loop) if _matches(loop) else None))
 
 
 def _matches(loop: ir.For) -> bool:

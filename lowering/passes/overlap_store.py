@@ -15,28 +15,18 @@ import dataclasses
 
 from .. import ir
 from ..target import Target
+from ..traverse import rewrite_loops
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if kernel.attr("backend") != "gluon":
         return kernel
-    return dataclasses.replace(kernel, body=_seq(kernel.body))
+    return dataclasses.replace(kernel, body=rewrite_loops(kernel.body, _deferred))
 
 
-def _seq(body: ir.Seq) -> ir.Seq:
-    out: list[ir.Stmt] = []
-    for s in body.stmts:
-        if isinstance(s, ir.WarpSpecialize):
-            s = dataclasses.replace(s, roles=tuple(dataclasses.replace(r, body=_seq(r.body))
-                                                   for r in s.roles))
-        elif isinstance(s, ir.For):
-            deferred = _defer(s.body)
-            if deferred is not None:
-                out += [dataclasses.replace(s, body=deferred), ir.BulkStoreWait(0, s.loc)]
-                continue
-            s = dataclasses.replace(s, body=_seq(s.body))
-        out.append(s)
-    return dataclasses.replace(body, stmts=tuple(out))
+def _deferred(loop: ir.For):
+    body = _defer(loop.body)
+    return None if body is None else [dataclasses.replace(loop, body=body), ir.BulkStoreWait(0, loop.loc)]
 
 
 def _defer(body: ir.Seq):
