@@ -111,30 +111,21 @@ def pingpong_matmul_program(M, N, K, block_M=128, block_N=128, block_K=64, stage
                         T.copy(A[bx * block_M, k * block_K], A_s[it % stages, :, :])
                         T.copy(B[k * block_K, by * block_N], B_s[it % stages, :, :])
                         T.barrier_arrive(full[it % stages])
-            with T.ws(1):
-                for j in T.serial(0, my_tiles, 2):
-                    bx, by = coords(block_id + j * sms)
-                    T.barrier_wait(turn[0], (j // 2 + 1) & 1)      # T.ws(2)'s last main loop ended
-                    T.clear(C1)
-                    for k in T.serial(k_tiles):
-                        it = j * k_tiles + k
-                        T.barrier_wait(full[it % stages], (it // stages) & 1)
-                        T.gemm(A_s[it % stages, :, :], B_s[it % stages, :, :], C1)
-                        T.barrier_arrive(empty[it % stages])
-                    T.barrier_arrive(turn[1])
-                    T.copy(C1, C[bx * block_M, by * block_N])
-            with T.ws(2):
-                for j in T.serial(1, my_tiles, 2):
-                    bx, by = coords(block_id + j * sms)
-                    T.barrier_wait(turn[1], (j // 2) & 1)          # T.ws(1)'s main loop of tile j - 1 ended
-                    T.clear(C2)
-                    for k in T.serial(k_tiles):
-                        it = j * k_tiles + k
-                        T.barrier_wait(full[it % stages], (it // stages) & 1)
-                        T.gemm(A_s[it % stages, :, :], B_s[it % stages, :, :], C2)
-                        T.barrier_arrive(empty[it % stages])
-                    T.barrier_arrive(turn[0])
-                    T.copy(C2, C[bx * block_M, by * block_N])
+            for c, acc in [(0, C1), (1, C2)]:      # T.ws(1 + c) takes this block's tiles c, c + 2, ...
+                with T.ws(1 + c):
+                    for j in T.serial(c, my_tiles, 2):
+                        bx, by = coords(block_id + j * sms)
+                        # wait until the other consumer's previous main loop ended (T.ws(1)'s
+                        # first wait is on a fresh barrier's parity 1 and passes at once)
+                        T.barrier_wait(turn[c], (j // 2 + 1 - c) & 1)
+                        T.clear(acc)
+                        for k in T.serial(k_tiles):
+                            it = j * k_tiles + k
+                            T.barrier_wait(full[it % stages], (it // stages) & 1)
+                            T.gemm(A_s[it % stages, :, :], B_s[it % stages, :, :], acc)
+                            T.barrier_arrive(empty[it % stages])
+                        T.barrier_arrive(turn[1 - c])     # the other consumer may run its MMAs
+                        T.copy(acc, C[bx * block_M, by * block_N])
     return main
 
 
