@@ -81,25 +81,27 @@ def _example_gemm():
         return module
 
 
+def _tilews_dtype(case: Case):
+    import tilews.language as T
+    return {torch.bfloat16: T.bfloat16, torch.float16: T.float16}[case.dtype]
+
+
 def persistent_variant(block_M: int, block_N: int, block_K: int, num_stages: int, threads: int) -> Variant:
     """``examples.gemm.persistent_matmul``: one block per SM over output tiles."""
     def build(case: Case, target: str):
         import tilews
-        import tilews.language as T
-        dtype = {torch.bfloat16: T.bfloat16, torch.float16: T.float16}[case.dtype]
         factory = tilews.jit(target=target)(_example_gemm().persistent_matmul.fn)
         return factory(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
-                       num_stages=num_stages, threads=threads, dtype=dtype)
+                       num_stages=num_stages, threads=threads, dtype=_tilews_dtype(case))
     return Variant(f"tilews persistent {block_M}x{block_N}x{block_K} s{num_stages} t{threads}", build)
 
 
 def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
                    threads: int = 128, swizzle: int = 0) -> Variant:
     def build(case: Case, target: str):
-        import tilews.language as T
-        dtype = {torch.bfloat16: T.bfloat16, torch.float16: T.float16}[case.dtype]
         return _factory(target)(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
-                                num_stages=num_stages, threads=threads, swizzle=swizzle, dtype=dtype)
+                                num_stages=num_stages, threads=threads, swizzle=swizzle,
+                                dtype=_tilews_dtype(case))
     suffix = ("" if threads == 128 else f" t{threads}") + (f" sw{swizzle}" if swizzle else "")
     return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build)
 

@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .. import ir
+from .. import ir, schedule
 from ..errors import CompileError
 from .context import builder, current_loc
-from .values import BufferRef, ElementRef, RegionRef, Scalar, ceildiv, promote, to_expr
+from .values import BufferRef, ElementRef, RegionRef, Scalar, promote, to_expr
 
 
 def err(msg: str, notes: Sequence[str] = ()) -> CompileError:
@@ -224,18 +224,17 @@ class PersistentFrame(Frame):
         # a 0-based count of this block's tiles: tile = index + i * wave_size
         self.var = ir.Var(b.unique("tile_iter"), ir.DType.I32, ir.VarKind.LOOP, current_loc())
         t = self.index + Scalar(self.var) * self.wave_size
-        tiles_0, tiles_1 = self.domain
-        width = self.group_size * tiles_1
-        first = (t // width) * self.group_size
-        rows = math_call(ir.MathFn.MIN, tiles_0 - first, self.group_size)
-        return first + (t % width) % rows, (t % width) // rows
+        tiles_0, tiles_1 = (to_expr(d, ir.DType.I32) for d in self.domain)
+        return tuple(Scalar(e) for e in schedule.grouped_tile(to_expr(t, ir.DType.I32), tiles_0,
+                                                               tiles_1, self.group_size, current_loc()))
 
     def exit(self, body):
         tiles_0, tiles_1 = self.domain
-        count = ceildiv(tiles_0 * tiles_1 - self.index, self.wave_size)
-        builder().emit(ir.For(self.var, to_expr(0, ir.DType.I32), to_expr(count, ir.DType.I32),
-                              to_expr(1, ir.DType.I32), ir.ForKind.PERSISTENT, _block(body), 0,
-                              self.loc))
+        count = schedule.tiles_of_block(to_expr(tiles_0 * tiles_1, ir.DType.I32),
+                                        to_expr(self.index, ir.DType.I32),
+                                        to_expr(self.wave_size, ir.DType.I32), self.loc)
+        builder().emit(ir.For(self.var, to_expr(0, ir.DType.I32), count, to_expr(1, ir.DType.I32),
+                              ir.ForKind.PERSISTENT, _block(body), 0, self.loc))
 
 
 class ParallelFrame(Frame):

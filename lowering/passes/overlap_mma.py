@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir
+from .. import ir, schedule
 from ..target import Target
 from ..simplify import fold
 from ..traverse import rewrite_loops, transform
@@ -62,12 +62,7 @@ def _overlap(loop: ir.For) -> list[ir.Stmt]:
                          ir.Seq((dataclasses.replace(arrive, barrier=dataclasses.replace(
                              bar, index=prev_index)),), loc), ir.Seq((), loc), loc)
     body = loop.body.stmts[:-3] + (gemm, ir.GemmWait(1, wait.loc), release_prev)
-    # the last iteration's index: start + ((stop - start - 1) // step) * step
-    span = ir.BinOp(ir.BinOpKind.SUB, ir.BinOp(ir.BinOpKind.SUB, loop.stop, loop.start, i32, loc),
-                    ir.Const(1, i32, loc), i32, loc)
-    last = ir.BinOp(ir.BinOpKind.ADD, loop.start, ir.BinOp(
-        ir.BinOpKind.MUL, ir.BinOp(ir.BinOpKind.FLOORDIV, span, loop.step, i32, loc), loop.step, i32, loc),
-        i32, loc)
+    last = schedule.last_index(loop, loc)
     arrive_last = dataclasses.replace(arrive, barrier=dataclasses.replace(bar, index=_at(bar.index, k, last)))
     ran = fold(ir.Cmp(ir.CmpKind.GT, loop.stop, loop.start, loc))
     release_last = arrive_last if ran == ir.Const(True, ir.DType.BOOL) else \

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir
-from ..simplify import fold
+from .. import ir, schedule
 from ..target import Target
 from ..traverse import transform
 from . import plan_pipeline
@@ -33,24 +32,18 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         return kernel
     loc = kernel.loc
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
-    i32 = ir.DType.I32
-    op = lambda k, a, b: ir.BinOp(k, a, b, i32, loc)  # noqa: E731
-    B = ir.BinOpKind
-    block = ir.Var("block_id", i32, ir.VarKind.BLOCK, loc)
-    it = ir.Var("tile_iter", i32, ir.VarKind.LOOP, loc)
+    block = ir.Var("block_id", ir.DType.I32, ir.VarKind.BLOCK, loc)
+    it = ir.Var("tile_iter", ir.DType.I32, ir.VarKind.LOOP, loc)
     group = kernel.swizzle_panel or 16    # measured on H200: 16-row panels beat 8 at 4096^3
-    tile = op(B.ADD, block, op(B.MUL, it, c(sms)))
-    width = gx * group
-    first = op(B.MUL, op(B.FLOORDIV, tile, c(width)), c(group))
-    rows = ir.Call(ir.MathFn.MIN, (op(B.SUB, c(gy), first), c(group)), i32, loc)
-    by = op(B.ADD, first, op(B.MOD, op(B.MOD, tile, c(width)), rows))
-    bx = op(B.FLOORDIV, op(B.MOD, tile, c(width)), rows)
+    tile = ir.BinOp(ir.BinOpKind.ADD, block, ir.BinOp(ir.BinOpKind.MUL, it, c(sms), ir.DType.I32, loc),
+                    ir.DType.I32, loc)
+    by, bx = schedule.grouped_tile(tile, c(gy), c(gx), group, loc)
     old_bx, old_by = kernel.block_vars
     place = {old_bx: bx, old_by: by}
     allocs = tuple(s for s in kernel.body.stmts if isinstance(s, ir.Alloc))
     work = tuple(transform(s, lambda n: place.get(n) if isinstance(n, ir.Var) else None)
                  for s in kernel.body.stmts if not isinstance(s, ir.Alloc))
-    count = fold(op(B.FLOORDIV, op(B.ADD, op(B.SUB, c(gx * gy), block), c(sms - 1)), c(sms)))
+    count = schedule.tiles_of_block(c(gx * gy), block, c(sms), loc)
     tiles = ir.For(it, c(0), count, c(1), ir.ForKind.PERSISTENT, ir.Seq(work, loc), 0, loc)
     out = dataclasses.replace(kernel, grid=(c(sms),), block_vars=(block,), swizzle_panel=0,
                               body=ir.Seq(allocs + (tiles,), kernel.body.loc))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir, roles
+from .. import ir, roles, schedule
 from ..target import Target
 from ..simplify import fold
 from ..traverse import rewrite, transform
@@ -71,9 +71,9 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         those)."""
         serial = dict(kind=ir.ForKind.SERIAL, num_stages=0)
         if guard is None:
-            it = _iteration(loop, loc)
+            it = schedule.iteration(loop, loc)
             if tile_loop is not None:
-                done = ir.BinOp(ir.BinOpKind.MUL, _iteration(tile_loop, loc), _trip(loop, loc),
+                done = ir.BinOp(ir.BinOpKind.MUL, schedule.iteration(tile_loop, loc), schedule.trip_count(loop, loc),
                                 ir.DType.I32, loc)
                 it = ir.BinOp(ir.BinOpKind.ADD, done, it, ir.DType.I32, loc)
             stage, phase = _slot(fold(it), S, loc)
@@ -126,15 +126,6 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
                          f"{', '.join(plan.ring_buffers)}{shape}")
 
 
-def _trip(loop: ir.For, loc: ir.Loc) -> ir.Expr:
-    """The number of iterations of ``loop``: ceil((stop - start) / step)."""
-    i32 = ir.DType.I32
-    span = ir.BinOp(ir.BinOpKind.SUB, loop.stop, loop.start, i32, loc)
-    up = ir.BinOp(ir.BinOpKind.SUB, ir.BinOp(ir.BinOpKind.ADD, span, loop.step, i32, loc),
-                  ir.Const(1, i32, loc), i32, loc)
-    return fold(ir.BinOp(ir.BinOpKind.FLOORDIV, up, loop.step, i32, loc))
-
-
 def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:
     """Explicit programs: stage each role's fragment -> global copies through shared memory."""
     new_allocs: list[ir.Alloc] = []
@@ -151,16 +142,6 @@ def _slot(it: ir.Expr, stages: int, loc: ir.Loc) -> tuple[ir.Expr, ir.Expr]:
     return (ir.BinOp(ir.BinOpKind.MOD, it, c(stages), ir.DType.I32, loc),
             ir.BinOp(ir.BinOpKind.AND, ir.BinOp(ir.BinOpKind.FLOORDIV, it, c(stages), ir.DType.I32, loc),
                      c(1), ir.DType.I32, loc))
-
-
-def _iteration(loop: ir.For, loc: ir.Loc) -> ir.Expr:
-    """The 0-based iteration number of ``loop``'s index."""
-    it: ir.Expr = loop.var
-    if ir.as_int(loop.start) != 0:
-        it = ir.BinOp(ir.BinOpKind.SUB, it, loop.start, ir.DType.I32, loc)
-    if ir.as_int(loop.step) != 1:
-        it = ir.BinOp(ir.BinOpKind.FLOORDIV, it, loop.step, ir.DType.I32, loc)
-    return it
 
 
 def _restager(rings: dict, stage: ir.Expr, loc: ir.Loc):

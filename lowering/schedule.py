@@ -1,0 +1,64 @@
+"""Index arithmetic of loops and tile schedules, built as IR (constants folded).
+
+Shared by the frontend (``T.Persistent``) and the passes that rewrite loops, so each formula is
+written once.
+"""
+from __future__ import annotations
+
+from . import ir
+from .simplify import fold
+
+_I32 = ir.DType.I32
+
+
+def _op(kind: ir.BinOpKind, a: ir.Expr, b: ir.Expr, loc: ir.Loc) -> ir.BinOp:
+    return ir.BinOp(kind, a, b, _I32, loc)
+
+
+def _c(v: int, loc: ir.Loc) -> ir.Const:
+    return ir.Const(v, _I32, loc)
+
+
+def iteration(loop: ir.For, loc: ir.Loc) -> ir.Expr:
+    """The 0-based iteration number of ``loop``'s index: (var - start) // step."""
+    it: ir.Expr = loop.var
+    if ir.as_int(loop.start) != 0:
+        it = _op(ir.BinOpKind.SUB, it, loop.start, loc)
+    if ir.as_int(loop.step) != 1:
+        it = _op(ir.BinOpKind.FLOORDIV, it, loop.step, loc)
+    return it
+
+
+def trip_count(loop: ir.For, loc: ir.Loc) -> ir.Expr:
+    """The number of iterations of ``loop``: ceil((stop - start) / step)."""
+    span = _op(ir.BinOpKind.SUB, loop.stop, loop.start, loc)
+    up = _op(ir.BinOpKind.SUB, _op(ir.BinOpKind.ADD, span, loop.step, loc), _c(1, loc), loc)
+    return fold(_op(ir.BinOpKind.FLOORDIV, up, loop.step, loc))
+
+
+def last_index(loop: ir.For, loc: ir.Loc) -> ir.Expr:
+    """The index of ``loop``'s last iteration: start + ((stop - start - 1) // step) * step."""
+    span = _op(ir.BinOpKind.SUB, _op(ir.BinOpKind.SUB, loop.stop, loop.start, loc), _c(1, loc), loc)
+    steps = _op(ir.BinOpKind.MUL, _op(ir.BinOpKind.FLOORDIV, span, loop.step, loc), loop.step, loc)
+    return fold(_op(ir.BinOpKind.ADD, loop.start, steps, loc))
+
+
+def grouped_tile(tile: ir.Expr, tiles_0: ir.Expr, tiles_1: ir.Expr, group: int,
+                 loc: ir.Loc) -> tuple[ir.Expr, ir.Expr]:
+    """Tile number -> (index along dimension 0, index along dimension 1), visiting the
+    tiles_0 x tiles_1 domain in panels of ``group`` rows of dimension 0 (L2-friendly order)."""
+    B = ir.BinOpKind
+    width = fold(_op(B.MUL, _c(group, loc), tiles_1, loc))
+    first = _op(B.MUL, _op(B.FLOORDIV, tile, width, loc), _c(group, loc), loc)
+    rows = ir.Call(ir.MathFn.MIN, (_op(B.SUB, tiles_0, first, loc), _c(group, loc)), _I32, loc)
+    within = _op(B.MOD, tile, width, loc)
+    return (fold(_op(B.ADD, first, _op(B.MOD, within, rows, loc), loc)),
+            fold(_op(B.FLOORDIV, within, rows, loc)))
+
+
+def tiles_of_block(total: ir.Expr, block: ir.Expr, blocks: ir.Expr, loc: ir.Loc) -> ir.Expr:
+    """How many of ``total`` tiles block ``block`` of ``blocks`` visits (tiles block,
+    block + blocks, ...): ceil((total - block) / blocks)."""
+    B = ir.BinOpKind
+    up = _op(B.SUB, _op(B.ADD, _op(B.SUB, total, block, loc), blocks, loc), _c(1, loc), loc)
+    return fold(_op(B.FLOORDIV, up, blocks, loc))
