@@ -1,6 +1,6 @@
-"""``python -m bench``: the same as the ``tilews-bench`` console script."""
+"""``python -m tilews.bench``: the same as the ``tilews-bench`` console script."""
 import sys
 
-from bench.cli import main
+from .cli import main
 
 sys.exit(main())

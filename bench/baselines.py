@@ -7,8 +7,8 @@ interpreter's one-element scalars into Python ints. That interpreter also multip
 ``tl.dot`` as their raw 16-bit patterns, so there (only) the tiles go to float32 first
 (``UPCAST``; exact: a bf16 product is exact in float32). On a GPU the branch compiles away.
 
-Importing this module imports triton: on a CPU, ``bench.machine.triton_unavailable`` must have
-switched Triton's interpreter on first.
+Importing this module imports triton: on a CPU, ``tilews.bench.machine.triton_unavailable`` must
+have switched Triton's interpreter on first.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``tilews-bench`` / ``python -m bench``: tilews kernels against cuBLAS, cuDNN and plain Triton,
-checked and timed in the same run.
+"""``tilews-bench`` / ``python -m tilews.bench``: tilews kernels against cuBLAS, cuDNN and plain
+Triton, checked and timed in the same run.
 
     tilews-bench gemm [--shapes square,ragged,1024x1024x512] [--dtype bf16|fp16]
                       [--targets hopper,triton,interpret] [--quick]

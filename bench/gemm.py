@@ -1,7 +1,7 @@
 """The GEMM workload: C = A @ B, bf16/fp16 in, fp32 accumulation, same dtype out.
 
 tilews variant: ``examples.gemm.matmul`` rebuilt for each target. References: ``torch.matmul``
-(cuBLAS on a GPU) and the plain Triton ``tl.dot`` kernel of ``bench.baselines``.
+(cuBLAS on a GPU) and the plain Triton ``tl.dot`` kernel of ``tilews.bench.baselines``.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ PRESETS = {
     "large-k": LARGE_K,
     "ragged": RAGGED,
     "l2": ((1024, 1024, 1024), (2048, 2048, 512)),   # operands fit in L2: inputs rotate
-    "bench": SQUARE + SMALL_K + LARGE_K + RAGGED,     # the GPU default (performance.md's set)
+    "bench": SQUARE + SMALL_K + LARGE_K + RAGGED,     # the GPU default (docs/measuring.md's set)
     "gpu-quick": ((4096, 4096, 4096), (1000, 1100, 1234)),
     "cpu": ((128, 128, 128), (200, 136, 100)),       # interpreter sizes, one of them ragged
 }

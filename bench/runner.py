@@ -58,7 +58,7 @@ def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[
 def target_unavailable(target: str, machine: Machine) -> str | None:
     from tilews import targets
     try:
-        targets.select(target)
+        targets.resolve(target)
     except Exception as e:  # noqa: BLE001 - tilews says why (e.g. "not in this version")
         return str(e).splitlines()[0]
     if target == "hopper" and machine.capability != "9.0":

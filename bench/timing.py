@@ -1,4 +1,4 @@
-"""Timing as performance.md says: CUDA-event medians (``triton.testing.do_bench``, warm-up
+"""Timing as docs/measuring.md says: CUDA-event medians (``triton.testing.do_bench``, warm-up
 included) on a GPU through ``tilews.testing.time_ms``, and rotation among several input sets
 when one set's operands fit in L2, so no call finds its inputs already cached.
 """

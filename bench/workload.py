@@ -2,9 +2,9 @@
 
 A workload (GEMM now; FP8 GEMM and attention later) knows its shapes, inputs, FLOP count and exact
 reference, the tilews variants to build per target, and the references to compare against. The
-runner (``bench.runner``) does the same for every workload: check, time, compare. Adding FP8 means
-one module like ``bench.gemm`` (references ``torch._scaled_mm`` rowwise and tensorwise) and its
-entry in ``WORKLOADS``; attention adds SDPA with the cuDNN and flash backends.
+runner (``tilews.bench.runner``) does the same for every workload: check, time, compare. Adding
+FP8 means one module like ``tilews.bench.gemm`` (references ``torch._scaled_mm`` rowwise and
+tensorwise) and its entry in ``WORKLOADS``; attention adds SDPA with the cuDNN and flash backends.
 
 ``variants`` and ``references`` are plain lists so a test can add a deliberately wrong kernel.
 """

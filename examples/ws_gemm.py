@@ -1,4 +1,4 @@
-"""The explicit warp-specialized GEMM of DESIGN §2: a producer warp group fills shared memory,
+"""The explicit warp-specialized GEMM of docs/design.md §2: a producer warp group fills shared memory,
 ONE consumer role of two warp groups (``T.ws(1, 2)``) multiplies; they hand over through
 barriers that count arriving threads.
 
@@ -46,7 +46,7 @@ def ws_matmul_program(M, N, K, block_M=128, block_N=128, block_K=32, dtype=T.flo
 def ws_ring_matmul_program(M, N, K, block_M=128, block_N=256, block_K=64, stages=3, swizzle=8,
                            dtype=T.bfloat16, accum=T.float32):
     """The same roles over a ``stages``-deep ring of shared buffers, each slot guarded by a
-    full/empty barrier pair (ws-semantics #7): the producer runs up to ``stages`` tiles ahead."""
+    full/empty barrier pair (docs/ws-semantics.md #7): the producer runs up to ``stages`` tiles ahead."""
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=384) as (bx, by):

@@ -1,38 +1,101 @@
-"""Kernel arguments against ``kernel.params``: one rule for every backend.
+"""Kernel arguments against the kernel's parameters: the one argument check of every call.
 
-``check(kernel, args)`` takes ``args`` aligned with ``kernel.params`` — a torch tensor of the
-parameter's dtype and shape (runtime dims included) for each buffer, a Python number of the right
-kind for each scalar — and raises ``TypeError`` / ``ValueError`` naming the parameter. It returns
-the runtime scalars by ``Var``.
+``ArgumentChecker(kernel, rules).check(pairs)`` takes (parameter, argument) pairs — a torch tensor
+of the parameter's dtype and shape for each buffer, a Python number of the right kind for each
+runtime scalar — and raises ``TypeError`` / ``ValueError`` naming the parameter. It returns the
+value of every runtime dimension (``Var``) the tensors bind. ``rules`` add what the loaded program
+needs (``ArgumentRules``: a device type, bulk-copy alignment). The runtime's binder checks a call's
+inputs with it once; launchers receive checked values and check nothing.
+``check(kernel, args, rules)`` checks a whole argument list aligned with ``kernel.params``.
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
 
 from . import ir
-
-TORCH_DTYPES = {ir.DType.BF16: torch.bfloat16, ir.DType.F16: torch.float16,
-                ir.DType.F32: torch.float32, ir.DType.F64: torch.float64, ir.DType.I8: torch.int8,
-                ir.DType.I16: torch.int16, ir.DType.I32: torch.int32, ir.DType.I64: torch.int64,
-                ir.DType.U8: torch.uint8, ir.DType.BOOL: torch.bool,
-                ir.DType.F8E4M3: torch.float8_e4m3fn, ir.DType.F8E5M2: torch.float8_e5m2}
+from .traverse import buffers_written, walk
 
 
-def check(kernel: ir.Kernel, args) -> dict[ir.Var, object]:
-    params = kernel.params
-    if len(args) != len(params):
-        raise TypeError(f"kernel '{kernel.name}' takes {len(params)} arguments "
-                        f"({', '.join(p.name for p in params)}), got {len(args)}")
-    scalars = {}
-    for p, a in zip(params, args):
-        if isinstance(p, ir.Var):
-            check_scalar(p, a)
-            scalars[p] = a
-    for p, a in zip(params, args):
-        if isinstance(p, ir.Buffer):
-            want = [scalars[d] if isinstance(d, ir.Var) else ir.as_int(d) for d in p.shape]
-            check_tensor(p, a, want)
-    return scalars
+@dataclass(frozen=True)
+class ArgumentRules:
+    """What a program needs of its arguments beyond the kernel's parameters."""
+    device: Optional[str] = None                  # every tensor on this device type ("cuda")
+    bulk_copy: frozenset[str] = frozenset()       # tensors a bulk (TMA) copy reads or writes:
+                                                  # 16-byte aligned base and outer strides, unit
+                                                  # stride in the last dimension
+
+
+Param = Union[ir.Buffer, ir.Var]
+
+
+class ArgumentChecker:
+    def __init__(self, kernel: ir.Kernel, rules: ArgumentRules = ArgumentRules()):
+        self.kernel = kernel
+        self.rules = rules
+        self.written = {b for s in walk(kernel.body) for b in buffers_written(s)}
+
+    def check(self, pairs: Sequence[tuple[Param, object]]) -> dict[ir.Var, int]:
+        dims: dict[ir.Var, tuple[int, str]] = {}
+        device = None
+        for p, a in pairs:
+            if isinstance(p, ir.Var):
+                check_scalar(p, a)
+                continue
+            self._tensor(p, a, dims)
+            if device is None:
+                device = a.device
+            elif a.device != device:
+                raise ValueError(f"parameter '{p.name}' is on {a.device} but earlier tensors are "
+                                 f"on {device}")
+        return {v: size for v, (size, _) in dims.items()}
+
+    def _tensor(self, b: ir.Buffer, a, dims: dict) -> None:
+        import torch
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"parameter '{b.name}' must be a torch.Tensor, got {type(a).__name__}")
+        want = b.dtype.torch_dtype
+        if a.dtype != want:
+            raise TypeError(f"parameter '{b.name}' has dtype {a.dtype}, expected {want}")
+        if a.dim() != len(b.shape):
+            raise ValueError(f"parameter '{b.name}' has {a.dim()} dimensions (shape "
+                             f"{tuple(a.shape)}), expected {len(b.shape)}")
+        for d, (size, dim) in enumerate(zip(a.shape, b.shape)):
+            static = ir.as_int(dim)
+            if static is not None and size != static:
+                raise ValueError(f"parameter '{b.name}' has shape {tuple(a.shape)}, expected "
+                                 f"{shape_text(b)} (dimension {d} is {size}, not {static})")
+            if isinstance(dim, ir.Var):
+                seen = dims.setdefault(dim, (size, b.name))
+                if seen[0] != size:
+                    raise ValueError(f"dimension {d} of '{b.name}' is {size}, but '{dim.name}' is "
+                                     f"{seen[0]} from '{seen[1]}'")
+        if b in self.written and a.numel() > 1 and 0 in a.stride():
+            raise ValueError(f"parameter '{b.name}' is written by the kernel but has overlapping "
+                             f"elements (a stride of 0); pass a contiguous tensor")
+        if self.rules.device is not None and a.device.type != self.rules.device:
+            raise ValueError(f"parameter '{b.name}' must be a {self.rules.device.upper()} tensor, "
+                             f"got device {a.device}")
+        if b.name in self.rules.bulk_copy:
+            item = a.element_size()
+            if a.data_ptr() % 16 or a.stride()[-1] != 1 or any(s * item % 16 for s in a.stride()[:-1]):
+                raise ValueError(f"parameter '{b.name}' must have a 16-byte aligned address, unit "
+                                 f"stride in its last dimension and 16-byte aligned other strides "
+                                 f"(a bulk-copy operand); got strides {list(a.stride())}")
+
+
+def check(kernel: ir.Kernel, args: Sequence, rules: ArgumentRules = ArgumentRules()) -> dict[ir.Var, int]:
+    """Check ``args`` aligned with ``kernel.params``; the runtime dims they bind."""
+    if len(args) != len(kernel.params):
+        raise TypeError(f"kernel '{kernel.name}' takes {len(kernel.params)} argument(s) "
+                        f"({', '.join(p.name for p in kernel.params)}), got {len(args)}")
+    dims = ArgumentChecker(kernel, rules).check(list(zip(kernel.params, args)))
+    scalars = {p: a for p, a in zip(kernel.params, args) if isinstance(p, ir.Var)}
+    for v, size in dims.items():
+        if v in scalars and scalars[v] != size:
+            raise ValueError(f"parameter '{v.name}' is {scalars[v]}, but the tensors' shapes make "
+                             f"it {size}")
+    return dims
 
 
 def check_scalar(p: ir.Var, a) -> None:
@@ -43,13 +106,9 @@ def check_scalar(p: ir.Var, a) -> None:
     else:
         ok, what = isinstance(a, int) and not isinstance(a, bool), "an int"
     if not ok:
-        raise TypeError(f"argument '{p.name}' must be {what}, got {type(a).__name__}")
+        raise TypeError(f"parameter '{p.name}' must be {what}, got {type(a).__name__}")
 
 
-def check_tensor(p: ir.Buffer, a, shape: list) -> None:
-    if not isinstance(a, torch.Tensor):
-        raise TypeError(f"argument '{p.name}' must be a torch tensor, got {type(a).__name__}")
-    if a.dtype != TORCH_DTYPES[p.dtype]:
-        raise TypeError(f"argument '{p.name}' must have dtype {TORCH_DTYPES[p.dtype]}, got {a.dtype}")
-    if list(a.shape) != list(shape):
-        raise ValueError(f"argument '{p.name}' must have shape {list(shape)}, got {list(a.shape)}")
+def shape_text(b: ir.Buffer) -> str:
+    return "(" + ", ".join(str(ir.as_int(d)) if ir.as_int(d) is not None else d.name
+                           for d in b.shape) + ")"

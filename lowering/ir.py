@@ -3,7 +3,9 @@
 Every pass reads and writes it, the interpreter executes it and every backend emits from it.
 Nodes are frozen dataclasses; each carries the ``Loc`` of the user's source it came from
 (``loc`` takes no part in equality, so structural comparison ignores it). Nothing here is named
-after a backend: a backend's decisions are recorded in neutral fields that ``legalize`` fills.
+after a backend: per-statement decisions are neutral fields that ``legalize`` fills
+(``Copy.mechanism``, ``Gemm.instr``, ``Role.num_warps``), whole-kernel decisions are typed plans
+(``lowering/plans.py``) on ``Kernel.plans``. Element types are ``dtypes.DType``.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Optional, Union
+
+from .dtypes import DTYPE_ALIASES, DType  # noqa: F401  (re-exported: ir.DType)
 
 
 @dataclass(frozen=True)
@@ -29,61 +33,6 @@ UNKNOWN_LOC = Loc("<unknown>", 0, 0)
 
 def _loc() -> Loc:
     return field(default=UNKNOWN_LOC, compare=False, repr=False)
-
-
-class DType(enum.Enum):
-    """Element types. The value is the canonical short name used by the printer."""
-    BF16 = "bf16"
-    F16 = "f16"
-    F32 = "f32"
-    F64 = "f64"
-    I8 = "i8"
-    I16 = "i16"
-    I32 = "i32"
-    I64 = "i64"
-    U8 = "u8"
-    BOOL = "bool"
-    F8E4M3 = "f8e4m3"
-    F8E5M2 = "f8e5m2"
-
-    @property
-    def bits(self) -> int:
-        return _BITS[self]
-
-    @property
-    def itemsize(self) -> int:
-        return max(1, self.bits // 8)
-
-    @property
-    def is_float(self) -> bool:
-        return self in _FLOATS
-
-    @property
-    def is_int(self) -> bool:
-        return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)
-
-    @property
-    def is_fp8(self) -> bool:
-        return self in (DType.F8E4M3, DType.F8E5M2)
-
-    def __repr__(self) -> str:
-        return f"T.{_TILELANG_NAME[self]}"
-
-
-_BITS = {DType.BF16: 16, DType.F16: 16, DType.F32: 32, DType.F64: 64, DType.I8: 8, DType.I16: 16,
-         DType.I32: 32, DType.I64: 64, DType.U8: 8, DType.BOOL: 1, DType.F8E4M3: 8, DType.F8E5M2: 8}
-_FLOATS = (DType.BF16, DType.F16, DType.F32, DType.F64, DType.F8E4M3, DType.F8E5M2)
-_TILELANG_NAME = {DType.BF16: "bfloat16", DType.F16: "float16", DType.F32: "float32",
-                  DType.F64: "float64", DType.I8: "int8", DType.I16: "int16", DType.I32: "int32",
-                  DType.I64: "int64", DType.U8: "uint8", DType.BOOL: "bool",
-                  DType.F8E4M3: "float8_e4m3", DType.F8E5M2: "float8_e5m2"}
-# TileLang / numpy / C spellings accepted wherever a dtype is expected.
-DTYPE_ALIASES = {name: dt for dt, name in _TILELANG_NAME.items()}
-DTYPE_ALIASES.update({dt.value: dt for dt in DType})
-DTYPE_ALIASES.update({"float": DType.F32, "half": DType.F16, "double": DType.F64,
-                      "int": DType.I32, "float8_e4m3fn": DType.F8E4M3, "bf16": DType.BF16,
-                      "fp16": DType.F16, "fp32": DType.F32, "fp8_e4m3": DType.F8E4M3,
-                      "fp8_e5m2": DType.F8E5M2})
 
 
 class Scope(enum.Enum):
@@ -481,7 +430,8 @@ class BarrierWait(Stmt):
 class Kernel:
     """One kernel: parameters (global buffers and runtime scalars), grid, threads, body.
 
-    ``attrs`` holds target-neutral facts set by passes, as sorted (name, value) pairs.
+    ``plans`` holds what passes decided (``lowering.plans``: typed, one of each type); ``notes``
+    what they decided or refused, in words, for the compile report.
     """
     name: str
     params: tuple[Union[Buffer, Var], ...]
@@ -490,24 +440,29 @@ class Kernel:
     threads: int
     body: Seq
     swizzle_panel: int = 0
-    attrs: tuple[tuple[str, object], ...] = ()
+    plans: tuple = ()
+    notes: tuple[str, ...] = ()
     loc: Loc = _loc()
 
-    def attr(self, name: str, default=None):
-        return dict(self.attrs).get(name, default)
+    def plan(self, kind: type):
+        """The plan of type ``kind``; an ``InternalError`` if no pass made one."""
+        found = self.find_plan(kind)
+        if found is None:
+            from .errors import InternalError
+            raise InternalError(f"kernel '{self.name}' has no {kind.__name__} (made by the "
+                                f"{kind.made_by} pass, which has not run or did not apply)", self.loc)
+        return found
 
-    def with_attr(self, name: str, value) -> "Kernel":
-        d = dict(self.attrs)
-        d[name] = value
-        return dataclasses.replace(self, attrs=tuple(sorted(d.items())))
+    def find_plan(self, kind: type):
+        """The plan of type ``kind``, or None where its absence is the answer."""
+        return next((p for p in self.plans if type(p) is kind), None)
 
-    @property
-    def notes(self) -> tuple[str, ...]:
-        """What passes decided or refused, for the compile report."""
-        return self.attr("notes", ())
+    def with_plan(self, plan) -> "Kernel":
+        kept = tuple(p for p in self.plans if type(p) is not type(plan))
+        return dataclasses.replace(self, plans=kept + (plan,))
 
     def with_note(self, note: str) -> "Kernel":
-        return self.with_attr("notes", self.notes + (note,))
+        return dataclasses.replace(self, notes=self.notes + (note,))
 
     @property
     def buffer_params(self) -> tuple[Buffer, ...]:

@@ -8,7 +8,7 @@
 
 ``element_to_thread`` / ``element_to_offset`` are the definitions; the property tests check that
 they are bijections onto (thread, register) pairs and byte offsets, and that swizzles are
-permutations. ``warp_partition_ok`` is ws-semantics #3.
+permutations. ``warp_partition_ok`` is docs/ws-semantics.md #3.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class NVMMAShared:
 
 def warp_partition_ok(m_warps: int, n_warps: int, role_warps: int, M: int, N: int,
                       wgmma: bool = True) -> bool:
-    """ws-semantics #3: a GEMM warp partition (m, n) is valid iff m * n is the role's warp count,
+    """docs/ws-semantics.md #3: a GEMM warp partition (m, n) is valid iff m * n is the role's warp count,
     each warp gets whole 16-row / 8-column pieces, and on wgmma whole warp groups tile M."""
     return (m_warps * n_warps == role_warps and m_warps > 0 and n_warps > 0
             and M % (16 * m_warps) == 0 and N % (8 * n_warps) == 0

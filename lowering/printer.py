@@ -135,8 +135,10 @@ def kernel(k: ir.Kernel) -> str:
     if k.swizzle_panel:
         head += f" swizzle={k.swizzle_panel}"
     out = [head + ":", f"  blocks {blocks}"]
-    for name, value in k.attrs:
-        out.append(f"  attr {name} = {value!r}")
+    for plan in k.plans:
+        out.append(f"  plan {plan!r}")
+    for note in k.notes:
+        out.append(f"  note {note}")
     _stmt(k.body, 1, out)
     return "\n".join(out) + "\n"
 

@@ -1,39 +1,100 @@
-"""Integer constant folding for expressions built by passes (``(3 - 0) - 1`` -> ``2``)."""
+"""Integer evaluation and constant folding of Tile IR expressions: the one home of both.
+
+``evaluate(e, env)`` is the value of an expression whose variables are all bound in ``env``
+(despecialize walks loops with it); ``fold_binop`` drops one operation where that is exact, as the
+frontend's operators build it; ``fold`` rewrites a whole expression built by a pass
+(``(3 - 0) - 1`` -> ``2``). Integer semantics are Python's (``//`` and ``%`` floor); a division
+by zero is never folded, and only integer constants (not bools, not floats) are fold operands.
+"""
 from __future__ import annotations
 
 import operator
+from typing import Optional
 
 from . import ir
 from .traverse import transform
 
-_INT_OPS = {ir.BinOpKind.ADD: operator.add, ir.BinOpKind.SUB: operator.sub,
-            ir.BinOpKind.MUL: operator.mul, ir.BinOpKind.FLOORDIV: operator.floordiv,
-            ir.BinOpKind.MOD: operator.mod, ir.BinOpKind.AND: operator.and_,
-            ir.BinOpKind.XOR: operator.xor}
-_CMPS = {ir.CmpKind.LT: operator.lt, ir.CmpKind.LE: operator.le, ir.CmpKind.GT: operator.gt,
-         ir.CmpKind.GE: operator.ge, ir.CmpKind.EQ: operator.eq, ir.CmpKind.NE: operator.ne}
+_B = ir.BinOpKind
+_OPS = {_B.ADD: operator.add, _B.SUB: operator.sub, _B.MUL: operator.mul,
+        _B.FLOORDIV: operator.floordiv, _B.MOD: operator.mod, _B.AND: operator.and_,
+        _B.OR: operator.or_, _B.XOR: operator.xor, _B.SHL: operator.lshift, _B.SHR: operator.rshift,
+        _B.LAND: lambda a, b: bool(a and b), _B.LOR: lambda a, b: bool(a or b),
+        ir.CmpKind.LT: operator.lt, ir.CmpKind.LE: operator.le, ir.CmpKind.GT: operator.gt,
+        ir.CmpKind.GE: operator.ge, ir.CmpKind.EQ: operator.eq, ir.CmpKind.NE: operator.ne}
+_FOLDED = (_B.ADD, _B.SUB, _B.MUL, _B.FLOORDIV, _B.MOD, _B.AND, _B.XOR)   # replaced by their value
+_UNOPS = {ir.UnOpKind.NEG: operator.neg, ir.UnOpKind.NOT: operator.not_,
+          ir.UnOpKind.INVERT: operator.invert}
+_CALLS = {ir.MathFn.MIN: min, ir.MathFn.MAX: max, ir.MathFn.ABS: abs}
+
+
+def _apply(op, a, b):
+    """``a op b``; None for a division by zero or an operation without an integer meaning."""
+    fn = _OPS.get(op)
+    if fn is None or op in (_B.FLOORDIV, _B.MOD) and b == 0:
+        return None
+    return fn(a, b)
+
+
+def evaluate(e: ir.Expr, env: Optional[dict] = None) -> Optional[int]:
+    """The value of ``e`` when every variable in it is in ``env`` (Var -> int); None when it
+    depends on a runtime value (block index, parameter, buffer element) or divides by zero."""
+    env = {} if env is None else env
+    if isinstance(e, ir.Const):
+        return e.value
+    if isinstance(e, ir.Var):
+        return env.get(e)
+    if isinstance(e, (ir.BinOp, ir.Cmp)):
+        a, b = evaluate(e.a, env), evaluate(e.b, env)
+        return None if a is None or b is None else _apply(e.op, a, b)
+    if isinstance(e, ir.UnOp):
+        a = evaluate(e.a, env)
+        return None if a is None else _UNOPS[e.op](a)
+    if isinstance(e, ir.Select):
+        c = evaluate(e.cond, env)
+        return None if c is None else evaluate(e.a if c else e.b, env)
+    if isinstance(e, ir.Call) and e.fn in _CALLS:
+        args = [evaluate(a, env) for a in e.args]
+        return None if None in args else _CALLS[e.fn](*args)
+    if isinstance(e, ir.Cast) and not e.dtype.is_float:
+        v = evaluate(e.value, env)
+        return None if v is None else (bool(v) if e.dtype is ir.DType.BOOL else int(v))
+    return None
+
+
+def fold_binop(op: ir.BinOpKind, a: ir.Expr, b: ir.Expr, dtype: ir.DType,
+               loc: ir.Loc) -> Optional[ir.Expr]:
+    """``a op b`` (of type ``dtype``) without the operation where that is exact: integer
+    constants folded, ``x + 0``, ``x - 0``, ``0 + x``, ``x * 1``, ``1 * x``, ``x // 1`` and an
+    integer ``x * 0``; None to build the operation."""
+    x, y = ir.as_int(a), ir.as_int(b)
+    if x is not None and y is not None and op in _FOLDED:
+        v = _apply(op, x, y)
+        if v is not None:
+            return ir.Const(v, dtype, loc)
+    if y == 0 and op in (_B.ADD, _B.SUB) or y == 1 and op in (_B.MUL, _B.FLOORDIV):
+        return a
+    if x == 0 and op is _B.ADD or x == 1 and op is _B.MUL:
+        return b
+    if op is _B.MUL and 0 in (x, y) and a.dtype.is_int and b.dtype.is_int:
+        return ir.Const(0, dtype, loc)
+    return None
 
 
 def _fold(e):
-    if isinstance(e, ir.BinOp) and e.op in _INT_OPS:
-        a, b = ir.as_int(e.a), ir.as_int(e.b)
-        if a is not None and b is not None and not (b == 0 and e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD)):
-            return ir.Const(_INT_OPS[e.op](a, b), e.dtype, e.loc)
-        if b == 0 and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.SUB) or \
-                b == 1 and e.op in (ir.BinOpKind.MUL, ir.BinOpKind.FLOORDIV):
-            return e.a
-        if a == 0 and e.op is ir.BinOpKind.ADD or a == 1 and e.op is ir.BinOpKind.MUL:
-            return e.b
+    if isinstance(e, ir.BinOp):
+        folded = fold_binop(e.op, e.a, e.b, e.dtype, e.loc)
+        if folded is not None:
+            return folded
         # x + (y + c) -> (x + y) + c: constant offsets outermost, so slot (x + 1) % S reads as
         # one more than slot x % S
-        if e.op is ir.BinOpKind.ADD and isinstance(e.b, ir.BinOp) and e.b.op is ir.BinOpKind.ADD \
+        if e.op is _B.ADD and isinstance(e.b, ir.BinOp) and e.b.op is _B.ADD \
                 and ir.as_int(e.b.b) is not None:
-            inner = ir.BinOp(ir.BinOpKind.ADD, e.a, e.b.a, e.dtype, e.loc)
-            return ir.BinOp(ir.BinOpKind.ADD, inner, e.b.b, e.dtype, e.loc)
+            inner = ir.BinOp(_B.ADD, e.a, e.b.a, e.dtype, e.loc)
+            return ir.BinOp(_B.ADD, inner, e.b.b, e.dtype, e.loc)
     if isinstance(e, ir.Cmp):
         a, b = ir.as_int(e.a), ir.as_int(e.b)
         if a is not None and b is not None:
-            return ir.Const(_CMPS[e.op](a, b), ir.DType.BOOL, e.loc)
+            return ir.Const(_apply(e.op, a, b), ir.DType.BOOL, e.loc)
     return None
 
 

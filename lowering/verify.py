@@ -3,14 +3,15 @@
 Checks: every statement has a location; every variable is bound where it is used; in a
 warp-specialized program, roles name existing warp groups and are pairwise disjoint, only
 allocations, loops and branches stand outside roles, and fragment/local buffers belong to one role;
-on the Gluon path, the asynchronous-MMA discipline (``verify_async``).
+in a kernel with an ``AsyncPlan``, the asynchronous-MMA discipline (``verify_async``).
 Violations a user can cause are ``CompileError`` at the offending line.
 """
 from __future__ import annotations
 
 from . import ir, verify_async
 from .errors import CompileError
-from .roles import role_sets
+from .plans import AsyncPlan
+from .roles import describe, role_sets
 from .traverse import buffers_read, buffers_written, exprs_of, subexprs, substmts
 
 
@@ -23,7 +24,7 @@ def run(kernel: ir.Kernel) -> ir.Kernel:
         _check_expr(g, bound, kernel.loc)
     _check_stmt(kernel.body, bound)
     _check_roles(kernel)
-    if kernel.attr("backend") == "gluon":
+    if kernel.find_plan(AsyncPlan) is not None:
         verify_async.run(kernel)
     return kernel
 
@@ -64,12 +65,13 @@ def _check_roles(kernel: ir.Kernel) -> None:
     groups = kernel.threads // 128
     for r in roles:
         if max(r) >= groups:
-            raise CompileError(f"T.ws{r} names warp group {max(r)}, but threads={kernel.threads} "
-                               f"gives warp groups 0..{groups - 1}", _role_loc(kernel.body, r))
+            raise CompileError(f"{describe(r)} names warp group {max(r)}, but threads="
+                               f"{kernel.threads} gives warp groups 0..{groups - 1}",
+                               _role_loc(kernel.body, r))
     for i, a in enumerate(roles):
         for b in roles[i + 1:]:
             if set(a) & set(b):
-                raise CompileError(f"roles T.ws{a} and T.ws{b} share warp group(s) "
+                raise CompileError(f"roles {describe(a)} and {describe(b)} share warp group(s) "
                                    f"{sorted(set(a) & set(b))}; roles must be disjoint",
                                    _role_loc(kernel.body, b))
     _check_outside_roles(kernel.body, first)
@@ -82,8 +84,9 @@ def _check_roles(kernel: ir.Kernel) -> None:
                 prev = owner.setdefault(buf, r.warpgroups)
                 if prev != r.warpgroups:
                     raise CompileError(f"{buf.scope.value} buffer '{buf.name}' is used by roles "
-                                       f"T.ws{prev} and T.ws{r.warpgroups}; registers belong to one "
-                                       f"role (share data through shared memory)", s.loc)
+                                       f"{describe(prev)} and {describe(r.warpgroups)}; registers "
+                                       f"belong to one role (share data through shared memory)",
+                                       s.loc)
 
 
 def _first_role(body: ir.Stmt):

@@ -1,4 +1,4 @@
-"""Asynchronous-MMA discipline of a lowered warp-specialized kernel (ws-semantics #5).
+"""Asynchronous-MMA discipline of a lowered warp-specialized kernel (docs/ws-semantics.md #5).
 
 The interpreter runs gemms synchronously, so it cannot see a missing wait; this check can. Per
 role, in program order (loop bodies checked as written and once more as the loop's next

@@ -4,16 +4,54 @@
 # Runs tests/gpu, then the GEMM bench; the bench's table is printed last. Files go to $OUT (the
 # device tool sets it; /tmp/out otherwise). Time limits keep the whole run well under 8 minutes.
 #
-# tilews is not installed there, and PYTHONPATH=$PWD is not enough: pyproject.toml installs
-# lowering/, triton_ext/ and metal/ as tilews.lowering, ... ([tool.setuptools.package-dir]). So the
-# run happens in a scratch view of this checkout, made of symlinks, with that layout.
+# Imports. tilews is not installed there, and PYTHONPATH=$PWD is not enough: pyproject.toml installs
+# lowering/, triton_ext/, metal/ and bench/ as tilews.lowering, ..., tilews.bench
+# ([tool.setuptools.package-dir]), and nothing on sys.path maps a folder to a subpackage of another
+# folder's package (short of extending tilews.__path__ in tilews/__init__.py, which we don't). So:
+# 1. tilews, tilews.lowering and tilews.bench already import from this checkout (pip install -e .
+#    was run here): run in place.
+# 2. No tilews installed at all: try `pip install --no-deps --no-build-isolation --no-index -e .`
+#    (offline; CI installs the same way, .ci/run). That needs setuptools>=64 (>=70.1, or wheel
+#    beside it) in this python: the device image lists setuptools and wheel, but nobody has read
+#    their versions there. The imports are checked again afterwards; then run in place.
+# 3. Otherwise (pip failed, another tilews is installed, which we leave alone, or
+#    TILEWS_IMPORTS_VIEW=1): run in a scratch view of this checkout, made of symlinks, with the
+#    installed layout.
+# The view stays: without it this script would depend on a setuptools version and a writable
+# site-packages that nobody has checked on the device, and it keeps working where they are missing.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
-view="$(mktemp -d)"
-trap 'rm -rf "$view"' EXIT                            # symlinks only: rm does not follow them
-python - "$view" <<'PY'
+
+imports_here() {    # exit status 0: they import from this checkout; 3: no tilews at all; else 1
+    local root="$PWD"
+    (cd / && python - "$root" <<'PY'
+import importlib, importlib.util, pathlib, sys
+if importlib.util.find_spec("tilews") is None:
+    sys.exit(3)
+root = pathlib.Path(sys.argv[1]).resolve()
+for name, folder in (("tilews", "tilews"), ("tilews.lowering", "lowering"), ("tilews.bench", "bench")):
+    if pathlib.Path(importlib.import_module(name).__file__).resolve() != root / folder / "__init__.py":
+        sys.exit(1)
+PY
+    ) >/dev/null 2>&1
+}
+imports_here; found=$?
+how="tilews was already installed from this checkout"
+if [ "$found" -eq 3 ]; then
+    python -m pip install -q --no-deps --no-build-isolation --no-index --disable-pip-version-check \
+        -e . >/dev/null 2>&1
+    imports_here; found=$?
+    how="pip install -e . (editable, offline) just now"
+fi
+if [ "$found" -eq 0 ] && [ -z "${TILEWS_IMPORTS_VIEW:-}" ]; then
+    echo "imports: in place; $how"
+else
+    echo "imports: a symlink view of the checkout"
+    view="$(mktemp -d)"
+    trap 'rm -rf "$view"' EXIT                        # symlinks only: rm does not follow them
+    python - "$view" <<'PY'
 import pathlib, sys, tomllib
 view, root = pathlib.Path(sys.argv[1]), pathlib.Path.cwd()
 dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
@@ -29,11 +67,12 @@ for parent in parents:
 for package, folder in moved.items():
     view.joinpath(*package.split(".")).symlink_to(root / folder)
 PY
-cd "$view"
+    cd "$view"
+fi
 
 python -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}, cuda available: {torch.cuda.is_available()}')"
 
-if [ -n "${TILEWS_DEVICE_CMD:-}" ]; then     # run something else in the same importable view
+if [ -n "${TILEWS_DEVICE_CMD:-}" ]; then     # run something else with the same imports
     eval "$TILEWS_DEVICE_CMD"
     exit $?
 fi
@@ -47,7 +86,7 @@ else
     echo "tests/gpu: skipped, pytest is not installed here"
 fi
 
-timeout 270 python -m bench gemm --json "$OUT/bench.json" --csv "$OUT/bench.csv" --plot "$OUT/bench.png" "$@"
+timeout 270 python -m tilews.bench gemm --json "$OUT/bench.json" --csv "$OUT/bench.csv" --plot "$OUT/bench.png" "$@"
 bench=$?
 [ "$bench" -eq 124 ] && echo "bench: timed out after 270 s"
 exit $(( tests != 0 ? tests : bench ))

@@ -25,3 +25,50 @@ def randn(*shape, dtype=torch.float32, seed=None, device="cpu"):
 def poisoned(*shape, dtype=torch.float32, device="cpu"):
     """An output buffer full of NaN (or a sentinel for integers) before launch."""
     return poison_(torch.empty(*shape, dtype=dtype, device=device))
+
+
+# ----------------------------------------------------------------------------------------------
+# loading lowered IR through one backend (tests build IR directly, without tilews.jit)
+
+
+def services():
+    from tilews import targets
+    from tilews.cache import DiskCache
+    from tilews.lowering.backend import Services
+    from tilews.lowering.settings import Settings
+    settings = Settings.from_env()
+    return Services(DiskCache.from_settings(settings), settings, targets.machine())
+
+
+class CheckedProgram:
+    """A loaded program whose ``launch`` checks its arguments first, as a kernel call does."""
+
+    def __init__(self, kernel, program):
+        self.kernel, self.program = kernel, program
+
+    def launch(self, args) -> None:
+        from tilews.lowering import arguments
+        arguments.check(self.kernel, args, self.program.rules)
+        self.program.launch(args)
+
+    def __getattr__(self, name):
+        return getattr(self.program, name)
+
+
+def load(kernel, backend: str, target=None) -> CheckedProgram:
+    """``kernel`` (frontend IR) lowered, emitted and loaded by ``backend`` ("interpret", "tl",
+    "gluon"), for ``target`` if given (else the backend's own choice for this machine)."""
+    from tilews import backends
+    b = backends.make(backend, services())
+    if target is not None:
+        b = type(b)(target, b.services)
+    lowered = b.lower(kernel)
+    return CheckedProgram(lowered, b.load(lowered, b.emit(lowered), {}))
+
+
+def gluon_program(lowered) -> CheckedProgram:
+    """Emit and load an already lowered Hopper kernel (compile-only without a GPU)."""
+    from tilews.triton_ext.gluon import GluonProgram, emit
+    from tilews.triton_ext.toolchain import triton_version
+    return CheckedProgram(lowered, GluonProgram(emit(lowered), lowered, services().store,
+                                                triton_version()))

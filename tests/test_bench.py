@@ -1,10 +1,10 @@
-"""The bench CLI (``tilews-bench`` / ``python -m bench``) on the CPU: argument parsing, the JSON and
-CSV it writes, the exit code when a kernel is wrong, the plot, graceful degradation without rich
-and matplotlib, and the workloads tilews has no kernels for yet.
+"""The bench CLI (``tilews-bench`` / ``python -m tilews.bench``) on the CPU: argument parsing, the
+JSON and CSV it writes, the exit code when a kernel is wrong, the plot, graceful degradation
+without rich and matplotlib, and the workloads tilews has no kernels for yet.
 
 Most tests run in-process on the ``interpret`` target with ``torch.matmul`` as the only reference
-(fast, and triton stays unimported). Two run ``python -m bench`` in a subprocess, one of them the
-whole default ``gemm --quick`` (both targets, both references).
+(fast, and triton stays unimported). Two run ``python -m tilews.bench`` in a subprocess, one of
+them the whole default ``gemm --quick`` (both targets, both references).
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import cli, gemm
-from bench.shapes import ShapeError, parse_shapes
-from bench.timing import MAX_SETS, sets_needed
-from bench.workload import Variant
+from tilews.bench import cli, gemm
+from tilews.bench.shapes import ShapeError, parse_shapes
+from tilews.bench.timing import MAX_SETS, sets_needed
+from tilews.bench.workload import Variant
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--targets", "interpret", "--shapes", "64x64x64,100x72x40", "--quick"]
@@ -226,8 +226,8 @@ def test_all_runs_gemm_and_reports_the_others(tmp_path, capsys):
 
 
 def python_m_bench(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "tilews.bench", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_python_dash_m_bench_pending():

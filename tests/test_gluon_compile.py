@@ -8,7 +8,7 @@ warps and registers, the accumulator layout, ``wgmma.mma_async`` shapes and coun
 ``T.ws(1, 2)`` consumer splits M between its two warp groups), TMA loads and the TMA store,
 ``mbarrier`` init counts / expect bytes / waits / arrivals, ``setmaxnreg``, ``fence.proxy.async``
 and the absence of spills. Expected values are computed from each case's block sizes, not read
-back from the kernel. The block-sparse case (ws-semantics #8) also checks that the mask guard
+back from the kernel. The block-sparse case (docs/ws-semantics.md #8) also checks that the mask guard
 (a scalar load) stays around each role's TMA loads and wgmma, and that the iteration counters are
 loop-carried values. ``test_numerics_on_gpu`` runs every case on an sm_90 GPU (skipped elsewhere)
 against torch.
@@ -30,13 +30,15 @@ from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import legalize_wgmma, lower
 from tilews.lowering.target import HOPPER, TRITON_CPU
 from tilews.lowering.traverse import transform, walk
+from tilews.lowering.plans import AsyncPlan, AsyncRefusal, SharedMemoryPlan
 from tilews.triton_ext.gluon import GluonProgram, emit
+from tilews.triton_ext.toolchain import triton_version
 from tilews.triton_ext.gluon import launch as gluon_launch
 
 from examples.gemm import matmul
 from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 
-from .helpers import randn, rel_err
+from .helpers import gluon_program, randn, rel_err, services
 from .test_tl_backend import gemm as tl_gemm
 from .test_ws_oracle import block_sparse_gemm
 
@@ -123,7 +125,7 @@ CASES = {
     # examples/ws_gemm.py's ring: full/empty pairs indexed by the iteration, one wgmma in flight
     "explicit_ring_merged": Case(lambda: build_kernel(ws_ring_matmul_program(512, 512, 512, stages=3)),
                                  512, 512, 512, 128, 256, 64, 3, 2, "bf16"),
-    # ws-semantics #8: the loop body is guarded by BlockMask[by, k]; each role keeps the guard and
+    # docs/ws-semantics.md #8: the loop body is guarded by BlockMask[by, k]; each role keeps the guard and
     # counts the iterations that ran (ring slot and phase follow the count)
     "block_sparse": Case(lambda: build_kernel(block_sparse_gemm(512, 512, 512, 128, 256, 64, 3, threads=256,
                                                                 dtype=T.bfloat16)),
@@ -134,14 +136,13 @@ CASES = {
 @functools.lru_cache(maxsize=None)
 def lowered(name: str) -> ir.Kernel:
     kernel = lower(CASES[name].make(), HOPPER)
-    assert kernel.attr("backend") == "gluon", f"lowering chose {kernel.attr('backend')!r}: {kernel.notes}"
+    assert kernel.find_plan(AsyncPlan) is not None, f"no asynchronous form: {kernel.notes} {kernel.plans}"
     return kernel
 
 
 @functools.lru_cache(maxsize=None)
-def program(name: str) -> GluonProgram:
-    kernel = lowered(name)
-    return GluonProgram(emit(kernel), kernel.name, kernel)
+def program(name: str):
+    return gluon_program(lowered(name))
 
 
 def roles(kernel: ir.Kernel) -> list[ir.Role]:
@@ -168,10 +169,10 @@ def test_warp_specialized_partitions(name):
     assert "requestedRegisters = array<i32: 24>" in ttgir
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", asm["ptx"])
     # the default partition gets what legalize budgeted for it
-    default = next(r for r in roles(kernel) if r.warpgroups == kernel.attr("default_role"))
+    default = next(r for r in roles(kernel) if r.warpgroups == kernel.plan(AsyncPlan).default_role)
     assert default.num_warps == default_warps
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{default.num_regs};", asm["ptx"])
-    assert c.consumer_groups != 2 or default.num_regs == 240   # gluon-hopper.md's measurement
+    assert c.consumer_groups != 2 or default.num_regs == 240   # docs/gluon-hopper.md's measurement
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -233,7 +234,7 @@ def test_shared_memory_fits_the_plan(name):
     # Triton's own allocation holds every buffer and fits an SM (Triton does not check this at
     # compile time: a kernel over 227 KB fails only at launch); plan_buffers budgeted it
     assert tiles + barriers <= p.metadata["shared"] <= HOPPER.smem_bytes
-    assert kernel.attr("shared_bytes") <= HOPPER.smem_bytes
+    assert kernel.plan(SharedMemoryPlan).total_bytes <= HOPPER.smem_bytes
 
 
 def test_compile_is_cached(monkeypatch):
@@ -242,7 +243,7 @@ def test_compile_is_cached(monkeypatch):
     def no_compile(*a, **k):
         raise AssertionError("compiled again although the disk cache holds the result")
     monkeypatch.setattr(gluon_launch, "_run_compile", no_compile)
-    again = GluonProgram(first.source, first.kernel.name, first.kernel)
+    again = gluon_program(first.kernel)
     assert again.asm == first.asm
 
 
@@ -251,10 +252,12 @@ def test_launch_without_gpu_is_a_clear_error():
         pytest.skip("this machine can launch")
     p = program("auto_1wg")
     a, b, c = (torch.empty(512, 512, dtype=torch.float16) for _ in range(3))
-    with pytest.raises(TypeError, match="takes 3 arguments"):
+    with pytest.raises(TypeError, match=r"takes 3 argument\(s\)"):
         p.launch([a, b])
+    with pytest.raises(ValueError, match="parameter 'A' must be a CUDA tensor, got device cpu"):
+        p.launch([a, b, c])
     with pytest.raises(RuntimeError, match="hopper"):
-        p.launch([a[:, :256], b[:256], c])
+        p.program.launch([a, b, c])   # checked values, but no sm_90 GPU here
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,7 +299,7 @@ def test_source_host_part_and_locations():
 
 def test_emit_refuses_a_kernel_not_legalized_for_gluon():
     kernel = lower(CASES["auto_1wg"].make(), TRITON_CPU)
-    with pytest.raises(InternalError, match="not legalized for Gluon"):
+    with pytest.raises(InternalError, match="kernel 'main' has no AsyncPlan"):
         emit(kernel)
 
 
@@ -369,12 +372,12 @@ def test_a_failing_triton_compile_is_an_internal_error():
     bad = good.replace("instr_shape=[16, 128, 16]", "instr_shape=[16, 120, 16]")
     assert bad != good
     with pytest.raises(InternalError, match="for sm_90a failed") as e:
-        GluonProgram(bad, kernel.name, kernel)
+        GluonProgram(bad, kernel, services().store, triton_version())
     assert e.value.notes, "the compiler's message is attached"
 
 
 # ----------------------------------------------------------------------------------------------
-# block-sparse (ws-semantics #8): guarded iterations, scalar loads, loop-carried counters
+# block-sparse (docs/ws-semantics.md #8): guarded iterations, scalar loads, loop-carried counters
 
 
 def then_regions(ttgir: str) -> list[str]:
@@ -391,9 +394,9 @@ def then_regions(ttgir: str) -> list[str]:
 
 def test_block_sparse_keeps_the_guard_and_counts_the_iterations_that_ran():
     kernel, p = lowered("block_sparse"), program("block_sparse")
-    assert kernel.attr("backend") == "gluon"
-    assert dict(kernel.attr("scalar_locals")) == {"produced": True, "consumed": True}
-    assert kernel.attr("pointer_params") == (("BlockMask", ((0,), (1, 2))),)
+    assert kernel.find_plan(AsyncPlan) is not None
+    assert dict(kernel.plan(AsyncPlan).scalar_locals) == {"produced": True, "consumed": True}
+    assert kernel.plan(AsyncPlan).pointer_params == (("BlockMask", ((0,), (1, 2))),)
     ttgir = p.asm["ttgir"]
     assert count(r"ttg\.warp_specialize\(", ttgir) == 1
     # each role reads its mask element (a scalar load from the pointer parameter) ...
@@ -427,26 +430,25 @@ def test_pointer_parameters_go_only_to_the_roles_that_read_them():
     guard = next(s for s in walk(consumer.body) if isinstance(s, ir.If))
     kernel = legalize_wgmma.run(transform(base, lambda n: dataclasses.replace(n, cond=ir.const(True))
                                           if n is guard else None), HOPPER)
-    assert kernel.attr("pointer_params") == (("BlockMask", ((0,),)),)
+    assert kernel.plan(AsyncPlan).pointer_params == (("BlockMask", ((0,),)),)
     src = emit(kernel)
     shared = "A_desc_0, B_desc_0, C_desc_0, A_s, B_s, C_f_stage0, full, empty"
     assert f"def main_ws1_2({shared}):" in src
     assert f"def main_ws0({shared}, BlockMask, BlockMask_stride0, BlockMask_stride1):" in src
     assert f"main_ws0_args = ({shared}, BlockMask, BlockMask_stride0, BlockMask_stride1)" in src
     assert "gl.warp_specialize([(main_ws1_2, args), (main_ws0, main_ws0_args)], [1], [24])" in src
-    ttgir = GluonProgram(src, kernel.name, kernel).asm["ttgir"]
+    ttgir = GluonProgram(src, kernel, services().store, triton_version()).asm["ttgir"]
     assert count(r"tt\.load %\w+, %\w+, %\w+ : !tt\.ptr<i32>", ttgir) == 1
 
 
 def _refusal(kernel: ir.Kernel) -> str:
     out = legalize_wgmma.run(kernel, HOPPER)
-    assert out.attr("backend") == "tl"
-    return out.notes[-1]
+    return out.plan(AsyncRefusal).reason
 
 
 def test_legalize_refuses_scalar_accesses_gluon_cannot_spell():
     base = lower(CASES["block_sparse"].make(), HOPPER, upto="legalize")
-    assert legalize_wgmma.run(base, HOPPER).attr("backend") == "gluon"
+    assert legalize_wgmma.run(base, HOPPER).find_plan(AsyncPlan) is not None
     # a counter whose role does not define it at its top level before the loop
     undefined = transform(base, lambda n: dataclasses.replace(n, body=ir.Seq(tuple(
         s for s in n.body.stmts if not isinstance(s, ir.Store)), n.body.loc))
@@ -466,13 +468,13 @@ def test_legalize_refuses_scalar_accesses_gluon_cannot_spell():
 @pytest.mark.parametrize("D", [64, 128])
 def test_two_consumers_with_private_buffers_compile(D):
     """ws(0) + ws(1) + ws(2): two consumer partitions, each with its own accumulator and its own
-    shared staging buffer P (ws-semantics #4); Triton's allocation of the buffers of concurrently
+    shared staging buffer P (docs/ws-semantics.md #4); Triton's allocation of the buffers of concurrently
     running partitions is checked disjoint by the TTGIR verifier during this compile."""
     from .test_ws_oracle import two_consumers
     prim, (M, K, N) = two_consumers(D)
     kernel = lower(build_kernel(prim), HOPPER)
-    assert kernel.attr("backend") == "gluon"
-    prog = GluonProgram(emit(kernel), kernel.name, kernel)
+    assert kernel.find_plan(AsyncPlan) is not None
+    prog = gluon_program(kernel)
     ttgir, ptx = prog.asm["ttgir"], prog.asm["ptx"]
     assert ttgir.count("ttg.warp_specialize") == 1
     assert sorted(int(w) for w in re.findall(r"num_warps\((\d+)\)", ttgir)) == [1, 4]
@@ -487,14 +489,14 @@ def test_pingpong_consumers_compile():
     T.ws(2) as a 4-warp worker holding its own wgmma accumulator; `turn` barriers order them."""
     from examples.ws_gemm import pingpong_matmul_program
     kernel = lower(build_kernel(pingpong_matmul_program(1024, 1024, 512, num_sms=4)), HOPPER)
-    assert kernel.attr("backend") == "gluon"
-    prog = GluonProgram(emit(kernel), kernel.name, kernel)
+    assert kernel.find_plan(AsyncPlan) is not None
+    prog = gluon_program(kernel)
     ttgir, ptx = prog.asm["ttgir"], prog.asm["ptx"]
     assert sorted(int(w) for w in re.findall(r"num_warps\((\d+)\)", ttgir)) == [1, 4]
     assert re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx) and \
         set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)) == {"m64n128k16"}
     assert "turn" in prog.source and prog.source.count("mbarrier.wait(turn") == 2
-    assert dict(kernel.attr("mbarrier_counts"))["turn"] == (1, 1)
+    assert dict(kernel.plan(AsyncPlan).barrier_counts)["turn"] == (1, 1)
 
 
 def test_persistent_gemm_compile():
@@ -502,8 +504,8 @@ def test_persistent_gemm_compile():
     (an outer scf.for around the k loop), the TMA store inside the consumer's tile loop."""
     from examples.gemm import persistent_matmul
     kernel = lower(build_kernel(persistent_matmul.fn(1024, 1024, 512, num_sms=3)), HOPPER)
-    assert kernel.attr("backend") == "gluon" and [ir.as_int(g) for g in kernel.grid] == [3]
-    prog = GluonProgram(emit(kernel), kernel.name, kernel)
+    assert kernel.find_plan(AsyncPlan) is not None and [ir.as_int(g) for g in kernel.grid] == [3]
+    prog = gluon_program(kernel)
     ttgir = prog.asm["ttgir"]
     assert ttgir.count("ttg.warp_specialize") == 1
     default = ttgir[ttgir.index("ttg.warp_specialize"):ttgir.index("partition0(")]

@@ -46,7 +46,7 @@ def assert_gemm(C, operands):
 
 
 # ----------------------------------------------------------------------------------------------
-# The explicit warp-specialized GEMM of DESIGN.md section 2, with switches that plant bugs.
+# The explicit warp-specialized GEMM of docs/design.md §2, with switches that plant bugs.
 
 
 def ws_gemm(consumer_waits=True, producer_parity=1, consumer_parity=0, block_M=64, block_N=64,

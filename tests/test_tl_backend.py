@@ -27,7 +27,7 @@ from tilews.triton_ext.tl import emit
 
 from examples.ws_gemm import ws_matmul_program
 
-from .helpers import marked_line, poisoned, randn
+from .helpers import load, marked_line, poisoned, randn, services
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,8 +166,7 @@ def misc(G=4):
 
 
 def _run(kernel, args, device):
-    from tilews.triton_ext.tl import build
-    build(kernel, TRITON_CPU if device == "cpu" else TRITON_GPU).launch(args)
+    load(kernel, "tl", TRITON_CPU if device == "cpu" else TRITON_GPU).launch(args)
 
 
 def _close(out, ref, atol, rtol):
@@ -366,10 +365,11 @@ def _compile_for_gpu(kernel: ir.Kernel) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tilews.triton_ext.tl.launch import source_path
+    from tilews.lowering.plans import StreamPlan
     lowered = lower(kernel, TRITON_GPU)
     src = emit(lowered)
-    spec = importlib.util.spec_from_file_location("tilews_compile_check", source_path(src))
+    spec = importlib.util.spec_from_file_location("tilews_compile_check",
+                                                  services().store.source_file(src))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     signature = {}
@@ -381,20 +381,21 @@ def _compile_for_gpu(kernel: ir.Kernel) -> str:
             signature[p.name] = _PTR[p.dtype]
     compiled = triton.compile(ASTSource(triton.jit(getattr(module, lowered.name)), signature, {}),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": lowered.attr("num_warps")})
+                              options={"num_warps": lowered.plan(StreamPlan).num_warps})
     return compiled.asm["ptx"]
 
 
 def _launch_checks() -> None:
     import torch
 
-    from tilews.triton_ext.tl import build, ensure_interpreter
+    from tilews.triton_ext.tl import ensure_interpreter
     ensure_interpreter()
-    prog = build(axpy(), TRITON_CPU)
+    prog = load(axpy(), "tl", TRITON_CPU)
     x = randn(10)
-    for args, error, words in (([10, x, x], TypeError, "takes 5 arguments"),
-                               ([10, x, x.double(), x, 1.0], TypeError, "'Y' must have dtype torch.float32"),
-                               ([10, x, x[:5], x, 1.0], ValueError, "'Y' must have shape [10]"),
+    for args, error, words in (([10, x, x], TypeError, "takes 5 argument(s)"),
+                               ([10, x, x.double(), x, 1.0], TypeError,
+                                "'Y' has dtype torch.float64, expected torch.float32"),
+                               ([10, x, x[:5], x, 1.0], ValueError, "dimension 0 of 'Y' is 5, but 'n' is 10"),
                                ([10, x, x, x, "a"], TypeError, "'alpha' must be a number")):
         try:
             prog.launch(args)

@@ -2,7 +2,7 @@
 
 Kernels come from the frontend (``examples/gemm.py``'s ``matmul`` and ``persistent_matmul`` (the
 pipelined k loop nested in a loop over output tiles), ``examples/ws_gemm.py``'s programs, and two
-separate consumer roles written here, the case of ws-semantics #4), are lowered
+separate consumer roles written here, the case of docs/ws-semantics.md #4), are lowered
 for ``HOPPER``, emitted and compiled for sm_90a without a GPU; the verifier reads ``asm["ttgir"]``.
 A violating module is the real text edited: a wait moved or weakened, an arrive moved before its
 wait, an allocation offset moved onto another partition's buffer, a warp count or warp-group start
@@ -29,10 +29,14 @@ from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
 from tilews.lowering.target import HOPPER
 from tilews.triton_ext import passes
-from tilews.triton_ext.gluon import GluonProgram, emit
+from tilews.lowering.plans import AsyncPlan
+from tilews.triton_ext.gluon import GluonProgram
+from tilews.triton_ext.toolchain import triton_version
 
 from examples.gemm import matmul, persistent_matmul
 from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
+
+from .helpers import gluon_program, services
 
 COMPILE_SCRIPT = Path(passes.__file__).parents[1] / "gluon" / "compile.py"
 
@@ -91,10 +95,10 @@ KERNELS = {
 
 
 @functools.lru_cache(maxsize=None)
-def program(name: str) -> GluonProgram:
+def program(name: str):
     kernel = lower(build_kernel(KERNELS[name]()), HOPPER)
-    assert kernel.attr("backend") == "gluon"
-    return GluonProgram(emit(kernel), kernel.name, kernel)
+    assert kernel.find_plan(AsyncPlan) is not None
+    return gluon_program(kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,7 +130,7 @@ def test_real_kernels_pass(name):
 
 
 def test_overlapping_partitions_fail():
-    """ws-semantics #4: each consumer's C tile placed on the other's bytes."""
+    """docs/ws-semantics.md #4: each consumer's C tile placed on the other's bytes."""
     a = placed("two_consumers")
     c0 = re.search(r"%C0_stage0 = ttg\.local_alloc \{allocation\.offset = (\d+)", a).group(1)
     bad = re.sub(r"(%C1_stage1 = ttg\.local_alloc \{allocation\.offset = )\d+", rf"\g<1>{c0}", a)
@@ -272,6 +276,6 @@ def test_a_verifier_finding_reaches_the_user_as_a_compile_error():
     good = program("auto_1wg")
     wait = "    C_f = warpgroup_mma_wait(num_outstanding=0, deps=(C_f,))\n"
     with pytest.raises(CompileError) as e:
-        GluonProgram(good.source.replace(wait, ""), good.kernel.name, good.kernel)
+        GluonProgram(good.source.replace(wait, ""), good.kernel, services().store, triton_version())
     assert "TTGIR verifier: kernel 'main'" in e.value.message
     assert e.value.loc == good.kernel.loc          # located at the user's kernel

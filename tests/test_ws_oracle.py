@@ -1,6 +1,6 @@
 """The interpreter as the oracle of the warp-specialization rewrite: for every WS program, the
 program before the passes equals the program after them (Hopper pipeline) under many random
-schedules; and each failure mode of ws-semantics #2, #4, #5, #6 is caught in a deliberately wrong
+schedules; and each failure mode of docs/ws-semantics.md #2, #4, #5, #6 is caught in a deliberately wrong
 lowering (kept here) while ours passes."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tilews.lowering import interpreter, ir, layouts, verify_async
 from tilews.lowering.errors import DeadlockError, RaceError, UninitializedReadError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
+from tilews.lowering.plans import AsyncPlan, LayoutPlan, SharedMemoryPlan
 from tilews.lowering.target import HOPPER
 from tilews.lowering.traverse import transform, walk
 
@@ -55,7 +56,7 @@ def test_auto_ws_gemm(num_stages, K):
     a, b = randn(M, K, dtype=torch.float16, seed=1), randn(K, N, dtype=torch.float16, seed=2)
     after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
     assert after.threads == 256
-    assert after.attr("backend") == ("gluon" if K == 96 else "tl")
+    assert (after.find_plan(AsyncPlan) is not None) == (K == 96)
 
 
 @pytest.mark.parametrize("block_M", [128, 256])
@@ -64,11 +65,11 @@ def test_explicit_merged_consumer_gemm(block_M):
     prim = ws_matmul_program(M, N, K, block_M=block_M, block_N=32, block_K=32)
     a, b = randn(M, K, dtype=torch.float16, seed=3), randn(K, N, dtype=torch.float16, seed=4)
     after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
-    assert after.attr("backend") == "gluon"
+    assert after.find_plan(AsyncPlan) is not None
     consumer = next(r for s in walk(after.body) if isinstance(s, ir.WarpSpecialize)
                     for r in s.roles if r.warpgroups == (1, 2))
     assert consumer.num_warps == 8
-    acc = dict(after.attr("layouts"))["C_f"]
+    acc = after.plan(LayoutPlan).of("C_f")
     assert acc.warps_per_cta == (8, 1)          # M split across the two warp groups
 
 
@@ -79,7 +80,7 @@ def test_explicit_ring_gemm(stages):
                                   dtype=T.float16)
     a, b = randn(M, K, dtype=torch.float16, seed=13), randn(K, N, dtype=torch.float16, seed=14)
     after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
-    assert after.attr("backend") == "gluon"
+    assert after.find_plan(AsyncPlan) is not None
     waits = [s.outstanding for s in walk(after.body) if isinstance(s, ir.GemmWait)]
     assert waits == ([0] if stages == 1 else [1, 0])   # overlapped only with a ring of >= 2
 
@@ -123,7 +124,7 @@ def test_separate_consumers_private_buffers(D):
     prim, (M, K, N) = two_consumers(D)
     a, b = randn(M, K, dtype=torch.float16, seed=5), randn(K, N, dtype=torch.float16, seed=6)
     after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
-    ranges = {n: (o, o + size) for n, o, size in after.attr("shared_offsets")}
+    ranges = {n: (o, o + size) for n, o, size in after.plan(SharedMemoryPlan).ranges}
     assert not overlapping(ranges), ranges
     ref = (a.double() @ b.double())
     got = run_interp(after, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed=7)
@@ -326,7 +327,7 @@ def test_ws11_persistent_gemm(stages, sms):
     assert (got.double() - a.double() @ b.double()).abs().max() < 0.05
     ws = next(s for s in walk(after.body) if isinstance(s, ir.WarpSpecialize))
     producer, consumer = ws.roles
-    # ws-semantics #11: the producer's loop nest holds only loads; the consumer's holds the
+    # docs/ws-semantics.md #11: the producer's loop nest holds only loads; the consumer's holds the
     # epilogue per tile, after its k loop
     tile_loop = consumer.body.stmts[0]
     assert isinstance(tile_loop, ir.For) and tile_loop.kind is ir.ForKind.PERSISTENT
@@ -369,9 +370,9 @@ def test_ws11_pingpong_consumers_alternate_tiles(sms, stages):
                                    num_sms=sms, group_size=2, dtype=T.float16)
     a, b = randn(M, K, dtype=torch.float16, seed=21), randn(K, N, dtype=torch.float16, seed=22)
     after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
-    assert after.attr("backend") == "gluon"
+    assert after.find_plan(AsyncPlan) is not None
     # `empty` is released by either consumer: one arrival per phase, whichever role it is
-    assert dict(after.attr("mbarrier_counts"))["empty"] == (1,) * stages
+    assert dict(after.plan(AsyncPlan).barrier_counts)["empty"] == (1,) * stages
     got = run_interp(after, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed=5)
     assert (got.double() - a.double() @ b.double()).abs().max() < 0.05
 

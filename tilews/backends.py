@@ -1,46 +1,32 @@
-"""Per-target emission and execution: the one place a ``Target`` picks a backend."""
+"""The backend registry: which backends exist, and which chain of them serves each target.
+
+A chain is tried in order by ``compiler.compile_kernel``: the first backend that does not refuse
+the program compiles it; each refusal's reason goes to the compile report. Backends are imported
+only when a chain that holds them is built (the Triton ones import Triton lazily as well).
+
+| target      | chain                         |
+|-------------|-------------------------------|
+| interpret   | interpret                     |
+| triton      | tl (GPU, or Triton's CPU interpreter) |
+| hopper      | gluon -> tl                   |
+"""
 from __future__ import annotations
 
-from typing import Any
+import importlib
 
-from tilews.lowering import ir, printer
-from tilews.lowering.target import Target
+from tilews.lowering.backend import Backend, Services
 
-
-def emit_source(target: Target, kernel: ir.Kernel) -> str:
-    """The generated program for ``kernel`` (the lowered IR itself for the interpreter)."""
-    if target.name == "interpret":
-        return printer.to_text(kernel)
-    if target.name == "triton":
-        from tilews.triton_ext.tl import emit
-        return emit(kernel)
-    if target.name == "hopper":
-        from tilews.triton_ext.gluon import emit
-        return emit(kernel)
-    raise ValueError(f"internal: no emitter for target '{target.name}'")
+# backend name -> the module whose make(services) builds it
+BACKENDS = {"interpret": "tilews.lowering.interpreter.backend",
+            "tl": "tilews.triton_ext.tl.backend",
+            "gluon": "tilews.triton_ext.gluon.backend"}
+CHAINS = {"interpret": ("interpret",), "triton": ("tl",), "hopper": ("gluon", "tl")}
 
 
-class InterpretExecutor:
-    """Runs the lowered IR in the reference interpreter."""
-
-    def __init__(self, kernel: ir.Kernel, source: str, options: dict[str, Any]):
-        self.kernel, self.source = kernel, source
-        self.seed = int(options.get("seed", 0))
-        self.accumulate_f64 = bool(options.get("accumulate_f64", False))
-        self.asm: dict[str, str] = {}
-
-    def launch(self, values: list) -> None:
-        from tilews.lowering import interpreter
-        interpreter.run(self.kernel, values, seed=self.seed, accumulate_f64=self.accumulate_f64)
+def make(name: str, services: Services) -> Backend:
+    return importlib.import_module(BACKENDS[name]).make(services)
 
 
-def make_executor(target: Target, kernel: ir.Kernel, source: str, options: dict[str, Any]):
-    if target.name == "interpret":
-        return InterpretExecutor(kernel, source, options)
-    if target.name == "triton":
-        from tilews.triton_ext.tl import TlProgram
-        return TlProgram(source, kernel.name, kernel, interpreter=target.triton_interpreter)
-    if target.name == "hopper":
-        from tilews.triton_ext.gluon import GluonProgram
-        return GluonProgram(source, kernel.name, kernel)
-    raise ValueError(f"internal: no executor for target '{target.name}'")
+def chain(target: str, services: Services) -> tuple[Backend, ...]:
+    """The backends serving ``target`` (a resolved target name), in the order they are tried."""
+    return tuple(make(name, services) for name in CHAINS[target])

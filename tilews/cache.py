@@ -14,22 +14,32 @@ Contract:
   entry or the new one, never a partial one, and a failed put leaves no temp file behind.
 * ``get_or_build`` builds at most once across concurrent processes sharing a root (a
   ``filelock.FileLock`` per key; the entry is re-checked under the lock).
-* ``TILEWS_DISABLE_CACHE`` in ("1", "true", "yes"): ``get`` misses, ``put`` does nothing and
-  ``get_or_build`` always builds.
+* ``TILEWS_DISABLE_CACHE`` on (the truth rule of ``lowering.settings``): ``get`` misses, ``put``
+  does nothing and ``get_or_build`` always builds. Both variables are read through
+  ``Settings.from_env`` when a ``DiskCache`` without an explicit root / switch is used.
+* As the backends' ``ArtifactStore``: ``fetch(parts, build)`` is ``get_or_build`` under
+  ``cache_key(*parts)``; ``source_file(text)`` is a file holding ``text`` (content-addressed, written
+  atomically) under ``<root>/src`` — or, with the cache disabled, under a private temporary folder of
+  this process, so nothing is written to the cache directory.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import hashlib
 import os
 import pathlib
 import re
+import shutil
 import tempfile
 import warnings
 from typing import Callable
 
 import filelock
+
+from tilews.lowering.settings import Settings
 
 __all__ = ["CacheCorruptionWarning", "DiskCache", "cache_disabled", "cache_key", "default_cache_dir"]
 
@@ -43,9 +53,9 @@ class CacheCorruptionWarning(UserWarning):
 
 
 def default_cache_dir() -> pathlib.Path:
-    env = os.environ.get("TILEWS_CACHE_DIR")
-    if env:
-        return pathlib.Path(env).expanduser()
+    configured = Settings.from_env().cache_dir
+    if configured is not None:
+        return configured
     try:
         import platformdirs
     except ImportError:  # minimal environments (e.g. a bare GPU image): the XDG default
@@ -55,7 +65,7 @@ def default_cache_dir() -> pathlib.Path:
 
 
 def cache_disabled() -> bool:
-    return os.environ.get("TILEWS_DISABLE_CACHE", "").strip().lower() in ("1", "true", "yes")
+    return Settings.from_env().disable_cache
 
 
 def _encode(value: object) -> str:
@@ -88,12 +98,22 @@ def cache_key(*parts: object) -> str:
 
 
 class DiskCache:
-    def __init__(self, root: os.PathLike | str | None = None) -> None:
+    def __init__(self, root: os.PathLike | str | None = None, disabled: bool | None = None) -> None:
         self._root = None if root is None else pathlib.Path(root)
+        self._disabled = disabled
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "DiskCache":
+        return cls(settings.cache_dir if settings.cache_dir is not None else default_cache_dir(),
+                   settings.disable_cache)
 
     @property
     def root(self) -> pathlib.Path:
         return self._root if self._root is not None else default_cache_dir()
+
+    @property
+    def disabled(self) -> bool:
+        return self._disabled if self._disabled is not None else cache_disabled()
 
     def _path(self, key: str, suffix: str) -> pathlib.Path:
         if not isinstance(key, str) or not _KEY.fullmatch(key):
@@ -102,7 +122,7 @@ class DiskCache:
 
     def get(self, key: str) -> bytes | None:
         path = self._path(key, ".bin")
-        if cache_disabled():
+        if self.disabled:
             return None
         try:
             data = path.read_bytes()
@@ -123,25 +143,15 @@ class DiskCache:
         path = self._path(key, ".bin")
         if not isinstance(payload, bytes):
             raise TypeError(f"cache payload must be bytes, got {type(payload).__qualname__}")
-        if cache_disabled():
+        if self.disabled:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         header = b"%s %s %d\n" % (_MAGIC, hashlib.sha256(payload).hexdigest().encode(), len(payload))
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(header + payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        _write_atomically(path, header + payload)
 
     def get_or_build(self, key: str, build: Callable[[], bytes]) -> tuple[bytes, bool]:
         lock_path = self._path(key, ".lock")
-        if cache_disabled():
+        if self.disabled:
             return build(), False
         payload = self.get(key)
         if payload is not None:
@@ -154,3 +164,39 @@ class DiskCache:
             payload = build()
             self.put(key, payload)
         return payload, False
+
+    # -- the backends' ArtifactStore -------------------------------------------------------------
+    def fetch(self, parts: tuple, build: Callable[[], bytes]) -> tuple[bytes, bool]:
+        return self.get_or_build(cache_key(*parts), build)
+
+    def source_file(self, text: str, suffix: str = ".py") -> pathlib.Path:
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        folder = _private_dir() if self.disabled else self.root / "src"
+        path = folder / f"{digest}{suffix}"
+        if path.exists() and path.read_text() == text:
+            return path
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomically(path, text.encode())
+        return path
+
+
+def _write_atomically(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@functools.lru_cache(maxsize=None)
+def _private_dir() -> pathlib.Path:
+    """A temporary folder of this process, removed at exit."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="tilews-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path

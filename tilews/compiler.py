@@ -1,39 +1,46 @@
-"""Kernel source -> compiled ``Kernel``: frontend, pass pipeline, emission, caches.
+"""Kernel source -> compiled ``Kernel``: frontend, then the target's chain of backends.
 
-The on-disk cache is keyed by what fully determines the result: the printed IR the frontend
-built (plus every statement's source line, which the emitted code cites), the target and the
-tilews version. A hit skips the passes and the emitter.
+For each backend of the chain (``tilews.backends``) the frontend IR is lowered by the backend's
+pass pipeline and emitted; the first backend that does not refuse the lowered program loads it.
+A refusal's reason, and the notes of the refused lowering, go to the compile report.
+
+The on-disk cache holds, per backend, the lowered IR and the emitted source (or the refusal),
+under a key of what fully determines them: the printed frontend IR (plus every statement's source
+line, which the emitted code cites), the backend's fingerprint (its name, target and tool versions)
+and a digest of tilews's own installed sources, so a change to any pass or emitter is a miss.
 """
 from __future__ import annotations
 
-import os
+import functools
+import hashlib
 import pickle
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from tilews import cache, targets
+from tilews import backends, cache, targets
 from tilews.lowering import ir, printer
+from tilews.lowering.backend import Backend, Services
+from tilews.lowering.errors import InternalError
 from tilews.lowering.frontend import KernelSource, build_kernel
-from tilews.lowering.passes import lower
-from tilews.lowering.target import Target
+from tilews.lowering.plans import SharedMemoryPlan
+from tilews.lowering.settings import Settings
 from tilews.lowering.traverse import walk
 
-from . import __version__
-from .backends import emit_source, make_executor
 from .kernel import CompileReport, Kernel
 
 
 @dataclass
 class Lowered:
-    """What the disk cache stores."""
-    target: Target
+    """What the disk cache stores for one backend."""
     ir_after: ir.Kernel
-    source: str
+    source: Optional[str]              # None: the backend refused (``refusal`` says why)
+    refusal: Optional[str] = None
     pass_ms: tuple[tuple[str, float], ...] = field(default=())
 
 
-def _passes(kernel: ir.Kernel, target: Target) -> tuple[ir.Kernel, tuple[tuple[str, float], ...]]:
+def _lower(backend: Backend, kernel: ir.Kernel) -> Lowered:
     times: list[tuple[str, float]] = []
     last = [time.perf_counter()]
 
@@ -42,57 +49,75 @@ def _passes(kernel: ir.Kernel, target: Target) -> tuple[ir.Kernel, tuple[tuple[s
         times.append((name, (now - last[0]) * 1e3))
         last[0] = now
 
-    return lower(kernel, target, observe), tuple(times[1:])
+    after = backend.lower(kernel, observe)
+    reason = backend.refuses(after)
+    source = None if reason else backend.emit(after)
+    return Lowered(after, source, reason, tuple(times[1:]))
 
 
-def _lower_with_fallback(kernel: ir.Kernel, target: Target) -> Lowered:
-    """Lower for ``target`` and emit. A Hopper program the Gluon path refuses (attr ``backend`` =
-    "tl", with the reason in its notes) is compiled from the frontend IR with plain
-    ``triton.language``, keeping those notes."""
-    after, times = _passes(kernel, target)
-    if after.attr("backend") == "tl":
-        refused = after
-        target = targets.plain_triton()
-        after, more = _passes(kernel, target)
-        times += more
-        for note in refused.notes:
-            after = after.with_note(note)
-    return Lowered(target, after, emit_source(target, after), times)
+@functools.lru_cache(maxsize=None)
+def sources_digest() -> str:
+    """A digest of every Python source of the installed tilews: the modules of ``tilews`` and
+    ``tilews.language``, and every module under ``tilews.lowering``, ``tilews.triton_ext`` and
+    ``tilews.metal``."""
+    import tilews
+    import tilews.language
+    import tilews.lowering
+    import tilews.metal
+    import tilews.triton_ext
+    h = hashlib.sha256()
+    for package, pattern in ((tilews, "*.py"), (tilews.language, "*.py"), (tilews.lowering, "**/*.py"),
+                             (tilews.triton_ext, "**/*.py"), (tilews.metal, "**/*.py")):
+        root = Path(package.__file__).parent
+        for path in sorted(root.glob(pattern)):
+            h.update(f"{package.__name__}/{path.relative_to(root)}".encode() + b"\0"
+                     + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
-def _key(kernel: ir.Kernel, target: Target) -> str:
+def _key_parts(kernel: ir.Kernel, backend: Backend) -> tuple:
     lines = tuple((s.loc.file, s.loc.line) for s in walk(kernel.body))
-    return cache.cache_key("tilews-kernel", __version__, repr(target), printer.to_text(kernel),
-                           kernel.loc.file, lines)
+    return ("tilews-kernel", sources_digest(), backend.fingerprint(), printer.to_text(kernel),
+            kernel.loc.file, lines)
 
 
 def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int] = (),
                    param_specs: Optional[dict[str, Any]] = None,
                    extra_names: Optional[dict[str, Any]] = None,
                    options: Optional[dict[str, Any]] = None,
-                   user_params: Optional[Sequence[str]] = None) -> Kernel:
+                   user_params: Optional[Sequence[str]] = None,
+                   settings: Optional[Settings] = None) -> Kernel:
     """``user_params``: the parameters the caller passes or receives, in order (default: all of
     the function's; ``out_idx`` indexes them)."""
     t0 = time.perf_counter()
-    sel = targets.select(target_name)
-    before = build_kernel(src, param_specs, extra_names)
+    settings = settings or Settings.from_env()
+    target, notes = targets.resolve(target_name)
+    before = build_kernel(src, param_specs, extra_names, debug=settings.debug_frontend)
     frontend_ms = (time.perf_counter() - t0) * 1e3
-    target = sel.target
-    payload, hit = cache.DiskCache().get_or_build(
-        _key(before, target), lambda: pickle.dumps(_lower_with_fallback(before, target)))
-    try:
+    store = cache.DiskCache.from_settings(settings)
+    services = Services(store, settings, targets.machine())
+    chain = backends.chain(target, services)
+    for n, backend in enumerate(chain):
+        payload, hit = store.fetch(_key_parts(before, backend),
+                                   lambda: pickle.dumps(_lower(backend, before)))
         lowered: Lowered = pickle.loads(payload)
-    except Exception:  # a verified entry from an incompatible build: rebuild it
-        lowered = _lower_with_fallback(before, target)
-        hit = False
-    executor = make_executor(lowered.target, lowered.ir_after, lowered.source, options or {})
+        if lowered.refusal is None:
+            break
+        nxt = chain[n + 1].name if n + 1 < len(chain) else None
+        notes += lowered.ir_after.notes + (f"{target}: the {backend.name} backend refused the "
+                                           f"program ({lowered.refusal}); using {nxt}",)
+    else:
+        raise InternalError(f"target '{target}': every backend refused the program "
+                            f"({lowered.refusal})", before.loc)
+    program = backend.load(lowered.ir_after, lowered.source, options or {})
+    shared = lowered.ir_after.find_plan(SharedMemoryPlan)
     report = CompileReport(
-        target=lowered.target.name if lowered.target == target else
-        f"{target.name} -> {lowered.target.name}", notes=sel.notes + lowered.ir_after.notes,
+        target=target if n == 0 else f"{target} -> {backend.target.name}",
+        backend=backend.name, notes=notes + lowered.ir_after.notes,
         passes=(("frontend", frontend_ms),) + lowered.pass_ms, cache_hit=hit,
-        shared_bytes=sum(s.buffer.nbytes for s in walk(lowered.ir_after.body)
-                         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED),
+        shared_bytes=shared.total_bytes if shared is not None else 0,
         compile_ms=(time.perf_counter() - t0) * 1e3)
-    if os.environ.get("TILEWS_PRINT_SOURCE") == "1":
+    if settings.print_source:
         print(lowered.source)
-    return Kernel(before, lowered.ir_after, user_params or src.param_names, out_idx, executor, report)
+    return Kernel(before, lowered.ir_after, user_params or src.param_names, out_idx, program,
+                  report, settings)

@@ -1,32 +1,34 @@
-"""Target selection (DESIGN §8): a name -> the ``Target`` the compiler builds for.
+"""Target names (docs/design.md §8): which exist, what ``"auto"`` means on this machine, and the
+machine's facts the backends are given.
 
 ``"auto"`` picks from the machine: a Hopper GPU -> ``"hopper"``, another CUDA/ROCm GPU ->
-``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``. Backends this version does
-not have yet are reported, never silently replaced: ``auto`` falls back with a note in the compile
-report, an explicit request is an error. ``"hopper"`` on a machine without a GPU compiles fully
-(compile-only); only calling the kernel needs the GPU.
+``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``. A target whose backends this
+version does not have is reported, never silently replaced: ``auto`` falls back with a note in
+the compile report, an explicit request is an error. Which backends serve a target is
+``tilews.backends``'s business.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
-from tilews.lowering import target as tg
+from tilews.lowering.backend import Machine
 from tilews.lowering.errors import CompileError
 
 TARGET_NAMES = ("auto", "interpret", "triton", "hopper", "metal")
 _NOT_YET = {"metal": "the Metal backend"}
 
 
-@dataclass(frozen=True)
-class Selection:
-    target: tg.Target
-    notes: tuple[str, ...] = ()
-
-
-def has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
+def resolve(name: str) -> tuple[str, tuple[str, ...]]:
+    """(the target ``name`` stands for here, notes for the compile report)."""
+    if name not in TARGET_NAMES:
+        raise ValueError(f"target must be one of {', '.join(TARGET_NAMES)}; got {name!r}")
+    if name == "auto":
+        name = _machine_choice()
+        if name in _NOT_YET:
+            return "interpret", (f"auto: this machine suits target '{name}', but {_NOT_YET[name]} "
+                                 f"is not in this version of tilews; using 'interpret'",)
+    elif name in _NOT_YET:
+        raise CompileError(f"target '{name}': {_NOT_YET[name]} is not in this version of tilews; "
+                           f"use target='triton' or 'interpret'")
+    return name, ()
 
 
 def _machine_choice() -> str:
@@ -40,29 +42,12 @@ def _machine_choice() -> str:
     return "interpret"
 
 
-def select(name: str) -> Selection:
-    if name not in TARGET_NAMES:
-        raise ValueError(f"target must be one of {', '.join(TARGET_NAMES)}; got {name!r}")
-    notes: tuple[str, ...] = ()
-    if name == "auto":
-        name = _machine_choice()
-        if name in _NOT_YET:
-            notes = (f"auto: this machine suits target '{name}', but {_NOT_YET[name]} is not in this "
-                     f"version of tilews; using 'interpret'",)
-            name = "interpret"
-    elif name in _NOT_YET:
-        raise CompileError(f"target '{name}': {_NOT_YET[name]} is not in this version of tilews; "
-                           f"use target='triton' or 'interpret'")
-    if name == "interpret":
-        return Selection(tg.INTERPRET, notes)
-    if name == "hopper":   # without a GPU: compile-only (calling the kernel needs an H100/H200)
-        return Selection(dataclasses.replace(tg.HOPPER, num_sms=num_sms()), notes)
-    return Selection(plain_triton(), notes)
-
-
-def plain_triton() -> tg.Target:
-    """``triton.language`` on this machine: the GPU, or Triton's CPU interpreter."""
-    return tg.TRITON_GPU if has_cuda() else tg.TRITON_CPU
+def machine() -> Machine:
+    """This machine, as the backends see it."""
+    import torch
+    if not torch.cuda.is_available():
+        return Machine()
+    return Machine(cuda=True, capability=torch.cuda.get_device_capability(), num_sms=num_sms())
 
 
 def num_sms(default: int = 132) -> int:

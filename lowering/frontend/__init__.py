@@ -67,12 +67,15 @@ def kernel_source(fn: Callable, enclosing: Optional[dict] = None) -> KernelSourc
 
 
 def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None,
-                 extra_names: Optional[dict[str, Any]] = None) -> ir.Kernel:
+                 extra_names: Optional[dict[str, Any]] = None, *, debug: bool = False) -> ir.Kernel:
     """Build the IR of ``src``. ``param_specs`` overrides annotations (direct style): a
     ``semantic.TensorSpec``, a DType (runtime scalar) or any Python value (bound as is).
-    ``extra_names`` are visible in the body (direct style: shape symbols bound from arguments)."""
+    ``extra_names`` are visible in the body (direct style: shape symbols bound from arguments).
+    ``debug`` (the ``TILEWS_DEBUG_FRONTEND`` setting) re-raises the raw error behind a
+    ``CompileError``."""
     b = Builder(src.name, src.file)
-    v = KernelVisitor(b, {**src.names, **(extra_names or {})}, src.line_offset, src.col_offset)
+    v = KernelVisitor(b, {**src.names, **(extra_names or {})}, src.line_offset, src.col_offset,
+                       debug=debug)
     with active(b):
         v._at(src.tree)
         args = src.tree.args
@@ -97,7 +100,7 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
             raise v.error(f"kernel '{src.name}' has no `with T.Kernel(...)` block")
         k = b.kernel
         return ir.Kernel(src.name, tuple(b.params), k["grid"], k["block_vars"], k["threads"],
-                         k["body"], b.swizzle_panel, (), k["loc"])
+                         k["body"], b.swizzle_panel, loc=k["loc"])
 
 
 def _param_value(name: str, spec: Any, v: KernelVisitor):

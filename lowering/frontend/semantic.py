@@ -9,8 +9,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .. import ir, schedule
+from .. import dtypes, ir, schedule
 from ..errors import CompileError
+from ..roles import describe
 from .context import builder, current_loc
 from .values import BufferRef, ElementRef, RegionRef, Scalar, promote, to_expr
 
@@ -32,18 +33,10 @@ def as_dtype(x, what: str = "dtype") -> ir.DType:
         if dt is None:
             raise err(f"unknown {what} '{x}'; known: {', '.join(sorted(ir.DTYPE_ALIASES))}")
         return dt
-    name = getattr(x, "__module__", "") == "torch" and str(x).removeprefix("torch.")
-    if name and name in _TORCH_NAMES:
-        return _TORCH_NAMES[name]
+    if getattr(x, "__module__", "") == "torch" and dtypes.from_torch(x) is not None:
+        return dtypes.from_torch(x)
     raise err(f"{what} must be a tilews dtype (T.float16, ...), a dtype name or a torch dtype, "
               f"got {x!r}")
-
-
-_TORCH_NAMES = {"bfloat16": ir.DType.BF16, "float16": ir.DType.F16, "float32": ir.DType.F32,
-                "float64": ir.DType.F64, "int8": ir.DType.I8, "int16": ir.DType.I16,
-                "int32": ir.DType.I32, "int64": ir.DType.I64, "uint8": ir.DType.U8,
-                "bool": ir.DType.BOOL, "float8_e4m3fn": ir.DType.F8E4M3,
-                "float8_e5m2": ir.DType.F8E5M2}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,14 +144,15 @@ class WsFrame(Frame):
         if not wgs or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in wgs):
             raise err(f"T.ws takes warp-group ids (non-negative ints), got {warpgroups!r}")
         if len(set(wgs)) != len(wgs):
-            raise err(f"T.ws{wgs} names a warp group twice")
+            raise err(f"{describe(wgs)} names a warp group twice")
         self.warpgroups = tuple(sorted(wgs))
         self.loc = current_loc()
 
     def enter(self, names):
         b = builder()
         if b.roles:
-            raise err(f"T.ws{self.warpgroups} inside T.ws{b.roles[-1]}: roles cannot nest")
+            raise err(f"{describe(self.warpgroups)} inside {describe(b.roles[-1])}: roles "
+                      f"cannot nest")
         if b.parallel_vars:
             raise err("T.ws cannot be used inside T.Parallel")
         b.roles.append(self.warpgroups)

@@ -2,7 +2,7 @@
 
 Python ints, floats and bools stay Python values. Anything that depends on a runtime quantity (a
 block index, a loop index, a runtime dim, a buffer element) is a ``Scalar`` wrapping an
-``ir.Expr``; its operators build IR (with integer constant folding). Buffers are ``BufferRef``;
+``ir.Expr``; its operators build IR (folded by ``simplify.fold_binop``). Buffers are ``BufferRef``;
 indexing one gives an ``ElementRef`` (all indices scalar: an element, or a region start in
 ``T.copy``) or a ``RegionRef`` (some index is a slice).
 """
@@ -12,6 +12,7 @@ from typing import Union
 
 from .. import ir
 from ..errors import CompileError
+from ..simplify import fold_binop
 from .context import current_loc
 
 PyNum = Union[int, float, bool]
@@ -66,34 +67,10 @@ def _dtype_of(v) -> ir.DType | None:
     return None
 
 
-def _fold(op: ir.BinOpKind, a: ir.Expr, b: ir.Expr):
-    ai, bi = ir.as_int(a), ir.as_int(b)
-    if ai is not None and bi is not None:
-        py = {ir.BinOpKind.ADD: lambda: ai + bi, ir.BinOpKind.SUB: lambda: ai - bi,
-              ir.BinOpKind.MUL: lambda: ai * bi, ir.BinOpKind.FLOORDIV: lambda: ai // bi if bi else None,
-              ir.BinOpKind.MOD: lambda: ai % bi if bi else None}.get(op)
-        r = py() if py else None
-        return None if r is None else ir.Const(r, a.dtype, current_loc())
-    if op is ir.BinOpKind.ADD and bi == 0 or op is ir.BinOpKind.SUB and bi == 0:
-        return a
-    if op is ir.BinOpKind.ADD and ai == 0:
-        return b
-    if op is ir.BinOpKind.MUL and (bi == 1 or ai == 1):
-        return a if bi == 1 else b
-    if op is ir.BinOpKind.MUL and (bi == 0 or ai == 0) and a.dtype.is_int and b.dtype.is_int:
-        return ir.Const(0, promote(a.dtype, b.dtype), current_loc())
-    if op in (ir.BinOpKind.FLOORDIV,) and bi == 1:
-        return a
-    return None
-
-
 def binary(op: ir.BinOpKind, x, y) -> "Scalar":
     dx, dy = _dtype_of(x), _dtype_of(y)
     a = to_expr(x, dy)
     b = to_expr(y, dx)
-    folded = _fold(op, a, b)
-    if folded is not None:
-        return Scalar(folded)
     if op in (ir.BinOpKind.LAND, ir.BinOpKind.LOR):
         dt = ir.DType.BOOL
     elif op is ir.BinOpKind.DIV:
@@ -106,7 +83,8 @@ def binary(op: ir.BinOpKind, x, y) -> "Scalar":
                   ir.BinOpKind.SHR) and dt.is_float:
             raise CompileError(f"operator '{op.value}' needs integer operands, got {dt.value}",
                                current_loc())
-    return Scalar(ir.BinOp(op, a, b, dt, current_loc()))
+    folded = fold_binop(op, a, b, dt, current_loc())
+    return Scalar(folded if folded is not None else ir.BinOp(op, a, b, dt, current_loc()))
 
 
 def compare(op: ir.CmpKind, x, y) -> "Scalar":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import builtins
 import operator
-import os
 from typing import Any
 
 from .. import ir
@@ -50,7 +49,8 @@ class _Binding:
 class KernelVisitor:
     """Visits one function body. ``names`` is the function's global + closure namespace."""
 
-    def __init__(self, b: Builder, names: dict[str, Any], line_offset: int, col_offset: int = 0):
+    def __init__(self, b: Builder, names: dict[str, Any], line_offset: int, col_offset: int = 0,
+                 debug: bool = False):
         self.b = b
         self.names = names
         self.line_offset = line_offset
@@ -59,7 +59,7 @@ class KernelVisitor:
         self.scoped_out: dict[str, int] = {}   # names bound inside a finished runtime body
         self.depth = 0                         # nesting of runtime (IR) bodies
         self.kernel_builtins = _kernel_builtins()
-        self.debug = os.environ.get("TILEWS_DEBUG_FRONTEND") == "1"
+        self.debug = debug
 
     # -- plumbing -------------------------------------------------------------------------------
     def _at(self, node: ast.AST) -> None:

@@ -19,14 +19,16 @@ masks), ``expressions`` (vectorized Expr evaluation), ``barriers`` (mbarriers, c
 """
 from __future__ import annotations
 
-from .. import ir
+from .. import arguments, ir
 from .program import execute
 
 
 def run(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: bool = False,
         check: bool = True) -> None:
     """Execute ``kernel`` on ``args`` (aligned with ``kernel.params``: a torch tensor per buffer,
-    a number per runtime scalar). Results land in the argument tensors."""
+    a number per runtime scalar), after checking them (``lowering.arguments.check``). Results land
+    in the argument tensors."""
+    arguments.check(kernel, args)
     execute(kernel, args, seed=seed, accumulate_f64=accumulate_f64, check=check)
 
 

@@ -1,7 +1,7 @@
 """Kernel arguments -> the interpreter's global memory and scalar environment.
 
-Contract: ``bind(kernel, args, numerics)`` checks ``args`` against ``kernel.params``
-(``lowering.arguments.check``: ``TypeError`` / ``ValueError`` naming the parameter). It returns the
+Contract: ``bind(kernel, args, numerics)`` takes ``args`` already checked against
+``kernel.params`` (``lowering.arguments.check``; ``interpreter.run`` checks them). It returns the
 global arrays by buffer name, numpy views sharing the tensors' memory and strides (so results land
 in the caller's tensors), the environment binding each scalar ``Var``, and a ``finish`` callable
 that copies results back into tensors living off the CPU (those are run on CPU copies).
@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .. import arguments, ir
+from .. import dtypes, ir
 from .values import Numerics, storage
 
 # dtypes numpy cannot hold natively: viewed as integers of the same width, then as ml_dtypes
@@ -21,7 +21,7 @@ _BITS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.fl
 
 
 def bind(kernel: ir.Kernel, args: list, numerics: Numerics):
-    env = {v: numerics.round(a, v.dtype) for v, a in arguments.check(kernel, args).items()}
+    env = {p: numerics.round(a, p.dtype) for p, a in zip(kernel.params, args) if isinstance(p, ir.Var)}
     arrays: dict[str, np.ndarray] = {}
     copies: list[Callable[[], None]] = []
     for p, a in zip(kernel.params, args):
@@ -52,4 +52,4 @@ def _view(t: torch.Tensor):
 
 
 def _dtype_of(torch_dtype) -> ir.DType:
-    return next(dt for dt, td in arguments.TORCH_DTYPES.items() if td == torch_dtype)
+    return dtypes.from_torch(torch_dtype)

@@ -1,7 +1,7 @@
 """How the interpreter names things in its error messages.
 
-Contract: ``at(loc, text)`` prefixes ``text`` with the user's ``file:line:col``; ``role_name``
-spells a role as the user wrote it (``T.ws(1, 2)``); ``box_text`` spells an index box.
+Contract: ``at(loc, text)`` prefixes ``text`` with the user's ``file:line:col``; ``box_text``
+spells an index box. Roles are spelled by ``roles.describe`` (``T.ws(1, 2)``).
 """
 from __future__ import annotations
 
@@ -10,10 +10,6 @@ from .. import ir
 
 def at(loc: ir.Loc, text: str) -> str:
     return f"{loc}: {text}"
-
-
-def role_name(warpgroups: tuple[int, ...]) -> str:
-    return f"T.ws({', '.join(str(g) for g in warpgroups)})"
 
 
 def box_text(box: tuple[tuple[int, int], ...]) -> str:

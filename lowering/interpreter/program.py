@@ -17,14 +17,13 @@ import random
 import numpy as np
 
 from .. import ir
-from ..roles import role_threads, split
+from ..roles import describe, role_threads, split
 from ..traverse import walk
 from .barriers import Barriers
 from .binding import bind
 from .executor import Block, RoleExecutor
 from .expressions import Evaluator
 from .memory import Memory
-from .messages import role_name
 from .races import RaceTracker
 from .scheduler import Scheduler
 from .values import Numerics
@@ -78,5 +77,5 @@ def _roles(kernel: ir.Kernel):
         raise ValueError(f"{kernel.loc}: a warp-specialized kernel body must be allocations "
                          f"followed by one WarpSpecialize")
     allocs = tuple(s for s in stmts if isinstance(s, ir.Alloc))
-    return allocs, [(role_name(r.warpgroups), role_threads(r.warpgroups), r.body)
+    return allocs, [(describe(r.warpgroups), role_threads(r.warpgroups), r.body)
                     for r in ws[0].roles]

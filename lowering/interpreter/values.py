@@ -15,18 +15,10 @@ Contract:
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from .. import ir
 
-_STORAGE = {ir.DType.BF16: np.dtype(ml_dtypes.bfloat16), ir.DType.F16: np.dtype(np.float16),
-            ir.DType.F32: np.dtype(np.float32), ir.DType.F64: np.dtype(np.float64),
-            ir.DType.I8: np.dtype(np.int8), ir.DType.I16: np.dtype(np.int16),
-            ir.DType.I32: np.dtype(np.int32), ir.DType.I64: np.dtype(np.int64),
-            ir.DType.U8: np.dtype(np.uint8), ir.DType.BOOL: np.dtype(np.bool_),
-            ir.DType.F8E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
-            ir.DType.F8E5M2: np.dtype(ml_dtypes.float8_e5m2)}
 _E4M3_MAX = 448.0
 F64 = np.dtype(np.float64)
 F32 = np.dtype(np.float32)
@@ -35,7 +27,7 @@ BOOL = np.dtype(np.bool_)
 
 
 def storage(dt: ir.DType) -> np.dtype:
-    return _STORAGE[dt]
+    return dt.numpy_dtype
 
 
 def poison(dtype: np.dtype):
@@ -47,7 +39,7 @@ def poison(dtype: np.dtype):
 def to_storage(x, dtype: np.dtype) -> np.ndarray:
     """``x`` converted to the numpy ``dtype`` a buffer is held in (rounding, saturating fp8)."""
     x = np.asarray(x)
-    if dtype == _STORAGE[ir.DType.F8E4M3]:
+    if dtype == ir.DType.F8E4M3.numpy_dtype:
         x = np.clip(x.astype(F32), -_E4M3_MAX, _E4M3_MAX)
     return x.astype(dtype)
 

@@ -6,14 +6,13 @@ pass, and calls ``observe(name, kernel)`` after each (dumps, tests, timing).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
 from . import (despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma, overlap_store,
-               persist, plan_buffers, plan_pipeline, warp_specialize)
+               persist, plan_buffers, plan_pipeline, swizzle_grid, warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
@@ -36,15 +35,18 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     ("overlap_mma", overlap_mma.run),
     # ... and a tile's result store with the next tile's main loop (persistent kernels).
     ("overlap_store", overlap_store.run),
+    # Last: persist made its own panels, and legalize read block ranges from the 2-d grid.
+    ("swizzle_grid", swizzle_grid.run),
 )
 
 Observer = Callable[[str, ir.Kernel], None]
 
 
 def lower(kernel: ir.Kernel, target: Target, observe: Optional[Observer] = None,
-          upto: Optional[str] = None) -> ir.Kernel:
-    """Run the pipeline (up to and including pass ``upto``, if given)."""
-    observers = [o for o in (observe, _dump_observer()) if o is not None]
+          upto: Optional[str] = None, dump_dir: Optional[Path] = None) -> ir.Kernel:
+    """Run the pipeline (up to and including pass ``upto``, if given); ``dump_dir`` (the
+    ``TILEWS_DUMP_IR`` setting) receives the IR after each pass."""
+    observers = [o for o in (observe, _dump_observer(dump_dir)) if o is not None]
     verify.run(kernel)
     for o in observers:
         o("frontend", kernel)
@@ -58,10 +60,9 @@ def lower(kernel: ir.Kernel, target: Target, observe: Optional[Observer] = None,
     return kernel
 
 
-def _dump_observer() -> Optional[Observer]:
-    """``TILEWS_DUMP_IR=dir`` writes the IR after each pass as ``<kernel>.<n>.<pass>.tir``."""
-    root = os.environ.get("TILEWS_DUMP_IR")
-    if not root:
+def _dump_observer(root: Optional[Path]) -> Optional[Observer]:
+    """Writes the IR after each pass to ``root`` as ``<kernel>.<n>.<pass>.tir``."""
+    if root is None:
         return None
     counter = iter(range(1 << 30))
 

@@ -26,8 +26,9 @@ import dataclasses
 import math
 from typing import Optional
 
-from .. import ir
+from .. import ir, roles
 from ..errors import CompileError, InternalError
+from ..simplify import evaluate
 from ..target import Target
 from ..traverse import rewrite, subexprs, walk
 
@@ -44,21 +45,17 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if any(isinstance(s, ir.WarpSpecialize) for s in stmts):
         raise InternalError("despecialize expects the source form (Role blocks), not "
                             "WarpSpecialize", kernel.loc)
-    roles = sorted({s.warpgroups for s in stmts if isinstance(s, ir.Role)})
-    if not roles and not any(_is_barrier_op(s) for s in stmts):
+    found = roles.role_sets(kernel.body)
+    if not found and not any(_is_barrier_op(s) for s in stmts):
         return kernel
     _Simulation(kernel, target).stmt(kernel.body, frozenset([()]), {}, None)
     body = rewrite(kernel.body, _strip)
     note = (f"despecialize: target '{target.name}' has no warp specialization; "
-            + (f"roles {', '.join(f'T.ws{_wg(r)}' for r in roles)} run as one stream in source "
-               f"order, " if roles else "")
+            + (f"roles {', '.join(roles.describe(r) for r in found)} run as one stream in source "
+               f"order, " if found else "")
             + f"{sum(isinstance(s, (ir.BarrierArrive, ir.BarrierWait)) for s in stmts)} barrier "
               f"arrive/wait operation(s) removed (the barrier protocol holds in source order)")
     return dataclasses.replace(kernel, body=body).with_note(note)
-
-
-def _wg(role: tuple[int, ...]) -> str:
-    return f"({', '.join(map(str, role))})"
 
 
 def _is_barrier_op(s: ir.Stmt) -> bool:
@@ -83,51 +80,7 @@ def _syncs_in(s: ir.Stmt) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# evaluation of integer expressions over known loop indices
-
-
-def _eval(e: ir.Expr, env: dict) -> Optional[int]:
-    """The value of ``e`` when every variable in it is in ``env``; None when it depends on a
-    runtime value (block index, parameter, buffer element)."""
-    if isinstance(e, ir.Const):
-        return e.value
-    if isinstance(e, ir.Var):
-        return env.get(e)
-    if isinstance(e, (ir.BinOp, ir.Cmp)):
-        a, b = _eval(e.a, env), _eval(e.b, env)
-        if a is None or b is None:
-            return None
-        fn = _BINOPS.get(e.op)
-        if fn is None or (e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and b == 0):
-            return None
-        return fn(a, b)
-    if isinstance(e, ir.UnOp):
-        a = _eval(e.a, env)
-        return None if a is None else {ir.UnOpKind.NEG: lambda: -a, ir.UnOpKind.NOT: lambda: not a,
-                                       ir.UnOpKind.INVERT: lambda: ~a}[e.op]()
-    if isinstance(e, ir.Select):
-        c = _eval(e.cond, env)
-        return None if c is None else _eval(e.a if c else e.b, env)
-    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.MAX, ir.MathFn.ABS):
-        args = [_eval(a, env) for a in e.args]
-        if None in args:
-            return None
-        return {ir.MathFn.MIN: min, ir.MathFn.MAX: max, ir.MathFn.ABS: abs}[e.fn](*args)
-    if isinstance(e, ir.Cast) and not e.dtype.is_float:
-        v = _eval(e.value, env)
-        return None if v is None else (bool(v) if e.dtype is ir.DType.BOOL else int(v))
-    return None
-
-
-_BINOPS = {ir.BinOpKind.ADD: lambda a, b: a + b, ir.BinOpKind.SUB: lambda a, b: a - b,
-           ir.BinOpKind.MUL: lambda a, b: a * b, ir.BinOpKind.FLOORDIV: lambda a, b: a // b,
-           ir.BinOpKind.MOD: lambda a, b: a % b, ir.BinOpKind.AND: lambda a, b: a & b,
-           ir.BinOpKind.OR: lambda a, b: a | b, ir.BinOpKind.XOR: lambda a, b: a ^ b,
-           ir.BinOpKind.SHL: lambda a, b: a << b, ir.BinOpKind.SHR: lambda a, b: a >> b,
-           ir.BinOpKind.LAND: lambda a, b: bool(a and b), ir.BinOpKind.LOR: lambda a, b: bool(a or b),
-           ir.CmpKind.LT: lambda a, b: a < b, ir.CmpKind.LE: lambda a, b: a <= b,
-           ir.CmpKind.GT: lambda a, b: a > b, ir.CmpKind.GE: lambda a, b: a >= b,
-           ir.CmpKind.EQ: lambda a, b: a == b, ir.CmpKind.NE: lambda a, b: a != b}
+# how loop indices enter integer expressions (values: ``simplify.evaluate``)
 
 
 def _shift(e: ir.Expr, v: ir.Var) -> Optional[tuple[int, int]]:
@@ -221,8 +174,8 @@ class _Simulation:
                 for t in walk(r.body):
                     if isinstance(t, ir.BarrierArrive):
                         names = self.arrivers.setdefault(t.barrier.buffer.name, [])
-                        if f"T.ws{_wg(r.warpgroups)}" not in names:
-                            names.append(f"T.ws{_wg(r.warpgroups)}")
+                        if roles.describe(r.warpgroups) not in names:
+                            names.append(roles.describe(r.warpgroups))
 
     def stmt(self, s: ir.Stmt, states: frozenset, env: dict, role) -> frozenset:
         if isinstance(s, ir.Seq):
@@ -245,7 +198,7 @@ class _Simulation:
         if isinstance(s, ir.If):
             if not _syncs_in(s):
                 return states
-            cond = _eval(s.cond, env)
+            cond = evaluate(s.cond, env)
             if cond is None:
                 raise CompileError(self._prefix() + "barrier operations under a condition known "
                                    "only at run time cannot be checked for one-stream execution",
@@ -256,7 +209,7 @@ class _Simulation:
         return states
 
     def _loop(self, s: ir.For, states: frozenset, env: dict, role) -> frozenset:
-        start, stop, step = (_eval(x, env) for x in (s.start, s.stop, s.step))
+        start, stop, step = (evaluate(x, env) for x in (s.start, s.stop, s.step))
         trip = None
         if None not in (start, stop, step):
             trip = max(0, -(-(stop - start) // step))
@@ -293,7 +246,7 @@ class _Simulation:
         return (ref.buffer.name, i), counts[i]
 
     def _value(self, e: ir.Expr, env: dict, loc: ir.Loc, what: str) -> int:
-        v = _eval(e, env)
+        v = evaluate(e, env)
         if v is None:
             raise CompileError(self._prefix() + f"{what} depends on a value known only at run time, "
                                f"so the barrier protocol cannot be checked for one-stream execution",
@@ -305,8 +258,8 @@ class _Simulation:
 
     def _blocked(self, s: ir.BarrierWait, key, parity: int, env: dict, role) -> CompileError:
         name = key[0] if len(s.barrier.buffer.arrive_counts) == 1 else f"{key[0]}[{key[1]}]"
-        who = f"role T.ws{_wg(role)}" if role is not None else "the kernel"
-        mine = None if role is None else f"T.ws{_wg(role)}"
+        mine = None if role is None else roles.describe(role)
+        who = "the kernel" if mine is None else f"role {mine}"
         arrivers = [r for r in self.arrivers.get(key[0], []) if r != mine]
         verb = " arrive" if len(arrivers) > 1 else " arrives"
         by = " and ".join(arrivers) + verb if arrivers else "anything arrives"

@@ -6,13 +6,14 @@ Ensures:   attr ``layouts`` = ((buffer name, layout), ...): a ``WgmmaAccumulator
            accumulator, splitting M across the warp groups of its role first (a merged
            ``T.ws(1, 2)`` consumer holds one accumulator, half the rows in each warp group);
            an ``NVMMAShared`` for each shared buffer (of one stage, for rings). A tile no valid
-           warp partition fits (ws-semantics #3: M a multiple of 64 per warp group, N of 8) is a
+           warp partition fits (docs/ws-semantics.md #3: M a multiple of 64 per warp group, N of 8) is a
            ``CompileError`` at the gemm saying which block sizes work.
 Preserves: the program.
 """
 from __future__ import annotations
 
 from .. import ir, layouts
+from ..plans import LayoutPlan
 from ..errors import CompileError
 from ..target import Target
 from ..traverse import walk
@@ -33,7 +34,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
             shape = s.buffer.static_shape
             rows = shape[-2] if len(shape) >= 2 else 1
             chosen[s.buffer.name] = layouts.default_shared(rows, shape[-1], s.buffer.dtype.bits)
-    return kernel.with_attr("layouts", tuple(sorted(chosen.items())))
+    return kernel.with_plan(LayoutPlan(tuple(sorted(chosen.items()))))
 
 
 def _accumulator(g: ir.Gemm, warps: int) -> layouts.WgmmaAccumulator:

@@ -10,11 +10,11 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            constants become serial loops (with a note). On ``target.power_of_two_tiles``, an
            on-chip buffer, parallel extent or tile region that is not a power of two is a
            ``CompileError`` at its line saying what to change. On targets without warp
-           specialization (one stream of ``threads`` threads) the kernel gets the attr
-           ``num_warps`` (threads // 32 rounded down to a power of two; a note if that changed it).
-           On ``target.triton_interpreter``: attr ``specialize_scalar_params`` (scalar parameters are
-           compile-time constants, which costs nothing there) and attr ``runtime_bound_loops`` =
-           "while" (its ``for`` cannot iterate to a bound held in a tensor).
+           specialization (one stream of ``threads`` threads) a ``StreamPlan``: ``num_warps``
+           (threads // 32 rounded down to a power of two; a note if that changed it); on
+           ``target.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
+           compile-time constants, which costs nothing there) and ``loops_as_while`` (its ``for``
+           cannot iterate to a bound held in a tensor).
 Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
            targets get only the mechanisms, instructions and unroll rule above).
 """
@@ -26,6 +26,7 @@ from typing import Optional
 
 from .. import ir
 from ..errors import CompileError
+from ..plans import StreamPlan
 from ..target import Target
 from ..traverse import walk
 
@@ -42,10 +43,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     for n in notes:
         kernel = kernel.with_note(n)
     if not target.warp_specialization:
-        kernel = _num_warps(kernel)
-    if target.triton_interpreter:
-        kernel = kernel.with_attr("specialize_scalar_params", True).with_attr("runtime_bound_loops",
-                                                                             "while")
+        kernel = _stream_plan(kernel, target)
     return kernel
 
 
@@ -54,10 +52,11 @@ def _span(extent: ir.Expr) -> Interval:
     return None if n is None else (0, n - 1)
 
 
-def _num_warps(kernel: ir.Kernel) -> ir.Kernel:
+def _stream_plan(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     warps = kernel.threads // 32
     n = 1 << (warps.bit_length() - 1)
-    kernel = kernel.with_attr("num_warps", n)
+    kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=target.triton_interpreter,
+                                         loops_as_while=target.triton_interpreter))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")

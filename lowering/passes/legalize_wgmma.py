@@ -3,8 +3,9 @@ choice its emitter spells; otherwise say why and leave the program to ``triton.l
 
 Requires:  warp_specialize, plan_buffers, infer_layouts and legalize have run; applies on targets
            with ``wgmma`` and ``tma``.
-Ensures:   attr ``backend`` = "gluon", or "tl" with a note naming the reason and line (the
-           program is then compiled from the frontend IR for a plain Triton target). For "gluon":
+Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the construct and line (the
+           backend then refuses the program and the next backend of its chain compiles it from the
+           frontend IR). With an ``AsyncPlan``:
            * global -> shared copies are TMA; in explicit programs a copy followed (before any
              read of its destination) by an arrival on barrier ``b`` completes *on* ``b``
              (expect-tx), so no arrival happens while its bytes are in flight;
@@ -12,18 +13,18 @@ Ensures:   attr ``backend`` = "gluon", or "tl" with a note naming the reason and
              followed by ``BulkStoreWait(0)``;
            * gemms on shared operands are WGMMA, each followed by ``GemmWait(0)``;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
-             next asynchronous read of them (TMA store, wgmma operand) — ws-semantics #5;
+             next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5;
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
              are scalars (shape (1,), i32 or f32, indexed by 0) and each is first written by a
              store at the top level of its role's body, before any loop or branch touches it, so
              it can be a value of the role (Gluon carries it through ``scf.for`` / ``scf.if``);
              statements read on-chip memory only through such scalars, and read global memory
              element by element (scalar loads, e.g. block-sparse masks in ``if`` conditions) —
-             anything else is a refusal naming it (ws-semantics #8: guarded pipelined loops);
+             anything else is a refusal naming it (docs/ws-semantics.md #8: guarded pipelined loops);
            * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies, barrier
              operations and scalar bookkeeping: 1 warp, 24 registers; the role holding fragments
              is the default partition and gets the rest of the register file);
-           * attrs ``default_role``, ``num_warps`` (the default partition's), ``mbarrier_counts``
+           * the plan's ``default_role``, ``num_warps`` (the default partition's), ``barrier_counts``
              (arrivals per phase translated from threads to arriving roles; a count no set of
              arriving roles matches is a ``CompileError`` at the barrier), ``tma_descriptors``,
              ``scalar_locals`` ((name, non-negative) per scalar local: spelled as a value of its
@@ -40,6 +41,7 @@ from typing import Optional
 
 from .. import ir, roles
 from ..errors import CompileError
+from ..plans import AsyncPlan, AsyncRefusal
 from ..target import Target
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
@@ -61,8 +63,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     try:
         return _legalize(kernel)
     except _Refuse as why:
-        return kernel.with_attr("backend", "tl").with_note(
-            f"hopper: compiled with triton.language instead of warp-specialized Gluon: {why}")
+        return kernel.with_plan(AsyncRefusal(str(why)))
 
 
 def _legalize(kernel: ir.Kernel) -> ir.Kernel:
@@ -95,10 +96,11 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
         tuple(dataclasses.replace(ws, roles=new_roles) if s is ws else s for s in kernel.body.stmts),
         kernel.body.loc))
     counts = _mbarrier_counts(kernel, new_roles)
-    return (kernel.with_attr("backend", "gluon").with_attr("default_role", default.warpgroups)
-            .with_attr("num_warps", next(r.num_warps for r in new_roles if r.warpgroups == default.warpgroups))
-            .with_attr("mbarrier_counts", counts).with_attr("tma_descriptors", tuple(descriptors))
-            .with_attr("scalar_locals", scalars).with_attr("pointer_params", pointers))
+    return kernel.with_plan(AsyncPlan(
+        default_role=default.warpgroups,
+        num_warps=next(r.num_warps for r in new_roles if r.warpgroups == default.warpgroups),
+        barrier_counts=counts, tma_descriptors=tuple(descriptors), scalar_locals=scalars,
+        pointer_params=pointers))
 
 
 def _scalar_locals(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:

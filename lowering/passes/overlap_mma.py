@@ -1,6 +1,6 @@
 """overlap_mma: keep one warp-group MMA in flight across iterations of a pipelined consumer loop.
 
-Requires:  legalize_wgmma chose the Gluon path.
+Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing).
 Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]``, where
            ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot) and
            ``b`` holds at least 2 barriers (a ring of >= 2 stages), becomes
@@ -19,13 +19,14 @@ from __future__ import annotations
 import dataclasses
 
 from .. import ir, schedule
+from ..plans import AsyncPlan
 from ..target import Target
 from ..simplify import fold
 from ..traverse import rewrite_loops, transform
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if kernel.attr("backend") != "gluon":
+    if kernel.find_plan(AsyncPlan) is None:
         return kernel
     return dataclasses.replace(kernel, body=rewrite_loops(
         kernel.body, lambda loop: _overlap(loop) if _matches(loop) else None))

@@ -1,6 +1,6 @@
 """overlap_store: let a tile's bulk store of its result overlap the next tile's main loop.
 
-Requires:  legalize_wgmma chose the Gluon path (every TMA store is followed by
+Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing) (every TMA store is followed by
            ``BulkStoreWait(0)``).
 Ensures:   in a loop whose body stores a staging buffer ``X`` with ``copy frag -> X`` (ordinary
            stores) ... ``copy X -> global [tma]; bulk_store_wait 0``, the wait moves to just before
@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 
 from .. import ir
+from ..plans import AsyncPlan
 from ..target import Target
 from ..traverse import rewrite_loops
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if kernel.attr("backend") != "gluon":
+    if kernel.find_plan(AsyncPlan) is None:
         return kernel
     return dataclasses.replace(kernel, body=rewrite_loops(kernel.body, _deferred))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import ir, schedule
+from ..plans import PipelinePlan
 from ..target import Target
 from ..traverse import transform
 from . import plan_pipeline
@@ -28,7 +29,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         return kernel
     if any(isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT for s in kernel.body.stmts):
         return kernel
-    if plan_pipeline.run(kernel, target).attr("pipeline") is None:
+    if plan_pipeline.run(kernel, target).find_plan(PipelinePlan) is None:
         return kernel
     loc = kernel.loc
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731

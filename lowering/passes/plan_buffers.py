@@ -1,10 +1,12 @@
 """plan_buffers: give every shared buffer and barrier a byte range; check the shared budget.
 
-Requires:  warp_specialize has run (rings and roles are final); runs on targets with warp
-           specialization (elsewhere Triton plans shared memory itself).
-Ensures:   attr ``shared_offsets`` = ((name, offset, bytes), ...) with every range disjoint from
+Requires:  warp_specialize has run (rings and roles are final). On targets without warp
+           specialization the backend places shared memory itself (Triton); the plan is then the
+           bytes the program's tiles need before the backend's own multi-buffering, and the budget
+           check a lower bound.
+Ensures:   a ``SharedMemoryPlan``: ranges ((name, offset, bytes), ...) with every range disjoint from
            every other (buffers of concurrently running roles never share bytes; no reuse is
-           attempted), 128-byte aligned for tiles and 8-byte for barriers; attr ``shared_bytes``;
+           attempted), 128-byte aligned for tiles and 8-byte for barriers, and their total bytes;
            a total above ``target.smem_bytes`` is a ``CompileError`` at the kernel naming the
            largest buffers and what to shrink.
 Preserves: the program.
@@ -12,14 +14,13 @@ Preserves: the program.
 from __future__ import annotations
 
 from .. import ir
+from ..plans import SharedMemoryPlan
 from ..errors import CompileError
 from ..target import Target
 from ..traverse import walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.warp_specialization:
-        return kernel
     offsets = []
     top = 0
     for s in walk(kernel.body):
@@ -39,4 +40,4 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
             [f"largest: {', '.join(f'{n} ({b} bytes)' for n, _, b in biggest)}",
              "shrink block_M/block_N/block_K or num_stages (each stage holds one tile of every "
              "pipelined buffer)"])
-    return kernel.with_attr("shared_offsets", tuple(offsets)).with_attr("shared_bytes", top)
+    return kernel.with_plan(SharedMemoryPlan(tuple(offsets), top))

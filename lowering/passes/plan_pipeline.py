@@ -7,31 +7,19 @@ Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop,
            loop body — or the body of one `if` that is the whole loop body, its condition reading
            no on-chip memory (block-sparse loops) — starts with global -> shared copies (the
            producers) filling whole shared buffers that nothing else writes, followed by
-           statements that only read them (the consumers), the kernel attr ``pipeline`` =
-           ``PipelinePlan``; otherwise a note saying
+           statements that only read them (the consumers), a ``PipelinePlan``; otherwise a note saying
            why the loop will not be warp-specialized (the program is unchanged either way).
 Preserves: the program (this pass only analyses) and every node's loc.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 from .. import ir
+from ..plans import PipelinePlan
 from ..roles import role_sets
 from ..target import Target
 from ..traverse import buffers_read, buffers_written, subexprs, walk
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    loop_index: int                  # position of the loop in the kernel body
-    num_producers: int               # the loop body's first statements that are producers
-    stages: int
-    ring_buffers: tuple[str, ...]    # shared buffers the producers fill
-    guarded: bool = False            # the loop body is one `if` (iterations may be skipped)
-    tile_loop_index: Optional[int] = None   # persistent kernels: the T.Persistent loop's position
-                                            # in the kernel body (loop_index is then inside it)
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -44,7 +32,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if plan is None:
         return kernel.with_note(f"plan_pipeline: T.Pipelined at line {loops[0].loc.line} is not "
                                 f"warp-specialized: {why}")
-    return kernel.with_attr("pipeline", plan)
+    return kernel.with_plan(plan)
 
 
 def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan], str]:

@@ -13,10 +13,10 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              through shared memory (a proxy fence between). ``threads`` grows by one warp group.
              When the loop body is guarded (``plan.guarded``), each role keeps the guard and
              counts the iterations that ran in a local counter; ``i`` is that count, so phases
-             advance only on iterations that run (ws-semantics #8). In a persistent kernel (the
+             advance only on iterations that run (docs/ws-semantics.md #8). In a persistent kernel (the
              loop inside a ``T.Persistent`` tile loop) both roles keep the tile loop; the
              producer's ring position is one running count over (tile, k), and the consumer keeps
-             its prelude and epilogue per tile (ws-semantics #11), so the producer loads the next
+             its prelude and epilogue per tile (docs/ws-semantics.md #11), so the producer loads the next
              tile while the consumer stores this one.
              Explicit programs on targets with bulk copies get the same epilogue staging.
            * anything else: unchanged.
@@ -30,7 +30,7 @@ from .. import ir, roles, schedule
 from ..target import Target
 from ..simplify import fold
 from ..traverse import rewrite, transform
-from .plan_pipeline import PipelinePlan
+from ..plans import PipelinePlan
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -39,7 +39,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if roles.role_sets(kernel.body):
         split = roles.split(kernel)
         return _stage_epilogues(split) if target.tma else split
-    plan: PipelinePlan | None = kernel.attr("pipeline")
+    plan: PipelinePlan | None = kernel.find_plan(PipelinePlan)
     if plan is None:
         return kernel
     return _auto(kernel, plan)
@@ -121,7 +121,8 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
                               threads=kernel.threads + 128)
     shape = "" if tile_loop is None else " over a persistent tile loop (one running ring count)"
-    return out.with_note(f"warp_specialize: T.Pipelined at line {loc.line} -> producer T.ws(0) + "
+    return out.with_note(f"warp_specialize: T.Pipelined at line {loc.line} -> producer "
+                         f"{roles.describe(producer.warpgroups)} + "
                          f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "
                          f"{', '.join(plan.ring_buffers)}{shape}")
 

@@ -1,6 +1,6 @@
 """The Hopper (Gluon, warp-specialized) backend on an H100/H200: numerics against float64 torch
 (no NaN, rel err < 1e-2), bit-identical across two runs, the fallback for TMA-ineligible shapes,
-a block-sparse GEMM (guarded pipelined loop, ws-semantics #8), and timings against torch.matmul
+a block-sparse GEMM (guarded pipelined loop, docs/ws-semantics.md #8), and timings against torch.matmul
 in the same run (printed as a table; run with -s)."""
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_two_consumers_with_private_buffers():
 
 
 def test_block_sparse_gemm():
-    # ws-semantics #8 on the GPU: each role skips the K tiles the mask drops and advances its ring
+    # docs/ws-semantics.md #8 on the GPU: each role skips the K tiles the mask drops and advances its ring
     # phase only on the tiles it ran; a mismatch deadlocks or reads a stale stage
     _hopper()
     from tests.test_ws_oracle import block_sparse_gemm

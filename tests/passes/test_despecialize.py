@@ -62,7 +62,7 @@ def guarded():
 
 
 def ws_gemm():
-    """The explicit warp-specialized GEMM of DESIGN.md §2 (examples/ws_gemm.py)."""
+    """The explicit warp-specialized GEMM of docs/design.md §2 (examples/ws_gemm.py)."""
     return build_kernel(ws_matmul_program(128, 128, 96, block_M=64, block_N=64))
 
 

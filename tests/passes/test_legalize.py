@@ -80,7 +80,7 @@ def test_num_warps_rounds_down(expect):
 def test_warp_specialized_targets_get_only_decisions(target):
     before = lower(gemm(128, 128, 80), target, upto="infer_layouts")
     k = legalize.run(before, target)
-    assert k.attrs == before.attrs
+    assert k.plans == before.plans
     copies = [s.mechanism for s in walk(k.body) if isinstance(s, ir.Copy)]
     assert ir.CopyMechanism.UNDECIDED not in copies and ir.CopyMechanism.MASKED in copies
     assert {s.instr for s in walk(k.body) if isinstance(s, ir.Gemm)} == {ir.GemmInstr.DOT}

@@ -1,4 +1,4 @@
-"""The Gluon emitter: a kernel lowered for Hopper (attr ``backend`` == "gluon") -> the source of
+"""The Gluon emitter: a kernel lowered for Hopper (with an ``AsyncPlan``) -> the source of
 one Python module.
 
 The module holds, in order:
@@ -6,7 +6,7 @@ The module holds, in order:
 * the layouts ``infer_layouts`` chose, one ``gl.constexpr`` per buffer (``<buffer>_layout``);
 * one ``@gluon.jit`` function per role (``<kernel>_ws<warp groups>``), taking the TMA
   descriptors, the scalar parameters, the shared buffers and the barriers, then the pointer and
-  strides of each global buffer the role reads element by element (attr ``pointer_params``);
+  strides of each global buffer the role reads element by element (the plan's ``pointer_params``);
   block indices are read with ``gl.program_id`` inside each;
 * the kernel ``<kernel>``: per global buffer its descriptors, then its pointer and strides if it
   is a pointer parameter; shared buffers and mbarriers (initialized with the counts legalize
@@ -18,8 +18,9 @@ The module holds, in order:
   params>)`` gives the launch grid.
 
 The emitter spells what lowering decided (``Copy.mechanism``, ``Gemm.instr``, ``GemmWait``,
-``Role.num_warps``/``num_regs`` and the kernel attrs ``backend``, ``num_warps``, ``default_role``,
-``mbarrier_counts``, ``tma_descriptors``, ``layouts``, ``scalar_locals``, ``pointer_params``) and
+``Role.num_warps``/``num_regs``, the ``AsyncPlan``'s ``num_warps``, ``default_role``,
+``barrier_counts``, ``tma_descriptors``, ``scalar_locals``, ``pointer_params`` and the
+``LayoutPlan``) and
 decides nothing itself; the statements inside roles are spelled by ``stmts``. A fragment is
 declared where its role starts (zeros), unless the role's first statements fill it; a scalar
 local is a Python variable of its role (no allocation). Anything without a rule is an
@@ -37,9 +38,8 @@ from tilews.lowering.layouts import NVMMAShared, WgmmaAccumulator
 from tilews.lowering.roles import describe
 from tilews.lowering.traverse import buffers_read, buffers_written, walk
 
-from ..tl.emit import GRID_SUFFIX, _host
+from ..pysource import GRID_SUFFIX, host_expr
 from .context import GL_DTYPE, Ctx
-from .exprs import spell
 from .stmts import seq, whole
 
 ARGS_SUFFIX = "_args"
@@ -52,10 +52,7 @@ _IMPORTS = ["from triton.experimental import gluon",
 
 def emit(kernel: ir.Kernel) -> str:
     """The module source of a kernel lowered for the Gluon backend."""
-    if kernel.attr("backend") != "gluon":
-        raise InternalError(f"gluon backend: kernel '{kernel.name}' was not legalized for Gluon "
-                            f"(attr backend = {kernel.attr('backend')!r})", kernel.loc)
-    ctx = Ctx(kernel)
+    ctx = Ctx(kernel)   # an InternalError if lowering made no AsyncPlan
     if ctx.fn != kernel.name:
         raise InternalError(f"gluon backend: kernel name '{kernel.name}' is a name its generated "
                             f"source needs", kernel.loc)
@@ -111,11 +108,11 @@ def _ordered_roles(ctx: Ctx, ws: ir.WarpSpecialize) -> list[ir.Role]:
     """The default role first (it runs on the kernel's ``num_warps``), then the workers."""
     default = [r for r in ws.roles if r.warpgroups == ctx.default_role]
     if len(default) != 1:
-        raise InternalError(f"gluon backend: attr default_role {ctx.default_role} names no role",
+        raise InternalError(f"gluon backend: the AsyncPlan's default_role {ctx.default_role} names no role",
                             ws.loc)
-    if default[0].num_warps != ctx.kernel.attr("num_warps"):
+    if default[0].num_warps != ctx.plan.num_warps:
         raise InternalError(f"gluon backend: the default role has {default[0].num_warps} warps but "
-                            f"attr num_warps is {ctx.kernel.attr('num_warps')}", ws.loc)
+                            f"the AsyncPlan's num_warps is {ctx.plan.num_warps}", ws.loc)
     for r in ws.roles:
         if r.num_warps <= 0 or (r is not default[0] and r.num_regs <= 0):
             raise InternalError(f"gluon backend: {describe(r.warpgroups)} has no warp/register budget",
@@ -186,7 +183,7 @@ def _host_fns(ctx: Ctx, kernel: ir.Kernel) -> None:
     names = [ctx.name(p.name) for p in kernel.params]
     args = [host for _, host in _kernel_params(ctx, kernel)]
     scalars = ", ".join(ctx.name(v.name) for v in kernel.scalar_params)
-    grid = ", ".join(_host(ctx, g) for g in kernel.grid) + ("," if len(kernel.grid) == 1 else "")
+    grid = ", ".join(host_expr(ctx, g) for g in kernel.grid) + ("," if len(kernel.grid) == 1 else "")
     ctx.lines += ["", "", f"def {ctx.fresh(kernel.name + ARGS_SUFFIX)}({', '.join(names)}):",
                   '    """The kernel\'s arguments: TMA descriptors laid out like the shared buffers '
                   'they fill or drain, tensors and strides for pointers."""',
@@ -213,20 +210,8 @@ def _descriptor_buffers(ctx: Ctx) -> dict:
 
 
 def _blocks(ctx: Ctx, kernel: ir.Kernel) -> None:
-    names = [ctx.name(v.name) for v in kernel.block_vars]
-    first = 0
-    if kernel.swizzle_panel and len(names) >= 2:
-        gx, gy = spell(ctx, kernel.grid[0]), spell(ctx, kernel.grid[1])
-        pid, width, rows = ctx.fresh("pid"), ctx.fresh("panel_width"), ctx.fresh("panel_rows")
-        ctx.line(f"{pid} = gl.program_id(1) * {gx} + gl.program_id(0)")
-        ctx.line(f"{width} = {kernel.swizzle_panel} * {gx}")
-        ctx.line(f"{rows} = gl.minimum({gy} - {pid} // {width} * {kernel.swizzle_panel}, "
-                 f"{kernel.swizzle_panel})")
-        ctx.line(f"{names[1]} = {pid} // {width} * {kernel.swizzle_panel} + {pid} % {width} % {rows}")
-        ctx.line(f"{names[0]} = {pid} % {width} // {rows}")
-        first = 2
-    for d in range(first, len(names)):
-        ctx.line(f"{names[d]} = gl.program_id({d})")
+    for d, v in enumerate(kernel.block_vars):
+        ctx.line(f"{ctx.name(v.name)} = gl.program_id({d})")
 
 
 def _declare_fragments(ctx: Ctx, role: ir.Role) -> None:
@@ -268,7 +253,7 @@ def _alloc(ctx: Ctx, s: ir.Alloc, *_) -> None:
     elif b.scope is ir.Scope.BARRIER:
         counts = ctx.counts.get(b.name)
         if counts is None or len(counts) != len(b.arrive_counts):
-            raise InternalError(f"gluon backend: attr mbarrier_counts has no counts for barrier "
+            raise InternalError(f"gluon backend: the AsyncPlan's barrier_counts have no counts for barrier "
                                 f"'{b.name}'", s.loc)
         ctx.line(f"{name} = gl.allocate_shared_memory(gl.int64, [{len(counts)}, 1], "
                  f"mbarrier.MBarrierLayout())")

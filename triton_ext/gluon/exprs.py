@@ -16,7 +16,7 @@ from typing import Callable
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 
-from ..tl.exprs import _NONNEG_OPS, atom, nonneg
+from ..pysource import NONNEG_OPS, atom, nonneg
 from .context import GL_DTYPE, Ctx
 
 _MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
@@ -73,7 +73,7 @@ def nonnegative(ctx: Ctx, e: ir.Expr) -> bool:
     """``tl``'s analysis, with the scalar locals legalize recorded as never negative."""
     if isinstance(e, ir.Load):
         return e.buffer.scope is ir.Scope.LOCAL and ctx.scalar_locals.get(e.buffer.name, False)
-    if isinstance(e, ir.BinOp) and e.op in _NONNEG_OPS:
+    if isinstance(e, ir.BinOp) and e.op in NONNEG_OPS:
         return nonnegative(ctx, e.a) and nonnegative(ctx, e.b)
     return nonneg(ctx, e)
 

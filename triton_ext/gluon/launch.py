@@ -3,19 +3,17 @@
 At construction a ``GluonProgram`` compiles its source for ``GPUTarget("cuda", 90, 32)`` without a
 GPU, in a child process (``compile.py``; Gluon cannot compile under ``TRITON_INTERPRET=1`` and some
 invalid layouts abort the process), so ``.asm`` holds ``"gluon"``, ``"ttgir"``, ``"llir"`` and
-``"ptx"`` on any Linux machine. The result is cached in the tilews disk cache, keyed by the
-source, the parameters' shapes and dtypes, ``num_warps`` and the Triton version.
+``"ptx"`` on any Linux machine. The result is kept in the artifact store, keyed by the source, the
+parameters' shapes and dtypes, ``num_warps``, the Triton version and our TTGIR passes.
 
-``.launch(args)`` needs a Hopper GPU: it loads the module (written like ``tl``'s, content-addressed
-under the tilews cache dir), builds the kernel's arguments with the module's ``<kernel>_args``
-(TMA descriptors; tensors and strides for pointer parameters) and launches the ``@gluon.jit``
-kernel on ``<kernel>_grid`` with Triton's JIT, on the current torch stream. Triton is imported
-only there.
+``.launch(values)`` needs a Hopper GPU: it loads the module (``triton_ext.modules``), builds the
+kernel's arguments with the module's ``<kernel>_args`` (TMA descriptors; tensors and strides for
+pointer parameters) and launches the ``@gluon.jit`` kernel on ``<kernel>_grid`` with Triton's JIT,
+on the current torch stream. Its ``rules`` ask the binder for CUDA tensors and bulk-copy
+alignment of the TMA operands. Triton is imported only there.
 """
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,46 +21,44 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tilews import cache
-from tilews.lowering import arguments, ir
+from tilews.lowering import ir
+from tilews.lowering.arguments import ArgumentRules
+from tilews.lowering.backend import ArtifactStore
 from tilews.lowering.errors import CompileError, InternalError
+from tilews.lowering.plans import AsyncPlan
 
-from ..tl.emit import GRID_SUFFIX
-from ..tl.launch import source_path
+from ..modules import load_module
+from ..pysource import GRID_SUFFIX
 from .emit import ARGS_SUFFIX
 
 TARGET = ("cuda", 90, 32)
 _COMPILE_SCRIPT = Path(__file__).with_name("compile.py")
-_SCALAR_TYPES = {ir.DType.I32: "i32", ir.DType.I64: "i64", ir.DType.I16: "i16", ir.DType.I8: "i8",
-                 ir.DType.U8: "u8", ir.DType.BOOL: "i1", ir.DType.F32: "fp32", ir.DType.F64: "fp64",
-                 ir.DType.F16: "fp16", ir.DType.BF16: "bf16"}
 
 
-def compile_only(source: str, fn_name: str, kernel: ir.Kernel) -> dict:
-    """Triton's stages and metadata for ``source`` built for sm_90a (cached on disk)."""
-    spec = {"fn": fn_name, "args_fn": fn_name + ARGS_SUFFIX, "num_warps": kernel.attr("num_warps"),
+def compile_only(source: str, kernel: ir.Kernel, store: ArtifactStore, triton_version: str) -> dict:
+    """Triton's stages and metadata for ``source`` built for sm_90a (kept in the store)."""
+    spec = {"fn": kernel.name, "args_fn": kernel.name + ARGS_SUFFIX,
+            "num_warps": kernel.plan(AsyncPlan).num_warps,
             "target": list(TARGET), "params": [_param_spec(p) for p in kernel.params]}
-    try:
-        version = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
+    if triton_version == "absent":
         raise InternalError("target 'hopper' needs Triton (pip install triton==3.6.0 on Linux)",
-                            kernel.loc) from None
+                            kernel.loc)
     from tilews.triton_ext import passes as ttgir_passes
     # the stage hook is not part of Triton's cache key: it is part of ours
-    key = cache.cache_key("tilews-gluon-asm", 1, version, ttgir_passes.cache_key_part(), source,
-                          json.dumps(spec, sort_keys=True))
-    payload, _ = cache.DiskCache().get_or_build(key, lambda: _run_compile(source, spec, kernel))
+    parts = ("tilews-gluon-asm", 1, triton_version, ttgir_passes.cache_key_part(), source,
+             json.dumps(spec, sort_keys=True))
+    payload, _ = store.fetch(parts, lambda: _run_compile(source, spec, kernel, store))
     return json.loads(payload)
 
 
 def _param_spec(p) -> dict:
     if isinstance(p, ir.Var):
-        return {"kind": "scalar", "type": _SCALAR_TYPES[p.dtype]}
-    return {"kind": "buffer", "shape": list(p.static_shape), "dtype": str(arguments.TORCH_DTYPES[p.dtype]).removeprefix("torch.")}
+        return {"kind": "scalar", "type": p.dtype.record.signature}
+    return {"kind": "buffer", "shape": list(p.static_shape), "dtype": p.dtype.record.torch}
 
 
-def _run_compile(source: str, spec: dict, kernel: ir.Kernel) -> bytes:
-    path = source_path(source)
+def _run_compile(source: str, spec: dict, kernel: ir.Kernel, store: ArtifactStore) -> bytes:
+    path = store.source_file(source)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # the child imports what this process imports (tilews may be a checkout, not an install)
     env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
@@ -88,12 +84,14 @@ def _run_compile(source: str, spec: dict, kernel: ir.Kernel) -> bytes:
 class GluonProgram:
     """An emitted Gluon kernel: compiled for sm_90a at construction, launched on a Hopper GPU."""
 
-    def __init__(self, source: str, fn_name: str, kernel: ir.Kernel):
+    def __init__(self, source: str, kernel: ir.Kernel, store: ArtifactStore, triton_version: str):
         self.source = source
         self.kernel = kernel
-        self.fn_name = fn_name
-        self.num_warps = kernel.attr("num_warps")
-        built = compile_only(source, fn_name, kernel)
+        self.store = store
+        plan = kernel.plan(AsyncPlan)
+        self.num_warps = plan.num_warps
+        self.rules = ArgumentRules(device="cuda", bulk_copy=plan.tma_buffers)
+        built = compile_only(source, kernel, store, triton_version)
         self._stages: dict[str, str] = built["asm"]
         self.metadata: dict = built["metadata"]
         self._module = None
@@ -103,28 +101,17 @@ class GluonProgram:
         """Stage name -> text: ``"gluon"`` (the emitted source) and Triton's stages."""
         return {"gluon": self.source, **self._stages}
 
-    def launch(self, args: list) -> None:
-        """Run the kernel; ``args`` align with ``kernel.params`` (tensors for buffers, ints for
-        scalars), on the current torch stream."""
-        values = arguments.check(self.kernel, args)
+    def launch(self, values: list) -> None:
+        """Run the kernel on checked ``values`` aligned with ``kernel.params`` (tensors for
+        buffers, numbers for scalars), on the current torch stream."""
         _require_hopper()
-        tma = {g for g, _ in self.kernel.attr("tma_descriptors", ())}
-        for p, a in zip(self.kernel.params, args):
-            if isinstance(p, ir.Buffer):
-                _check_operand(p, a, p.name in tma)
-        module = self._load()
-        flat = getattr(module, self.fn_name + ARGS_SUFFIX)(*args)
-        grid = getattr(module, self.fn_name + GRID_SUFFIX)(*(values[v] for v in self.kernel.scalar_params))
-        getattr(module, self.fn_name)[grid](*flat, num_warps=self.num_warps)
-
-    def _load(self):
         if self._module is None:
-            path = source_path(self.source)
-            spec = importlib.util.spec_from_file_location(f"tilews_gluon_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            self._module = module
-        return self._module
+            self._module = load_module(self.store, self.source, "tilews_gluon")
+        name = self.kernel.name
+        flat = getattr(self._module, name + ARGS_SUFFIX)(*values)
+        scalars = [a for p, a in zip(self.kernel.params, values) if isinstance(p, ir.Var)]
+        grid = getattr(self._module, name + GRID_SUFFIX)(*scalars)
+        getattr(self._module, name)[grid](*flat, num_warps=self.num_warps)
 
 
 def _require_hopper() -> None:
@@ -135,17 +122,3 @@ def _require_hopper() -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise RuntimeError("target 'hopper' runs only on an sm_90 GPU (H100/H200); on this machine "
                            "it is compile-only: inspect .asm")
-
-
-def _check_operand(p: ir.Buffer, a, tma: bool) -> None:
-    """A CUDA tensor; for a TMA descriptor also 16-byte aligned base and strides, unit stride in
-    the last dimension (a pointer parameter takes any strides)."""
-    if a.device.type != "cuda":
-        raise ValueError(f"argument '{p.name}' must be a CUDA tensor, got device {a.device}")
-    if not tma:
-        return
-    item = a.element_size()
-    if a.data_ptr() % 16 or a.stride()[-1] != 1 or any(s * item % 16 for s in a.stride()[:-1]):
-        raise ValueError(f"argument '{p.name}' must have a 16-byte aligned address, unit stride in "
-                         f"its last dimension and 16-byte aligned other strides (a bulk-copy "
-                         f"operand); got strides {list(a.stride())}")

@@ -1,4 +1,4 @@
-"""Our passes over Triton's compiled TTGIR, run through Triton's stage hook (DESIGN.md §7).
+"""Our passes over Triton's compiled TTGIR, run through Triton's stage hook (docs/design.md §7).
 
 ``install()`` composes a hook into ``triton.knobs.runtime.add_stages_inspection_hook``. Triton
 calls it as ``hook(backend, stages, options, language, capability)`` from ``add_stages``, with

@@ -1,27 +1,24 @@
-"""The state of one emission: output lines, Python names, and the enclosing ``T.Parallel``.
-
-IR names become Python identifiers through one table, so user names, strides and temporaries never
-collide with each other, with Python keywords or with the names the source uses (``tl``).
+"""The state of one ``triton.language`` emission: a ``SourceWriter`` (lines, names) plus the
+enclosing ``T.Parallel``, the scalar locals, the variables that are runtime values and the
+kernel's ``StreamPlan``.
 """
 from __future__ import annotations
 
-import keyword
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
 from tilews.lowering import ir
 from tilews.lowering.errors import CompileError
+from tilews.lowering.plans import StreamPlan
 from tilews.lowering.traverse import walk
 
-TL_DTYPE = {ir.DType.BF16: "tl.bfloat16", ir.DType.F16: "tl.float16", ir.DType.F32: "tl.float32",
-            ir.DType.F64: "tl.float64", ir.DType.I8: "tl.int8", ir.DType.I16: "tl.int16",
-            ir.DType.I32: "tl.int32", ir.DType.I64: "tl.int64", ir.DType.U8: "tl.uint8",
-            ir.DType.BOOL: "tl.int1", ir.DType.F8E4M3: "tl.float8e4nv", ir.DType.F8E5M2: "tl.float8e5"}
+from ..pysource import SourceWriter
+
+TL_DTYPE = {d: f"tl.{d.record.triton}" for d in ir.DType}   # spelled from the dtype records
 
 # names the generated source itself uses
-_RESERVED = set(keyword.kwlist) | {"tl", "range", "float"}
+_RESERVED = {"tl", "range", "float"}
 
 
 @dataclass
@@ -38,61 +35,15 @@ class ParallelFrame:
         return " & ".join(self.masks) if self.masks else None
 
 
-class Ctx:
+class Ctx(SourceWriter):
     def __init__(self, kernel: ir.Kernel):
-        self.kernel = kernel
-        self.lines: list[str] = []
-        self.depth = 0
-        self._names: dict[str, str] = {}
-        self._used = set(_RESERVED)
+        super().__init__(kernel, _RESERVED)
         self.par: Optional[ParallelFrame] = None
         self.scalars = {s.buffer for s in _allocs(kernel) if _is_scalar_local(s.buffer)}
-        self.nonneg: set[ir.Var] = set(kernel.block_vars) | {
-            d for p in kernel.buffer_params for d in p.shape if isinstance(d, ir.Var)}
         self.runtime: set[ir.Var] = set(kernel.block_vars)
-        if not kernel.attr("specialize_scalar_params", False):
+        self.plan: StreamPlan = kernel.plan(StreamPlan)
+        if not self.plan.constant_scalar_params:
             self.runtime |= set(kernel.scalar_params)
-
-    # -- names -------------------------------------------------------------------------------------
-    def name(self, ir_name: str) -> str:
-        """The Python identifier of an IR name (stable within the emission)."""
-        if ir_name not in self._names:
-            self._names[ir_name] = self._claim(ir_name)
-        return self._names[ir_name]
-
-    def stride(self, buf: ir.Buffer, d: int) -> str:
-        return self.name(f"{buf.name}.stride{d}")
-
-    def fresh(self, hint: str) -> str:
-        """A new temporary, never equal to another name of this emission."""
-        return self._claim(hint)
-
-    def _claim(self, hint: str) -> str:
-        base = hint.replace(".", "_")
-        name, n = base, 0
-        while name in self._used:
-            n += 1
-            name = f"{base}_{n}"
-        self._used.add(name)
-        return name
-
-    # -- output ------------------------------------------------------------------------------------
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.depth + text)
-
-    def origin(self, loc: ir.Loc) -> None:
-        self.line(f"# tilews: {os.path.basename(loc.file)}:{loc.line}")
-
-    @contextmanager
-    def indent(self):
-        self.depth += 1
-        start = len(self.lines)
-        try:
-            yield
-        finally:
-            if len(self.lines) == start:
-                self.line("pass")
-            self.depth -= 1
 
     @contextmanager
     def parallel(self, frame: ParallelFrame):

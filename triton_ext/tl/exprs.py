@@ -18,21 +18,18 @@ rounding Triton applies (constants fold in Python, tensors truncate).
 from __future__ import annotations
 
 import math
-import re
 from typing import Callable, Optional
 
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 from tilews.lowering.traverse import subexprs
 
+from ..pysource import atom, nonneg
 from .context import TL_DTYPE, Ctx, shape_text
 
 _MATH = {ir.MathFn.EXP: "tl.exp", ir.MathFn.EXP2: "tl.exp2", ir.MathFn.LOG: "tl.log",
          ir.MathFn.LOG2: "tl.log2", ir.MathFn.SQRT: "tl.sqrt", ir.MathFn.RSQRT: "tl.rsqrt"}
 _MINMAX = {ir.MathFn.MAX: "tl.maximum", ir.MathFn.MIN: "tl.minimum"}
-_NONNEG_OPS = (ir.BinOpKind.ADD, ir.BinOpKind.MUL, ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD,
-               ir.BinOpKind.AND, ir.BinOpKind.OR, ir.BinOpKind.SHR)
-
 
 def spell(ctx: Ctx, e: ir.Expr) -> str:
     rule = _EXPRS.get(type(e))
@@ -53,21 +50,6 @@ def value_as(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
     tensor = any(isinstance(x, ir.Load) or ctx.par is not None and x in ctx.par.vars
                  for x in subexprs(e))
     return spell(ctx, e) if tensor and e.dtype == dtype else cast(ctx, e, dtype)
-
-
-def atom(text: str) -> str:
-    """``text`` parenthesized unless it already is a name, a number or one parenthesized group."""
-    if re.fullmatch(r"[\w.]+", text):
-        return text
-    if text.startswith("(") and text.endswith(")"):
-        depth = 0
-        for k, ch in enumerate(text):
-            depth += {"(": 1, ")": -1}.get(ch, 0)
-            if depth == 0:
-                if k == len(text) - 1:
-                    return text
-                break
-    return f"({text})"
 
 
 def _const(ctx: Ctx, e: ir.Const) -> str:
@@ -108,19 +90,6 @@ def _floor_divmod(ctx: Ctx, op: ir.BinOpKind, a: str, b: str, b_const: Optional[
     if op is ir.BinOpKind.FLOORDIV:
         return f"tl.where({fix}, {q} - 1, {q})"
     return f"tl.where({fix}, {r} + {b}, {r})"
-
-
-def nonneg(ctx: Ctx, e: ir.Expr) -> bool:
-    """Whether an integer expression is >= 0 by construction."""
-    if isinstance(e, ir.Const):
-        return e.value >= 0
-    if isinstance(e, ir.Var):
-        return e in ctx.nonneg
-    if isinstance(e, ir.BinOp) and e.op in _NONNEG_OPS:
-        return nonneg(ctx, e.a) and nonneg(ctx, e.b)
-    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.ABS):
-        return e.fn is ir.MathFn.ABS or all(nonneg(ctx, a) for a in e.args)
-    return False
 
 
 def _cmp(ctx: Ctx, e: ir.Cmp) -> str:

@@ -1,0 +1,97 @@
+"""The backend interface: what the compiler asks of every backend, and what it hands one.
+
+A backend takes a kernel from the frontend to something that runs on one target::
+
+    lowered = backend.lower(kernel, observe)   # its pass pipeline, for its Target
+    reason  = backend.refuses(lowered)         # None, or why this program is not for it
+    source  = backend.emit(lowered)            # the generated code (emitters only spell plans)
+    program = backend.load(lowered, source, options)   # a Program: launch(values), asm, rules
+
+``tilews.compiler.compile_kernel`` walks a target's chain of backends (``tilews.backends``), takes
+the first that does not refuse and records each refusal's reason in the compile report. The
+lowered kernel and its source are cached under a key that includes ``backend.fingerprint()``.
+
+What a backend needs from outside comes in ``Services`` at construction (the artifact store,
+the settings, the machine); backends never import the ``tilews`` user surface. Arguments reach
+``Program.launch`` already checked (``lowering.arguments``, against the kernel's parameters and
+the program's ``ArgumentRules``), aligned with ``kernel.params``.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Protocol
+
+from . import ir
+from .arguments import ArgumentRules
+from .passes import Observer, lower
+from .settings import Settings
+from .target import Target
+
+
+class ArtifactStore(Protocol):
+    """Bytes by key on disk (``tilews.cache.DiskCache``), and content-addressed source files."""
+
+    def fetch(self, parts: tuple, build: Callable[[], bytes]) -> tuple[bytes, bool]:
+        """The bytes stored under the key made of ``parts`` (plain values), built (once across
+        processes) if missing; and whether they came from the store."""
+
+    def source_file(self, text: str, suffix: str = ".py") -> Path:
+        """A file holding ``text`` (tools like Triton read kernel source through ``inspect``)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the compiler knows of the machine it runs on."""
+    cuda: bool = False                          # a CUDA (or ROCm) GPU is visible
+    capability: Optional[tuple[int, int]] = None  # compute capability of the current CUDA device
+    num_sms: int = 132                          # its multiprocessors (an H100 SXM's without one)
+
+
+@dataclass(frozen=True)
+class Services:
+    store: ArtifactStore
+    settings: Settings = field(default_factory=Settings)
+    machine: Machine = field(default_factory=Machine)
+
+
+class Program(Protocol):
+    source: str
+    rules: ArgumentRules
+
+    @property
+    def asm(self) -> dict[str, str]:
+        """Stage name -> text (as Triton's ``asm``)."""
+
+    def launch(self, values: list) -> None:
+        """Run on checked ``values`` aligned with ``kernel.params``."""
+
+
+class Backend(abc.ABC):
+    """One backend: a name, the target it builds for, and the four steps above."""
+    name: str = ""
+    options: frozenset[str] = frozenset()   # the ``tilews.jit`` options it takes
+
+    def __init__(self, target: Target, services: Services):
+        self.target = target
+        self.services = services
+
+    def lower(self, kernel: ir.Kernel, observe: Optional[Observer] = None) -> ir.Kernel:
+        return lower(kernel, self.target, observe, dump_dir=self.services.settings.dump_ir)
+
+    def refuses(self, lowered: ir.Kernel) -> Optional[str]:
+        """Why this backend cannot run ``lowered`` (the next one of the chain is tried)."""
+        return None
+
+    @abc.abstractmethod
+    def emit(self, lowered: ir.Kernel) -> str:
+        ...
+
+    @abc.abstractmethod
+    def load(self, lowered: ir.Kernel, source: str, options: dict) -> Program:
+        ...
+
+    def fingerprint(self) -> tuple:
+        """What, besides the IR and tilews's own sources, determines this backend's output."""
+        return (self.name, repr(self.target))

@@ -1,0 +1,126 @@
+"""Element types: one record per dtype, the only table of their names and spellings.
+
+``DType`` is what the IR carries. Everything else a backend, the runtime or the interpreter needs
+to know about a dtype is a field of its ``DTypeRecord`` (``dt.record``), so adding a dtype or a
+backend means filling one row, never a new table:
+
+* ``short``: the printer's name (the enum value); ``tilelang``: the ``T.*`` name;
+* ``bits``, ``kind`` ("float", "int", "uint" or "bool");
+* ``torch``: the attribute of ``torch`` (``dt.torch_dtype`` resolves it, importing torch);
+* ``numpy``: the numpy dtype holding it bit-exactly (``ml_dtypes`` names for bf16 and fp8;
+  ``dt.numpy_dtype`` resolves it);
+* ``triton``: the name in ``triton.language`` and Gluon (``tl.<name>``, ``gl.<name>``);
+* ``signature``: the type of a scalar parameter in a Triton kernel signature;
+* ``msl``: the Metal Shading Language type ("" where Metal has none).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DTypeRecord:
+    short: str
+    tilelang: str
+    bits: int
+    kind: str
+    torch: str
+    numpy: str
+    triton: str
+    signature: str
+    msl: str
+
+
+_RECORDS = (
+    #           short     tilelang        bits kind    torch            numpy             triton        sig     msl
+    DTypeRecord("bf16", "bfloat16", 16, "float", "bfloat16", "bfloat16", "bfloat16", "bf16", "bfloat"),
+    DTypeRecord("f16", "float16", 16, "float", "float16", "float16", "float16", "fp16", "half"),
+    DTypeRecord("f32", "float32", 32, "float", "float32", "float32", "float32", "fp32", "float"),
+    DTypeRecord("f64", "float64", 64, "float", "float64", "float64", "float64", "fp64", ""),
+    DTypeRecord("i8", "int8", 8, "int", "int8", "int8", "int8", "i8", "char"),
+    DTypeRecord("i16", "int16", 16, "int", "int16", "int16", "int16", "i16", "short"),
+    DTypeRecord("i32", "int32", 32, "int", "int32", "int32", "int32", "i32", "int"),
+    DTypeRecord("i64", "int64", 64, "int", "int64", "int64", "int64", "i64", "long"),
+    DTypeRecord("u8", "uint8", 8, "uint", "uint8", "uint8", "uint8", "u8", "uchar"),
+    DTypeRecord("bool", "bool", 1, "bool", "bool", "bool", "int1", "i1", "bool"),
+    DTypeRecord("f8e4m3", "float8_e4m3", 8, "float", "float8_e4m3fn", "float8_e4m3fn",
+                "float8e4nv", "fp8e4nv", "uchar"),
+    DTypeRecord("f8e5m2", "float8_e5m2", 8, "float", "float8_e5m2", "float8_e5m2", "float8e5",
+                "fp8e5", "uchar"),
+)
+
+
+class DType(enum.Enum):
+    """Element types. The value is the canonical short name used by the printer."""
+    BF16 = "bf16"
+    F16 = "f16"
+    F32 = "f32"
+    F64 = "f64"
+    I8 = "i8"
+    I16 = "i16"
+    I32 = "i32"
+    I64 = "i64"
+    U8 = "u8"
+    BOOL = "bool"
+    F8E4M3 = "f8e4m3"
+    F8E5M2 = "f8e5m2"
+
+    @property
+    def record(self) -> DTypeRecord:
+        return _BY_SHORT[self.value]
+
+    @property
+    def bits(self) -> int:
+        return self.record.bits
+
+    @property
+    def itemsize(self) -> int:
+        return max(1, self.bits // 8)
+
+    @property
+    def is_float(self) -> bool:
+        return self.record.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.record.kind in ("int", "uint")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.is_float and self.bits == 8
+
+    @property
+    def torch_dtype(self):
+        import torch
+        return getattr(torch, self.record.torch)
+
+    @property
+    def numpy_dtype(self):
+        import numpy as np
+        if self.record.numpy in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+            import ml_dtypes
+            return np.dtype(getattr(ml_dtypes, self.record.numpy))
+        return np.dtype(self.record.numpy)
+
+    def __repr__(self) -> str:
+        return f"T.{self.record.tilelang}"
+
+
+_BY_SHORT = {r.short: r for r in _RECORDS}
+assert set(_BY_SHORT) == {d.value for d in DType}, "every DType has exactly one record"
+
+
+def from_torch(torch_dtype) -> DType | None:
+    """The DType of a torch dtype (None for one tilews does not have)."""
+    name = str(torch_dtype).removeprefix("torch.")
+    return next((d for d in DType if d.record.torch == name), None)
+
+
+# TileLang / numpy / C spellings accepted wherever a dtype is expected.
+DTYPE_ALIASES = {d.record.tilelang: d for d in DType}
+DTYPE_ALIASES.update({d.value: d for d in DType})
+DTYPE_ALIASES.update({"float": DType.F32, "half": DType.F16, "double": DType.F64,
+                      "int": DType.I32, "float8_e4m3fn": DType.F8E4M3, "bf16": DType.BF16,
+                      "fp16": DType.F16, "fp32": DType.F32, "fp8_e4m3": DType.F8E4M3,
+                      "fp8_e5m2": DType.F8E5M2})

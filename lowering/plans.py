@@ -1,0 +1,88 @@
+"""Typed lowering plans: what a pass decided, for later passes and the emitters to read.
+
+A plan is a frozen dataclass attached to the kernel (``Kernel.plans``, at most one of each type).
+The pass named in its ``made_by`` writes it (``kernel.with_plan(plan)``); readers ask for it by
+type: ``kernel.plan(SharedMemoryPlan)`` returns it or raises ``InternalError`` naming the pass that
+should have made it, so a missing decision is an error at the reader, never a silent default.
+``kernel.find_plan(T)`` is for readers to whom absence is itself the answer (no pipelined loop,
+no asynchronous form).
+
+Plans name what was decided, not which backend reads it: ``StreamPlan`` is the shape of a kernel
+that runs as one stream of threads, ``AsyncPlan`` that of a kernel of concurrent roles driving the
+asynchronous copy and matrix engines (TMA, wgmma; the Gluon emitter spells it), ``AsyncRefusal``
+why a program has no such form on an asynchronous target.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+
+@dataclass(frozen=True)
+class Plan:
+    made_by: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class PipelinePlan(Plan):
+    """Which statements of the ``T.Pipelined`` loop produce its ring buffers."""
+    made_by: ClassVar[str] = "plan_pipeline"
+    loop_index: int                  # position of the loop in the kernel body
+    num_producers: int               # the loop body's first statements that are producers
+    stages: int
+    ring_buffers: tuple[str, ...]    # shared buffers the producers fill
+    guarded: bool = False            # the loop body is one `if` (iterations may be skipped)
+    tile_loop_index: Optional[int] = None   # persistent kernels: the T.Persistent loop's position
+                                            # in the kernel body (loop_index is then inside it)
+
+
+@dataclass(frozen=True)
+class SharedMemoryPlan(Plan):
+    """Byte ranges of the shared buffers and barriers, as (name, offset, bytes)."""
+    made_by: ClassVar[str] = "plan_buffers"
+    ranges: tuple[tuple[str, int, int], ...]
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class LayoutPlan(Plan):
+    """The layout of each fragment and shared buffer the matrix engine touches, by buffer name
+    (values are ``lowering.layouts`` records)."""
+    made_by: ClassVar[str] = "infer_layouts"
+    layouts: tuple[tuple[str, object], ...]
+
+    def of(self, name: str):
+        return dict(self.layouts).get(name)
+
+
+@dataclass(frozen=True)
+class StreamPlan(Plan):
+    """A kernel run as one stream of ``num_warps`` warps (targets without warp specialization)."""
+    made_by: ClassVar[str] = "legalize"
+    num_warps: int
+    constant_scalar_params: bool = False   # scalar parameters are compile-time constants
+    loops_as_while: bool = False           # loops with runtime bounds are spelled as while loops
+
+
+@dataclass(frozen=True)
+class AsyncPlan(Plan):
+    """A kernel of concurrent roles on the asynchronous engines: everything its emitter spells
+    beyond the statements themselves."""
+    made_by: ClassVar[str] = "legalize_wgmma"
+    default_role: tuple[int, ...]                       # warp groups of the default partition
+    num_warps: int                                      # the default partition's warps
+    barrier_counts: tuple[tuple[str, tuple[int, ...]], ...]   # arrivals per phase, per mbarrier
+    tma_descriptors: tuple[tuple[str, tuple[int, ...]], ...]  # (global buffer, box) in order
+    scalar_locals: tuple[tuple[str, bool], ...]         # (name, never negative)
+    pointer_params: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]  # (buffer, reading roles)
+
+    @property
+    def tma_buffers(self) -> frozenset[str]:
+        return frozenset(g for g, _ in self.tma_descriptors)
+
+
+@dataclass(frozen=True)
+class AsyncRefusal(Plan):
+    """Why the program has no asynchronous (warp-specialized TMA/wgmma) form."""
+    made_by: ClassVar[str] = "legalize_wgmma"
+    reason: str

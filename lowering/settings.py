@@ -1,0 +1,65 @@
+"""Every ``TILEWS_*`` environment switch, read in one place with one truth rule.
+
+``Settings.from_env()`` is called at the ``tilews.jit`` boundary (once per compile or per kernel
+object) and the result is passed to whatever needs it: the frontend, the pass pipeline, the
+artifact store, the backends. No other module reads a ``TILEWS_*`` variable.
+
+Truth rule for on/off switches: "1", "true", "yes" and "on" (any case, surrounding blanks ignored)
+are on; unset, empty, "0", "false", "no" and "off" are off; any other value is a ``ValueError``
+naming the variable (a typo never silently means "off").
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+# (variable, what it does): the README's table of switches is checked against this.
+SWITCHES = (
+    ("TILEWS_CACHE_DIR", "on-disk compile cache (default: the platform user cache dir, "
+                         "`~/.cache/tilews`)"),
+    ("TILEWS_DISABLE_CACHE", "no on-disk cache: nothing is read from or written to it"),
+    ("TILEWS_PRINT_SOURCE", "print the generated source at each compile"),
+    ("TILEWS_DUMP_IR", "write the IR after every pass to this folder"),
+    ("TILEWS_POISON_OUTPUTS", "outputs tilews allocates (`out_idx`) start as NaN (the tests set it)"),
+    ("TILEWS_DEBUG_FRONTEND", "re-raise the raw Python error behind a frontend `CompileError`"),
+)
+
+
+def flag(name: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """The on/off switch ``name`` under the truth rule above."""
+    value = environ.get(name, "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(f"environment variable {name}={environ[name]!r}: use one of "
+                     f"{', '.join(_ON)} (on) or {', '.join(v for v in _OFF if v)} (off)")
+
+
+def _path(name: str, environ: Mapping[str, str]) -> Optional[Path]:
+    value = environ.get(name, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    cache_dir: Optional[Path] = None      # None: the platform's user cache dir
+    disable_cache: bool = False
+    print_source: bool = False
+    dump_ir: Optional[Path] = None
+    poison_outputs: bool = False
+    debug_frontend: bool = False
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
+        return cls(cache_dir=_path("TILEWS_CACHE_DIR", environ),
+                   disable_cache=flag("TILEWS_DISABLE_CACHE", environ),
+                   print_source=flag("TILEWS_PRINT_SOURCE", environ),
+                   dump_ir=_path("TILEWS_DUMP_IR", environ),
+                   poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),
+                   debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ))

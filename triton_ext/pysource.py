@@ -1,0 +1,117 @@
+"""Writing the Python source of a Triton module, shared by the ``tl`` and Gluon emitters.
+
+``SourceWriter`` holds one emission's output lines, indentation and Python names: IR names become
+identifiers through one table, so user names, strides and temporaries never collide with each other,
+with Python keywords or with the names the module itself uses. It also tracks which integer
+variables are non-negative by construction (block indices, runtime dims, loop indices counting up
+from a non-negative start), so ``//`` and ``%`` can be spelled natively where Python's and
+Triton's rounding agree. ``host_expr`` spells a grid extent as host Python (the ``<kernel>_grid``
+function both modules end with).
+"""
+from __future__ import annotations
+
+import keyword
+import os
+import re
+from contextlib import contextmanager
+
+from tilews.lowering import ir
+from tilews.lowering.errors import InternalError
+
+GRID_SUFFIX = "_grid"
+NONNEG_OPS = (ir.BinOpKind.ADD, ir.BinOpKind.MUL, ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD,
+              ir.BinOpKind.AND, ir.BinOpKind.OR, ir.BinOpKind.SHR)
+
+
+class SourceWriter:
+    def __init__(self, kernel: ir.Kernel, reserved: set[str]):
+        self.kernel = kernel
+        self.lines: list[str] = []
+        self.depth = 0
+        self._names: dict[str, str] = {}
+        self._used = set(keyword.kwlist) | reserved
+        self.nonneg: set[ir.Var] = set(kernel.block_vars) | {
+            d for p in kernel.buffer_params for d in p.shape if isinstance(d, ir.Var)}
+
+    # -- names -------------------------------------------------------------------------------------
+    def name(self, ir_name: str) -> str:
+        """The Python identifier of an IR name (stable within the emission)."""
+        if ir_name not in self._names:
+            self._names[ir_name] = self._claim(ir_name)
+        return self._names[ir_name]
+
+    def stride(self, buf: ir.Buffer, d: int) -> str:
+        return self.name(f"{buf.name}.stride{d}")
+
+    def fresh(self, hint: str) -> str:
+        """A new temporary, never equal to another name of this emission."""
+        return self._claim(hint)
+
+    def _claim(self, hint: str) -> str:
+        base = hint.replace(".", "_")
+        name, n = base, 0
+        while name in self._used:
+            n += 1
+            name = f"{base}_{n}"
+        self._used.add(name)
+        return name
+
+    # -- output ------------------------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def origin(self, loc: ir.Loc) -> None:
+        self.line(f"# tilews: {os.path.basename(loc.file)}:{loc.line}")
+
+    @contextmanager
+    def indent(self):
+        self.depth += 1
+        start = len(self.lines)
+        try:
+            yield
+        finally:
+            if len(self.lines) == start:
+                self.line("pass")
+            self.depth -= 1
+
+
+def nonneg(w: SourceWriter, e: ir.Expr) -> bool:
+    """Whether an integer expression is >= 0 by construction."""
+    if isinstance(e, ir.Const):
+        return e.value >= 0
+    if isinstance(e, ir.Var):
+        return e in w.nonneg
+    if isinstance(e, ir.BinOp) and e.op in NONNEG_OPS:
+        return nonneg(w, e.a) and nonneg(w, e.b)
+    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.ABS):
+        return e.fn is ir.MathFn.ABS or all(nonneg(w, a) for a in e.args)
+    return False
+
+
+def atom(text: str) -> str:
+    """``text`` parenthesized unless it already is a name, a number or one parenthesized group."""
+    if re.fullmatch(r"[\w.]+", text):
+        return text
+    if text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for k, ch in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                if k == len(text) - 1:
+                    return text
+                break
+    return f"({text})"
+
+
+def host_expr(w: SourceWriter, e: ir.Expr) -> str:
+    """A grid extent as host Python (whose integer semantics are the IR's)."""
+    if isinstance(e, ir.Const):
+        return repr(e.value)
+    if isinstance(e, ir.Var) and e.kind is ir.VarKind.PARAM:
+        return w.name(e.name)
+    if isinstance(e, ir.BinOp) and e.dtype.is_int and e.op.value not in ("and", "or", "/"):
+        return f"({host_expr(w, e.a)} {e.op.value} {host_expr(w, e.b)})"
+    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.MAX):
+        return f"{e.fn.value}({', '.join(host_expr(w, a) for a in e.args)})"
+    raise InternalError(f"grid extent {type(e).__name__} cannot be computed on the host",
+                        getattr(e, "loc", None))
