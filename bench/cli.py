@@ -2,16 +2,18 @@
 Triton, checked and timed in the same run.
 
     tilews-bench gemm [--shapes square,ragged,1024x1024x512] [--dtype bf16|fp16]
-                      [--targets hopper,triton,interpret] [--quick]
+                      [--targets hopper,triton,interpret] [--quick] [--rounds N]
                       [--json PATH] [--csv PATH] [--plot PATH]
     tilews-bench fp8 | attention | all
 
 Exit code: 0 when every row is correct, 1 when a row FAILed (wrong numbers) or raised, 2 for a bad
-command line. The table is printed last.
+command line (output paths are checked before anything is built or timed). The table is printed
+last.
 """
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Optional, Sequence
 
 from . import console, machine as machines
@@ -23,6 +25,8 @@ from .shapes import ShapeError, parse_shapes
 from .workload import DTYPES, Case, Pending, Workload, registry
 
 TARGETS = ("hopper", "triton", "interpret")
+ROUNDS = {True: 5, False: 2}      # default --rounds on a GPU / without one (interpreter timings)
+OUTPUTS = ("json", "csv", "plot")  # the options that name a file to write
 COMMANDS = {"gemm": "bf16/fp16 GEMM against torch.matmul (cuBLAS) and a plain Triton tl.dot kernel",
             "fp8": "FP8 scaled GEMM against torch._scaled_mm (tilews has no FP8 kernels yet)",
             "attention": "attention forward against SDPA cuDNN/flash (tilews has no attention kernels yet)",
@@ -32,11 +36,16 @@ COMMANDS = {"gemm": "bf16/fp16 GEMM against torch.matmul (cuBLAS) and a plain Tr
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for option in OUTPUTS:   # before anything is built or timed: a run must not end unwritable
+        path = getattr(args, option)
+        why = unwritable(path)
+        if why:
+            parser.exit(2, f"{parser.prog} {args.command}: error: --{option} {path}: {why}\n")
     machine = machines.detect()
     workloads = registry()
     chosen = list(workloads) if args.command == "all" else [args.command]
     report = Report(args.command, args.dtype, args.targets or default_targets(machine), machine,
-                    machines.versions())
+                    machines.versions(), args.rounds or ROUNDS[machine.gpu])
     runs = []
     for name in chosen:
         w = workloads[name]
@@ -68,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="comma list of tilews targets: hopper, triton, interpret (default: "
                               "hopper,triton on a GPU, interpret,triton without one)")
     options.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    options.add_argument("--rounds", type=_positive, metavar="N",
+                         help="interleaved timing rounds per shape; each ratio is the median over "
+                              f"them (default: {ROUNDS[True]} on a GPU, {ROUNDS[False]} without one)")
     options.add_argument("--json", metavar="PATH", help="write every number, the device and versions")
     options.add_argument("--csv", metavar="PATH", help="write one line per row")
     options.add_argument("--plot", metavar="PATH", help="write a PNG of the ratios per shape")
@@ -78,6 +90,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def default_targets(machine: machines.Machine) -> list[str]:
     return ["hopper", "triton"] if machine.gpu else ["interpret", "triton"]
+
+
+def unwritable(path: Optional[str]) -> Optional[str]:
+    """Why ``path`` cannot be written as an output file, or None (also for no path)."""
+    if not path:
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a directory, not a file"
+    if not os.path.exists(directory):
+        return f"cannot write it: the directory {directory} does not exist"
+    if not os.path.isdir(directory):
+        return f"cannot write it: {directory} is not a directory"
+    if not os.access(directory, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "cannot write it: permission denied"
+    return None
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
 
 
 def _targets(text: str) -> list[str]:
@@ -99,11 +133,11 @@ def _run(report: Report, runs: list[tuple[Workload, list]], quick: bool) -> None
         impls, unavailable = plan(w, report.targets, report.machine)
         report.unavailable.update(unavailable)
         planned.append((w, shapes, impls))
-    with console.progress(sum(len(s) * steps(i) for _, s, i in planned)) as advance:
+    with console.progress(sum(len(s) * steps(i, report.rounds) for _, s, i in planned)) as advance:
         for w, shapes, impls in planned:
             for shape in shapes:
                 case = Case(shape, DTYPES[report.dtype], report.machine)
-                report.rows += run_shape(w, case, impls, quick, advance)
+                report.rows += run_shape(w, case, impls, quick, report.rounds, advance)
 
 
 def _write_files(report: Report, args: argparse.Namespace) -> list[str]:

@@ -18,8 +18,10 @@ INTERPRETER_NOTE = (
     "INTERPRETER TIMINGS: they show that every kernel runs and is correct, and are NOT comparable "
     "with GPU numbers, nor with each other.")
 GPU_INTERPRETED_NOTE = "Rows on target 'interpret' are interpreter timings, not comparable with the others."
-RATIO_NOTE = ("vs X = X's ms / this row's ms (> 1: faster than X); ± = spread of two timings of the "
-              "same kernel (a difference below it is noise)")
+RATIO_NOTE = ("vs X = median over the {rounds} interleaved rounds of X's ms / this row's ms in the "
+              "same round (> 1: faster than X), then (min..max) of those per-round ratios; ms = median "
+              "over the rounds, ± = spread of this kernel's timings over the rounds (a difference below "
+              "it is noise)")
 
 
 @contextlib.contextmanager
@@ -65,13 +67,14 @@ def print_table(report: Report) -> None:
     failed = len(report.failures)
     verdict = (f"{failed} row(s) FAILED: exit code {report.exit_code}" if failed
                else "all rows correct")
+    note = RATIO_NOTE.format(rounds=report.rounds)
     rich_table = optional_module("rich.table") if sys.stdout.isatty() else None
     if rich_table is None:
-        _plain(title, headers, cells, f"{RATIO_NOTE}. {verdict}.")
+        _plain(title, headers, cells, f"{note}. {verdict}.")
         return
     from rich import box
     from rich.console import Console
-    table = rich_table.Table(title=title, caption=f"{RATIO_NOTE}\n{verdict}", box=box.SIMPLE_HEAD)
+    table = rich_table.Table(title=title, caption=f"{note}\n{verdict}", box=box.SIMPLE_HEAD)
     for h in headers:
         table.add_column(h, no_wrap=True)
     for row in cells:
@@ -87,7 +90,15 @@ def _cells(report: Report) -> tuple[list[str], list[list[str]]]:
     headers = ["shape", "kernel", "target", "check", "ms", "±", "TFLOP/s"] + [f"vs {r}" for r in refs]
     return headers, [[shape_text(r.shape), r.impl, r.target, _check(r), _num(r.ms, ".4g"),
                       "" if r.spread_pct is None else f"{r.spread_pct:.1f}%", _num(r.tflops, ".4g")]
-                     + [_num(r.ratios.get(ref), ".2f", "x") for ref in refs] for r in report.rows]
+                     + [_ratio(r, ref) for ref in refs] for r in report.rows]
+
+
+def _ratio(r: Row, ref: str) -> str:
+    """``1.02x (0.99..1.04)``: the median over the rounds, then the per-round min and max."""
+    if ref not in r.ratio_rounds:
+        return "-"
+    low, high = r.ratio_range[ref]
+    return f"{r.ratios[ref]:.2f}x ({low:.2f}..{high:.2f})"
 
 
 def _check(r: Row) -> str:

@@ -1,5 +1,6 @@
-"""``--plot PATH``: a PNG of each tilews kernel's ratio to each reference, per shape (matplotlib,
-Agg canvas: no display needed). Without matplotlib the plot is skipped with a message."""
+"""``--plot PATH``: a PNG of each tilews kernel's ratio to each reference, per shape: the median over
+the rounds, with the per-round min..max as an error bar (matplotlib, Agg canvas: no display
+needed). Without matplotlib the plot is skipped with a message."""
 from __future__ import annotations
 
 from typing import Optional
@@ -24,9 +25,14 @@ def write_plot(report: Report, path: str) -> Optional[str]:
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(series))
     for i, (kernel, ref) in enumerate(series):
-        ratios = {shape_text(r.shape): r.ratios.get(ref) for r in tilews if f"{r.impl} [{r.target}]" == kernel}
-        xs = [x + (i - (len(series) - 1) / 2) * width for x, s in enumerate(shapes) if ratios.get(s)]
-        ax.bar(xs, [ratios[s] for s in shapes if ratios.get(s)], width, label=f"{kernel} vs {ref}")
+        rows = {shape_text(r.shape): r for r in tilews
+                if f"{r.impl} [{r.target}]" == kernel and ref in r.ratio_rounds}
+        xs = [x + (i - (len(series) - 1) / 2) * width for x, s in enumerate(shapes) if s in rows]
+        mid = [rows[s].ratios[ref] for s in shapes if s in rows]
+        low, high = ([rows[s].ratio_range[ref][end] for s in shapes if s in rows] for end in (0, 1))
+        # the bar is the median over the rounds; its error bar spans the per-round min..max
+        yerr = [[m - lo for m, lo in zip(mid, low)], [hi - m for m, hi in zip(mid, high)]]
+        ax.bar(xs, mid, width, yerr=yerr, capsize=2, label=f"{kernel} vs {ref}")
     if not series:
         ax.text(0.5, 0.5, "no timed tilews kernel", ha="center", va="center", transform=ax.transAxes)
     ax.axhline(1.0, color="black", linewidth=0.8)

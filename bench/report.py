@@ -19,13 +19,23 @@ def write_json(report: Report, path: str) -> None:
 
 
 def write_csv(report: Report, path: str) -> None:
-    """One line per row (the device named on each); the versions are in the JSON."""
-    refs = list(dict.fromkeys(ref for r in report.rows for ref in r.ratios))
+    """One line per row (the device named on each); the versions are in the JSON. Per reference:
+    the median ratio over the rounds (``vs X``) and the min and max of the per-round ratios."""
+    refs = list(dict.fromkeys(ref for r in report.rows for ref in r.ratio_rounds))
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["device"] + CSV_FIELDS + [f"vs {ref}" for ref in refs])
+        writer.writerow(["device"] + CSV_FIELDS
+                        + [f"vs {ref}{end}" for ref in refs for end in ("", " min", " max")])
         for row in report.rows:
-            writer.writerow([report.machine.name] + _fields(row) + [row.ratios.get(ref, "") for ref in refs])
+            ratios = [x for ref in refs for x in _ratios(row, ref)]
+            writer.writerow([report.machine.name] + _fields(row) + ratios)
+
+
+def _ratios(row: Row, ref: str) -> list:
+    """The median ratio to ``ref`` and the min and max of its per-round ratios; blanks if none."""
+    if ref not in row.ratio_rounds:
+        return ["", "", ""]
+    return [row.ratios[ref], *row.ratio_range[ref]]
 
 
 def _fields(row: Row) -> list:

@@ -10,9 +10,11 @@ from typing import Optional
 from .machine import Machine
 from .shapes import Shape
 
-SCHEMA = 1
+SCHEMA = 2                      # 2: every kernel timed once per round; ratios are medians over rounds
 FAILED = ("fail", "error")      # statuses that make the exit code non-zero
-TILEWS_RUNS = 2                 # each tilews kernel is timed this often: the spread shows the noise
+RATIO_METHOD = ("per shape, every kernel is timed once per round, in an order rotating from round "
+                "to round; a ratio is the median over the rounds of the reference's ms / the "
+                "kernel's ms in the same round (ratio_range: their min and max)")
 
 
 @dataclass
@@ -30,9 +32,10 @@ class Row:
     rel_err: Optional[float] = None
     build_s: Optional[float] = None       # building it (on a GPU, Triton compiles at the first call)
     input_sets: int = 1          # input sets the timing rotated among
-    ms_runs: list[float] = field(default_factory=list)   # one median per timing run
+    ms_runs: list[float] = field(default_factory=list)   # one median per round, in round order
     tflops: Optional[float] = None
-    ratios: dict[str, float] = field(default_factory=dict)  # reference -> its ms / this ms
+    # reference -> its ms / this row's ms, one per round (both timed in that same round)
+    ratio_rounds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def ms(self) -> Optional[float]:
@@ -45,8 +48,20 @@ class Row:
             return None
         return (max(self.ms_runs) - min(self.ms_runs)) / self.ms * 100
 
+    @property
+    def ratios(self) -> dict[str, float]:
+        """reference -> the median over the rounds of the same-round ratio: one slow timing of
+        either kernel moves one round's ratio, not the one reported."""
+        return {ref: statistics.median(r) for ref, r in self.ratio_rounds.items()}
+
+    @property
+    def ratio_range(self) -> dict[str, list[float]]:
+        """reference -> [min, max] of the per-round ratios."""
+        return {ref: [min(r), max(r)] for ref, r in self.ratio_rounds.items()}
+
     def as_json(self) -> dict:
-        return {**asdict(self), "shape": list(self.shape), "ms": self.ms, "spread_pct": self.spread_pct}
+        return {**asdict(self), "shape": list(self.shape), "ms": self.ms, "spread_pct": self.spread_pct,
+                "ratios": self.ratios, "ratio_range": self.ratio_range}
 
 
 @dataclass
@@ -56,6 +71,7 @@ class Report:
     targets: list[str]
     machine: Machine
     versions: dict[str, Optional[str]]
+    rounds: int = 1                                             # interleaved timing rounds per shape
     rows: list[Row] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)   # "target hopper" -> why
     pending: dict[str, str] = field(default_factory=dict)       # workload -> message
@@ -85,7 +101,7 @@ class Report:
                 "device": self.machine.as_json(), "versions": self.versions, "dtype": self.dtype,
                 "targets": self.targets,
                 "timing": {"method": self.timing_method, "interpreter_timings": self.interpreted,
-                           "tilews_runs": TILEWS_RUNS},
+                           "rounds": self.rounds, "ratio": RATIO_METHOD},
                 "unavailable": self.unavailable, "pending": self.pending,
                 "rows": [r.as_json() for r in self.rows],
                 "failures": len(self.failures), "exit_code": self.exit_code}

@@ -1,9 +1,11 @@
 """Run one workload over its shapes: build every kernel, check it against the exact reference
 (output poisoned with NaN first), then time it, and compare.
 
-Per shape the order is: every check; each tilews kernel timed once; each reference timed; each
-tilews kernel timed again. The two tilews timings bracket the references, so their spread shows
-the drift over the whole comparison.
+Per shape the order is: every check, then ``rounds`` interleaved timing rounds. Each round times
+every kernel once (each timing itself a median of many runs), starting one kernel later than the
+round before, so no kernel is always timed first or last. A ratio is the median over the rounds of
+the same-round ratio: a timing that is slow in one round (a busy shared GPU) moves that round's
+ratio only, and the min..max of the per-round ratios shows how much the rounds disagreed.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 from tilews.testing import poison_, rel_err
 
 from .machine import Machine, triton_unavailable
-from .results import TILEWS_RUNS, Row
+from .results import Row
 from .shapes import shape_text
 from .timing import median_ms, sets_needed
 from .workload import Case, KernelFn, Workload, dtype_name
@@ -66,12 +68,12 @@ def target_unavailable(target: str, machine: Machine) -> str | None:
     return triton_unavailable(machine) if target == "triton" else None
 
 
-def steps(impls: Sequence[Impl]) -> int:
-    """Progress steps per shape: one check per kernel, then its timings."""
-    return sum(1 + (TILEWS_RUNS if i.kind == "tilews" else 1) for i in impls)
+def steps(impls: Sequence[Impl], rounds: int) -> int:
+    """Progress steps per shape: one check per kernel, then one timing per kernel and round."""
+    return len(impls) * (1 + rounds)
 
 
-def run_shape(workload: Workload, case: Case, impls: Sequence[Impl], quick: bool,
+def run_shape(workload: Workload, case: Case, impls: Sequence[Impl], quick: bool, rounds: int,
               advance: Advance) -> list[Row]:
     gen = torch.Generator(device=case.machine.device).manual_seed(0)
     first = (*workload.make_inputs(case, gen), workload.make_output(case))
@@ -89,11 +91,12 @@ def run_shape(workload: Workload, case: Case, impls: Sequence[Impl], quick: bool
         rows.append(row)
         advance(f"{shape_text(case.shape)} {impl.name} [{impl.target}]: checked")
     del exact
-    tilews = [r for r in rows if r.kind == "tilews"]
-    for row in tilews + [r for r in rows if r.kind == "reference"] + tilews:
-        if id(row) in fns and row.status != "error":
-            _time(row, fns[id(row)], sets, case, quick)
-        advance(f"{shape_text(case.shape)} {row.impl} [{row.target}]: timed")
+    for n in range(rounds if rows else 0):
+        for row in rows[n % len(rows):] + rows[:n % len(rows)]:
+            # a row that raised while timing is not timed again: ms_runs[i] stays round i
+            if id(row) in fns and row.status != "error":
+                _time(row, fns[id(row)], sets, case, quick)
+            advance(f"{shape_text(case.shape)} {row.impl} [{row.target}]: timed, round {n + 1}/{rounds}")
     _compare(rows, workload.flops(case.shape))
     return rows
 
@@ -130,11 +133,12 @@ def _time(row: Row, fn: KernelFn, sets: list, case: Case, quick: bool) -> None:
 
 
 def _compare(rows: list[Row], flops: float) -> None:
+    """TFLOP/s from the median ms; per reference, the ratio of each round both were timed in."""
     timed = [r for r in rows if r.ms]
     for row in timed:
         row.tflops = flops / row.ms / 1e9
-        row.ratios = {ref.impl: ref.ms / row.ms for ref in timed
-                      if ref.kind == "reference" and ref is not row}
+        row.ratio_rounds = {ref.impl: [r_ms / ms for r_ms, ms in zip(ref.ms_runs, row.ms_runs)]
+                            for ref in timed if ref.kind == "reference" and ref is not row}
 
 
 def _sync(case: Case) -> None:

@@ -7,9 +7,17 @@ value of every runtime dimension (``Var``) the tensors bind. ``rules`` add what 
 needs (``ArgumentRules``: a device type, bulk-copy alignment). The runtime's binder checks a call's
 inputs with it once; launchers receive checked values and check nothing.
 ``check(kernel, args, rules)`` checks a whole argument list aligned with ``kernel.params``.
+
+Besides each argument on its own, the checker rejects a tensor the kernel writes whose memory
+overlaps another tensor argument (an output aliasing an input or another output): the element spans
+``[data_ptr, data_ptr + (sum((size - 1) * stride) + 1) * itemsize)`` are compared, so two disjoint
+but interleaved views of one tensor are reported too. Reading one tensor through two parameters is
+fine. Tensors must hold data on a device tilews runs on (``DEVICE_TYPES``; never ``meta``), and a
+runtime scalar must fit its dtype (an int in its range, a float within its finite range).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -28,6 +36,8 @@ class ArgumentRules:
 
 Param = Union[ir.Buffer, ir.Var]
 
+DEVICE_TYPES = ("cpu", "cuda")   # torch device types a kernel's tensors may be on (ROCm is "cuda")
+
 
 class ArgumentChecker:
     def __init__(self, kernel: ir.Kernel, rules: ArgumentRules = ArgumentRules()):
@@ -38,6 +48,7 @@ class ArgumentChecker:
     def check(self, pairs: Sequence[tuple[Param, object]]) -> dict[ir.Var, int]:
         dims: dict[ir.Var, tuple[int, str]] = {}
         device = None
+        tensors = []
         for p, a in pairs:
             if isinstance(p, ir.Var):
                 check_scalar(p, a)
@@ -48,12 +59,31 @@ class ArgumentChecker:
             elif a.device != device:
                 raise ValueError(f"parameter '{p.name}' is on {a.device} but earlier tensors are "
                                  f"on {device}")
+            tensors.append((p, a))
+        self._overlaps(tensors)
         return {v: size for v, (size, _) in dims.items()}
+
+    def _overlaps(self, tensors: list) -> None:
+        """A written tensor must not share memory with any other tensor argument."""
+        spans = [(b, span(a)) for b, a in tensors if a.numel() > 0]
+        for i, (b, (lo, hi)) in enumerate(spans):
+            for c, (lo2, hi2) in spans[:i]:
+                if (b in self.written or c in self.written) and lo < hi2 and lo2 < hi:
+                    written = [x.name for x in (c, b) if x in self.written]
+                    what = "both" if len(written) == 2 else f"'{written[0]}'"
+                    raise ValueError(f"parameters '{c.name}' and '{b.name}' overlap in memory, and "
+                                     f"the kernel writes {what}; pass separate tensors (an output "
+                                     f"must not alias an input or another output)")
 
     def _tensor(self, b: ir.Buffer, a, dims: dict) -> None:
         import torch
         if not isinstance(a, torch.Tensor):
             raise TypeError(f"parameter '{b.name}' must be a torch.Tensor, got {type(a).__name__}")
+        if a.device.type not in DEVICE_TYPES:
+            held = ("which holds no data" if a.device.type == "meta"
+                    else "which tilews does not run on")
+            raise ValueError(f"parameter '{b.name}' is on device {a.device}, {held}; pass a "
+                             f"{' or '.join(t.upper() for t in DEVICE_TYPES)} tensor")
         want = b.dtype.torch_dtype
         if a.dtype != want:
             raise TypeError(f"parameter '{b.name}' has dtype {a.dtype}, expected {want}")
@@ -107,6 +137,51 @@ def check_scalar(p: ir.Var, a) -> None:
         ok, what = isinstance(a, int) and not isinstance(a, bool), "an int"
     if not ok:
         raise TypeError(f"parameter '{p.name}' must be {what}, got {type(a).__name__}")
+    if p.dtype.is_int:
+        lo, hi = int_range(p.dtype)
+        if not lo <= a <= hi:
+            raise ValueError(f"parameter '{p.name}' is {a}, outside the range of {p.dtype!r} "
+                             f"[{lo}, {hi}]")
+    elif p.dtype.is_float:
+        big, limit = float_limit(p.dtype)
+        try:
+            value = float(a)
+        except OverflowError:                 # an int beyond every float
+            value = math.inf
+        if math.isinf(value) and isinstance(a, float):
+            return                            # an explicit inf is the caller's choice
+        if abs(value) >= limit:
+            raise ValueError(f"parameter '{p.name}' is {a!r}, outside the finite range of "
+                             f"{p.dtype!r} (magnitude at most {big!r}); it would overflow")
+
+
+def span(t) -> tuple[int, int]:
+    """The addresses a non-empty tensor's elements lie in: (first byte, one past the last byte).
+    The checker compares spans only of tensors on one device."""
+    lo = hi = t.data_ptr()
+    for size, stride in zip(t.shape, t.stride()):
+        reach = (size - 1) * stride * t.element_size()
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return lo, hi + t.element_size()
+
+
+def int_range(dt: ir.DType) -> tuple[int, int]:
+    """The values an integer dtype holds."""
+    bits = dt.bits
+    return (0, 2 ** bits - 1) if dt.record.kind == "uint" else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+
+
+def float_limit(dt: ir.DType) -> tuple[float, float]:
+    """(the largest finite value of a float dtype, the magnitude from which a value rounds past
+    it): the largest value plus half its ulp (round to nearest even takes that tie up where the
+    largest value has an odd significand, as in the IEEE formats; it is treated as overflow for
+    every dtype)."""
+    import torch
+    info = torch.finfo(dt.torch_dtype)
+    if dt is ir.DType.F64:
+        return info.max, math.inf
+    _, exp = math.frexp(info.max)
+    return info.max, info.max + math.ldexp(info.eps, exp - 2)
 
 
 def shape_text(b: ir.Buffer) -> str:

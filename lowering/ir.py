@@ -4,8 +4,9 @@ Every pass reads and writes it, the interpreter executes it and every backend em
 Nodes are frozen dataclasses; each carries the ``Loc`` of the user's source it came from
 (``loc`` takes no part in equality, so structural comparison ignores it). Nothing here is named
 after a backend: per-statement decisions are neutral fields that ``legalize`` fills
-(``Copy.mechanism``, ``Gemm.instr``, ``Role.num_warps``), whole-kernel decisions are typed plans
-(``lowering/plans.py``) on ``Kernel.plans``. Element types are ``dtypes.DType``.
+(``Copy.mechanism``, ``Gemm.instr``, ``Role.num_warps``, the ``mask_low`` of global accesses),
+whole-kernel decisions are typed plans (``lowering/plans.py``) on ``Kernel.plans``. Element types
+are ``dtypes.DType``.
 """
 from __future__ import annotations
 
@@ -173,10 +174,13 @@ class Select(Expr):
 
 @dataclass(frozen=True)
 class Load(Expr):
-    """One element of a buffer (per element inside ``Parallel``)."""
+    """One element of a buffer (per element inside ``Parallel``). ``mask_low`` (global buffers,
+    decided by ``legalize``; ``()`` before): per dim, whether the index may be negative, so the
+    access must check ``index >= 0``."""
     buffer: "Buffer"
     indices: tuple[Expr, ...]
     loc: Loc = _loc()
+    mask_low: tuple[bool, ...] = ()
 
     @property
     def dtype(self) -> DType:
@@ -213,11 +217,14 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Region:
-    """The box ``buffer[starts[i] : starts[i] + extents[i]]``; extents are static."""
+    """The box ``buffer[starts[i] : starts[i] + extents[i]]``; extents are static. ``mask_low``
+    (global buffers, decided by ``legalize``; ``()`` before): per dim, whether the start may be
+    negative, so an access that masks (``CopyMechanism.MASKED``, atomics) must check ``>= 0``."""
     buffer: Buffer
     starts: tuple[Expr, ...]
     extents: tuple[int, ...]
     loc: Loc = _loc()
+    mask_low: tuple[bool, ...] = ()
 
     @property
     def tile_shape(self) -> tuple[int, ...]:
@@ -343,11 +350,13 @@ class Reduce(Stmt):
 
 @dataclass(frozen=True)
 class Store(Stmt):
-    """``buffer[indices] = value``; per element inside ``Parallel``, once otherwise."""
+    """``buffer[indices] = value``; per element inside ``Parallel``, once otherwise. ``mask_low``
+    as in ``Load``."""
     buffer: Buffer
     indices: tuple[Expr, ...]
     value: Expr
     loc: Loc = _loc()
+    mask_low: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

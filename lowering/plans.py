@@ -62,6 +62,8 @@ class StreamPlan(Plan):
     num_warps: int
     constant_scalar_params: bool = False   # scalar parameters are compile-time constants
     loops_as_while: bool = False           # loops with runtime bounds are spelled as while loops
+    wide_offsets: tuple[str, ...] = ()     # global buffers whose element offsets are computed in
+                                           # 64 bits (they may hold 2**31 elements or more)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def expr(e: ir.Expr) -> str:
     if isinstance(e, ir.Select):
         return f"select({expr(e.cond)}, {expr(e.a)}, {expr(e.b)})"
     if isinstance(e, ir.Load):
-        return f"{e.buffer.name}[{', '.join(expr(i) for i in e.indices)}]"
+        return f"{e.buffer.name}[{', '.join(expr(i) for i in e.indices)}]{mask_low(e.mask_low)}"
     raise TypeError(f"printer: no rule for expression {type(e).__name__}")
 
 
@@ -44,7 +44,13 @@ def buffer_decl(b: ir.Buffer) -> str:
 
 def region(r: ir.Region) -> str:
     parts = [f"{expr(s)}:+{e}" for s, e in zip(r.starts, r.extents)]
-    return f"{r.buffer.name}[{', '.join(parts)}]"
+    return f"{r.buffer.name}[{', '.join(parts)}]{mask_low(r.mask_low)}"
+
+
+def mask_low(flags: tuple[bool, ...]) -> str:
+    """``{mask_low 0,2}``: the dims whose index an access checks for ``>= 0`` (none: empty)."""
+    dims = ",".join(str(d) for d, f in enumerate(flags) if f)
+    return f"{{mask_low {dims}}}" if dims else ""
 
 
 def barrier(b: ir.BarrierRef) -> str:
@@ -74,7 +80,8 @@ def _stmt_line(s: ir.Stmt) -> str:
         clear = "" if s.clear else " accumulate"
         return f"reduce_{s.kind.value} {s.src.name} -> {s.dst.name} dim={s.dim}{clear}"
     if isinstance(s, ir.Store):
-        return f"{s.buffer.name}[{', '.join(expr(i) for i in s.indices)}] = {expr(s.value)}"
+        return (f"{s.buffer.name}[{', '.join(expr(i) for i in s.indices)}]{mask_low(s.mask_low)} = "
+                f"{expr(s.value)}")
     if isinstance(s, ir.AtomicAdd):
         v = region(s.value) if isinstance(s.value, ir.Region) else expr(s.value)
         return f"atomic_add {region(s.dst)} += {v}"

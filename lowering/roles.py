@@ -65,6 +65,25 @@ def _inside_role(body: ir.Stmt, target: ir.Stmt) -> bool:
     return any(target in tuple(walk(r.body)) for r in walk(body) if isinstance(r, ir.Role))
 
 
+def streams(kernel: ir.Kernel):
+    """(block-wide allocations, [(role name, threads, body)]): what runs concurrently in a block.
+    A kernel with roles is split first, each role running with ``128 * len(warpgroups)``
+    threads; a kernel without roles is one stream of ``kernel.threads`` threads."""
+    if not any(isinstance(s, ir.WarpSpecialize) for s in walk(kernel.body)):
+        kernel = split(kernel)
+    stmts = kernel.body.stmts
+    ws = [s for s in stmts if isinstance(s, ir.WarpSpecialize)]
+    if not ws:
+        return (), [(f"the block ({kernel.threads} threads)", kernel.threads, kernel.body)]
+    others = [s for s in stmts if not isinstance(s, (ir.WarpSpecialize, ir.Alloc))]
+    if len(ws) > 1 or others:
+        raise ValueError(f"{kernel.loc}: a warp-specialized kernel body must be allocations "
+                         f"followed by one WarpSpecialize")
+    allocs = tuple(s for s in stmts if isinstance(s, ir.Alloc))
+    return allocs, [(describe(r.warpgroups), role_threads(r.warpgroups), r.body)
+                    for r in ws[0].roles]
+
+
 def role_threads(role: tuple[int, ...]) -> int:
     return 128 * len(role)
 

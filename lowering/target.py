@@ -15,6 +15,7 @@ class Target:
     triton_interpreter: bool = False  # "triton" executed by Triton's CPU interpreter
     power_of_two_tiles: bool = False  # tile extents must be powers of two (tl.arange)
     num_sms: int = 0                # multiprocessors, when known (persistent grids); 0: unknown
+    hangs_on_deadlock: bool = False  # a barrier deadlock hangs it: check_barriers refuses one
 
 
 INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)
@@ -22,4 +23,5 @@ TRITON_GPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
                     smem_bytes=227 * 1024, power_of_two_tiles=True)
 TRITON_CPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
                     smem_bytes=227 * 1024, triton_interpreter=True, power_of_two_tiles=True)
-HOPPER = Target("hopper", warp_specialization=True, tma=True, wgmma=True, smem_bytes=227 * 1024)
+HOPPER = Target("hopper", warp_specialization=True, tma=True, wgmma=True, smem_bytes=227 * 1024,
+                hangs_on_deadlock=True)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tilews.bench import cli, gemm
+from tilews.bench import cli, gemm, runner
 from tilews.bench.shapes import ShapeError, parse_shapes
 from tilews.bench.timing import MAX_SETS, sets_needed
-from tilews.bench.workload import Variant
+from tilews.bench.workload import Reference, Variant
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--targets", "interpret", "--shapes", "64x64x64,100x72x40", "--quick"]
@@ -74,6 +74,7 @@ def test_bad_shapes_are_clear_errors(text, says, capsys):
 @pytest.mark.parametrize("argv, says", [
     (["gemm", "--targets", "cuda"], "targets are a comma list of hopper, triton, interpret"),
     (["gemm", "--dtype", "fp32"], "invalid choice: 'fp32'"),
+    (["gemm", "--rounds", "0"], "--rounds: '0' is not a positive integer"),
     (["matmul"], "invalid choice: 'matmul'"),
     ([], "required: {gemm,fp8,attention,all}"),
 ])
@@ -87,6 +88,8 @@ def test_bad_options_exit_2(argv, says, capsys):
 def test_defaults_follow_the_machine():
     args = cli.build_parser().parse_args(["gemm"])
     assert (args.shapes, args.dtype, args.targets, args.quick) == (None, "bf16", None, False)
+    assert args.rounds is None   # then 5 rounds on a GPU, 2 without one
+    assert cli.ROUNDS == {True: 5, False: 2}
     cpu = cli.machines.detect()
     if not cpu.gpu:
         assert cli.default_targets(cpu) == ["interpret", "triton"]
@@ -122,28 +125,33 @@ def test_json_schema(tmp_path, capsys):
     code, out, _ = bench(capsys, "gemm", *SMALL, "--dtype", "fp16", "--json", str(path))
     assert code == 0 and f"wrote {path}" in out
     data = json.loads(path.read_text())
-    assert data["schema"] == 1 and data["command"] == "gemm" and data["dtype"] == "fp16"
+    assert data["schema"] == 2 and data["command"] == "gemm" and data["dtype"] == "fp16"
     assert set(data) >= {"created", "device", "versions", "targets", "timing", "unavailable",
                          "pending", "rows", "failures", "exit_code"}
     assert data["device"]["type"] in ("cpu", "cuda") and isinstance(data["device"]["name"], str)
     assert data["versions"]["torch"] == torch.__version__
     assert data["versions"]["tilews"] and data["versions"]["python"] and "triton" in data["versions"]
-    assert data["timing"]["tilews_runs"] == 2 and isinstance(data["timing"]["interpreter_timings"], bool)
+    assert data["timing"]["rounds"] == 2 and isinstance(data["timing"]["interpreter_timings"], bool)
+    assert "median over the rounds" in data["timing"]["ratio"]
     assert (data["failures"], data["exit_code"], data["targets"]) == (0, 0, ["interpret"])
     assert len(data["rows"]) == 4
     types = {"workload": str, "shape": list, "dtype": str, "impl": str, "kind": str, "target": str,
              "interpreted": bool, "tolerance": float, "status": str, "message": str,
              "rel_err": float, "build_s": float, "input_sets": int, "ms_runs": list, "ms": float,
-             "tflops": float, "ratios": dict}
+             "tflops": float, "ratios": dict, "ratio_rounds": dict, "ratio_range": dict}
     for row in data["rows"]:
         for key, t in types.items():
             assert isinstance(row[key], t), (key, row[key])
         assert row["status"] == "ok" and row["rel_err"] < 1e-2 and row["dtype"] == "fp16"
-        assert len(row["ms_runs"]) == (2 if row["kind"] == "tilews" else 1)
+        assert len(row["ms_runs"]) == 2   # one per round, references too
         assert row["ms"] > 0 and row["tflops"] > 0
     tilews = [r for r in data["rows"] if r["kind"] == "tilews"]
     assert [r["shape"] for r in tilews] == [[64, 64, 64], [100, 72, 40]]
     assert all(set(r["ratios"]) == {"torch.matmul"} and r["spread_pct"] >= 0 for r in tilews)
+    for r in tilews:
+        per_round, (low, high) = r["ratio_rounds"]["torch.matmul"], r["ratio_range"]["torch.matmul"]
+        assert len(per_round) == 2 and (low, high) == (min(per_round), max(per_round))
+        assert low <= r["ratios"]["torch.matmul"] <= high
 
 
 def test_csv_has_a_line_per_row(tmp_path, capsys):
@@ -154,6 +162,8 @@ def test_csv_has_a_line_per_row(tmp_path, capsys):
         ("64x64x64", "tilews 128x128x64 s3", "ok"), ("64x64x64", "torch.matmul", "ok"),
         ("100x72x40", "tilews 128x128x64 s3", "ok"), ("100x72x40", "torch.matmul", "ok")]
     assert float(rows[0]["vs torch.matmul"]) > 0 and rows[1]["vs torch.matmul"] == ""
+    low, mid, high = (float(rows[0][f"vs torch.matmul{end}"]) for end in (" min", "", " max"))
+    assert 0 < low <= mid <= high and rows[1]["vs torch.matmul min"] == rows[1]["vs torch.matmul max"] == ""
 
 
 def test_plot_is_a_png_written_by_matplotlib(tmp_path, capsys):
@@ -172,8 +182,90 @@ def test_without_rich_and_matplotlib(tmp_path, capsys, monkeypatch):
     code, out, err = bench(capsys, "gemm", *SMALL, "--plot", str(path))
     assert code == 0 and not path.exists()
     assert "plot skipped: matplotlib is not installed" in out
-    assert "[1/10] 64x64x64 tilews 128x128x64 s3 [interpret]: checked" in err
+    assert "[1/12] 64x64x64 tilews 128x128x64 s3 [interpret]: checked" in err
     assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+# ---- output paths are checked before anything runs -------------------------------------------------
+
+@pytest.mark.parametrize("option", ["--json", "--csv", "--plot"])
+@pytest.mark.parametrize("where, says", [
+    ("file/out.x", "is not a directory"),           # a path under a regular file: fails even as root
+    ("missing/out.x", "does not exist"),
+    (".", "is a directory, not a file"),
+])
+def test_unwritable_output_path_exits_2_before_anything_is_built_or_timed(option, where, says, tmp_path,
+                                                                         capsys, monkeypatch):
+    """A bad --json/--csv/--plot path used to surface only after every kernel had been compiled
+    and timed, losing the whole run."""
+    (tmp_path / "file").write_text("a regular file")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("built or timed before the output paths were checked")
+    for module, name in ((cli, "plan"), (cli, "run_shape"), (runner, "median_ms")):
+        monkeypatch.setattr(module, name, must_not_run)
+    path = tmp_path / where
+    with pytest.raises(SystemExit) as e:
+        cli.main(["gemm", *SMALL, option, str(path)])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert f"tilews-bench gemm: error: {option} {path}: " in err and says in err
+    assert out == "" and not (tmp_path / "missing").exists()
+
+
+def test_a_directory_without_write_permission_is_unwritable(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)   # as root, chmod would not stop us
+    assert cli.unwritable(str(tmp_path / "bench.json")) == "cannot write it: permission denied"
+    monkeypatch.undo()
+    assert cli.unwritable(str(tmp_path / "bench.json")) is None and cli.unwritable(None) is None
+
+
+# ---- ratios: the median over interleaved rounds ------------------------------------------------------
+
+def test_one_slow_reference_timing_does_not_move_the_ratio(tmp_path, capsys, monkeypatch):
+    """The defect: a ratio from one timing of each kernel. One slow cuBLAS timing (583 TFLOP/s
+    instead of its usual ~675) made a row say 1.23x. Each round now times every kernel once, in a
+    rotating order, and the ratio is the median of the same-round ratios: the slow round shows in
+    the min..max only. With a single round, the same timings give the 1.23x back."""
+    def candidate(a, b, c):
+        c.copy_(a @ b)
+
+    def cublas(a, b, c):
+        c.copy_(a @ b)
+    times = {candidate: [1.00, 1.01, 0.99, 1.00, 1.00],
+             cublas: [1.23, 1.00, 1.01, 1.00, 0.99]}      # slow in round 1 only
+    calls = []
+
+    def fake_median_ms(fn, sets, device, quick):   # deterministic: the next time of that kernel
+        calls.append(fn)
+        return times[fn][calls.count(fn) - 1]
+    monkeypatch.setattr(runner, "median_ms", fake_median_ms)
+    monkeypatch.setattr(gemm.WORKLOAD, "variants", [planted("candidate", candidate)])
+    monkeypatch.setattr(gemm.WORKLOAD, "references",
+                        [Reference("cublas", lambda case: cublas, runs_on=lambda m: "fake cuBLAS")])
+    path = tmp_path / "bench.json"
+
+    def ratio_row(rounds: int) -> tuple[dict, str]:
+        calls.clear()
+        code, out, _ = bench(capsys, "gemm", "--targets", "interpret", "--shapes", "64x64x64",
+                             "--rounds", str(rounds), "--json", str(path))
+        assert code == 0
+        data = json.loads(path.read_text())
+        assert data["timing"]["rounds"] == rounds
+        return next(r for r in data["rows"] if r["impl"] == "candidate"), out
+
+    row, out = ratio_row(5)
+    assert calls == [candidate, cublas, cublas, candidate] * 2 + [candidate, cublas]   # interleaved
+    assert row["ms_runs"] == times[candidate]
+    per_round = [r / c for r, c in zip(times[cublas], times[candidate])]
+    assert row["ratio_rounds"]["cublas"] == pytest.approx(per_round)
+    assert row["ratios"]["cublas"] == pytest.approx(1.0)
+    assert row["ratio_range"]["cublas"] == pytest.approx([0.99, 1.23])
+    assert "| 1.00x (0.99..1.23) |" in out and "median over the 5 interleaved rounds" in out
+
+    single, out = ratio_row(1)
+    assert single["ratios"]["cublas"] == pytest.approx(1.23)   # what one timing each would report
+    assert "| 1.23x (1.23..1.23) |" in out
 
 
 # ---- a wrong kernel fails the run ----------------------------------------------------------------

@@ -5,14 +5,17 @@ import os
 import pathlib
 import subprocess
 import sys
+import signal
 import textwrap
 import time
+import warnings
 
 import platformdirs
 import pytest
 
 import tilews.cache
-from tilews.cache import CacheCorruptionWarning, DiskCache, cache_disabled, cache_key, default_cache_dir
+from tilews.cache import (CacheCorruptionWarning, CacheLockTimeout, CacheWarning, DiskCache, cache_disabled,
+                          cache_key, default_cache_dir)
 
 
 @pytest.fixture(autouse=True)
@@ -161,6 +164,69 @@ def test_corrupt_entry_is_a_warned_miss_and_rebuilt(tmp_path, corrupt):
     assert build.calls == 1
 
 
+@pytest.mark.timeout(60)  # reading a FIFO entry used to block forever
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_entry_that_is_not_a_file_is_removed_and_rebuilt(tmp_path, kind):
+    cache, key, build = DiskCache(tmp_path), cache_key("not a file"), Builder(b"artifact")
+    path = entry_path(tmp_path, key)
+    path.parent.mkdir()
+    if kind == "directory":
+        path.mkdir()
+        (path / "inside").write_bytes(b"x")
+    else:
+        os.mkfifo(path)
+    with pytest.warns(CacheCorruptionWarning, match=str(path)):
+        assert cache.get_or_build(key, build) == (b"artifact", False)
+    assert path.is_file() and cache.get(key) == b"artifact"
+
+
+# ---- broken cache directories -----------------------------------------------------------------
+
+def _root_is_a_file(root, key, monkeypatch):
+    root.write_text("not a folder")
+
+
+def _shard_is_a_file(root, key, monkeypatch):
+    root.mkdir()
+    (root / key[:2]).write_text("not a folder")
+
+
+def _permission_denied(root, key, monkeypatch):
+    # As root, chmod blocks nothing: deny every open and mkdir under the cache root instead.
+    root.mkdir()
+    for name in ("open", "mkdir"):
+        def denied(path, *args, real=getattr(os, name), **kwargs):
+            if str(path).startswith(str(root)):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path, *args, **kwargs)
+        monkeypatch.setattr(os, name, denied)
+
+
+BROKEN_ROOTS = {"root_is_a_file": _root_is_a_file, "shard_is_a_file": _shard_is_a_file,
+                "permission_denied": _permission_denied}
+
+
+@pytest.mark.parametrize("breakage", BROKEN_ROOTS.values(), ids=BROKEN_ROOTS.keys())
+def test_unusable_cache_dir_warns_once_and_compiles_in_memory(tmp_path, monkeypatch, breakage):
+    root, key, build = tmp_path / "cache", cache_key("broken"), Builder(b"built")
+    breakage(root, key, monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache = DiskCache(root)
+        assert cache.get(key) is None
+        cache.put(key, b"skipped")
+        assert cache.get_or_build(key, build) == (b"built", False)
+        assert DiskCache(root).get_or_build(key, build) == (b"built", False)
+        source = cache.source_file("x = 1\n")
+    monkeypatch.undo()
+    assert build.calls == 2
+    assert source.read_text() == "x = 1\n"
+    assert (breakage is _shard_is_a_file) == (root in source.parents)  # else the private folder
+    warned = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(warned) == 1, warned
+    assert str(root) in warned[0] and "TILEWS_CACHE_DIR" in warned[0] and "TILEWS_DISABLE_CACHE=1" in warned[0]
+
+
 # ---- atomicity --------------------------------------------------------------------------------
 
 def test_put_leaves_only_the_entry_and_replaces(tmp_path):
@@ -181,7 +247,7 @@ def test_failed_put_keeps_old_entry_and_no_temp_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(tilews.cache.os, "fsync", failing_fsync)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.warns(CacheWarning, match="disk full"):  # never a raw OSError: warned, skipped
         cache.put(key, b"new")
     monkeypatch.undo()
     assert cache.get(key) == b"old"
@@ -217,6 +283,31 @@ def test_disable_env_is_honored(tmp_path, monkeypatch, value):
     assert all_files(tmp_path) == [str(entry_path(tmp_path, key).relative_to(tmp_path))]
     monkeypatch.delenv("TILEWS_DISABLE_CACHE")
     assert cache.get(key) == b"before"
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_disabled_cache_writes_nothing_under_its_root(tmp_path, monkeypatch, disabled):
+    import torch
+
+    import tilews
+    import tilews.language as T
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(root))
+    monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1" if disabled else "0")
+
+    def add_one(M, N):
+        @T.prim_func
+        def main(X: T.Tensor((M, N), T.float32), Y: T.Tensor((M, N), T.float32)):
+            with T.Kernel(T.ceildiv(M, 16), threads=128) as bx:
+                for i, j in T.Parallel(16, N):
+                    Y[bx * 16 + i, j] = X[bx * 16 + i, j] + 1
+        return main
+
+    kernel = tilews.jit(out_idx=[-1], target="triton")(add_one)(32, 8)
+    x = torch.randn(32, 8)
+    assert torch.equal(kernel(x), x + 1)
+    assert root.exists() != disabled  # enabled, the same compile does write there
 
 
 @pytest.mark.parametrize("value", ["", "0", "false", "no"])
@@ -267,3 +358,37 @@ def test_concurrent_processes_build_once(tmp_path):
     assert {payload for payload, _ in results} == {f"built by {builders[0]}".encode()}
     assert sorted(hit for _, hit in results) == [False, True, True, True]
     assert DiskCache(root).get(key) == f"built by {builders[0]}".encode()
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time, filelock
+    lock = filelock.FileLock(sys.argv[1])
+    lock.acquire()
+    print("held", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_lock_of_a_stopped_process_times_out_and_of_a_dead_one_does_not_block(tmp_path, monkeypatch):
+    monkeypatch.setattr(tilews.cache, "_LOCK_NOTICE_S", 0.2)
+    cache, key, build = DiskCache(tmp_path, lock_timeout=1.0), cache_key("locked"), Builder(b"artifact")
+    lock = tmp_path / key[:2] / f"{key}.lock"
+    lock.parent.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        holder.send_signal(signal.SIGSTOP)  # alive but stuck: it keeps the lock
+        t0 = time.monotonic()
+        with pytest.warns(CacheWarning, match=f"waiting for the lock {lock} held by another tilews process"), \
+                pytest.raises(CacheLockTimeout, match=f"after 1 s waiting for the lock {lock}") as info:
+            cache.get_or_build(key, build)
+        assert 1.0 <= time.monotonic() - t0 < 10
+        assert isinstance(info.value, TimeoutError) and "TILEWS_DISABLE_CACHE=1" in str(info.value)
+        assert build.calls == 0
+    finally:
+        holder.kill()  # also ends a stopped process; the OS then drops its lock
+        holder.wait()
+    assert lock.exists()  # the lock file stays behind, and does not block
+    t0 = time.monotonic()
+    assert cache.get_or_build(key, build) == (b"artifact", False)
+    assert time.monotonic() - t0 < 1.0

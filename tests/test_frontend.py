@@ -273,6 +273,30 @@ def test_role_beyond_threads():
     assert_error_at(f, f, "gives warp groups 0..1")
 
 
+@pytest.mark.parametrize("threads", [4096, 1056, 48, 0])
+def test_threads_beyond_a_block_or_not_whole_warps(threads):
+    # issue 9: threads=4096 (over a GPU block's 1024) compiled, and ran on the interpreter.
+    def f():
+        @T.prim_func
+        def main(A: T.Tensor((64,), T.float32)):
+            with T.Kernel(1, threads=threads) as bx:  # <- error
+                T.fill(A, 1)
+        return main
+    assert_error_at(f, f, f"T.Kernel(threads=...) must be a multiple of 32 (the warp size) from 32 "
+                          f"to 1024 (a GPU block's limit; every target checks it), got {threads}")
+
+
+def test_zero_size_dimension_names_the_value():
+    # issue 9: "dimension 0 of parameter 'A'" read as an index, not as the size 0.
+    def f():
+        @T.prim_func
+        def main(A: T.Tensor((64, 0), T.float32)):  # <- error
+            with T.Kernel(1) as bx:
+                T.fill(A, 1)
+        return main
+    assert_error_at(f, f, "parameter 'A' has size 0 in dimension 1; sizes must be positive")
+
+
 def test_fragment_shared_by_two_roles():
     def f():
         @T.prim_func

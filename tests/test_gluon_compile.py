@@ -251,7 +251,7 @@ def test_launch_without_gpu_is_a_clear_error():
     if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("this machine can launch")
     p = program("auto_1wg")
-    a, b, c = (torch.empty(512, 512, dtype=torch.float16) for _ in range(3))
+    a, b, c = (torch.empty(q.static_shape, dtype=q.dtype.torch_dtype) for q in p.kernel.params)
     with pytest.raises(TypeError, match=r"takes 3 argument\(s\)"):
         p.launch([a, b])
     with pytest.raises(ValueError, match="parameter 'A' must be a CUDA tensor, got device cpu"):

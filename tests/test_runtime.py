@@ -52,6 +52,106 @@ def test_written_parameter_must_not_alias():
         k(x, y, torch.zeros(1, 8).expand(32, 8))
 
 
+def split_factory(N):
+    @T.prim_func
+    def main(X: T.Tensor((N,), T.float32), Y: T.Tensor((N,), T.float32), Z: T.Tensor((N,), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            for i in T.Parallel(N):
+                Y[i] = X[i] + 1
+                Z[i] = X[i] * 2
+    return main
+
+
+def test_written_tensor_must_not_overlap_another_argument():
+    # issue 9: an output aliasing an input, or two outputs sharing memory, ran silently.
+    k = tilews.jit(target="interpret")(add_factory)(32, 8)
+    x, y, z = randn(32, 8, seed=1), randn(32, 8, seed=2), torch.empty(32, 8)
+    with pytest.raises(ValueError, match="parameters 'X' and 'Z' overlap in memory, and the kernel "
+                                         "writes 'Z'"):
+        k(x, y, x)
+    rows = randn(64, 8)
+    with pytest.raises(ValueError, match="parameters 'Y' and 'Z' overlap in memory"):
+        k(x, rows[:32], rows[16:48])                   # a view overlapping part of the output
+    k(x, x, z)                                         # reading one tensor twice is fine
+    assert rel_err(z, 2 * x.double()) < 1e-7
+    k(rows[:32], y, rows[32:])                         # adjacent halves of one storage
+    assert rel_err(rows[32:], rows[:32].double() + y.double()) < 1e-7
+    two = tilews.jit(target="interpret")(split_factory)(16)
+    buf = torch.empty(16)
+    with pytest.raises(ValueError, match="parameters 'Y' and 'Z' overlap in memory, and the kernel "
+                                         "writes both"):
+        two(randn(16), buf, buf)
+
+
+def test_tensor_without_data_or_on_an_unsupported_device_is_named():
+    # issue 9: a meta tensor crashed inside torch (or blamed the next parameter's device).
+    k = add(32, 8)
+    meta = torch.empty(32, 8, device="meta")
+    with pytest.raises(ValueError, match="parameter 'X' is on device meta, which holds no data; "
+                                         "pass a CPU or CUDA tensor"):
+        k(meta, randn(32, 8))
+    with pytest.raises(ValueError, match="parameter 'Y' is on device meta"):
+        k(randn(32, 8), meta)
+
+
+def scalar_factory(dtype):
+    @T.prim_func
+    def main(X: T.Tensor((8,), T.float32), s: dtype, Y: T.Tensor((8,), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            for i in T.Parallel(8):
+                Y[i] = X[i] + s
+    return main
+
+
+def test_runtime_scalar_must_fit_its_dtype():
+    # issue 9: an int32 scalar of 2**40 was wrapped by the interpreter and not by Triton.
+    scalar = tilews.jit(out_idx=[-1], target="interpret")(scalar_factory)
+    x = randn(8)
+    with pytest.raises(ValueError, match=r"parameter 's' is 1099511627776, outside the range of "
+                                         r"T.int32 \[-2147483648, 2147483647\]"):
+        scalar(T.int32)(x, 2 ** 40)
+    assert rel_err(scalar(T.int32)(x, -2 ** 31), x.double() - 2 ** 31) < 1e-7
+    with pytest.raises(ValueError, match=r"outside the range of T.int8 \[-128, 127\]"):
+        scalar(T.int8)(x, 128)
+    with pytest.raises(ValueError, match=r"outside the range of T.uint8 \[0, 255\]"):
+        scalar(T.uint8)(x, -1)
+    with pytest.raises(ValueError, match=r"parameter 's' is 1e\+39, outside the finite range of "
+                                         r"T.float32"):
+        scalar(T.float32)(x, 1e39)
+    with pytest.raises(ValueError, match="outside the finite range of T.float16"):
+        scalar(T.float16)(x, 65520.0)              # rounds to inf
+    scalar(T.float16)(x, 65519.0)                  # rounds to 65504, the largest half
+    scalar(T.float32)(x, float("-inf"))            # an explicit inf is the caller's choice
+    with pytest.raises(ValueError, match="outside the finite range of T.float64"):
+        scalar(T.float64)(x, 10 ** 400)
+
+
+def test_unknown_jit_option_lists_the_targets_options():
+    # issue 9: a misspelt option (num_wraps, sed) was ignored.
+    with pytest.raises(TypeError, match="tilews.jit\\(\\) got unknown option\\(s\\) num_wraps; "
+                                        "target 'interpret' takes accumulate_f64, seed"):
+        tilews.jit(target="interpret", num_wraps=4)
+    with pytest.raises(TypeError, match="unknown option\\(s\\) sed; target 'interpret' takes"):
+        tilews.jit(out_idx=[-1], target="interpret", sed=1)(add_factory)
+    with pytest.raises(TypeError, match="unknown option\\(s\\) seed; target 'triton' takes no options"):
+        tilews.jit(target="triton", seed=1)
+    assert tilews.jit(target="interpret", seed=3)(add_factory)(32, 8).target == "interpret"
+
+
+@tilews.jit(out_idx=[-1], target="interpret")
+def row_sums(A: T.Tensor[("M", "K"), T.float32], S: T.Tensor[("M",), T.float32]):
+    with T.Kernel(1) as bx:
+        for i in T.Parallel(M):
+            S[i] = A[i, 0]
+
+
+def test_zero_size_named_dimension_names_the_value():
+    # issue 9: K = 0 read "dimension 0 of parameter 'A' must be a positive int" (0 read as an index).
+    with pytest.raises(ValueError, match=r"parameter 'A' has size 0 in dimension 1 \(K = 0\); a named "
+                                         r"dimension must be positive"):
+        row_sums(torch.empty(4, 0))
+
+
 def test_out_idx_allocates_and_computes():
     k = add(40, 8)                   # 40 rows: the last block is partial
     x, y = randn(40, 8, seed=1), randn(40, 8, seed=2)
@@ -82,6 +182,37 @@ def test_bad_target_and_out_idx():
         tilews.jit(out_idx=[5], target="interpret")(add_factory)(32, 8)
     with pytest.raises(tilews.CompileError, match="Metal backend is not in this version"):
         tilews.jit(target="metal")(add_factory)(32, 8)
+
+
+def handoff_out_of_source_order():
+    """ws(1) waits for what ws(0) writes later in source order: correct concurrently, impossible
+    as one stream; and the Gluon emitter does not spell T.Parallel."""
+    @T.prim_func
+    def main(X: T.Tensor((16,), T.float32), Y: T.Tensor((16,), T.float32)):
+        with T.Kernel(1, threads=256) as bx:
+            X_s = T.alloc_shared((16,), T.float32)
+            ready = T.alloc_barrier(arrive_count=128)
+            with T.ws(1):
+                T.barrier_wait(ready, 0)
+                for i in T.Parallel(16):
+                    Y[i] = X_s[i] * 2.0
+            with T.ws(0):
+                for i in T.Parallel(16):
+                    X_s[i] = X[i]
+                T.barrier_arrive(ready)
+    return main
+
+
+def test_a_refusal_is_reported_before_the_fallbacks_complaint():
+    with pytest.raises(tilews.CompileError) as e:
+        tilews.jit(target="hopper")(handoff_out_of_source_order)()
+    message = str(e.value)
+    assert message.index("the gluon backend refused the program (the Gluon emitter does not spell "
+                         "parallel") < message.index("the tl backend cannot compile it either")
+    assert "test_runtime.py" in message.splitlines()[0]      # the user's line
+    x = randn(16)
+    y = tilews.jit(out_idx=[-1], target="interpret")(handoff_out_of_source_order)()(x)
+    assert torch.equal(y, x * 2)
 
 
 def test_hopper_falls_back_to_triton_language_with_the_reason():

@@ -161,6 +161,21 @@ def misc(G=4):
     return build_kernel(main)
 
 
+def tail(M, N, bm=16, bn=64):
+    """Y = the last bm x bn tile of a uint8 X, copied through shared memory, and Z = the tile above
+    it, read element by element: with 2**31 elements or more in X its offsets need 64 bits."""
+    @T.prim_func
+    def main(X: T.Tensor((M, N), T.uint8), Y: T.Tensor((bm, bn), T.uint8),
+             Z: T.Tensor((bm, bn), T.uint8)):
+        with T.Kernel(1, threads=128) as bx:
+            X_s = T.alloc_shared((bm, bn), T.uint8)
+            T.copy(X[M - bm, N - bn], X_s)
+            T.copy(X_s, Y)
+            for i, j in T.Parallel(bm, bn):
+                Z[i, j] = X[M - 2 * bm + i, N - bn + j]
+    return build_kernel(main)
+
+
 # ----------------------------------------------------------------------------------------------
 # numeric cases: each builds its kernel; with a device it also runs and checks it
 
@@ -277,6 +292,21 @@ def case_misc(device=None):
     return max(_close(y, xt, 1e-5, 1e-6), _close(s, acc.to(device), 0, 0), _close(h, h_ref, 1e-6, 0))
 
 
+def case_huge_uint8_tail(device=None):
+    M, N = 32832, 65536  # 2**31 + 2**22 bytes; the tiles start past 2**31
+    kernel = tail(M, N)
+    if device is None:
+        return kernel
+    import torch
+    x = torch.empty(M, N, dtype=torch.uint8, device=device)  # only the last rows are written
+    x[-32:] = torch.randint(0, 256, (32, N), generator=torch.Generator().manual_seed(13),
+                            dtype=torch.uint8).to(device)
+    y, z = (torch.zeros(16, 64, dtype=torch.uint8, device=device) for _ in range(2))
+    _run(kernel, [x, y, z], device)
+    assert torch.equal(y, x[-16:, -64:]) and torch.equal(z, x[-32:-16, -64:])
+    return 0.0
+
+
 CASES = {
     "gemm_f16_ragged": _gemm_case("float16", 100, 72, 88),
     "gemm_bf16_transpose_b": _gemm_case("bfloat16", 100, 72, 88, transpose_b=True),
@@ -286,6 +316,7 @@ CASES = {
     "axpy_dynamic": case_axpy_dynamic,
     "split_k_atomic": case_split_k_atomic,
     "misc_elementwise": case_misc,
+    "huge_uint8_tail": case_huge_uint8_tail,
 }
 
 
@@ -338,6 +369,17 @@ def test_emitted_interpreter_source():
     head = "def main(n: tl.constexpr, X, X_stride0, Y, Y_stride0, Z, Z_stride0, alpha: tl.constexpr):"
     assert head in src
     assert "def main_grid(n, alpha):" in src
+
+
+def test_64_bit_offsets_only_where_needed():
+    huge = emit(lower(tail(32832, 65536), TRITON_GPU))
+    assert "tl.cast(X_i0[:, None], tl.int64) * X_stride0 + tl.cast(X_i1[None, :], tl.int64) * X_stride1" in huge
+    assert "tl.cast((32800 + i), tl.int64) * X_stride0" in huge    # the element read
+    assert "Y_i0[:, None] * Y_stride0" in huge and "Z + i * Z_stride0" in huge   # small: 32 bits
+    for small in (tail(64, 64), gemm(100, 72, 88, T.float16)):
+        assert "int64" not in emit(lower(small, TRITON_GPU))
+    src = emit(lower(axpy(), TRITON_GPU))    # a runtime dim may be anything
+    assert "tl.cast(((bx * 128) + i), tl.int64) * X_stride0" in src
 
 
 def test_power_of_two_is_a_compile_error():

@@ -30,3 +30,15 @@ def make(name: str, services: Services) -> Backend:
 def chain(target: str, services: Services) -> tuple[Backend, ...]:
     """The backends serving ``target`` (a resolved target name), in the order they are tried."""
     return tuple(make(name, services) for name in CHAINS[target])
+
+
+def option_names(target: str) -> frozenset[str]:
+    """The ``tilews.jit`` options the backends serving ``target`` (a resolved target name) take:
+    the union of their ``Backend.options``."""
+    names: set[str] = set()
+    for name in CHAINS[target]:
+        module = importlib.import_module(BACKENDS[name])
+        names.update(*(cls.options for cls in vars(module).values()
+                       if isinstance(cls, type) and issubclass(cls, Backend)
+                       and cls.__module__ == module.__name__))
+    return frozenset(names)

@@ -8,19 +8,29 @@ Contract:
 * The root is ``$TILEWS_CACHE_DIR`` if set, else the platform's user cache dir (``~/.cache/tilews``),
   resolved each time the cache is used. An entry is ``<root>/<key[:2]>/<key>.bin``: one header line
   ``tilews-cache 1 <sha256 of payload> <length>`` and then the payload.
-* ``get`` never returns bytes that fail verification: such an entry is deleted, reported with a
-  ``CacheCorruptionWarning`` naming its path, and treated as a miss.
+* ``get`` never returns bytes that fail verification: such an entry (a bad header, length or
+  digest, or a ``.bin`` that is not a regular file: a folder, a FIFO) is removed, reported with a
+  ``CacheCorruptionWarning`` naming its path, and treated as a miss. Reading never blocks.
 * ``put`` is atomic (temp file in the entry's folder, fsync, ``os.replace``): a reader sees the old
   entry or the new one, never a partial one, and a failed put leaves no temp file behind.
+* No ``OSError`` but ``CacheLockTimeout`` ever comes out of the cache. A cache directory that
+  cannot be used (not writable, a file, a shard folder that is a file, a full disk, ...) is one
+  ``CacheWarning`` per process and root, naming the path and the way out (``TILEWS_CACHE_DIR``,
+  ``TILEWS_DISABLE_CACHE=1``); the compile goes on in memory: ``get`` misses, ``put`` is skipped,
+  ``get_or_build`` builds, and ``source_file`` uses the private folder below.
 * ``get_or_build`` builds at most once across concurrent processes sharing a root (a
-  ``filelock.FileLock`` per key; the entry is re-checked under the lock).
+  ``filelock.FileLock`` per key: an OS lock, which a dead holder does not keep; the entry is
+  re-checked under the lock). Waiting on a lock another process holds is a ``CacheWarning`` after
+  ``_LOCK_NOTICE_S`` seconds and a ``CacheLockTimeout`` (a ``TimeoutError`` naming the lock file)
+  after ``lock_timeout`` seconds (120 by default).
 * ``TILEWS_DISABLE_CACHE`` on (the truth rule of ``lowering.settings``): ``get`` misses, ``put``
-  does nothing and ``get_or_build`` always builds. Both variables are read through
-  ``Settings.from_env`` when a ``DiskCache`` without an explicit root / switch is used.
+  does nothing, ``get_or_build`` always builds, and nothing at all (entries, locks, sources) is
+  written under the root. Both variables are read through ``Settings.from_env`` when a
+  ``DiskCache`` without an explicit root / switch is used.
 * As the backends' ``ArtifactStore``: ``fetch(parts, build)`` is ``get_or_build`` under
   ``cache_key(*parts)``; ``source_file(text)`` is a file holding ``text`` (content-addressed, written
-  atomically) under ``<root>/src`` — or, with the cache disabled, under a private temporary folder of
-  this process, so nothing is written to the cache directory.
+  atomically) under ``<root>/src`` — or, with the cache disabled or unusable, under a private
+  temporary folder of this process.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import tempfile
 import warnings
 from typing import Callable
@@ -41,15 +52,28 @@ import filelock
 
 from tilews.lowering.settings import Settings
 
-__all__ = ["CacheCorruptionWarning", "DiskCache", "cache_disabled", "cache_key", "default_cache_dir"]
+__all__ = ["CacheCorruptionWarning", "CacheLockTimeout", "CacheWarning", "DiskCache", "cache_disabled",
+           "cache_key", "default_cache_dir"]
 
 _MAGIC = b"tilews-cache 1"
 _HEADER = re.compile(rb"tilews-cache 1 ([0-9a-f]{64}) ([0-9]+)")
 _KEY = re.compile(r"[0-9a-f]{64}")
+_LOCK_NOTICE_S = 3.0          # waiting longer than this on a build lock is reported
+_WAY_OUT = "set TILEWS_CACHE_DIR to a writable folder, or TILEWS_DISABLE_CACHE=1"
+_warned_roots: set[pathlib.Path] = set()
 
 
-class CacheCorruptionWarning(UserWarning):
+class CacheWarning(UserWarning):
+    """A problem with the on-disk cache (unusable, a corrupted entry, a long wait on a lock);
+    tilews goes on without the cache where it can."""
+
+
+class CacheCorruptionWarning(CacheWarning):
     """A cache entry failed verification; it was deleted and treated as a miss."""
+
+
+class CacheLockTimeout(TimeoutError):
+    """Another process held an entry's build lock for longer than ``DiskCache.lock_timeout``."""
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -98,9 +122,11 @@ def cache_key(*parts: object) -> str:
 
 
 class DiskCache:
-    def __init__(self, root: os.PathLike | str | None = None, disabled: bool | None = None) -> None:
+    def __init__(self, root: os.PathLike | str | None = None, disabled: bool | None = None, *,
+                 lock_timeout: float = 120.0) -> None:
         self._root = None if root is None else pathlib.Path(root)
         self._disabled = disabled
+        self.lock_timeout = lock_timeout
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "DiskCache":
@@ -125,15 +151,19 @@ class DiskCache:
         if self.disabled:
             return None
         try:
-            data = path.read_bytes()
+            data = _read_regular(path)
         except FileNotFoundError:
             return None
-        header, _, payload = data.partition(b"\n")
+        except OSError as error:
+            return self._unusable(error)
+        header, _, payload = (data or b"").partition(b"\n")  # not a regular file: no header
         match = _HEADER.fullmatch(header)
         if (match is None or int(match[2]) != len(payload)
                 or hashlib.sha256(payload).hexdigest().encode() != match[1]):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            try:
+                _remove(path)
+            except OSError as error:
+                return self._unusable(error)
             warnings.warn(f"tilews cache: deleted corrupted entry {path}", CacheCorruptionWarning,
                           stacklevel=2)
             return None
@@ -145,9 +175,11 @@ class DiskCache:
             raise TypeError(f"cache payload must be bytes, got {type(payload).__qualname__}")
         if self.disabled:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
         header = b"%s %s %d\n" % (_MAGIC, hashlib.sha256(payload).hexdigest().encode(), len(payload))
-        _write_atomically(path, header + payload)
+        try:
+            _store(path, header + payload)
+        except OSError as error:
+            self._unusable(error)
 
     def get_or_build(self, key: str, build: Callable[[], bytes]) -> tuple[bytes, bool]:
         lock_path = self._path(key, ".lock")
@@ -156,28 +188,89 @@ class DiskCache:
         payload = self.get(key)
         if payload is not None:
             return payload, True
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(lock_path):
+        lock = self._lock(lock_path)
+        try:
             payload = self.get(key)
             if payload is not None:
                 return payload, True
             payload = build()
             self.put(key, payload)
-        return payload, False
+            return payload, False
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _lock(self, path: pathlib.Path) -> filelock.FileLock | None:
+        """The build lock at ``path``, held; None where the cache directory cannot hold one."""
+        lock, notice = filelock.FileLock(path), min(_LOCK_NOTICE_S, self.lock_timeout)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                lock.acquire(timeout=notice)
+            except filelock.Timeout:
+                warnings.warn(f"tilews cache: waiting for the lock {path} held by another tilews process",
+                              CacheWarning, stacklevel=4)
+                lock.acquire(timeout=self.lock_timeout - notice)
+        except filelock.Timeout:  # before OSError: a TimeoutError is one
+            raise CacheLockTimeout(
+                f"tilews cache: gave up after {self.lock_timeout:g} s waiting for the lock {path}, held "
+                f"by another tilews process (a stopped or hung one). End that process (`fuser {path}` "
+                f"names it; if none does, delete the file), or {_WAY_OUT}") from None
+        except OSError as error:
+            return self._unusable(error)
+        return lock
+
+    def _unusable(self, error: OSError) -> None:
+        """Report (once per process and root) that the cache directory failed with ``error``."""
+        if self.root not in _warned_roots:
+            _warned_roots.add(self.root)
+            warnings.warn(f"tilews cache: cannot use the cache directory {self.root} ({error}); "
+                          f"compiling in memory. To silence this, {_WAY_OUT}", CacheWarning, stacklevel=3)
 
     # -- the backends' ArtifactStore -------------------------------------------------------------
     def fetch(self, parts: tuple, build: Callable[[], bytes]) -> tuple[bytes, bool]:
         return self.get_or_build(cache_key(*parts), build)
 
     def source_file(self, text: str, suffix: str = ".py") -> pathlib.Path:
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        folder = _private_dir() if self.disabled else self.root / "src"
-        path = folder / f"{digest}{suffix}"
-        if path.exists() and path.read_text() == text:
+        data = text.encode()
+        name = f"{hashlib.sha256(data).hexdigest()}{suffix}"
+        if not self.disabled:
+            try:
+                return _store(self.root / "src" / name, data, reuse=True)
+            except OSError as error:
+                self._unusable(error)
+        return _store(_private_dir() / name, data, reuse=True)
+
+
+def _read_regular(path: pathlib.Path) -> bytes | None:
+    """The bytes of the file at ``path``; None if it is not a regular file (opening a FIFO this way
+    does not block)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _remove(path: pathlib.Path) -> None:
+    """Remove the file, link or folder at ``path``."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _store(path: pathlib.Path, data: bytes, reuse: bool = False) -> pathlib.Path:
+    """``path`` holding ``data``, written atomically (``reuse``: unless it already holds them)."""
+    with contextlib.suppress(FileNotFoundError):
+        if reuse and _read_regular(path) == data:
             return path
-        folder.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, text.encode())
-        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, data)
+    return path
 
 
 def _write_atomically(path: pathlib.Path, data: bytes) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 from tilews import backends, cache, targets
 from tilews.lowering import ir, printer
 from tilews.lowering.backend import Backend, Services
-from tilews.lowering.errors import InternalError
+from tilews.lowering.errors import CompileError, InternalError
 from tilews.lowering.frontend import KernelSource, build_kernel
 from tilews.lowering.plans import SharedMemoryPlan
 from tilews.lowering.settings import Settings
@@ -97,15 +97,23 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
     store = cache.DiskCache.from_settings(settings)
     services = Services(store, settings, targets.machine())
     chain = backends.chain(target, services)
+    refusals: list[str] = []
     for n, backend in enumerate(chain):
-        payload, hit = store.fetch(_key_parts(before, backend),
-                                   lambda: pickle.dumps(_lower(backend, before)))
+        try:
+            payload, hit = store.fetch(_key_parts(before, backend),
+                                       lambda: pickle.dumps(_lower(backend, before)))
+        except CompileError as e:
+            if not refusals:
+                raise
+            # the reason the preferred backend gave comes first, then this backend's complaint
+            raise CompileError(f"target '{target}': {'; '.join(refusals)}; and the {backend.name} "
+                               f"backend cannot compile it either: {e.message}", e.loc, e.notes) from None
         lowered: Lowered = pickle.loads(payload)
         if lowered.refusal is None:
             break
+        refusals.append(f"the {backend.name} backend refused the program ({lowered.refusal})")
         nxt = chain[n + 1].name if n + 1 < len(chain) else None
-        notes += lowered.ir_after.notes + (f"{target}: the {backend.name} backend refused the "
-                                           f"program ({lowered.refusal}); using {nxt}",)
+        notes += lowered.ir_after.notes + (f"{target}: {refusals[-1]}; using {nxt}",)
     else:
         raise InternalError(f"target '{target}': every backend refused the program "
                             f"({lowered.refusal})", before.loc)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 from tilews.lowering import ir
 from tilews.lowering.frontend import KernelSource, kernel_source, semantic
 
+from . import backends, targets
 from .compiler import compile_kernel
 from .kernel import Kernel
 from .targets import TARGET_NAMES
@@ -28,6 +29,8 @@ def jit(fn: Optional[Callable] = None, *, out_idx: Optional[Sequence[int] | int]
     (interpreter: ``seed``, ``accumulate_f64``)."""
     if target not in TARGET_NAMES:
         raise ValueError(f"tilews.jit(target=...) must be one of {', '.join(TARGET_NAMES)}; got {target!r}")
+    if options:
+        _check_options(target, options)
     outs = [out_idx] if isinstance(out_idx, int) else list(out_idx or ())
 
     def wrap(f):
@@ -37,6 +40,19 @@ def jit(fn: Optional[Callable] = None, *, out_idx: Optional[Sequence[int] | int]
             return DirectKernel(f, outs, target, options)
         return KernelFactory(f, outs, target, options)
     return wrap if fn is None else wrap(fn)
+
+
+def _check_options(target: str, options: dict) -> None:
+    """Backend options the target's backends do not take are a ``TypeError`` listing those they
+    do."""
+    resolved, _ = targets.resolve(target)
+    valid = backends.option_names(resolved)
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        which = f"target '{target}'" + (f" (here '{resolved}')" if resolved != target else "")
+        takes = f"takes {', '.join(sorted(valid))}" if valid else "takes no options"
+        raise TypeError(f"tilews.jit() got unknown option(s) {', '.join(unknown)}; {which} "
+                        f"{takes}")
 
 
 def _annotations(f: Callable) -> dict[str, Any]:
@@ -161,6 +177,10 @@ class DirectKernel:
                 if size is None:
                     raise ValueError(f"parameter '{name}' has {tensor.dim()} dimensions, expected "
                                      f"{len(ann.shape)}")
+                if size == 0:
+                    raise ValueError(f"parameter '{name}' has size 0 in dimension {d_i} ({d} = 0); "
+                                     f"a named dimension must be positive (declare it "
+                                     f"T.dynamic({d!r}) to accept empty tensors)")
                 if names.setdefault(d, size) != size:
                     raise ValueError(f"dimension {d_i} of '{name}' is {size}, but '{d}' is "
                                      f"{names[d]} from an earlier argument")

@@ -59,7 +59,7 @@ class TensorSpec:
 def tensor_param(name: str, spec: TensorSpec) -> BufferRef:
     b = builder()
     dims = []
-    for d in spec.shape:
+    for i, d in enumerate(spec.shape):
         if isinstance(d, str):
             raise err(f"dimension '{d}' of parameter '{name}' is a name; names are bound from the "
                       f"arguments in direct style (@tilews.jit on the kernel function itself)")
@@ -69,9 +69,12 @@ def tensor_param(name: str, spec: TensorSpec) -> BufferRef:
             dims.append(d.expr)
         elif isinstance(d, int) and not isinstance(d, bool) and d > 0:
             dims.append(ir.Const(d, ir.DType.I32, current_loc()))
+        elif isinstance(d, int) and not isinstance(d, bool):
+            raise err(f"parameter '{name}' has size {d} in dimension {i}; sizes must be positive "
+                      f"(a T.dynamic(name) dimension may be 0 at a call)")
         else:
-            raise err(f"dimension {d!r} of parameter '{name}' must be a positive int or "
-                      f"T.dynamic(name)")
+            raise err(f"parameter '{name}' has size {d!r} in dimension {i}; a size must be a "
+                      f"positive int or T.dynamic(name)")
     buf = ir.Buffer(b.unique(name), tuple(dims), spec.dtype, ir.Scope.GLOBAL, (), current_loc())
     b.params.append(buf)
     return BufferRef(buf)
@@ -102,6 +105,9 @@ class Frame:
         raise NotImplementedError
 
 
+MAX_THREADS = 1024   # threads of one CUDA block
+
+
 def _block(body: list[ir.Stmt]) -> ir.Seq:
     return ir.Seq(tuple(body), current_loc())
 
@@ -110,8 +116,10 @@ class KernelFrame(Frame):
     def __init__(self, grid: Sequence, threads: int):
         if not grid or len(grid) > 3:
             raise err(f"T.Kernel takes 1 to 3 grid extents, got {len(grid)}")
-        if not isinstance(threads, int) or threads <= 0 or threads % 32:
-            raise err(f"T.Kernel(threads=...) must be a positive multiple of 32, got {threads!r}")
+        if (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0
+                or threads % 32 or threads > MAX_THREADS):
+            raise err(f"T.Kernel(threads=...) must be a multiple of 32 (the warp size) from 32 to "
+                      f"{MAX_THREADS} (a GPU block's limit; every target checks it), got {threads!r}")
         for g in grid:
             if isinstance(g, int) and g <= 0:
                 raise err(f"grid extents must be positive, got {g}")

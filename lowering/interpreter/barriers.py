@@ -18,6 +18,7 @@ from typing import Optional
 
 from .. import ir
 from ..errors import OutOfBoundsError
+from ..protocol import barrier_state
 from .messages import at
 
 Clock = dict
@@ -68,9 +69,7 @@ class MBarrier:
             self.pending += self.count
 
     def describe(self) -> str:
-        return (f"'{self.name}'[{self.index}] is in phase {self.phase} (parity {self.phase & 1}) "
-                f"with {self.pending} of {self.count} arrivals and {self.tx} transaction bytes "
-                f"outstanding")
+        return barrier_state(self.name, self.index, self.phase, self.pending, self.count, self.tx)
 
 
 class Barriers:

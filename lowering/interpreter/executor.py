@@ -25,6 +25,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .. import ir
+from ..protocol import wait_text
 from ..traverse import buffers_read, buffers_written, walk
 from .barriers import Barriers, MBarrier
 from .expressions import Evaluator, both
@@ -140,8 +141,7 @@ class RoleExecutor:
         bar = self._barrier(s.barrier, env, s.loc)
         parity = self.ev.index(s.parity, env) & 1
         yield Wait(lambda: bar.passes(parity),
-                   lambda: at(s.loc, f"waits for the phase of parity {parity} of barrier "
-                                     f"'{bar.name}'[{bar.index}]; {bar.describe()}"))
+                   lambda: wait_text(s.loc, parity, bar.name, bar.index, bar.describe()))
         self._resume()
         if self.actor is not None:
             self.b.races.acquire(self.actor, bar.released(parity))

@@ -3,7 +3,7 @@
 Contract: ``execute(kernel, args, ...)`` has ``run``'s meaning and returns the schedule trace
 (the name of every scheduling choice, in order: a role, or the landing of an asynchronous copy),
 so tests and tools can see which interleaving a seed produced.
-* A kernel whose body holds ``Role`` blocks is first split (``roles.split``) into block-wide
+* A kernel whose body holds ``Role`` blocks is first split (``roles.streams``) into block-wide
   allocations plus one ``WarpSpecialize``; each role then runs with ``128 * len(warpgroups)``
   threads. A kernel without roles is one role of ``kernel.threads`` threads.
 * Blocks run one after another (``kernel.block_vars[0]`` fastest), each with fresh on-chip memory,
@@ -17,8 +17,7 @@ import random
 import numpy as np
 
 from .. import ir
-from ..roles import describe, role_threads, split
-from ..traverse import walk
+from ..roles import streams
 from .barriers import Barriers
 from .binding import bind
 from .executor import Block, RoleExecutor
@@ -33,7 +32,7 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
             check: bool = True) -> list[str]:
     numerics = Numerics(accumulate_f64)
     arrays, env, finish = bind(kernel, args, numerics)
-    allocs, roles = _roles(kernel)
+    allocs, roles = streams(kernel)
     grid = [Evaluator(None, numerics).index(g, env) for g in kernel.grid]
     rng = random.Random(seed)
     trace: list[str] = []
@@ -62,20 +61,3 @@ def _run_block(block: Block, allocs: tuple[ir.Alloc, ...], roles, env: dict) -> 
     executors = [(name, RoleExecutor(block, name, threads).run(body, env))
                  for name, threads, body in roles]
     block.scheduler.run(executors)
-
-
-def _roles(kernel: ir.Kernel):
-    """(block-wide allocations, [(role name, threads, body)])."""
-    if not any(isinstance(s, ir.WarpSpecialize) for s in walk(kernel.body)):
-        kernel = split(kernel)
-    stmts = kernel.body.stmts
-    ws = [s for s in stmts if isinstance(s, ir.WarpSpecialize)]
-    if not ws:
-        return (), [(f"the block ({kernel.threads} threads)", kernel.threads, kernel.body)]
-    others = [s for s in stmts if not isinstance(s, (ir.WarpSpecialize, ir.Alloc))]
-    if len(ws) > 1 or others:
-        raise ValueError(f"{kernel.loc}: a warp-specialized kernel body must be allocations "
-                         f"followed by one WarpSpecialize")
-    allocs = tuple(s for s in stmts if isinstance(s, ir.Alloc))
-    return allocs, [(describe(r.warpgroups), role_threads(r.warpgroups), r.body)
-                    for r in ws[0].roles]

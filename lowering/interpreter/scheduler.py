@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Generator, Optional
 
 from ..errors import DeadlockError
+from ..protocol import deadlock_report
 
 SWITCH = object()
 
@@ -81,8 +82,5 @@ class Scheduler:
                 pick.waiting = point
 
     def _deadlock(self, tasks: list[_Role]) -> str:
-        lines = [f"deadlock in {self.where}: every unfinished role is blocked on a barrier and no "
-                 f"asynchronous copy is in flight"]
-        for t in tasks:
-            lines.append(f"  {t.name}: " + ("finished" if t.done else t.waiting.describe()))
-        return "\n".join(lines)
+        return deadlock_report(self.where, [(t.name, None if t.done else t.waiting.describe())
+                                            for t in tasks])

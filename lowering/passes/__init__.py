@@ -11,13 +11,15 @@ from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
-from . import (despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma, overlap_store,
-               persist, plan_buffers, plan_pipeline, swizzle_grid, warp_specialize)
+from . import (check_barriers, despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma,
+               overlap_store, persist, plan_buffers, plan_pipeline, swizzle_grid, warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
     # every later pass sees the program the backend will run.
     ("despecialize", despecialize.run),
+    # The roles as written, before passes rewrite them: a deadlock is refused at the user's lines.
+    ("check_barriers", check_barriers.run),
     # Before layouts and buffers: warp specialization decides which buffers become rings and
     # which roles exist, so later passes plan for the buffers and roles that really exist.
     # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop.

@@ -18,19 +18,19 @@ copy completes before the next statement in one stream, so its transaction bytes
 phase open. Loops are simulated iteration by iteration on the set of reachable barrier states; as
 the loop index enters barrier indices and parities only periodically (``k % S``, ``(k // S) & 1``),
 a repeated (states, iteration mod period) pair ends the simulation with the exact result for every
-trip count, including unknown ones.
+trip count, including unknown ones. The barrier arithmetic, barrier keys and loop periods are
+``lowering/protocol.py``'s, shared with check_barriers (the same protocol, roles concurrent).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
-from .. import ir, roles
+from .. import ir, protocol, roles
 from ..errors import CompileError, InternalError
 from ..simplify import evaluate
 from ..target import Target
-from ..traverse import rewrite, subexprs, walk
+from ..traverse import rewrite, walk
 
 # Iterations simulated before giving up on a loop whose barrier behaviour never repeats.
 MAX_ITERATIONS = 4096
@@ -75,91 +75,6 @@ def _strip(s: ir.Stmt) -> Optional[ir.Stmt]:
     return None
 
 
-def _syncs_in(s: ir.Stmt) -> bool:
-    return any(isinstance(t, (ir.BarrierArrive, ir.BarrierWait)) for t in walk(s))
-
-
-# ----------------------------------------------------------------------------------------------
-# how loop indices enter integer expressions (values: ``simplify.evaluate``)
-
-
-def _shift(e: ir.Expr, v: ir.Var) -> Optional[tuple[int, int]]:
-    """(P, d) with e(v + P) == e(v) + d for every v, or None if no such shift is evident."""
-    if v not in set(subexprs(e)):
-        return 1, 0
-    if e == v:
-        return 1, 1
-    if isinstance(e, ir.BinOp) and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.SUB):
-        a, b = _shift(e.a, v), _shift(e.b, v)
-        if a is None or b is None:
-            return None
-        p = math.lcm(a[0], b[0])
-        sign = 1 if e.op is ir.BinOpKind.ADD else -1
-        return p, a[1] * (p // a[0]) + sign * b[1] * (p // b[0])
-    if isinstance(e, ir.BinOp) and e.op is ir.BinOpKind.MUL and ir.as_int(e.a) is not None:
-        e = dataclasses.replace(e, a=e.b, b=e.a)
-    k = ir.as_int(e.b) if isinstance(e, ir.BinOp) else None
-    a = _shift(e.a, v) if isinstance(e, (ir.BinOp, ir.UnOp)) else None
-    if isinstance(e, ir.UnOp) and e.op is ir.UnOpKind.NEG and a is not None:
-        return a[0], -a[1]
-    if k is not None and a is not None:
-        p, d = a
-        if e.op is ir.BinOpKind.MUL:
-            return p, d * k
-        if e.op is ir.BinOpKind.FLOORDIV and k > 0:
-            m = k // math.gcd(d, k)
-            return p * m, d * m // k
-        modulus = k if e.op is ir.BinOpKind.MOD else k + 1 if (
-            e.op is ir.BinOpKind.AND and k >= 0 and k & (k + 1) == 0) else 0
-        if modulus > 0:
-            return p * (modulus // math.gcd(d, modulus)), 0
-    parts = [_shift(x, v) for x in _operands(e)]
-    if not parts or any(x is None or x[1] != 0 for x in parts):
-        return None
-    return math.lcm(*(x[0] for x in parts)), 0
-
-
-def _operands(e: ir.Expr) -> tuple:
-    if isinstance(e, (ir.BinOp, ir.Cmp)):
-        return e.a, e.b
-    if isinstance(e, (ir.UnOp,)):
-        return (e.a,)
-    if isinstance(e, ir.Cast):
-        return (e.value,)
-    if isinstance(e, ir.Select):
-        return e.cond, e.a, e.b
-    if isinstance(e, ir.Call):
-        return e.args
-    return ()
-
-
-def _sync_exprs(s: ir.Stmt):
-    """The expressions that decide what the barrier operations in ``s`` do."""
-    for t in walk(s):
-        if isinstance(t, (ir.BarrierArrive, ir.BarrierWait)):
-            yield t.barrier.index
-        if isinstance(t, ir.BarrierWait):
-            yield t.parity
-        if isinstance(t, ir.If) and _syncs_in(t):
-            yield t.cond
-        if isinstance(t, ir.For) and _syncs_in(t.body):
-            yield from (t.start, t.stop, t.step)
-
-
-def _period(loop: ir.For, step: Optional[int]) -> Optional[int]:
-    """Iterations after which the barrier behaviour of ``loop``'s body repeats, or None."""
-    period = 1
-    for e in _sync_exprs(loop.body):
-        sh = _shift(e, loop.var)
-        if sh is None or sh[1] != 0:
-            return None
-        if sh[0] > 1:
-            if step is None:
-                return None
-            period = math.lcm(period, sh[0] // math.gcd(sh[0], step))
-    return period
-
-
 # ----------------------------------------------------------------------------------------------
 # the simulation
 
@@ -168,14 +83,8 @@ class _Simulation:
     def __init__(self, kernel: ir.Kernel, target: Target):
         self.kernel = kernel
         self.target = target
-        self.arrivers: dict[str, list[str]] = {}
-        for r in walk(kernel.body):
-            if isinstance(r, ir.Role):
-                for t in walk(r.body):
-                    if isinstance(t, ir.BarrierArrive):
-                        names = self.arrivers.setdefault(t.barrier.buffer.name, [])
-                        if roles.describe(r.warpgroups) not in names:
-                            names.append(roles.describe(r.warpgroups))
+        self.arrivers = {name: [roles.describe(w) for w in ws]
+                         for name, ws in protocol.arriving_roles(kernel.body).items()}
 
     def stmt(self, s: ir.Stmt, states: frozenset, env: dict, role) -> frozenset:
         if isinstance(s, ir.Seq):
@@ -192,11 +101,11 @@ class _Simulation:
             key, _ = self._barrier(s.barrier, env, s.loc)
             parity = self._value(s.parity, env, s.loc, "the parity of this wait")
             for st in states:
-                if dict(st).get(key, (0, 0))[0] == parity & 1:
+                if not protocol.passes(dict(st).get(key, (0, 0))[0], parity):
                     raise self._blocked(s, key, parity & 1, env, role)
             return states
         if isinstance(s, ir.If):
-            if not _syncs_in(s):
+            if not protocol.syncs_in(s):
                 return states
             cond = evaluate(s.cond, env)
             if cond is None:
@@ -205,15 +114,12 @@ class _Simulation:
                                    s.loc)
             return self.stmt(s.then if cond else s.orelse, states, env, role)
         if isinstance(s, ir.For):
-            return self._loop(s, states, env, role) if _syncs_in(s.body) else states
+            return self._loop(s, states, env, role) if protocol.syncs_in(s.body) else states
         return states
 
     def _loop(self, s: ir.For, states: frozenset, env: dict, role) -> frozenset:
-        start, stop, step = (evaluate(x, env) for x in (s.start, s.stop, s.step))
-        trip = None
-        if None not in (start, stop, step):
-            trip = max(0, -(-(stop - start) // step))
-        period = _period(s, step)
+        start, step, trip = protocol.loop_range(s, env)
+        period = protocol.period(s, step)
         if period is None and trip is None:
             raise CompileError(self._prefix() + f"the barrier operations in this loop depend on "
                                f"'{s.var.name}' in a way that does not repeat, and the trip count is "
@@ -239,11 +145,7 @@ class _Simulation:
 
     def _barrier(self, ref: ir.BarrierRef, env: dict, loc: ir.Loc):
         i = self._value(ref.index, env, loc, f"the index of barrier '{ref.buffer.name}'")
-        counts = ref.buffer.arrive_counts
-        if not 0 <= i < len(counts):
-            raise CompileError(f"barrier index {i} is out of range for '{ref.buffer.name}' "
-                               f"({len(counts)} barriers)", loc)
-        return (ref.buffer.name, i), counts[i]
+        return protocol.barrier_at(ref, i, loc)
 
     def _value(self, e: ir.Expr, env: dict, loc: ir.Loc, what: str) -> int:
         v = evaluate(e, env)
@@ -275,8 +177,6 @@ class _Simulation:
 
 def _arrive(state: State, key, count: int, threads: int) -> State:
     d = dict(state)
-    parity, pending = d.get(key, (0, 0))
-    pending += threads
-    parity ^= (pending // count) & 1
-    d[key] = (parity, pending % count)
+    phase, pending = protocol.arrive(*d.get(key, (0, 0)), threads, count)
+    d[key] = (phase & 1, pending)
     return tuple(sorted(d.items()))

@@ -4,19 +4,24 @@ Requires:  despecialize has run (on targets without warp specialization, no role
 Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global region it touches
            is provably inside its buffer (static dims; interval analysis of the starts over block
            indices, loop ranges and parallel extents) or when no global buffer is involved, MASKED
-           otherwise. Every ``Gemm.instr`` is DOT, or DOT_F32_OPERANDS on
-           ``target.triton_interpreter`` for float operands narrower than 32 bits (its dot is wrong
-           on bf16; the upcast is exact). ``T.unroll`` loops whose bounds are not build-time
+           otherwise. Every global access (a ``Region``, ``Load`` or ``Store`` of a global buffer)
+           has ``mask_low``: per dim, True unless the same interval analysis proves its start or
+           index non-negative (then an emitter's mask need not check ``>= 0`` there; starts that
+           may be negative make the copy MASKED). Every ``Gemm.instr`` is DOT, or DOT_F32_OPERANDS
+           on ``target.triton_interpreter`` for float operands narrower than 32 bits (its dot is
+           wrong on bf16; the upcast is exact). ``T.unroll`` loops whose bounds are not build-time
            constants become serial loops (with a note). On ``target.power_of_two_tiles``, an
            on-chip buffer, parallel extent or tile region that is not a power of two is a
            ``CompileError`` at its line saying what to change. On targets without warp
            specialization (one stream of ``threads`` threads) a ``StreamPlan``: ``num_warps``
-           (threads // 32 rounded down to a power of two; a note if that changed it); on
+           (threads // 32 rounded down to a power of two; a note if that changed it),
+           ``wide_offsets`` (the global buffers that may hold 2**31 elements or more: a static
+           shape that large, or any runtime dim; their offsets need 64 bits), and on
            ``target.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
            compile-time constants, which costs nothing there) and ``loops_as_while`` (its ``for``
            cannot iterate to a bound held in a tensor).
 Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
-           targets get only the mechanisms, instructions and unroll rule above).
+           targets get only the mechanisms, ``mask_low``, instructions and unroll rule above).
 """
 from __future__ import annotations
 
@@ -28,15 +33,17 @@ from .. import ir
 from ..errors import CompileError
 from ..plans import StreamPlan
 from ..target import Target
-from ..traverse import walk
+from ..traverse import transform, walk
 
 Interval = Optional[tuple[int, int]]
+HUGE = 1 << 64   # an upper bound known only to be finite (above every index a kernel computes)
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if target.power_of_two_tiles:
         _check_power_of_two(kernel, target)
-    env = {v: _span(g) for v, g in zip(kernel.block_vars, kernel.grid)}
+    env = {d: (0, HUGE) for b in kernel.buffer_params for d in b.shape if isinstance(d, ir.Var)}
+    env.update({v: _span(g) for v, g in zip(kernel.block_vars, kernel.grid)})
     notes: list[str] = []
     body = _Decide(target, notes).seq(kernel.body, env)
     kernel = dataclasses.replace(kernel, body=body)
@@ -49,18 +56,29 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 
 def _span(extent: ir.Expr) -> Interval:
     n = ir.as_int(extent)
-    return None if n is None else (0, n - 1)
+    return (0, HUGE) if n is None else (0, n - 1)
 
 
 def _stream_plan(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     warps = kernel.threads // 32
     n = 1 << (warps.bit_length() - 1)
+    wide = tuple(b.name for b in kernel.buffer_params if _may_hold_2_31(b))
     kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=target.triton_interpreter,
-                                         loops_as_while=target.triton_interpreter))
+                                         loops_as_while=target.triton_interpreter, wide_offsets=wide))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")
     return kernel
+
+
+def _may_hold_2_31(b: ir.Buffer) -> bool:
+    """Whether ``b`` may have 2**31 elements or more (a runtime dim may be anything)."""
+    n = 1
+    for d in b.shape:
+        if ir.as_int(d) is None:
+            return True
+        n *= ir.as_int(d)
+    return n >= 1 << 31
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,6 +96,7 @@ class _Decide:
         return dataclasses.replace(s, stmts=tuple(self.stmt(t, env) for t in s.stmts))
 
     def stmt(self, s: ir.Stmt, env: dict) -> ir.Stmt:
+        s = _mask_low(s, env)
         if isinstance(s, ir.Copy):
             inside = all(self._in_bounds(r, env) for r in (s.src, s.dst))
             mech = ir.CopyMechanism.DIRECT if inside else ir.CopyMechanism.MASKED
@@ -109,8 +128,8 @@ class _Decide:
                               f"runs as a serial loop")
         start, stop, step = (_interval(x, env) for x in (s.start, s.stop, s.step))
         span = None
-        if start and stop and step and step[0] > 0:
-            span = (start[0], max(start[0], stop[1] - 1))
+        if start and step and step[0] > 0:
+            span = (start[0], max(start[0], stop[1] - 1) if stop else HUGE)
         inner = {**env, s.var: span}
         return dataclasses.replace(s, kind=kind, body=self.seq(s.body, inner))
 
@@ -122,6 +141,27 @@ class _Decide:
             if span is None or n is None or span[0] < 0 or span[1] + extent > n:
                 return False
         return True
+
+
+def _mask_low(s: ir.Stmt, env: dict) -> ir.Stmt:
+    """``s`` with ``mask_low`` decided on the global accesses it makes itself (the expressions and
+    regions of its own fields; nested bodies are decided with their own ``env``)."""
+    def decide(n):
+        if isinstance(n, (ir.Region, ir.Load, ir.Store)) and n.buffer.scope is ir.Scope.GLOBAL:
+            starts = n.starts if isinstance(n, ir.Region) else n.indices
+            spans = [_interval(i, env) for i in starts]
+            return dataclasses.replace(n, mask_low=tuple(x is None or x[0] < 0 for x in spans))
+        return None
+    changes = {}
+    for f in dataclasses.fields(s):
+        v = getattr(s, f.name)
+        if isinstance(v, ir.Stmt) or isinstance(v, tuple) and any(isinstance(x, ir.Stmt) for x in v):
+            continue
+        new = transform(v, decide)
+        if new is not v:
+            changes[f.name] = new
+    s = dataclasses.replace(s, **changes) if changes else s
+    return decide(s) or s
 
 
 def _interval(e: ir.Expr, env: dict) -> Interval:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .. import ir, roles
+from .. import ir, protocol, roles
 from ..errors import CompileError
 from ..plans import AsyncPlan, AsyncRefusal
 from ..target import Target
@@ -95,7 +95,7 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
     kernel = dataclasses.replace(kernel, body=ir.Seq(
         tuple(dataclasses.replace(ws, roles=new_roles) if s is ws else s for s in kernel.body.stmts),
         kernel.body.loc))
-    counts = _mbarrier_counts(kernel, new_roles)
+    counts = _mbarrier_counts(kernel)
     return kernel.with_plan(AsyncPlan(
         default_role=default.warpgroups,
         num_warps=next(r.num_warps for r in new_roles if r.warpgroups == default.warpgroups),
@@ -322,34 +322,9 @@ def _budget(role_list, default: ir.Role):
                  if r.warpgroups == default.warpgroups else r for r in out)
 
 
-def _mbarrier_counts(kernel: ir.Kernel, role_list) -> tuple:
-    arrivals: dict[str, set] = {}
-    for r in role_list:
-        for s in walk(r.body):
-            if isinstance(s, ir.BarrierArrive):
-                arrivals.setdefault(s.barrier.buffer.name, set()).add(r.warpgroups)
-    return tuple((s.buffer.name, _per_phase(s.buffer, arrivals.get(s.buffer.name, set())))
+def _mbarrier_counts(kernel: ir.Kernel) -> tuple:
+    arrivals = protocol.arriving_roles(kernel.body)
+    return tuple((s.buffer.name, protocol.phase_arrivals(s.buffer, arrivals.get(s.buffer.name, ())))
                  for s in walk(kernel.body)
                  if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER)
 
-
-def _per_phase(b: ir.Buffer, arriving: set) -> tuple[int, ...]:
-    """Gluon arrivals per phase of each barrier in ``b`` (the IR counts threads; a Gluon arrive is
-    one per partition): every arriving role once (the count is their threads together), or any
-    ``n`` of equally sized roles (the count is ``n`` times their size, e.g. ping-pong consumers
-    taking turns)."""
-    total = sum(128 * len(w) for w in arriving)
-    sizes = {128 * len(w) for w in arriving}
-    out = []
-    for count in b.arrive_counts:
-        if count == total:
-            out.append(len(arriving))
-        elif len(sizes) == 1 and count % min(sizes) == 0:
-            out.append(count // min(sizes))
-        else:
-            raise CompileError(
-                f"barrier '{b.name}' counts {count} arriving threads, but the roles arriving on it "
-                f"({', '.join(roles.describe(w) for w in sorted(arriving)) or 'none'}) cannot complete "
-                f"a phase with exactly that many; on Hopper each phase must be completed by whole roles",
-                b.loc)
-    return tuple(out)

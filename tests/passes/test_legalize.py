@@ -1,4 +1,5 @@
-"""legalize: copy mechanisms, matrix instructions, warps and tile-shape rules per target."""
+"""legalize: copy mechanisms, lower-bound masks, 64-bit offsets, matrix instructions, warps and
+tile-shape rules per target."""
 from pathlib import Path
 
 import pytest
@@ -8,8 +9,9 @@ from tilews import CompileError
 from tilews.lowering import ir, printer
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import legalize, lower
+from tilews.lowering.plans import StreamPlan
 from tilews.lowering.target import HOPPER, INTERPRET, TRITON_CPU, TRITON_GPU
-from tilews.lowering.traverse import walk
+from tilews.lowering.traverse import subexprs, walk
 
 THIS = Path(__file__)
 
@@ -113,3 +115,49 @@ def test_power_of_two_only_where_required():
 
 def test_unroll_with_runtime_bounds(expect):
     expect(printer.to_text(legalized(rows(T.dynamic("m"), 64), TRITON_CPU)))
+
+
+def halo(M, shift):
+    """B[rows] = A[rows - shift] (a halo copy through shared memory) and C[i] = A[i - 1] + A[i]
+    element by element: starts that may be negative."""
+    @T.prim_func
+    def main(A, B, C):
+        with T.Kernel(T.ceildiv(M, 16), threads=128) as bx:
+            A_s = T.alloc_shared((16, 32), T.float32)
+            T.copy(A[bx * 16 - shift, 0], A_s)
+            T.copy(A_s, B[bx * 16 - shift, 0])
+            for i, j in T.Parallel(16, 32):
+                C[bx * 16 + i, j] = A[bx * 16 + i - 1, j] + A[bx * 16 + i, (j + 31) % 32]
+    spec = T.Tensor((M, 32), T.float32)
+    return build_kernel(main, {"A": spec, "B": spec, "C": spec})
+
+
+def test_negative_starts_mask_the_lower_bound(expect):
+    expect(printer.to_text(legalized(halo(64, 4), TRITON_CPU)))
+
+
+def test_mask_low_on_every_target():
+    for target in (HOPPER, INTERPRET, TRITON_GPU):
+        k = legalized(halo(64, 0), target)
+        copies = [s for s in walk(k.body) if isinstance(s, ir.Copy)]
+        assert [c.mechanism for c in copies] == [ir.CopyMechanism.DIRECT] * 2
+        assert [r.mask_low for c in copies for r in (c.src, c.dst)] == [(False, False), (), (), (False, False)]
+        store = next(s for s in walk(k.body) if isinstance(s, ir.Store))
+        loads = [x for x in subexprs(store.value) if isinstance(x, ir.Load)]
+        assert store.mask_low == (False, False)
+        assert [x.mask_low for x in loads] == [(True, False), (False, False)]
+
+
+def test_wide_offsets_where_a_buffer_may_hold_2_31_elements():
+    def plan(*shape, dtype=T.uint8):
+        @T.prim_func
+        def main(X, Y: T.Tensor((16, 16), dtype)):
+            with T.Kernel(1, threads=128) as bx:
+                X_s = T.alloc_shared((16, 16), dtype)
+                T.copy(X[0, 0], X_s)
+                T.copy(X_s, Y)
+        return legalized(build_kernel(main, {"X": T.Tensor(shape, dtype)}), TRITON_GPU).plan(StreamPlan)
+    assert plan(32832, 65536).wide_offsets == ("X",)            # 2**31 + 2**22 elements
+    assert plan(32768, 65536).wide_offsets == ("X",)            # exactly 2**31
+    assert plan(32767, 65536).wide_offsets == ()                # one row less
+    assert plan(T.dynamic("m"), 16).wide_offsets == ("X",)      # a runtime dim may be anything

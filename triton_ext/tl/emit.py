@@ -165,7 +165,7 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
     b = s.buffer
     if b.scope is ir.Scope.GLOBAL:
         _require_covered(ctx, s, s.indices, [s.value])
-        ptr, mask = element_ptr(ctx, b, s.indices)
+        ptr, mask = element_ptr(ctx, b, s.indices, s.mask_low, s.loc)
         ctx.line(f"tl.store({ptr}, {value_as(ctx, s.value, b.dtype)}, mask={mask})")
         return
     if b in ctx.scalars and ctx.par is None:
@@ -211,7 +211,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
         to = "" if s.value.buffer.dtype == b.dtype else f".to({TL_DTYPE[b.dtype]})"
         ctx.line(f"tl.atomic_add({ptr}, {value}{to}, mask={mask})")
         return
-    ptr, mask = element_ptr(ctx, b, s.dst.starts)
+    ptr, mask = element_ptr(ctx, b, s.dst.starts, s.dst.mask_low, s.loc)
     if ctx.par is not None:
         ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.extents)})"
     ctx.line(f"tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}, mask={mask})")

@@ -4,7 +4,9 @@ Outside ``T.Parallel`` an expression is a scalar; inside, every parallel variabl
 ``tl.arange`` laid along its own axis, so an expression is a tensor that broadcasts over the loop
 nest. Element accesses:
 
-* a global element ``A[i, j]`` is a masked ``tl.load`` at ``A + i * A_stride0 + j * A_stride1``;
+* a global element ``A[i, j]`` is a masked ``tl.load`` at ``A + i * A_stride0 + j * A_stride1``
+  (``bounds``: ``i < dim`` always, ``i >= 0`` where legalize's ``mask_low`` says ``i`` may be
+  negative; offsets in 64 bits for the buffers in the ``StreamPlan``'s ``wide_offsets``);
 * an on-chip buffer indexed by the parallel variables (each over the buffer's whole extent, in any
   order, or a subset of them; ``0`` on unit dims) is the register tensor itself, permuted and
   broadcast into the loop's axes;
@@ -129,7 +131,7 @@ def _select(ctx: Ctx, e: ir.Select) -> str:
 def _load(ctx: Ctx, e: ir.Load) -> str:
     b = e.buffer
     if b.scope is ir.Scope.GLOBAL:
-        ptr, mask = element_ptr(ctx, b, e.indices)
+        ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc)
         return f"tl.load({ptr}, mask={mask}, other=0)"
     if b in ctx.scalars:
         return ctx.name(b.name)
@@ -155,14 +157,38 @@ _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
 # element access
 
 
-def element_ptr(ctx: Ctx, b: ir.Buffer, indices) -> tuple[str, str]:
+def element_ptr(ctx: Ctx, b: ir.Buffer, indices, mask_low: tuple[bool, ...],
+                loc: ir.Loc) -> tuple[str, str]:
     """Pointer and mask (in bounds, and the enclosing parallel `if`s) of global elements."""
     idx = [spell(ctx, i) for i in indices]
-    ptr = " + ".join([ctx.name(b.name)] + [f"{atom(i)} * {ctx.stride(b, d)}" for d, i in enumerate(idx)])
-    conds = [f"({i} < {spell(ctx, dim)})" for i, dim in zip(idx, b.shape)]
+    ptr = " + ".join([ctx.name(b.name)] + [offset(ctx, b, d, atom(i)) for d, i in enumerate(idx)])
+    conds = bounds(ctx, b, idx, mask_low, loc)
     if ctx.par is not None and ctx.par.mask():
         conds.append(ctx.par.mask())
     return ptr, " & ".join(conds)
+
+
+def offset(ctx: Ctx, b: ir.Buffer, d: int, index: str) -> str:
+    """``index * stride`` along dim ``d`` of global ``b`` (``index`` an operand of ``*``), in 64
+    bits for the buffers in the plan's ``wide_offsets``."""
+    if b.name in ctx.plan.wide_offsets:
+        index = f"tl.cast({index}, tl.int64)"
+    return f"{index} * {ctx.stride(b, d)}"
+
+
+def bounds(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: tuple[bool, ...],
+           loc: ir.Loc) -> list[str]:
+    """Conditions that ``indices`` (spelled) lie inside global ``b``: ``< dim`` on every dim,
+    ``>= 0`` on the dims ``mask_low`` (legalize's decision) marks."""
+    if len(mask_low) != len(indices):
+        raise InternalError(f"triton backend: an access to '{b.name}' has no mask_low decision "
+                            f"(legalize makes it)", loc)
+    conds = []
+    for i, dim, low in zip(indices, b.shape, mask_low):
+        if low:
+            conds.append(f"({i} >= 0)")
+        conds.append(f"({i} < {spell(ctx, dim)})")
+    return conds
 
 
 def _mentions_parallel(ctx: Ctx, indices) -> bool:

@@ -2,7 +2,9 @@
 
 A tile value has its region's ``tile_shape`` (unit dims dropped, ``(1,)`` when all are unit). A
 global region becomes ``base + sum(offsets_d * stride_d)`` with one ``tl.arange`` per non-unit dim
-(the last dim when all are unit), masked by ``offsets_d < dim_d`` when the copy's mechanism says so.
+(the last dim when all are unit), masked by ``offsets_d < dim_d`` (and ``offsets_d >= 0`` on the
+dims the region's ``mask_low`` marks) when the copy's mechanism says so; offsets are 64-bit for the
+buffers in the ``StreamPlan``'s ``wide_offsets``.
 Shared and fragment buffers are register tensors reassigned whole (so a loop carries them with one
 type); a local buffer of shape (1,) is a scalar. Only whole on-chip buffers take part in tile
 operations.
@@ -14,14 +16,14 @@ from typing import Optional
 from tilews.lowering import ir
 
 from .context import TL_DTYPE, Ctx, shape_text
-from .exprs import spell
+from .exprs import bounds, offset, spell
 
 
 def region_ptr(ctx: Ctx, r: ir.Region, masked: bool) -> tuple[str, Optional[str], tuple[int, ...]]:
     """Pointer tensor, mask (None when unmasked) and tile shape of a global region."""
     b = r.buffer
     axes = [d for d, e in enumerate(r.extents) if e != 1] or [len(r.extents) - 1]
-    terms, conds = [ctx.name(b.name)], []
+    terms, offsets = [ctx.name(b.name)], []
     for d, (start, extent) in enumerate(zip(r.starts, r.extents)):
         if d in axes:
             offs = ctx.fresh(f"{b.name}_i{d}")
@@ -31,9 +33,9 @@ def region_ptr(ctx: Ctx, r: ir.Region, masked: bool) -> tuple[str, Optional[str]
                 offs += f"[{', '.join(':' if j == k else 'None' for j in range(len(axes)))}]"
         else:
             offs = spell(ctx, start)
-        terms.append(f"{offs} * {ctx.stride(b, d)}")
-        conds.append(f"({offs} < {spell(ctx, b.shape[d])})")
-    mask = " & ".join(conds) if masked else None
+        terms.append(offset(ctx, b, d, offs))
+        offsets.append(offs)
+    mask = " & ".join(bounds(ctx, b, offsets, r.mask_low, r.loc)) if masked else None
     return " + ".join(terms), mask, tuple(r.extents[d] for d in axes)
 
 
