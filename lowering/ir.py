@@ -449,6 +449,9 @@ class Kernel:
     threads: int
     body: Seq
     swizzle_panel: int = 0
+    # block indices defined from the launched ones, in order, once at the start of every block
+    # (each expression reads ``block_vars`` and earlier definitions): e.g. the grouped tile order
+    block_defs: tuple[tuple[Var, Expr], ...] = ()
     plans: tuple = ()
     notes: tuple[str, ...] = ()
     loc: Loc = _loc()

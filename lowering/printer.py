@@ -142,6 +142,7 @@ def kernel(k: ir.Kernel) -> str:
     if k.swizzle_panel:
         head += f" swizzle={k.swizzle_panel}"
     out = [head + ":", f"  blocks {blocks}"]
+    out += [f"  let {v.name} = {expr(e)}" for v, e in k.block_defs]
     for plan in k.plans:
         out.append(f"  plan {plan!r}")
     for note in k.notes:

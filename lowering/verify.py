@@ -17,6 +17,9 @@ from .traverse import buffers_read, buffers_written, exprs_of, subexprs, substmt
 
 def run(kernel: ir.Kernel) -> ir.Kernel:
     bound = {v for v in kernel.block_vars} | set(kernel.scalar_params)
+    for v, e in kernel.block_defs:
+        _check_expr(e, bound, kernel.loc)
+        bound.add(v)
     for p in kernel.buffer_params:
         for d in p.shape:
             _check_expr(d, bound, p.loc)

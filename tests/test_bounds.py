@@ -64,7 +64,8 @@ def guarded(inner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def check_shifted(M, N, bm, bn, dr, dc, seed=0):
     a = randn(M, N, seed=seed)
-    inits = [a, torch.full((M, N), -1.0), torch.full((M, N), -2.0), torch.zeros(M, N), torch.zeros(M, N)]
+    inits = [a, torch.full((M, N), -1.0), torch.full((M, N), -2.0), torch.zeros(M, N),
+             torch.zeros(M, N)]
     ref = [x.clone() for x in inits]
     tilews.jit(target="interpret")(shifted)(M, N, bm, bn, dr)(*ref, dc)
     bigs, views = zip(*(guarded(x) for x in inits))

@@ -373,7 +373,8 @@ def test_emitted_interpreter_source():
 
 def test_64_bit_offsets_only_where_needed():
     huge = emit(lower(tail(32832, 65536), TRITON_GPU))
-    assert "tl.cast(X_i0[:, None], tl.int64) * X_stride0 + tl.cast(X_i1[None, :], tl.int64) * X_stride1" in huge
+    assert ("tl.cast(X_i0[:, None], tl.int64) * X_stride0 + "
+            "tl.cast(X_i1[None, :], tl.int64) * X_stride1") in huge
     assert "tl.cast((32800 + i), tl.int64) * X_stride0" in huge    # the element read
     assert "Y_i0[:, None] * Y_stride0" in huge and "Z + i * Z_stride0" in huge   # small: 32 bits
     for small in (tail(64, 64), gemm(100, 72, 88, T.float16)):

@@ -30,7 +30,8 @@ class SourceWriter:
         self.depth = 0
         self._names: dict[str, str] = {}
         self._used = set(keyword.kwlist) | reserved
-        self.nonneg: set[ir.Var] = set(kernel.block_vars) | {
+        # block indices, their definitions (tile coordinates) and runtime dims are never negative
+        self.nonneg: set[ir.Var] = set(kernel.block_vars) | {v for v, _ in kernel.block_defs} | {
             d for p in kernel.buffer_params for d in p.shape if isinstance(d, ir.Var)}
 
     # -- names -------------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
                 coords = coords[::-1]
                 block_env = dict(env)
                 block_env.update((v, np.int64(c)) for v, c in zip(kernel.block_vars, coords))
+                for v, e in kernel.block_defs:
+                    block_env[v] = np.int64(Evaluator(None, numerics).index(e, block_env))
                 races = RaceTracker() if check else None
                 memory = Memory(arrays, numerics, check, races)
                 block = Block(memory, Barriers(), Evaluator(memory, numerics),

@@ -5,9 +5,10 @@ Requires:  persist has run (a persistent kernel visits its tiles in its own pane
            grid extent (legalize's interval analysis).
 Ensures:   a kernel with ``swizzle_panel`` = P > 0 and a grid (gx, gy, ...) of two or more
            dimensions gets the grid (gx * gy, ...), whose first block index ``block_id`` replaces
-           (bx, by): in the body bx and by become the coordinates of tile ``block_id`` in
+           (bx, by), which become ``Kernel.block_defs``: the coordinates of tile ``block_id`` in
            ``schedule.grouped_tile`` order (panels of P values of by, the last one possibly
-           shorter; bx varies slowest within a panel). Every kernel leaves with ``swizzle_panel``
+           shorter; bx varies slowest within a panel), computed once per block; the body is
+           unchanged. Every kernel leaves with ``swizzle_panel``
            0, so emitters launch the grid as it stands.
 Preserves: program meaning (the grouped order is a bijection of the gx * gy blocks, so each
            former block runs once) and every node's loc.
@@ -31,11 +32,9 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     (gx, gy, *more_grid), (bx, by, *more_vars) = kernel.grid, kernel.block_vars
     block = ir.Var(_fresh_name(kernel, "block_id"), ir.DType.I32, ir.VarKind.BLOCK, loc)
     y, x = schedule.grouped_tile(block, gy, gx, kernel.swizzle_panel, loc)
-    place = {bx: x, by: y}
-    body = transform(kernel.body, lambda n: place.get(n) if isinstance(n, ir.Var) else None)
     blocks = fold(ir.BinOp(ir.BinOpKind.MUL, gx, gy, ir.DType.I32, loc))
     return dataclasses.replace(kernel, grid=(blocks, *more_grid), block_vars=(block, *more_vars),
-                               swizzle_panel=0, body=body)
+                               swizzle_panel=0, block_defs=((by, y), (bx, x)) + kernel.block_defs)
 
 
 def _fresh_name(kernel: ir.Kernel, name: str) -> str:

@@ -52,8 +52,12 @@ def test_blocks_visit_panels_of_rows():
     assert kernel.swizzle_panel == 0 and [ir.as_int(g) for g in kernel.grid] == [15]
     store = [s for s in walk(kernel.body) if isinstance(s, ir.Copy) and s.dst.buffer.name == "Y"]
     block, = kernel.block_vars
-    order = [tuple(evaluate(st, {block: i}) // TILE for st in store[0].dst.starts)
-             for i in range(15)]
+    order = []
+    for i in range(15):
+        env = {block: i}
+        for v, e in kernel.block_defs:      # computed once per block, in order
+            env[v] = evaluate(e, env)
+        order.append(tuple(evaluate(st, env) // TILE for st in store[0].dst.starts))
     assert order == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2),
                      (2, 0), (3, 0), (2, 1), (3, 1), (2, 2), (3, 2),
                      (4, 0), (4, 1), (4, 2)]

@@ -40,6 +40,7 @@ from tilews.lowering.traverse import buffers_read, buffers_written, walk
 
 from ..pysource import GRID_SUFFIX, host_expr
 from .context import GL_DTYPE, Ctx
+from .exprs import spell
 from .stmts import seq, whole
 
 ARGS_SUFFIX = "_args"
@@ -212,6 +213,8 @@ def _descriptor_buffers(ctx: Ctx) -> dict:
 def _blocks(ctx: Ctx, kernel: ir.Kernel) -> None:
     for d, v in enumerate(kernel.block_vars):
         ctx.line(f"{ctx.name(v.name)} = gl.program_id({d})")
+    for v, e in kernel.block_defs:
+        ctx.line(f"{ctx.name(v.name)} = {spell(ctx, e)}")
 
 
 def _declare_fragments(ctx: Ctx, role: ir.Role) -> None:

@@ -40,7 +40,7 @@ class Ctx(SourceWriter):
         super().__init__(kernel, _RESERVED)
         self.par: Optional[ParallelFrame] = None
         self.scalars = {s.buffer for s in _allocs(kernel) if _is_scalar_local(s.buffer)}
-        self.runtime: set[ir.Var] = set(kernel.block_vars)
+        self.runtime: set[ir.Var] = set(kernel.block_vars) | {v for v, _ in kernel.block_defs}
         self.plan: StreamPlan = kernel.plan(StreamPlan)
         if not self.plan.constant_scalar_params:
             self.runtime |= set(kernel.scalar_params)

@@ -61,6 +61,8 @@ def emit(kernel: ir.Kernel) -> str:
 def _blocks(ctx: Ctx, kernel: ir.Kernel) -> None:
     for d, v in enumerate(kernel.block_vars):
         ctx.line(f"{ctx.name(v.name)} = tl.program_id({d})")
+    for v, e in kernel.block_defs:
+        ctx.line(f"{ctx.name(v.name)} = {spell(ctx, e)}")
 
 
 def stmt(ctx: Ctx, s: ir.Stmt) -> None:
