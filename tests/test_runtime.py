@@ -315,3 +315,18 @@ def test_concurrent_processes_share_one_compile(tmp_path):
     assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
     outcomes = sorted(r[0].strip().splitlines()[-1] for r in results)
     assert outcomes == ["HIT", "HIT", "MISS"]
+
+
+def test_the_disk_cache_key_covers_tilews_sources(tmp_path, monkeypatch):
+    """A change to a pass or an emitter must not be answered by code generated before it."""
+    from tilews import compiler
+    files = {str(p.relative_to(p.parents[2])) if "passes" in p.parts else p.name
+             for p in compiler.source_files()}
+    assert {"lowering/passes/legalize.py", "emit.py", "compiler.py", "backend.py"} <= files
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    first = tilews.jit(out_idx=[-1], target="interpret")(add_factory)(32, 8)
+    again = tilews.jit(out_idx=[-1], target="interpret")(add_factory)(32, 8)
+    assert (first.report.cache_hit, again.report.cache_hit) == (False, True)
+    monkeypatch.setattr(compiler, "sources_digest", lambda: "an edited pass")
+    edited = tilews.jit(out_idx=[-1], target="interpret")(add_factory)(32, 8)
+    assert not edited.report.cache_hit
