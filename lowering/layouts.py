@@ -6,7 +6,16 @@
 * ``NVMMAShared`` — the swizzled shared-memory layout wgmma and TMA read: rows of the inner
   dimension, 16-byte chunks XOR-permuted within each group of ``swizzle_bytes / 16`` rows.
 
-``element_to_thread`` / ``element_to_offset`` are the definitions; the property tests check that
+* ``RowSlice`` — a vector along one dimension of a 2-d layout, each element held by the threads
+  holding that row (dim 1 removed) or column (dim 0 removed) of the parent: reductions along a
+  row of a wgmma accumulator land in it without data movement.
+* ``WgmmaOperandA`` — the A operand of a wgmma read from registers (attention's P), for a gemm
+  whose accumulator has layout ``parent``: for 16-bit operands each thread holds exactly the
+  elements it holds of a same-shaped accumulator (``operand_a_to_thread``), so an accumulator
+  cast to 16 bits becomes an operand without leaving its registers.
+* ``Blocked`` — the plain element-wise layout of a fragment nothing above constrains.
+
+``element_to_thread`` / ``element_to_offset`` / ``operand_a_to_thread`` are the definitions; the property tests check that
 they are bijections onto (thread, register) pairs and byte offsets, and that swizzles are
 permutations. ``warp_partition_ok`` is docs/ws-semantics.md #3.
 """
@@ -30,6 +39,24 @@ class NVMMAShared:
     swizzle_bytes: int                  # 0 (none), 32, 64 or 128
     element_bits: int
     transposed: bool = False
+
+
+@dataclass(frozen=True)
+class RowSlice:
+    dim: int                            # the dimension of the parent that is removed
+    parent: object                      # a 2-d layout
+
+
+@dataclass(frozen=True)
+class WgmmaOperandA:
+    parent: WgmmaAccumulator            # the accumulator layout of the gemm it feeds
+    k_width: int                        # consecutive k elements per thread (32 // bits)
+
+
+@dataclass(frozen=True)
+class Blocked:
+    rank: int
+    num_warps: int
 
 
 def warp_partition_ok(m_warps: int, n_warps: int, role_warps: int, M: int, N: int,
@@ -64,12 +91,13 @@ def accumulator_for(M: int, N: int, role_warps: int, operand_bits: int) -> Wgmma
 def element_to_thread(layout: WgmmaAccumulator, M: int, N: int, i: int, j: int) -> tuple[int, int]:
     """(thread, register) holding element (i, j) of an M x N accumulator."""
     wm, wn = layout.warps_per_cta
-    rows_per_warp, cols_per_warp = M // wm, N // wn
-    warp_m, r = divmod(i, rows_per_warp)
+    cols_per_warp = N // wn
+    # warps tile M in 16-row pieces, cyclically (warp m holds rows 16 m + 16 wm * rep); warps
+    # are numbered M-fastest within a warp group (4 consecutive warps tile 64 rows)
+    rep_m, rest = divmod(i, 16 * wm)
+    warp_m, r16 = divmod(rest, 16)
     warp_n, c = divmod(j, cols_per_warp)
-    # warps are numbered M-fastest within a warp group (4 consecutive warps tile 64 rows)
     warp = warp_m % 4 + 4 * (warp_n + wn * (warp_m // 4))
-    rep_m, r16 = divmod(r, 16)
     rep_n, c8 = divmod(c, 8)
     lane = (r16 % 8) * 4 + c8 // 2
     reg_in_tile = (r16 // 8) * 2 + c8 % 2
@@ -107,3 +135,29 @@ def default_shared(rows: int, cols: int, element_bits: int) -> NVMMAShared:
         if row_bytes % sw == 0:
             return NVMMAShared(sw, element_bits)
     return NVMMAShared(0, element_bits)
+
+
+def operand_a_to_thread(layout: WgmmaOperandA, M: int, K: int, i: int, k: int) -> int:
+    """The thread holding element (i, k) of an M x K wgmma A operand in registers (16-bit types:
+    PTX ISA, "Register fragment for matrix A" of wgmma .m64nNk16): warp w of a warp group holds
+    rows [16 w, 16 w + 16) of each 64-row slab it computes; lane l holds rows l // 4 and l // 4 + 8,
+    columns 2 (l % 4) + {0, 1} and those + 8 of every 16-wide k slice. With several warp groups
+    the slabs go to them in turn, as the parent's warps tile M."""
+    if layout.k_width != 2:
+        raise ValueError("operand_a_to_thread describes 16-bit operands (k_width 2)")
+    wm, wn = layout.parent.warps_per_cta
+    if wn != 1:
+        raise ValueError("a register A operand needs an accumulator whose warps all tile M")
+    warp = (i // 16) % wm              # 64-row slabs go to the warp groups in turn
+    lane = (i % 8) * 4 + (k % 8) // 2
+    return warp * 32 + lane
+
+
+def row_slice_threads(layout: RowSlice, M: int, N: int, index: int) -> set[int]:
+    """The threads holding element ``index`` of a vector sliced from an M x N wgmma accumulator:
+    those holding any element of that row (``dim`` 1) or column (``dim`` 0)."""
+    parent = layout.parent
+    if not isinstance(parent, WgmmaAccumulator):
+        raise ValueError("row_slice_threads describes slices of wgmma accumulators")
+    cells = [(index, j) for j in range(N)] if layout.dim == 1 else [(i, index) for i in range(M)]
+    return {element_to_thread(parent, M, N, i, j)[0] for i, j in cells}

@@ -25,15 +25,19 @@ class Plan:
 
 @dataclass(frozen=True)
 class PipelinePlan(Plan):
-    """Which statements of the ``T.Pipelined`` loop produce its ring buffers."""
+    """Which statements of the ``T.Pipelined`` loop produce its ring buffers, and which copies
+    before the loop load tiles the loop only reads."""
     made_by: ClassVar[str] = "plan_pipeline"
     loop_index: int                  # position of the loop in the kernel body
-    num_producers: int               # the loop body's first statements that are producers
+    producers: tuple[int, ...]       # positions of the producer copies in the loop body (or in
+                                     # its guard's body)
     stages: int
     ring_buffers: tuple[str, ...]    # shared buffers the producers fill
     guarded: bool = False            # the loop body is one `if` (iterations may be skipped)
     tile_loop_index: Optional[int] = None   # persistent kernels: the T.Persistent loop's position
                                             # in the kernel body (loop_index is then inside it)
+    preloads: tuple[int, ...] = ()   # positions (in the body holding the loop) of global ->
+                                     # shared copies before it whose tiles stay fixed (e.g. Q)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class LayoutPlan(Plan):
     (values are ``lowering.layouts`` records)."""
     made_by: ClassVar[str] = "infer_layouts"
     layouts: tuple[tuple[str, object], ...]
+    frames: tuple[tuple[str, object], ...] = ()    # (first variable of a T.Parallel, the layout
+                                                   # its indices live in)
 
     def of(self, name: str):
         return dict(self.layouts).get(name)

@@ -35,10 +35,10 @@ def test_accumulator_is_a_bijection_and_splits_m_by_warp_group(case):
             assert (t, r) not in seen, f"({i},{j}) and {seen[(t, r)]} share thread {t} register {r}"
             seen[(t, r)] = (i, j)
     assert len(seen) == 32 * warps * regs == M * N
-    if lay.warps_per_cta[1] == 1:     # merged groups: warp group g holds rows [g M/G, (g+1) M/G)
+    if lay.warps_per_cta[1] == 1:     # merged groups: warp group g holds 64-row slabs g, g + G, ...
         G = warps // 4
         for (t, _), (i, _) in seen.items():
-            assert i // (M // G) == t // 128
+            assert (i // 64) % G == t // 128
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,3 +72,46 @@ def test_warp_partition_rule(m, n, warps, M, N, wgmma):
     if ok:   # a valid partition leaves no output column unwritten
         owned = {(wi, wj) for wi in range(m) for wj in range(n)}
         assert len(owned) == warps
+
+
+@st.composite
+def operand_cases(draw):
+    groups = draw(st.sampled_from([1, 2]))
+    M = 64 * groups * draw(st.integers(1, 2))
+    N = 16 * draw(st.integers(1, 16))
+    K = 16 * draw(st.integers(1, 16))
+    return M, N, K, 4 * groups
+
+
+@settings(max_examples=40, deadline=None)
+@given(operand_cases())
+def test_p_cast_to_16_bits_is_a_register_a_operand_in_place(case):
+    """Attention's P: element (i, k) of an M x K accumulator (S = Q K^T, computed as an M x K
+    wgmma tile) is held by the thread that holds element (i, k) of the A operand of the next
+    gemm (P V, accumulator M x N), so the conversion moves no data between threads."""
+    M, N, K, warps = case
+    s_layout = layouts.accumulator_for(M, K, warps, 16)
+    o_layout = layouts.accumulator_for(M, N, warps, 16)
+    a = layouts.WgmmaOperandA(o_layout, 2)
+    for i in range(M):
+        for k in range(K):
+            assert layouts.element_to_thread(s_layout, M, K, i, k)[0] == \
+                layouts.operand_a_to_thread(a, M, K, i, k)
+
+
+@settings(max_examples=40, deadline=None)
+@given(accumulator_cases(), st.sampled_from([0, 1]))
+def test_row_slice_is_held_by_one_row_of_threads(case, dim):
+    """A reduction along a row of a wgmma accumulator needs only the 4 lanes of a quad (the
+    threads holding that row): each row is spread over 4 threads of one warp per warp column;
+    a column over 8 lanes of each warp along M."""
+    M, N, warps, b = case
+    lay = layouts.accumulator_for(M, N, warps, b)
+    sl = layouts.RowSlice(dim, lay)
+    for index in range(0, M if dim == 1 else N, 7):
+        threads = layouts.row_slice_threads(sl, M, N, index)
+        if dim == 1:
+            assert len(threads) == 4 * lay.warps_per_cta[1]
+            assert len({t // 32 for t in threads}) == lay.warps_per_cta[1]
+        else:
+            assert len(threads) == 8 * lay.warps_per_cta[0]     # 8 lanes of each warp along M

@@ -186,7 +186,7 @@ def test_bad_target_and_out_idx():
 
 def handoff_out_of_source_order():
     """ws(1) waits for what ws(0) writes later in source order: correct concurrently, impossible
-    as one stream; and the Gluon emitter does not spell T.Parallel."""
+    as one stream; and the Gluon emitter does not spell element stores to shared memory."""
     @T.prim_func
     def main(X: T.Tensor((16,), T.float32), Y: T.Tensor((16,), T.float32)):
         with T.Kernel(1, threads=256) as bx:
@@ -207,8 +207,8 @@ def test_a_refusal_is_reported_before_the_fallbacks_complaint():
     with pytest.raises(tilews.CompileError) as e:
         tilews.jit(target="hopper")(handoff_out_of_source_order)()
     message = str(e.value)
-    assert message.index("the gluon backend refused the program (the Gluon emitter does not spell "
-                         "parallel") < message.index("the tl backend cannot compile it either")
+    assert message.index("the gluon backend refused the program (a store to shared buffer 'X_s' "
+                         "inside T.Parallel") < message.index("the tl backend cannot compile it either")
     assert "test_runtime.py" in message.splitlines()[0]      # the user's line
     x = randn(16)
     y = tilews.jit(out_idx=[-1], target="interpret")(handoff_out_of_source_order)()(x)

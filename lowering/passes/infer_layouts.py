@@ -1,40 +1,173 @@
-"""infer_layouts: choose the layout of every fragment a warp-group MMA writes and of every shared
-buffer it or a bulk copy reads.
+"""infer_layouts: choose the layout of every fragment of a warp-specialized program, of every
+``T.Parallel`` loop over fragments, and of every shared buffer a warp-group MMA or a bulk copy
+reads.
 
 Requires:  warp_specialize and plan_buffers have run; applies on targets with ``wgmma``.
-Ensures:   attr ``layouts`` = ((buffer name, layout), ...): a ``WgmmaAccumulator`` for each gemm
-           accumulator, splitting M across the warp groups of its role first (a merged
-           ``T.ws(1, 2)`` consumer holds one accumulator, half the rows in each warp group);
-           an ``NVMMAShared`` for each shared buffer (of one stage, for rings). A tile no valid
-           warp partition fits (docs/ws-semantics.md #3: M a multiple of 64 per warp group, N of 8) is a
-           ``CompileError`` at the gemm saying which block sizes work.
+Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
+           * a ``WgmmaAccumulator`` for each gemm accumulator, splitting M across the warp
+             groups of its role first (a merged ``T.ws(1, 2)`` consumer holds one accumulator,
+             half the rows in each warp group). A tile no valid warp partition fits
+             (docs/ws-semantics.md #3: M a multiple of 64 per warp group, N of 8) is a
+             ``CompileError`` at the gemm saying which block sizes work;
+           * a ``WgmmaOperandA`` (on the accumulator of its gemm) for a fragment a gemm reads as
+             its A operand;
+           * for the other fragments, the layout their uses imply, propagated to a fixed point:
+             a fragment -> fragment copy keeps the layout across; a reduction's destination is
+             the ``RowSlice`` of its source along the reduced dim (and the source the parent of a
+             slice destination); inside a ``T.Parallel`` every fragment indexed by all the loop's
+             variables (in order) has the loop's layout and a vector indexed by one of them the
+             slice of it along that axis. Fragments nothing constrains are ``Blocked``.
+             The first layout a fragment gets is kept: a use that wants another one converts
+             (the emitter spells ``convert_layout`` where a value's layout and the layout its
+             use needs differ; for 16-bit P the accumulator -> operand conversion moves no data,
+             tests/test_layouts.py);
+           * an ``NVMMAShared`` for each shared buffer (of one stage, for rings);
+           and ``frames``: per ``T.Parallel`` over fragments (by its first variable's name), the
+           layout its loop indices live in — that of the first fragment it stores whole, else of
+           the first it reads whole, else the parent of a vector slice it reads.
 Preserves: the program.
 """
 from __future__ import annotations
 
+from typing import Iterator, Optional
+
 from .. import ir, layouts
-from ..plans import LayoutPlan
 from ..errors import CompileError
+from ..plans import LayoutPlan
 from ..target import Target
-from ..traverse import walk
+from ..traverse import exprs_of, subexprs, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if not target.wgmma:
         return kernel
     chosen: dict[str, object] = {}
+    frames: dict[str, object] = {}
     for ws in (s for s in walk(kernel.body) if isinstance(s, ir.WarpSpecialize)):
         for role in ws.roles:
-            warps = 4 * len(role.warpgroups)
-            for s in walk(role.body):
-                if isinstance(s, ir.Gemm):
-                    chosen.setdefault(s.c.buffer.name, _accumulator(s, warps))
+            _role_layouts(role, 4 * len(role.warpgroups), chosen, frames)
     for s in walk(kernel.body):
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
             shape = s.buffer.static_shape
             rows = shape[-2] if len(shape) >= 2 else 1
             chosen[s.buffer.name] = layouts.default_shared(rows, shape[-1], s.buffer.dtype.bits)
-    return kernel.with_plan(LayoutPlan(tuple(sorted(chosen.items()))))
+    return kernel.with_plan(LayoutPlan(tuple(sorted(chosen.items())), tuple(sorted(frames.items()))))
+
+
+def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None:
+    stmts = list(walk(role.body))
+    gemms = [s for s in stmts if isinstance(s, ir.Gemm)]
+    for g in gemms:
+        chosen.setdefault(g.c.buffer.name, _accumulator(g, warps))
+    for g in gemms:
+        if g.a.buffer.scope is ir.Scope.FRAGMENT:
+            chosen.setdefault(g.a.buffer.name,
+                              layouts.WgmmaOperandA(chosen[g.c.buffer.name], 32 // g.a.buffer.dtype.bits))
+    loops = [s for s in stmts if isinstance(s, ir.Parallel)]
+    changed = True
+    while changed:
+        changed = False
+        for s in stmts:
+            for name, layout in _implied(s, chosen, frames):
+                if name not in chosen:
+                    chosen[name] = layout
+                    changed = True
+        for p in loops:
+            frame = _frame(p, chosen)
+            if frame is not None and p.vars[0].name not in frames:
+                frames[p.vars[0].name] = frame
+                changed = True
+    for s in stmts:
+        for b in _fragments(s):
+            chosen.setdefault(b.name, layouts.Blocked(len(b.shape), warps))
+    for p in loops:
+        frame = _frame(p, chosen)
+        if frame is not None:
+            frames.setdefault(p.vars[0].name, frame)
+
+
+def _fragments(s: ir.Stmt) -> Iterator[ir.Buffer]:
+    for b in _accessed(s):
+        if b.scope is ir.Scope.FRAGMENT:
+            yield b
+
+
+def _accessed(s: ir.Stmt) -> Iterator[ir.Buffer]:
+    for e in exprs_of(s):
+        for x in subexprs(e):
+            if isinstance(x, ir.Load):
+                yield x.buffer
+    if isinstance(s, ir.Store):
+        yield s.buffer
+    if isinstance(s, (ir.Copy, ir.Fill)):
+        yield from ([s.src.buffer, s.dst.buffer] if isinstance(s, ir.Copy) else [s.dst.buffer])
+    if isinstance(s, ir.Reduce):
+        yield from (s.src, s.dst)
+    if isinstance(s, ir.Gemm):
+        yield from (s.a.buffer, s.b.buffer, s.c.buffer)
+
+
+def _distributed(layout) -> bool:
+    """Layouts other layouts may be derived from (not an operand layout)."""
+    return not isinstance(layout, layouts.WgmmaOperandA)
+
+
+def _implied(s: ir.Stmt, chosen: dict, frames: dict) -> Iterator[tuple[str, object]]:
+    """(fragment, layout) pairs statement ``s`` implies from the layouts chosen so far."""
+    if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT \
+            and s.dst.buffer.scope is ir.Scope.FRAGMENT and s.src.tile_shape == s.dst.tile_shape:
+        for a, b in ((s.src.buffer, s.dst.buffer), (s.dst.buffer, s.src.buffer)):
+            if a.name in chosen and _distributed(chosen[a.name]):
+                yield b.name, chosen[a.name]
+    elif isinstance(s, ir.Reduce) and s.src.scope is ir.Scope.FRAGMENT and len(s.src.shape) == 2:
+        src, dst = chosen.get(s.src.name), chosen.get(s.dst.name)
+        if src is not None and _distributed(src):
+            yield s.dst.name, layouts.RowSlice(s.dim, src)
+        if isinstance(dst, layouts.RowSlice) and dst.dim == s.dim:
+            yield s.src.name, dst.parent
+    elif isinstance(s, ir.Parallel):
+        frame = frames.get(s.vars[0].name) or _frame(s, chosen)
+        if frame is None:
+            return
+        for b, axis in _parallel_accesses(s):
+            yield b.name, frame if axis is None else _along(frame, axis, len(s.vars))
+
+
+def _along(frame, axis: int, rank: int):
+    """The layout of a vector indexed by loop axis ``axis`` of a frame of ``rank`` dims."""
+    return frame if rank == 1 else layouts.RowSlice(1 - axis, frame)
+
+
+def _parallel_accesses(p: ir.Parallel) -> Iterator[tuple[ir.Buffer, Optional[int]]]:
+    """Fragments a parallel loop touches as (buffer, None) when indexed by all its variables in
+    order, or (buffer, axis) for a vector indexed by one variable."""
+    for s in walk(p.body):
+        accesses = [(x.buffer, x.indices) for e in exprs_of(s) for x in subexprs(e)
+                    if isinstance(x, ir.Load)]
+        if isinstance(s, ir.Store):
+            accesses.insert(0, (s.buffer, s.indices))
+        for b, idx in accesses:
+            if b.scope is not ir.Scope.FRAGMENT:
+                continue
+            if tuple(idx) == p.vars:
+                yield b, None
+            elif len(idx) == 1 and idx[0] in p.vars:
+                yield b, p.vars.index(idx[0])
+
+
+def _frame(p: ir.Parallel, chosen: dict):
+    """The layout of the loop's indices (see the module docstring), or None while unknown."""
+    stored = [s.buffer for s in walk(p.body) if isinstance(s, ir.Store)]
+    whole = [b for b, axis in _parallel_accesses(p) if axis is None]
+    for b in sorted(whole, key=lambda b: b not in stored):
+        if b.name in chosen and _distributed(chosen[b.name]):
+            return chosen[b.name]
+    if len(p.vars) == 2:
+        for b, axis in _parallel_accesses(p):
+            lay = chosen.get(b.name)
+            if axis is not None and isinstance(lay, layouts.RowSlice) and lay.dim == 1 - axis:
+                return lay.parent
+    return None
 
 
 def _accumulator(g: ir.Gemm, warps: int) -> layouts.WgmmaAccumulator:

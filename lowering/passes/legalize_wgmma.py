@@ -9,9 +9,15 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * global -> shared copies are TMA; in explicit programs a copy followed (before any
              read of its destination) by an arrival on barrier ``b`` completes *on* ``b``
              (expect-tx), so no arrival happens while its bytes are in flight;
-           * fragment -> shared stores are DIRECT and shared -> global copies TMA stores, each
-             followed by ``BulkStoreWait(0)``;
-           * gemms on shared operands are WGMMA, each followed by ``GemmWait(0)``;
+           * fragment -> shared stores and fragment -> fragment copies (casts) are DIRECT and
+             shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
+           * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
+             fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``;
+           * fragment math is kept as written: ``T.Parallel`` loops of rank 1 or 2 whose stores
+             (possibly under an ``if``) write fragments indexed by all the loop's variables in
+             order, reading fragments indexed that way or vectors indexed by one loop variable,
+             global elements and scalars; row/column reductions of 2-d fragments into 1-d
+             fragments; fills of fragments;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
              next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5;
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
@@ -44,10 +50,10 @@ from ..errors import CompileError
 from ..plans import AsyncPlan, AsyncRefusal
 from ..target import Target
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
-                        generic_shared_writes, subexprs, walk)
+                        generic_shared_writes, subexprs, substmts, walk)
 
 _SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
-            ir.ProxyFence, ir.GemmWait, ir.Store)
+            ir.ProxyFence, ir.GemmWait, ir.Store, ir.Parallel, ir.Reduce)
 _SCALAR_DTYPES = (ir.DType.I32, ir.DType.F32)     # the types Gluon gives Python literals
 _COUNTING = (ir.BinOpKind.ADD, ir.BinOpKind.MUL)
 REGISTER_FILE = 65536
@@ -71,12 +77,16 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
     if len(wss) != 1:
         raise _Refuse("the program has no warp-specialized form (no T.ws roles and no "
                       "T.Pipelined loop of copies feeding a T.gemm)")
-    for s in walk(kernel.body):
+    for s in _statements(kernel.body):
         if not isinstance(s, (*_SPELLED, ir.WarpSpecialize, ir.Role)):
             raise _Refuse(f"the Gluon emitter does not spell {type(s).__name__.lower()} yet "
                           f"(line {s.loc.line})")
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
             raise _Refuse(f"a pipelined loop inside a role (line {s.loc.line})")
+        if isinstance(s, ir.Parallel):
+            _check_parallel(s)
+        if isinstance(s, ir.Reduce):
+            _check_reduce(s)
     ws = wss[0]
     scalars = _scalar_locals(kernel, ws)
     pointers = _pointer_params(kernel, ws)
@@ -119,7 +129,7 @@ def _scalar_locals(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
     for r in ws.roles:
         defined: set = set()
         for top in r.body.stmts:
-            for s in walk(top):
+            for s in _statements(top):
                 if isinstance(s, ir.Alloc):
                     raise _Refuse(f"an allocation inside a role (line {s.loc.line})")
                 _check_scalar_access(s)
@@ -142,9 +152,66 @@ def _scalar_locals(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
     return tuple((b.name, b in nonneg) for b in scalars)
 
 
+def _statements(s: ir.Stmt):
+    """``walk``, except that a ``T.Parallel`` is one statement (``_check_parallel`` looks inside)."""
+    if isinstance(s, ir.Seq):
+        for t in s.stmts:
+            yield from _statements(t)
+        return
+    yield s
+    if isinstance(s, ir.Parallel):
+        return
+    for c in (s.roles if isinstance(s, ir.WarpSpecialize) else substmts(s)):
+        yield from _statements(c)
+
+
+def _check_parallel(p: ir.Parallel) -> None:
+    """The fragment math the Gluon emitter spells (see the module docstring)."""
+    line = p.loc.line
+    if len(p.vars) > 2:
+        raise _Refuse(f"a {len(p.vars)}-d T.Parallel (line {line}); fragments are 1-d or 2-d")
+    for s in walk(p.body):
+        if isinstance(s, ir.If):
+            continue
+        if not isinstance(s, ir.Store):
+            raise _Refuse(f"a {type(s).__name__.lower()} inside T.Parallel (line {s.loc.line})")
+        b = s.buffer
+        if b.scope is not ir.Scope.FRAGMENT:
+            raise _Refuse(f"a store to {b.scope.value} buffer '{b.name}' inside T.Parallel "
+                          f"(line {s.loc.line}); fragments only")
+        if tuple(s.indices) != p.vars or tuple(b.static_shape) != tuple(p.extents):
+            raise _Refuse(f"the store to '{b.name}' at line {s.loc.line} is not indexed by the "
+                          f"loop's variables in order over its whole extent")
+    for s in walk(p.body):
+        for e in exprs_of(s):
+            for x in subexprs(e):
+                if not isinstance(x, ir.Load) or x.buffer.scope is ir.Scope.GLOBAL:
+                    continue
+                b = x.buffer
+                if b.scope is ir.Scope.LOCAL:
+                    continue
+                if b.scope is not ir.Scope.FRAGMENT:
+                    raise _Refuse(f"an element read of {b.scope.value} buffer '{b.name}' inside "
+                                  f"T.Parallel (line {x.loc.line or s.loc.line})")
+                whole = tuple(x.indices) == p.vars and tuple(b.static_shape) == tuple(p.extents)
+                vector = (len(x.indices) == 1 and x.indices[0] in p.vars and
+                          b.static_shape[0] == p.extents[p.vars.index(x.indices[0])])
+                if not (whole or vector):
+                    raise _Refuse(f"fragment '{b.name}' is read at line {x.loc.line or s.loc.line} "
+                                  f"at indices other than the loop's variables")
+
+
+def _check_reduce(s: ir.Reduce) -> None:
+    if s.src.scope is not ir.Scope.FRAGMENT or s.dst.scope is not ir.Scope.FRAGMENT \
+            or len(s.src.shape) != 2 or len(s.dst.shape) != 1:
+        raise _Refuse(f"a reduction other than a 2-d fragment into a 1-d fragment (line {s.loc.line})")
+
+
 def _check_scalar_access(s: ir.Stmt) -> None:
     if isinstance(s, ir.Store) and s.buffer.scope is not ir.Scope.LOCAL:
         raise _Refuse(f"a store to {s.buffer.scope.value} buffer '{s.buffer.name}' (line {s.loc.line})")
+    if isinstance(s, ir.Parallel):
+        return                              # _check_parallel
     index = s.indices if isinstance(s, ir.Store) else ()
     loads = [x for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)]
     for x in loads:
@@ -200,9 +267,14 @@ def _seq(body: ir.Seq) -> ir.Seq:
             if out[-1].mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
                 out.append(ir.BulkStoreWait(0, s.loc))    # overlap_store may defer it
         elif isinstance(s, ir.Gemm):
-            for x, n in ((s.a, "A"), (s.b, "B")):
-                if x.buffer.scope is not ir.Scope.SHARED:
-                    raise _Refuse(f"gemm operand {n} is not in shared memory (line {s.loc.line})")
+            if s.b.buffer.scope is not ir.Scope.SHARED:
+                raise _Refuse(f"gemm operand B is not in shared memory (line {s.loc.line})")
+            if s.a.buffer.scope is ir.Scope.FRAGMENT:
+                if s.transpose_a or len(s.a.buffer.shape) != 2 or not _whole(s.a):
+                    raise _Refuse(f"gemm operand A in registers must be a whole, untransposed 2-d "
+                                  f"fragment (line {s.loc.line})")
+            elif s.a.buffer.scope is not ir.Scope.SHARED:
+                raise _Refuse(f"gemm operand A is in {s.a.buffer.scope.value} memory (line {s.loc.line})")
             out += [dataclasses.replace(s, instr=ir.GemmInstr.WGMMA), ir.GemmWait(0, s.loc)]
         elif isinstance(s, ir.Fill) and s.dst.buffer.scope is not ir.Scope.FRAGMENT:
             raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
@@ -245,7 +317,10 @@ def _copy(s: ir.Copy, rest: tuple) -> ir.Copy:
         return dataclasses.replace(s, barrier=bar, mechanism=ir.CopyMechanism.TMA)
     if src is ir.Scope.SHARED and dst is ir.Scope.GLOBAL:
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.TMA)
-    if src is ir.Scope.FRAGMENT and dst is ir.Scope.SHARED:
+    if src is ir.Scope.FRAGMENT and dst in (ir.Scope.SHARED, ir.Scope.FRAGMENT):
+        if dst is ir.Scope.FRAGMENT and not (_whole(s.src) and _whole(s.dst)
+                                             and s.src.tile_shape == s.dst.tile_shape):
+            raise _Refuse(f"a copy between parts of fragments (line {s.loc.line})")
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.DIRECT)
     raise _Refuse(f"a {src.value} -> {dst.value} copy (line {s.loc.line})")
 
@@ -258,6 +333,10 @@ def _completing_barrier(s: ir.Copy, rest: tuple) -> Optional[ir.BarrierRef]:
         if any(s.dst.buffer in buffers_read(u) for u in walk(t)) or isinstance(t, (ir.For, ir.BarrierWait)):
             return None
     return None
+
+
+def _whole(r: ir.Region) -> bool:
+    return all(ir.as_int(st) == 0 for st in r.starts) and tuple(r.extents) == r.buffer.static_shape
 
 
 def _global(s: ir.Copy) -> ir.Buffer:

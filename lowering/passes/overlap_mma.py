@@ -2,7 +2,9 @@
 
 Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing).
 Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]``, where
-           ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot) and
+           ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot), its A
+           operand is in shared memory (a register A operand must stay untouched until the gemm
+           completes, and the next iteration redefines it) and
            ``b`` holds at least 2 barriers (a ring of >= 2 stages), becomes
            ``gemm; gemm_wait 1; if k > start: barrier_arrive b[i(k - step)]`` (for ``i(k) = x % n``
            spelled ``(x + n - 1) % n``, which stays non-negative) — the stage read by
@@ -35,6 +37,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 def _matches(loop: ir.For) -> bool:
     tail = loop.body.stmts[-3:]
     return (len(tail) == 3 and isinstance(tail[0], ir.Gemm) and tail[0].instr is ir.GemmInstr.WGMMA
+            and tail[0].a.buffer.scope is ir.Scope.SHARED
             and isinstance(tail[1], ir.GemmWait) and tail[1].outstanding == 0
             and isinstance(tail[2], ir.BarrierArrive)
             and len(tail[2].barrier.buffer.arrive_counts) >= 2

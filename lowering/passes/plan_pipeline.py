@@ -5,10 +5,15 @@ Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop,
            [allocations, one T.Persistent tile loop whose body is [prelude, pipelined loop,
            epilogue]] — where the
            loop body — or the body of one `if` that is the whole loop body, its condition reading
-           no on-chip memory (block-sparse loops) — starts with global -> shared copies (the
-           producers) filling whole shared buffers that nothing else writes, followed by
-           statements that only read them (the consumers), a ``PipelinePlan``; otherwise a note saying
-           why the loop will not be warp-specialized (the program is unchanged either way).
+           no on-chip memory (block-sparse loops) — holds global -> shared copies (the
+           producers) filling whole shared buffers that nothing else writes and that no statement
+           of the body before the copy touches (so every copy can be issued at the start of its
+           iteration, ahead of the consumers: attention's V copy after its Q K^T gemm), the
+           other statements only reading them (the consumers), a ``PipelinePlan``; otherwise a
+           note saying why the loop will not be warp-specialized (the program is unchanged
+           either way). In a kernel without a tile loop, the plan's ``preloads`` are the copies
+           before the loop of the same form (a global tile into a whole shared buffer that
+           nothing else writes or reads before the copy), e.g. attention's Q tile.
 Preserves: the program (this pass only analyses) and every node's loc.
 """
 from __future__ import annotations
@@ -58,16 +63,18 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
             return None, (f"the condition at line {stmts[0].loc.line} reads on-chip memory, which "
                           f"the producer role does not have")
         stmts, guarded = stmts[0].then.stmts, True
-    producers = []
-    for s in stmts:
-        if not _is_producer(s, loop.var):
-            break
-        producers.append(s)
+    producers = [s for s in stmts if _is_producer(s)]
     if not producers:
-        return None, "the loop does not start with global -> shared copies"
+        return None, "the loop holds no global -> shared copies of whole shared buffers"
     ring = {p.dst.buffer for p in producers}
     if len(ring) != len(producers):
         return None, "two copies in the loop fill the same shared buffer"
+    position = {id(p): stmts.index(p) for p in producers}
+    for k, s in enumerate(stmts):
+        later = [p for p in producers if position[id(p)] > k and p.dst.buffer in _touched(s)]
+        if later:
+            return None, (f"line {s.loc.line} uses '{later[0].dst.buffer.name}' before the copy "
+                          f"that fills it in the same iteration (line {later[0].loc.line})")
     for s in walk(kernel.body):
         if s in producers:
             continue
@@ -81,15 +88,29 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
             return None, f"allocation inside the T.Persistent loop (line {s.loc.line})"
         if not isinstance(s, ir.Alloc) and ring & set(_touched(s)):
             return None, f"line {s.loc.line} uses a pipelined buffer outside the loop"
-    if not any(ring & set(buffers_read(s)) for s in stmts[len(producers):]):
+    if not any(ring & set(buffers_read(s)) for s in stmts if id(s) not in position):
         return None, "nothing in the loop reads what the copies load"
     stages = max(1, loop.num_stages)
-    return PipelinePlan(loop_pos, len(producers), stages,
+    return PipelinePlan(loop_pos, tuple(position[id(p)] for p in producers), stages,
                         tuple(p.dst.buffer.name for p in producers), guarded,
-                        None if tile_loop is None else kernel.body.stmts.index(tile_loop)), ""
+                        None if tile_loop is None else kernel.body.stmts.index(tile_loop),
+                        () if tile_loop is not None else _preloads(kernel, body[:loop_pos])), ""
 
 
-def _is_producer(s: ir.Stmt, var: ir.Var) -> bool:
+def _preloads(kernel: ir.Kernel, prelude) -> tuple[int, ...]:
+    """Positions of the prelude's copies that the producer can issue (see the module docstring)."""
+    out = []
+    for k, s in enumerate(prelude):
+        if not _is_producer(s):
+            continue
+        dst = s.dst.buffer
+        writers = [t for t in walk(kernel.body) if t is not s and dst in buffers_written(t)]
+        if not writers and not any(dst in _touched(t) for t in prelude[:k]):
+            out.append(k)
+    return tuple(out)
+
+
+def _is_producer(s: ir.Stmt) -> bool:
     if not (isinstance(s, ir.Copy) and s.barrier is None and s.src.buffer.scope is ir.Scope.GLOBAL
             and s.dst.buffer.scope is ir.Scope.SHARED):
         return False

@@ -9,7 +9,9 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              ``empty[s]`` with parity ``((i // S) & 1) ^ 1``, copies on ``full[s]`` and arrives
              on it; and one consumer role of ``threads / 128`` warp groups ``ws(1..n)`` that holds
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
-             ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
+             ``empty[s]``, and runs the epilogue; the plan's ``preloads`` (copies before the loop,
+             e.g. attention's Q tile) are issued by the producer before its loop on a
+             ``preloaded`` barrier the consumer waits on (parity 0) where the first of them was; whose fragment -> global copies are staged
              through shared memory (a proxy fence between). ``threads`` grows by one warp group.
              When the loop body is guarded (``plan.guarded``), each role keeps the guard and
              counts the iterations that ran in a local counter; ``i`` is that count, so phases
@@ -87,7 +89,8 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         return ([ir.Store(count, (c(0),), c(0), loc)],
                 dataclasses.replace(loop, body=ir.Seq(guarded, loc), **serial))
 
-    producers = inner[:plan.num_producers]
+    producers = [inner[k] for k in plan.producers]
+    consuming = [s for k, s in enumerate(inner) if k not in plan.producers]
 
     def produce(stage, phase):
         restage = _restager(rings, stage, loc)
@@ -100,21 +103,21 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         restage = _restager(rings, stage, loc)
         bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
         return (ir.BarrierWait(bar(full), phase, loc),
-                *(restage(s) for s in inner[plan.num_producers:]),
+                *(restage(s) for s in consuming),
                 ir.BarrierArrive(bar(empty), loc))
 
     def per_tile(stmts: list[ir.Stmt]) -> list[ir.Stmt]:
         return stmts if tile_loop is None else [dataclasses.replace(tile_loop, body=ir.Seq(tuple(stmts), loc))]
 
     new_allocs: list[ir.Alloc] = []
-    prelude = [s for s in body[:plan.loop_index] if not isinstance(s, ir.Alloc)]
+    prelude, preloads = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc)
     epilogue = [t for s in body[plan.loop_index + 1:] if not isinstance(s, ir.Alloc)
                 for t in _stage_store(s, new_allocs)]
     p_init, p_loop = role_loop("produced", produce)
     c_init, c_loop = role_loop("consumed", consume)
     allocs = [ir.Alloc(rings.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
     allocs += new_allocs + counters + [ir.Alloc(full, loc), ir.Alloc(empty, loc)]
-    producer = ir.Role((0,), ir.Seq(tuple(p_init + per_tile([p_loop])), loc), loc=loc)
+    producer = ir.Role((0,), ir.Seq(tuple(preloads + p_init + per_tile([p_loop])), loc), loc=loc)
     consumer = ir.Role(tuple(range(1, consumers + 1)),
                        ir.Seq(tuple(c_init + per_tile([*prelude, c_loop, *epilogue])), loc), loc=loc)
     ws = ir.WarpSpecialize((producer, consumer), loc)
@@ -125,6 +128,27 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
                          f"{roles.describe(producer.warpgroups)} + "
                          f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "
                          f"{', '.join(plan.ring_buffers)}{shape}")
+
+
+def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list,
+             loc: ir.Loc) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+    """(the consumer's prelude, the producer's preloads): the copies at ``positions`` move to the
+    producer, completing on one ``preloaded`` barrier; the consumer waits for it where the first
+    of them was."""
+    if not positions:
+        return [s for s in before if not isinstance(s, ir.Alloc)], []
+    bar = ir.Buffer("preloaded", (ir.Const(1, ir.DType.I32, loc),), ir.DType.I64, ir.Scope.BARRIER,
+                    (128,), loc)
+    new_allocs.append(ir.Alloc(bar, loc))
+    ref = ir.BarrierRef(bar, ir.Const(0, ir.DType.I32, loc), loc)
+    prelude: list[ir.Stmt] = []
+    for k, s in enumerate(before):
+        if k == positions[0]:
+            prelude.append(ir.BarrierWait(ref, ir.Const(0, ir.DType.I32, s.loc), s.loc))
+        elif k not in positions and not isinstance(s, ir.Alloc):
+            prelude.append(s)
+    loads = [dataclasses.replace(before[k], barrier=ref) for k in positions]
+    return prelude, loads + [ir.BarrierArrive(ref, loc)]
 
 
 def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:

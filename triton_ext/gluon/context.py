@@ -13,6 +13,7 @@ from tilews.lowering.roles import describe
 from tilews.lowering.plans import AsyncPlan, LayoutPlan
 
 from ..pysource import SourceWriter
+from .layouts import spell_layout
 
 GL_DTYPE = {d: f"gl.{d.record.triton}" for d in ir.DType}   # spelled from the dtype records
 
@@ -35,14 +36,18 @@ class Ctx(SourceWriter):
         for gname, block in plan.tma_descriptors:
             n = seen[gname] = seen.get(gname, -1) + 1
             self.descriptors[(gname, tuple(block))] = self.fresh(f"{gname}_desc_{n}")
-        self.layout_names: dict[str, str] = {}
+        self.frames: dict[str, object] = dict(kernel.plan(LayoutPlan).frames)
+        self.layout_lines: list[str] = []           # module-level layout constants
+        self._layout_consts: dict[object, str] = {}
         self.scalar_locals: dict[str, bool] = dict(plan.scalar_locals)
         self.pointers: dict[str, tuple[tuple[int, ...], ...]] = dict(plan.pointer_params)
         # the role being emitted: its warp groups, fragments (declared at its start) and gemm
         # accumulators
         self.role: tuple[int, ...] = ()
         self.fragments: dict[str, ir.Buffer] = {}
-        self.accumulators: list[ir.Buffer] = []
+        self.accumulators: list[ir.Buffer] = []     # gemm accumulators and register A operands
+        self.defined: set[str] = set()              # fragments holding a value at this point
+        self.par = None                             # the T.Parallel being spelled (fragments.Frame)
 
     def descriptor(self, g: ir.Region, loc: ir.Loc) -> str:
         """The TMA descriptor of the global region ``g`` (by buffer and box)."""
@@ -68,7 +73,16 @@ class Ctx(SourceWriter):
 
     def layout(self, b: ir.Buffer, loc: ir.Loc) -> str:
         """The module-level constant holding ``b``'s layout."""
-        if b.name not in self.layout_names:
+        if b.name not in self.layouts:
             raise InternalError(f"gluon backend: no layout for {b.scope.value} buffer '{b.name}' "
                                 f"(the LayoutPlan lacks it)", loc)
-        return self.layout_names[b.name]
+        return self.layout_const(self.layouts[b.name], f"{b.name}_layout")
+
+    def layout_const(self, layout, hint: str = "layout") -> str:
+        """The module-level ``gl.constexpr`` holding ``layout`` (declared on first use, after
+        the layouts it derives from)."""
+        if layout not in self._layout_consts:
+            text = spell_layout(self, layout)
+            const = self._layout_consts[layout] = self.fresh(hint)
+            self.layout_lines.append(f"{const}: gl.constexpr = gl.constexpr({text})")
+        return self._layout_consts[layout]

@@ -1,6 +1,10 @@
-"""Spelling Tile IR scalar expressions (indices, coordinates, parities, fill values) in Gluon.
+"""Spelling Tile IR expressions in Gluon.
 
-Inside a Gluon partition every expression is a scalar: block indices, loop indices, scalar
+Outside ``T.Parallel`` every expression is a scalar (indices, coordinates, parities, fill
+values); inside, the loop's indices are tensors in the loop's layout (``fragments.parallel``), a
+fragment read is the fragment tensor in that layout (a vector expanded along the other axis,
+``gl.convert_layout`` where its own layout differs), and math functions apply element-wise (in
+f32 for 16-bit types). Scalars are: block indices, loop indices, scalar
 parameters, constants, scalar locals (the role's Python variable of that name) and elements of
 global buffers (``gl.load(A + i * A_stride0 + j * A_stride1, mask=..., other=0)``: out of bounds
 reads 0, as in the IR; the pointer and strides are parameters of the role). Integer ``//`` and
@@ -16,10 +20,15 @@ from typing import Callable
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 
+from tilews.lowering.layouts import RowSlice
+
 from ..pysource import NONNEG_OPS, atom, nonneg
 from .context import GL_DTYPE, Ctx
 
 _MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
+_MATH = {ir.MathFn.EXP: "gl.exp", ir.MathFn.EXP2: "gl.exp2", ir.MathFn.LOG: "gl.log",
+         ir.MathFn.LOG2: "gl.log2", ir.MathFn.SQRT: "gl.sqrt", ir.MathFn.RSQRT: "gl.rsqrt",
+         ir.MathFn.ABS: "gl.abs"}
 _LOGICAL = {ir.BinOpKind.LAND: "&", ir.BinOpKind.LOR: "|"}
 
 
@@ -82,6 +91,8 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
     b = e.buffer
     if b.scope is ir.Scope.LOCAL:
         return ctx.scalar(b, e.loc)
+    if b.scope is ir.Scope.FRAGMENT:
+        return _fragment_element(ctx, e)
     if b.scope is not ir.Scope.GLOBAL:
         raise InternalError(f"gluon backend: no rule for reading {b.scope.value} buffer '{b.name}' "
                             f"element by element", e.loc)
@@ -94,6 +105,22 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
     return f"gl.load({ptr}, mask={' & '.join(inside)}, other=0)"
 
 
+def _fragment_element(ctx: Ctx, e: ir.Load) -> str:
+    """A fragment read inside the loop: the tensor itself, or a vector expanded along the other
+    axis, in the loop's layout."""
+    f, b = ctx.par, e.buffer
+    if f is None:
+        raise InternalError(f"gluon backend: fragment '{b.name}' read element by element outside "
+                            f"a T.Parallel", e.loc)
+    x, own = ctx.name(b.name), ctx.layouts[b.name]
+    if tuple(e.indices) == f.vars or len(f.vars) == 1:
+        return x if own == f.layout else f"gl.convert_layout({x}, {f.const})"
+    axis = f.vars.index(e.indices[0])
+    want = RowSlice(1 - axis, f.layout)
+    v = x if own == want else f"gl.convert_layout({x}, {ctx.layout_const(want, 'axis_layout')})"
+    return f"gl.expand_dims({v}, {1 - axis})"
+
+
 def _cmp(ctx: Ctx, e: ir.Cmp) -> str:
     return f"({spell(ctx, e.a)} {e.op.value} {spell(ctx, e.b)})"
 
@@ -104,13 +131,18 @@ def _unop(ctx: Ctx, e: ir.UnOp) -> str:
 
 
 def _call(ctx: Ctx, e: ir.Call) -> str:
-    if e.fn not in _MINMAX:
-        raise InternalError(f"gluon backend: no rule for scalar {e.fn.value}()", e.loc)
     args = [spell(ctx, a) for a in e.args]
-    out = args[0]
-    for a in args[1:]:
-        out = f"{_MINMAX[e.fn]}({out}, {a})"
-    return out
+    if e.fn in _MINMAX:
+        out = args[0]
+        for a in args[1:]:
+            out = f"{_MINMAX[e.fn]}({out}, {a})"
+        return out
+    if ctx.par is None:
+        raise InternalError(f"gluon backend: no rule for scalar {e.fn.value}() outside T.Parallel", e.loc)
+    if e.dtype.bits >= 32:
+        return f"{_MATH[e.fn]}({args[0]})"
+    # Gluon's transcendental functions take f32: compute in f32, round to the IR's type
+    return f"{_MATH[e.fn]}({atom(args[0])}.to(gl.float32)).to({GL_DTYPE[e.dtype]})"
 
 
 def _cast(ctx: Ctx, e: ir.Cast) -> str:

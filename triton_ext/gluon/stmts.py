@@ -15,6 +15,9 @@ from typing import Callable
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 
+from tilews.lowering.layouts import WgmmaOperandA
+
+from . import fragments
 from .context import GL_DTYPE, Ctx
 from .exprs import arg, nonnegative, spell
 
@@ -122,7 +125,8 @@ def _store_fragment(ctx: Ctx, s: ir.Copy) -> None:
 
 _COPIES = {(ir.CopyMechanism.TMA, ir.Scope.GLOBAL, ir.Scope.SHARED): _tma_load,
            (ir.CopyMechanism.TMA, ir.Scope.SHARED, ir.Scope.GLOBAL): _tma_store,
-           (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.SHARED): _store_fragment}
+           (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.SHARED): _store_fragment,
+           (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.FRAGMENT): fragments.copy}
 
 
 def _copy(ctx: Ctx, s: ir.Copy) -> None:
@@ -139,18 +143,25 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
 def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
     if s.instr is not ir.GemmInstr.WGMMA:
         raise InternalError(f"gluon backend: no rule for gemm instruction {s.instr.value}", s.loc)
-    a, b = _smem(ctx, s.a, s.loc), _smem(ctx, s.b, s.loc)
-    a += ".permute((1, 0))" if s.transpose_a else ""
-    b += ".permute((1, 0))" if s.transpose_b else ""
+    b = _smem(ctx, s.b, s.loc) + (".permute((1, 0))" if s.transpose_b else "")
     c = _fragment(ctx, s.c, s.loc)
+    if s.a.buffer.scope is ir.Scope.FRAGMENT:          # register A: in the operand layout
+        a = _fragment(ctx, s.a, s.loc)
+        want = WgmmaOperandA(ctx.layouts[s.c.buffer.name], 32 // s.a.buffer.dtype.bits)
+        if ctx.layouts[s.a.buffer.name] != want:
+            a = f"gl.convert_layout({a}, {ctx.layout_const(want, 'operand_layout')})"
+    else:
+        a = _smem(ctx, s.a, s.loc) + (".permute((1, 0))" if s.transpose_a else "")
     use = ", use_acc=False" if s.clear_accum else ""
     ctx.line(f"{c} = warpgroup_mma({a}, {b}, {c}{use}, is_async=True)")
+    ctx.defined.add(s.c.buffer.name)
 
 
 def _gemm_wait(ctx: Ctx, s: ir.GemmWait) -> None:
-    accs = [ctx.name(b.name) for b in ctx.accumulators]
+    """Waits keep the accumulators and register operands that hold a value here alive."""
+    accs = [ctx.name(b.name) for b in ctx.accumulators if b.name in ctx.defined]
     if not accs:
-        raise InternalError("gluon backend: gemm_wait in a role without gemms", s.loc)
+        raise InternalError("gluon backend: gemm_wait where no gemm accumulator is defined", s.loc)
     ctx.line(f"{', '.join(accs)} = warpgroup_mma_wait(num_outstanding={s.outstanding}, "
              f"deps=({', '.join(accs)},))")
 
@@ -160,9 +171,13 @@ def _fill(ctx: Ctx, s: ir.Fill) -> None:
     name = _fragment(ctx, s.dst, s.loc)
     ctx.line(f"{name} = gl.full({list(b.static_shape)}, {spell(ctx, s.value)}, {GL_DTYPE[b.dtype]}, "
              f"layout={ctx.layout(b, s.loc)})")
+    ctx.defined.add(b.name)
 
 
 def _store(ctx: Ctx, s: ir.Store) -> None:
+    if ctx.par is not None:
+        fragments.store(ctx, s)
+        return
     ctx.line(f"{ctx.scalar(s.buffer, s.loc)} = {arg(ctx, s.value)}")
 
 
@@ -189,11 +204,16 @@ def _for(ctx: Ctx, s: ir.For) -> None:
         ctx.nonneg.add(s.var)
     bounds = ", ".join(arg(ctx, x) for x in (s.start, s.stop, s.step))
     ctx.line(f"for {ctx.name(s.var.name)} in {_LOOPS[s.kind]}({bounds}):")
+    outside = set(ctx.defined)                # what the body defines stays in the body
     with ctx.indent():
         seq(ctx, s.body)
+    ctx.defined = outside
 
 
 def _if(ctx: Ctx, s: ir.If) -> None:
+    if ctx.par is not None:
+        fragments.masked(ctx, s, seq)
+        return
     ctx.line(f"if {arg(ctx, s.cond)}:")
     with ctx.indent():
         seq(ctx, s.then)
@@ -203,7 +223,12 @@ def _if(ctx: Ctx, s: ir.If) -> None:
             seq(ctx, s.orelse)
 
 
+def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
+    fragments.parallel(ctx, s, seq)
+
+
 _STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
+    ir.Parallel: _parallel, ir.Reduce: fragments.reduce,
     ir.Copy: _copy, ir.Gemm: _gemm, ir.GemmWait: _gemm_wait, ir.Fill: _fill,
     ir.BarrierWait: _barrier_wait, ir.BarrierArrive: _barrier_arrive, ir.ProxyFence: _proxy_fence,
     ir.BulkStoreWait: _bulk_store_wait,

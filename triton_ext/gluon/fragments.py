@@ -1,0 +1,212 @@
+"""Fragment math inside a role: ``T.Parallel`` over register tensors, reductions, fragment ->
+fragment copies, and where each fragment's Python variable is first defined.
+
+* A fragment is a register tensor in the layout ``infer_layouts`` chose, reassigned whole. It is
+  declared (zeros) where its role starts unless it is *local*: every statement touching it lies in
+  one statement list (the role's body or a loop's), and the first of them writes it whole without
+  reading it (a fill, a copy into it, a clearing reduction, a ``T.Parallel`` storing it and not
+  reading it). A local fragment is defined by that write, so a loop does not carry it (attention's
+  S and P live one iteration, not the whole loop).
+* A ``T.Parallel`` loop runs in the layout the plan's ``frames`` give it: each index is a
+  ``gl.arange`` in the slice of that layout along its axis, expanded to the loop's rank, so every
+  expression is a tensor broadcasting over the loop. A fragment indexed by all the indices is the
+  tensor itself, a vector indexed by one of them is expanded along the other axis; each is
+  converted to the layout its use needs when its own differs (``gl.convert_layout``). A store
+  assigns the whole fragment (broadcast to the loop's shape, cast to its dtype, converted to its
+  layout); under an ``if`` it keeps the old elements where the condition is false (``gl.where``).
+* A reduction along a dim of a 2-d fragment is ``gl.max`` / ``gl.min`` / ``gl.sum`` (16-bit sums
+  accumulate in f32), combined with the destination's elements when it does not clear it; Triton
+  spells the cross-thread steps (warp shuffles, shared memory across warps).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tilews.lowering import ir
+from tilews.lowering.errors import InternalError
+from tilews.lowering.layouts import RowSlice
+from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, subexprs, walk
+
+from ..pysource import atom
+from .context import GL_DTYPE, Ctx
+from .exprs import spell
+
+
+@dataclass
+class Frame:
+    """The ``T.Parallel`` being spelled."""
+    vars: tuple[ir.Var, ...]
+    extents: tuple[int, ...]
+    layout: object
+    const: str
+    masks: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------
+# where fragments are defined
+
+
+def declare_fragments(ctx: Ctx, role: ir.Role) -> None:
+    """Record the role's fragments and gemm operands kept alive by waits; declare the fragments
+    that are not local (module docstring)."""
+    used = [b for s in walk(role.body) for b in buffers_read(s) + buffers_written(s)
+            if b.scope is ir.Scope.FRAGMENT]
+    ctx.fragments = {b.name: b for b in used}
+    gemms = [s for s in walk(role.body) if isinstance(s, ir.Gemm)]
+    ctx.accumulators = list(dict.fromkeys(
+        [s.c.buffer for s in gemms] + [s.a.buffer for s in gemms if s.a.buffer.scope is ir.Scope.FRAGMENT]))
+    local = _local_fragments(role.body)
+    ctx.defined = set()
+    for b in dict.fromkeys(used):
+        if b.name not in local:
+            ctx.origin(b.loc)
+            ctx.line(f"{ctx.name(b.name)} = gl.zeros({list(b.static_shape)}, {GL_DTYPE[b.dtype]}, "
+                     f"layout={ctx.layout(b, b.loc)})")
+            ctx.defined.add(b.name)
+
+
+def _touched(s: ir.Stmt) -> set[str]:
+    return {b.name for t in walk(s) for b in buffers_read(t) + buffers_written(t)
+            if b.scope is ir.Scope.FRAGMENT}
+
+
+def _local_fragments(body: ir.Seq) -> set[str]:
+    """Fragments whose first touch in their innermost enclosing statement list defines them."""
+    out: set[str] = set()
+    touched = [_touched(s) for s in body.stmts]
+    for name in set().union(*touched) if touched else ():
+        users = [s for s, t in zip(body.stmts, touched) if name in t]
+        if len(users) == 1 and isinstance(users[0], ir.For):
+            continue                                  # decided inside the loop
+        if _defines(users[0], name):
+            out.add(name)
+    for s in body.stmts:
+        if isinstance(s, ir.For):
+            inner = _local_fragments(s.body)
+            out |= {n for n in inner if sum(n in t for t in touched) == 1}
+    return out
+
+
+def _defines(s: ir.Stmt, name: str) -> bool:
+    """Whether ``s`` writes fragment ``name`` whole without reading it first."""
+    if isinstance(s, ir.Fill):
+        return s.dst.buffer.name == name and _whole(s.dst)
+    if isinstance(s, ir.Copy):
+        return s.dst.buffer.name == name and s.src.buffer.name != name and _whole(s.dst)
+    if isinstance(s, ir.Reduce):
+        return s.dst.name == name and s.clear and s.src.name != name
+    if isinstance(s, ir.Parallel):
+        stores = [t for t in s.body.stmts if isinstance(t, ir.Store) and t.buffer.name == name]
+        reads = [x for t in walk(s.body) for x in _loads(t) if x.buffer.name == name]
+        return bool(stores) and not reads
+    return False
+
+
+def _loads(s: ir.Stmt):
+    return [x for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)]
+
+
+def _whole(r: ir.Region) -> bool:
+    return all(ir.as_int(st) == 0 for st in r.starts) and tuple(r.extents) == r.buffer.static_shape
+
+
+# ----------------------------------------------------------------------------------------------
+# T.Parallel
+
+
+def parallel(ctx: Ctx, p: ir.Parallel, spell_body) -> None:
+    layout = ctx.frames.get(p.vars[0].name)
+    if layout is None:
+        raise InternalError(f"gluon backend: the LayoutPlan has no frame for the T.Parallel over "
+                            f"'{p.vars[0].name}'", p.loc)
+    const = ctx.layout_const(layout)
+    rank = len(p.vars)
+    for k, (v, e) in enumerate(zip(p.vars, p.extents)):
+        name = ctx.name(v.name)
+        if rank == 1:
+            ctx.line(f"{name} = gl.arange(0, {e}, layout={const})")
+        else:
+            along = ctx.layout_const(RowSlice(1 - k, layout), "axis_layout")
+            ctx.line(f"{name} = gl.expand_dims(gl.arange(0, {e}, layout={along}), {1 - k})")
+    ctx.nonneg.update(p.vars)
+    ctx.par = Frame(p.vars, p.extents, layout, const)
+    try:
+        spell_body(ctx, p.body)
+    finally:
+        ctx.par = None
+
+
+def masked(ctx: Ctx, s: ir.If, spell_body) -> None:
+    """An ``if`` inside a ``T.Parallel``: the stores of each branch under its mask."""
+    mask = ctx.fresh("mask")
+    ctx.line(f"{mask} = {spell(ctx, s.cond)}")
+    for body, m in ((s.then, mask), (s.orelse, f"({mask} == 0)")):
+        ctx.par.masks.append(m)
+        spell_body(ctx, body)
+        ctx.par.masks.pop()
+
+
+def store(ctx: Ctx, s: ir.Store) -> None:
+    """``b[i, j] = value`` over the loop: the whole fragment reassigned."""
+    f, b = ctx.par, s.buffer
+    x = ctx.name(b.name)
+    value = spell(ctx, s.value)
+    if not set(f.vars) <= {v for v in subexprs(s.value) if isinstance(v, ir.Var)}:
+        value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
+    if s.value.dtype != b.dtype or _mixed(s.value, b.dtype):
+        value = f"{atom(value)}.to({GL_DTYPE[b.dtype]})"
+    own = ctx.layouts[b.name]
+    if f.masks:
+        old = x if own == f.layout else f"gl.convert_layout({x}, {f.const})"
+        value = f"gl.where({' & '.join(f.masks)}, {value}, {old})"
+    if own != f.layout:
+        value = f"gl.convert_layout({value}, {ctx.layout(b, s.loc)})"
+    ctx.line(f"{x} = {value}")
+    ctx.defined.add(b.name)
+
+
+def _mixed(e: ir.Expr, dtype: ir.DType) -> bool:
+    """Whether ``e`` reads a value of another type than ``dtype`` (Triton's promotion of it may
+    differ from the IR's)."""
+    return any(isinstance(x, (ir.Load, ir.Var)) and x.dtype != dtype and x.dtype.is_float
+               for x in subexprs(e))
+
+
+# ----------------------------------------------------------------------------------------------
+# reductions and copies
+
+
+_REDUCE = {ir.ReduceKind.MAX: ("gl.max", "gl.maximum({}, {})"),
+           ir.ReduceKind.MIN: ("gl.min", "gl.minimum({}, {})"),
+           ir.ReduceKind.SUM: ("gl.sum", "{} + {}"), ir.ReduceKind.ABSSUM: ("gl.sum", "{} + {}")}
+
+
+def reduce(ctx: Ctx, s: ir.Reduce) -> None:
+    src, dst = s.src, s.dst
+    x = ctx.name(src.name)
+    fn, combine = _REDUCE[s.kind]
+    if s.kind is ir.ReduceKind.ABSSUM:
+        x = f"gl.abs({x})"
+    dtype = src.dtype
+    if fn == "gl.sum" and src.dtype.is_float and src.dtype.bits < 32:
+        x, dtype = f"{atom(x)}.to(gl.float32)", ir.DType.F32
+    part = f"{fn}({x}, axis={s.dim})"
+    if dtype != dst.dtype:
+        part = f"{part}.to({GL_DTYPE[dst.dtype]})"
+    if RowSlice(s.dim, ctx.layouts[src.name]) != ctx.layouts[dst.name]:
+        part = f"gl.convert_layout({part}, {ctx.layout(dst, s.loc)})"
+    y = ctx.name(dst.name)
+    ctx.line(f"{y} = {part if s.clear else combine.format(y, part)}")
+    ctx.defined.add(dst.name)
+
+
+def copy(ctx: Ctx, s: ir.Copy) -> None:
+    """fragment -> fragment: cast, then convert to the destination's layout if it differs."""
+    src, dst = s.src.buffer, s.dst.buffer
+    value = ctx.name(src.name)
+    if src.dtype != dst.dtype:
+        value = f"{value}.to({GL_DTYPE[dst.dtype]})"
+    if ctx.layouts[src.name] != ctx.layouts[dst.name]:
+        value = f"gl.convert_layout({value}, {ctx.layout(dst, s.loc)})"
+    ctx.line(f"{ctx.name(dst.name)} = {value}")
+    ctx.defined.add(dst.name)
