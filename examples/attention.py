@@ -1,11 +1,9 @@
 """Attention forward (FlashAttention's online softmax), two ways.
 
-* ``mha_fwd``: TileLang's program (``examples/flash_attention/example_mha_fwd_bhsd.py`` /
-  ``_bshd.py``, written in our words): the Q tile in shared memory, a ``T.Pipelined`` loop over
-  K/V blocks that rescales the running output. On Hopper the compiler splits it into a TMA
-  producer (Q once, then a K/V ring) and a consumer of two warp groups; S = Q K^T, the softmax
-  and P = S cast to 16 bits stay in registers, and P V reads P as the wgmma's register operand.
-  Causal or not, BHSD or BSHD tensors, any sequence length (the last block is masked).
+* ``mha_fwd`` (``tilews/ops/attention.py``, behind ``tilews.ops.attention``): TileLang's program
+  (``examples/flash_attention/example_mha_fwd_bhsd.py`` / ``_bshd.py``) with a plain
+  ``T.Pipelined`` loop; the compiler finds the schedule (a TMA producer, a consumer of two warp
+  groups, P @ V with P in registers).
 * ``ws_mha_fwd``: the same computation with the schedule written out (``T.ws``): the producer
   ``T.ws(0)`` loads Q once and fills a ``stages``-deep K/V ring guarded by full/empty barriers;
   the consumer ``T.ws(1, 2)`` computes.
@@ -22,92 +20,8 @@ import torch
 
 import tilews
 import tilews.language as T
+from tilews.ops.attention import LOG2E, mha_fwd
 from tilews.testing import best_device, rel_err, time_ms
-
-LOG2E = 1.4426950408889634
-
-
-def _dims(batch, heads, seq_len, dim, layout):
-    if layout not in ("bhsd", "bshd"):
-        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
-    return [batch, heads, seq_len, dim] if layout == "bhsd" else [batch, seq_len, heads, dim]
-
-
-def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=128, num_stages=2,
-                    threads=256, layout="bhsd", dtype=T.float16):
-    scale = LOG2E / math.sqrt(dim)                 # softmax in base 2
-    shape = _dims(batch, heads, seq_len, dim, layout)
-    accum = T.float32
-
-    @T.prim_func
-    def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
-             Output: T.Tensor(shape, dtype)):
-        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
-            Q_shared = T.alloc_shared([block_M, dim], dtype)
-            K_shared = T.alloc_shared([block_N, dim], dtype)
-            V_shared = T.alloc_shared([block_N, dim], dtype)
-            O_shared = T.alloc_shared([block_M, dim], dtype)
-            acc_s = T.alloc_fragment([block_M, block_N], accum)
-            acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
-            acc_o = T.alloc_fragment([block_M, dim], accum)
-            scores_max = T.alloc_fragment([block_M], accum)
-            scores_max_prev = T.alloc_fragment([block_M], accum)
-            scores_scale = T.alloc_fragment([block_M], accum)
-            scores_sum = T.alloc_fragment([block_M], accum)
-            logsum = T.alloc_fragment([block_M], accum)
-
-            if layout == "bhsd":
-                T.copy(Q[bz, by, bx * block_M, 0], Q_shared)
-            else:
-                T.copy(Q[bz, bx * block_M, by, 0], Q_shared)
-            T.fill(acc_o, 0)
-            T.fill(logsum, 0)
-            T.fill(scores_max, -T.infinity(accum))
-            if is_causal:
-                loop_range = T.min(T.ceildiv(seq_len, block_N), T.ceildiv((bx + 1) * block_M, block_N))
-            else:
-                loop_range = T.ceildiv(seq_len, block_N)
-            for k in T.Pipelined(loop_range, num_stages=num_stages):
-                if layout == "bhsd":
-                    T.copy(K[bz, by, k * block_N, 0], K_shared)
-                else:
-                    T.copy(K[bz, k * block_N, by, 0], K_shared)
-                for i, j in T.Parallel(block_M, block_N):     # -inf where a key is masked out
-                    if is_causal:
-                        acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j)
-                                                     and (k * block_N + j < seq_len), 0, -T.infinity(accum))
-                    else:
-                        acc_s[i, j] = T.if_then_else(k * block_N + j < seq_len, 0, -T.infinity(accum))
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
-                if layout == "bhsd":
-                    T.copy(V[bz, by, k * block_N, 0], V_shared)
-                else:
-                    T.copy(V[bz, k * block_N, by, 0], V_shared)
-                T.copy(scores_max, scores_max_prev)
-                T.fill(scores_max, -T.infinity(accum))
-                T.reduce_max(acc_s, scores_max, dim=1, clear=False)
-                for i in T.Parallel(block_M):
-                    scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
-                for i in T.Parallel(block_M):
-                    scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
-                for i, j in T.Parallel(block_M, block_N):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
-                T.reduce_sum(acc_s, scores_sum, dim=1)
-                for i in T.Parallel(block_M):
-                    logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
-                T.copy(acc_s, acc_s_cast)
-                for i, j in T.Parallel(block_M, dim):
-                    acc_o[i, j] *= scores_scale[i]
-                T.gemm(acc_s_cast, V_shared, acc_o)
-            for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] /= logsum[i]
-            T.copy(acc_o, O_shared)
-            if layout == "bhsd":
-                T.copy(O_shared, Output[bz, by, bx * block_M, 0])
-            else:
-                T.copy(O_shared, Output[bz, bx * block_M, by, 0])
-    return main
-
 
 def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=128, stages=2,
                        dtype=T.float16):
@@ -184,7 +98,6 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
     return main
 
 
-mha_fwd = tilews.jit(out_idx=[3])(mha_fwd_program)
 ws_mha_fwd = tilews.jit(out_idx=[3])(ws_mha_fwd_program)
 
 

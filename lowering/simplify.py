@@ -100,3 +100,38 @@ def _fold(e):
 
 def fold(e: ir.Expr) -> ir.Expr:
     return transform(e, _fold)
+
+
+def difference(a: ir.Expr, b: ir.Expr) -> Optional[int]:
+    """``a - b`` as an int when it does not depend on runtime values, comparing both as sums of
+    integer multiples of the same terms (``(bx + 1) * 64 - bx * 64`` is 64); else None."""
+    x, y = _linear(a), _linear(b)
+    if x is None or y is None:
+        return None
+    terms = set(x) | set(y)
+    if any(x.get(t, 0) != y.get(t, 0) for t in terms if t is not None):
+        return None
+    return x.get(None, 0) - y.get(None, 0)
+
+
+def _linear(e: ir.Expr) -> Optional[dict]:
+    """``e`` as {term: coefficient} (the constant under None) for integer sums and products by
+    constants; any other subexpression is one term."""
+    if not e.dtype.is_int:
+        return None
+    c = ir.as_int(e)
+    if c is not None:
+        return {None: c}
+    if isinstance(e, ir.BinOp) and e.op in (_B.ADD, _B.SUB, _B.MUL):
+        a, b = _linear(e.a), _linear(e.b)
+        if a is None or b is None:
+            return None
+        if e.op is _B.MUL:
+            k, other = (a[None], b) if set(a) == {None} else (b[None], a) if set(b) == {None} else (None, None)
+            return None if k is None else {t: k * v for t, v in other.items()}
+        sign = 1 if e.op is _B.ADD else -1
+        out = dict(a)
+        for t, v in b.items():
+            out[t] = out.get(t, 0) + sign * v
+        return out
+    return {e: 1, None: 0}

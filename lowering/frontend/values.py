@@ -12,7 +12,7 @@ from typing import Union
 
 from .. import ir
 from ..errors import CompileError
-from ..simplify import fold_binop
+from ..simplify import difference, fold_binop
 from .context import current_loc
 
 PyNum = Union[int, float, bool]
@@ -216,15 +216,8 @@ class BufferRef:
 
 def _static_extent(start, stop) -> int | None:
     """stop - start as an int when it does not depend on runtime values."""
-    diff = to_expr(stop) if not isinstance(stop, ir.Expr) else stop
-    s = to_expr(start)
-    d = binary(ir.BinOpKind.SUB, Scalar(diff), Scalar(s)).expr
-    if ir.as_int(d) is not None:
-        return ir.as_int(d)
-    # (x + n) - x
-    if isinstance(diff, ir.BinOp) and diff.op is ir.BinOpKind.ADD and diff.a == s:
-        return ir.as_int(diff.b)
-    return None
+    end = to_expr(stop) if not isinstance(stop, ir.Expr) else stop
+    return difference(end, to_expr(start))
 
 
 class ElementRef(Scalar):

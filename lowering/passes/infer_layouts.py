@@ -7,8 +7,9 @@ Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
            * a ``WgmmaAccumulator`` for each gemm accumulator, splitting M across the warp
              groups of its role first (a merged ``T.ws(1, 2)`` consumer holds one accumulator,
              half the rows in each warp group). A tile no valid warp partition fits
-             (docs/ws-semantics.md #3: M a multiple of 64 per warp group, N of 8) is a
-             ``CompileError`` at the gemm saying which block sizes work;
+             (docs/ws-semantics.md #3: M a multiple of 64 per warp group, N of 8) gets none
+             (``legalize_wgmma`` refuses the program, naming the gemm and the block sizes that
+             work);
            * a ``WgmmaOperandA`` (on the accumulator of its gemm) for a fragment a gemm reads as
              its A operand;
            * for the other fragments, the layout their uses imply, propagated to a fixed point:
@@ -32,7 +33,6 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 from .. import ir, layouts
-from ..errors import CompileError
 from ..plans import LayoutPlan
 from ..target import Target
 from ..traverse import exprs_of, subexprs, walk
@@ -58,9 +58,11 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
     stmts = list(walk(role.body))
     gemms = [s for s in stmts if isinstance(s, ir.Gemm)]
     for g in gemms:
-        chosen.setdefault(g.c.buffer.name, _accumulator(g, warps))
+        acc = _accumulator(g, warps)
+        if acc is not None:
+            chosen.setdefault(g.c.buffer.name, acc)
     for g in gemms:
-        if g.a.buffer.scope is ir.Scope.FRAGMENT:
+        if g.a.buffer.scope is ir.Scope.FRAGMENT and g.c.buffer.name in chosen:
             chosen.setdefault(g.a.buffer.name,
                               layouts.WgmmaOperandA(chosen[g.c.buffer.name], 32 // g.a.buffer.dtype.bits))
     loops = [s for s in stmts if isinstance(s, ir.Parallel)]
@@ -170,11 +172,11 @@ def _frame(p: ir.Parallel, chosen: dict):
     return None
 
 
-def _accumulator(g: ir.Gemm, warps: int) -> layouts.WgmmaAccumulator:
+def _accumulator(g: ir.Gemm, warps: int) -> Optional[layouts.WgmmaAccumulator]:
+    """The accumulator layout, or None where no wgmma warp partition fits the tile
+    (``legalize_wgmma`` refuses such a gemm, saying which block sizes work)."""
     M, N = g.c.tile_shape
     try:
         return layouts.accumulator_for(M, N, warps, g.a.buffer.dtype.bits)
-    except ValueError as e:
-        raise CompileError(f"T.gemm: {e}", g.loc,
-                           [f"this role has {warps // 4} warp group(s): block_M must be a multiple "
-                            f"of {16 * warps} (or {64} per warp group) and block_N of 8"]) from None
+    except ValueError:
+        return None

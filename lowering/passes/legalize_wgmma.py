@@ -47,7 +47,7 @@ from typing import Optional
 
 from .. import ir, protocol, roles
 from ..errors import CompileError
-from ..plans import AsyncPlan, AsyncRefusal
+from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
 from ..target import Target
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, substmts, walk)
@@ -90,7 +90,9 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
     ws = wss[0]
     scalars = _scalar_locals(kernel, ws)
     pointers = _pointer_params(kernel, ws)
-    new_roles = tuple(dataclasses.replace(r, body=_fence(_seq(r.body), set())) for r in ws.roles)
+    laid_out = dict(kernel.plan(LayoutPlan).layouts)
+    new_roles = tuple(dataclasses.replace(r, body=_fence(_seq(r.body, laid_out), set()))
+                      for r in ws.roles)
     descriptors: list[tuple[str, tuple[int, ...]]] = []
     for r in new_roles:
         for s in walk(r.body):
@@ -253,20 +255,21 @@ def _pointer_params(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
     return tuple((b.name, tuple(readers[b.name])) for b in kernel.buffer_params if b.name in readers)
 
 
-def _seq(body: ir.Seq) -> ir.Seq:
+def _seq(body: ir.Seq, layouts: dict) -> ir.Seq:
     """Decide the statements of one statement list (recursing into loops)."""
     out: list[ir.Stmt] = []
     stmts = body.stmts
     for i, s in enumerate(stmts):
         if isinstance(s, ir.For):
-            out.append(dataclasses.replace(s, body=_seq(s.body)))
+            out.append(dataclasses.replace(s, body=_seq(s.body, layouts)))
         elif isinstance(s, ir.If):
-            out.append(dataclasses.replace(s, then=_seq(s.then), orelse=_seq(s.orelse)))
+            out.append(dataclasses.replace(s, then=_seq(s.then, layouts), orelse=_seq(s.orelse, layouts)))
         elif isinstance(s, ir.Copy):
             out.append(_copy(s, stmts[i + 1:]))
             if out[-1].mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
                 out.append(ir.BulkStoreWait(0, s.loc))    # overlap_store may defer it
         elif isinstance(s, ir.Gemm):
+            _check_wgmma_shape(s, layouts)
             if s.b.buffer.scope is not ir.Scope.SHARED:
                 raise _Refuse(f"gemm operand B is not in shared memory (line {s.loc.line})")
             if s.a.buffer.scope is ir.Scope.FRAGMENT:
@@ -281,6 +284,20 @@ def _seq(body: ir.Seq) -> ir.Seq:
         else:
             out.append(s)
     return dataclasses.replace(body, stmts=tuple(out))
+
+
+def _check_wgmma_shape(s: ir.Gemm, layouts: dict) -> None:
+    """docs/ws-semantics.md #3 and the instruction's K step: refuse what wgmma cannot compute."""
+    M, N = s.c.tile_shape
+    k_tile = s.a.tile_shape[0 if s.transpose_a else -1]
+    step = 256 // s.a.buffer.dtype.bits
+    if s.c.buffer.name not in layouts:
+        raise _Refuse(f"no wgmma warp partition fits the {M}x{N} tile of T.gemm at line "
+                      f"{s.loc.line}: block_M must be a multiple of 64 per consumer warp group "
+                      f"and block_N of 8")
+    if k_tile % step:
+        raise _Refuse(f"the reduction dim of T.gemm at line {s.loc.line} is {k_tile}, not a "
+                      f"multiple of wgmma's k step {step} for {s.a.buffer.dtype.value}")
 
 
 def _fence(body: ir.Seq, pending: set) -> ir.Seq:
