@@ -28,6 +28,7 @@ from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
 from tilews.lowering.target import HOPPER
+from tilews.ops.attention import mha_fwd_program
 from tilews.triton_ext import passes
 from tilews.lowering.plans import AsyncPlan
 from tilews.triton_ext.gluon import GluonProgram
@@ -91,6 +92,10 @@ KERNELS = {
     "persistent": lambda: persistent_matmul.fn(512, 512, 256, block_M=128, block_N=256, block_K=64,
                                                num_sms=3),
     "two_consumers": two_consumers,
+    # S of block k + 1 in flight under block k's softmax (overlap_softmax), P @ V from registers;
+    # the prologue, loop and peeled last iteration reuse SSA names in sibling regions
+    "attention": lambda: mha_fwd_program(1, 2, 1000, 64, True, block_M=128, block_N=128,
+                                         num_stages=2, threads=256),
 }
 
 
@@ -279,3 +284,14 @@ def test_a_verifier_finding_reaches_the_user_as_a_compile_error():
         GluonProgram(good.source.replace(wait, ""), good.kernel, services().store, triton_version())
     assert "TTGIR verifier: kernel 'main'" in e.value.message
     assert e.value.loc == good.kernel.loc          # located at the user's kernel
+
+
+def test_attention_next_scores_read_before_their_wait_fails():
+    """The loop's wait (after P @ V) also completes the next block's Q K^T; leaving two gemms
+    outstanding there lets the next iteration read S while its wgmma may still be writing it."""
+    lines = program("attention").asm["ttgir"].splitlines()
+    loop = next(i for i, line in enumerate(lines) if "scf.for" in line and "iter_args" in line)
+    wait = next(i for i in range(loop, len(lines)) if "ttng.warp_group_dot_wait" in lines[i])
+    lines[wait] = lines[wait].replace("pendings = 0", "pendings = 2")
+    msg = rejected("\n".join(lines))
+    assert re.search(r"reads the result of `%\S+ = ttng\.warp_group_dot %Q_shared", msg), msg

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 from .. import ir, printer, verify
 from ..target import Target
 from . import (check_barriers, despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma,
-               overlap_store, persist, plan_buffers, plan_pipeline, swizzle_grid, warp_specialize)
+               overlap_softmax, overlap_store, persist, plan_buffers, plan_pipeline, swizzle_grid,
+               warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
@@ -33,7 +34,10 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     ("legalize", legalize.run),
     # Hopper's choices (TMA, wgmma, register budgets) or the reason to use triton.language.
     ("legalize_wgmma", legalize_wgmma.run),
-    # After the instruction choice: overlaps one wgmma with the next iteration's.
+    # After the instruction choice: the next block's first gemm under this block's fragment
+    # math (attention's Q K^T under the softmax) ...
+    ("overlap_softmax", overlap_softmax.run),
+    # ... and one wgmma in flight across iterations of a GEMM main loop.
     ("overlap_mma", overlap_mma.run),
     # ... and a tile's result store with the next tile's main loop (persistent kernels).
     ("overlap_store", overlap_store.run),

@@ -41,7 +41,10 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
     @T.prim_func
     def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
              Output: T.Tensor(shape, dtype)):
-        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
+        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bm, by, bz):
+            # causal: the longest rows (the last query blocks) start first, so the short ones
+            # fill the tail of the schedule instead of leaving one long block running alone
+            bx = T.ceildiv(seq_len, block_M) - 1 - bm if is_causal else bm
             Q_shared = T.alloc_shared([block_M, dim], dtype)
             K_shared = T.alloc_shared([block_N, dim], dtype)
             V_shared = T.alloc_shared([block_N, dim], dtype)

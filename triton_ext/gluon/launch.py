@@ -70,7 +70,7 @@ def _run_compile(source: str, spec: dict, kernel: ir.Kernel, store: ArtifactStor
         if proc.returncode != 0 or not out_file.exists():
             how = (f"Triton aborted (signal {-proc.returncode})" if proc.returncode < 0
                    else f"exit status {proc.returncode}")
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-25:]
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-150:]
             raise InternalError(f"gluon backend: compiling the generated source of "
                                 f"'{kernel.name}' for sm_90a failed ({how}); source: {path}",
                                 kernel.loc, tail)

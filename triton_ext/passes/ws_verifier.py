@@ -374,6 +374,8 @@ class _Flow:
                     self.pending[r] = frozenset().union(*(y[i] for y in ys if len(y) > i))
             else:
                 self.read(op, op.operands)
+                for r in op.results:      # a fresh value (sibling regions may reuse a name)
+                    self.pending.pop(r, None)
                 if op.name == "ttng.arrive_barrier":
                     self.arrive(op, out, carried)
                 for r in op.regions:

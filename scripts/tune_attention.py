@@ -1,0 +1,128 @@
+"""Check and time attention forward (tilews.ops.attention's program, and the explicit T.ws one)
+against SDPA with the cuDNN and flash backends, interleaved over several rounds, plus the fused
+GEMM epilogue against torch.matmul followed by the same epilogue; median ratio per row with its
+spread. Writes JSON to $OUT/attention.json when $OUT is set.
+
+    python scripts/tune_attention.py [--rounds N] [--quick]
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import tilews
+import tilews.language as T
+from examples.attention import ws_mha_fwd_program
+from tilews.ops.attention import mha_fwd_program
+from tilews.ops.epilogue import matmul_epilogue
+from tilews.testing import rel_err, time_ms
+
+SHAPES = [  # (B, H, S, D)
+    (4, 16, 4096, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (4, 32, 4096, 64), (2, 16, 1000, 128),
+]
+hop = lambda f: tilews.jit(out_idx=[-1], target="hopper")(f)  # noqa: E731
+
+
+def sdpa(backend):
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def attention_rows(rounds, quick):
+    rows = []
+    for B, H, S, D in SHAPES[:2] if quick else SHAPES:
+        for causal in (False, True):
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+            flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+            bn, stages = (64, 1) if D > 128 else (128, 2)
+            cands = {"auto": hop(mha_fwd_program)(B, H, S, D, causal, block_M=128, block_N=bn,
+                                                  num_stages=stages, threads=256)}
+            if D <= 128:
+                cands["explicit T.ws"] = hop(ws_mha_fwd_program)(B, H, S, D, causal, block_N=bn, stages=stages)
+            checks = {}
+            for name, kern in cands.items():
+                out = kern(q, k, v)
+                again = kern(q, k, v)
+                checks[name] = dict(target=kern.target, err=rel_err(out, ref),
+                                    nan=bool(out.isnan().any()), deterministic=bool(torch.equal(out, again)))
+            refs = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+            times = {n: [] for n in [*cands, *refs]}
+            for _ in range(rounds):
+                for n, fn in refs.items():
+                    times[n].append(time_ms(lambda: fn(q, k, v, causal), q.device))
+                for n, kern in cands.items():
+                    times[n].append(time_ms(lambda: kern(q, k, v), q.device))
+            for n in cands:
+                r_cudnn = [c / t for c, t in zip(times["cudnn"], times[n])]
+                r_flash = [c / t for c, t in zip(times["flash"], times[n])]
+                med = statistics.median(times[n])
+                rows.append(dict(work="attention", shape=f"B{B} H{H} S{S} D{D}", causal=causal, variant=n,
+                                 **checks[n], ms=med, tflops=flops / med / 1e9,
+                                 cudnn_tflops=flops / statistics.median(times["cudnn"]) / 1e9,
+                                 vs_cudnn=statistics.median(r_cudnn), vs_cudnn_min=min(r_cudnn),
+                                 vs_cudnn_max=max(r_cudnn), vs_flash=statistics.median(r_flash)))
+                print(rows[-1], flush=True)
+    return rows
+
+
+def epilogue_rows(rounds, quick):
+    acts = {"relu": torch.relu, "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
+    rows = []
+    for M, N, K in [(4096, 4096, 4096), (8192, 8192, 1024)][:1 if quick else 2]:
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        for act, fn in acts.items():
+            kern = hop(matmul_epilogue.fn)(M, N, K, act, 0.5, block_M=128, block_N=256, block_K=64,
+                                           num_stages=3, threads=256, dtype=T.bfloat16)
+            out = kern(a, b, bias)
+            exact = fn(0.5 * (a.double() @ b.double()) + bias.double())
+            torch_fn = lambda: fn(0.5 * (a @ b) + bias)  # noqa: E731
+            err, err_torch = rel_err(out, exact), rel_err(torch_fn(), exact)
+            ours, theirs = [], []
+            for _ in range(rounds):
+                theirs.append(time_ms(torch_fn, a.device))
+                ours.append(time_ms(lambda: kern(a, b, bias), a.device))
+            r = [t / o for t, o in zip(theirs, ours)]
+            rows.append(dict(work="gemm+epilogue", shape=f"{M}x{N}x{K}", activation=act, target=kern.target,
+                             err=err, err_torch=err_torch, ms=statistics.median(ours),
+                             vs_torch=statistics.median(r), vs_torch_min=min(r), vs_torch_max=max(r)))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv) -> int:
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 5
+    quick = "--quick" in argv
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = attention_rows(rounds, quick) + epilogue_rows(rounds, quick)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "attention.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"\nmedian of {rounds} interleaved rounds (ratio > 1: tilews faster)")
+    print("| work | shape | causal/act | variant | target | rel err | TFLOP/s | vs cuDNN (min-max) | vs flash |")
+    for r in rows:
+        if r["work"] == "attention":
+            print(f"| attention | {r['shape']} | {r['causal']} | {r['variant']} | {r['target']} | {r['err']:.1e}"
+                  f"{' NaN' if r['nan'] else ''}{'' if r['deterministic'] else ' nondet'} | {r['tflops']:.0f} "
+                  f"(cuDNN {r['cudnn_tflops']:.0f}) | {r['vs_cudnn']:.3f}x ({r['vs_cudnn_min']:.3f}-"
+                  f"{r['vs_cudnn_max']:.3f}) | {r['vs_flash']:.3f}x |")
+        else:
+            print(f"| gemm+epilogue | {r['shape']} | {r['activation']} | matmul_epilogue | {r['target']} | "
+                  f"{r['err']:.1e} (torch {r['err_torch']:.1e}) | | {r['vs_torch']:.3f}x vs torch "
+                  f"({r['vs_torch_min']:.3f}-{r['vs_torch_max']:.3f}) | |")
+    bad = [r for r in rows if r["err"] > 1e-2 or r.get("nan")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
