@@ -4,11 +4,18 @@ Triton, checked and timed in the same run.
     tilews-bench gemm [--shapes square,ragged,1024x1024x512] [--dtype bf16|fp16]
                       [--targets hopper,triton,interpret] [--quick] [--rounds N]
                       [--json PATH] [--csv PATH] [--plot PATH]
-    tilews-bench fp8 | attention | all
+    tilews-bench epilogue [--shapes llm,4096x4096x4096:gelu] [the same options]
+    tilews-bench attention [--shapes long,4x32x4096x128:causal,8x16x2048x64] [the same options]
+    tilews-bench fp8 | all
+
+Shapes: MxNxK for gemm; MxNxK:relu|gelu|silu for epilogue (act(alpha * A @ B + bias)); BxHxSxD:
+causal|noncausal for attention. A shape without its ``:mode`` runs every mode. With ``all``, each
+``--shapes`` entry goes to the workloads it is a preset or a shape of (``cpu``: all of them).
 
 Exit code: 0 when every row is correct, 1 when a row FAILed (wrong numbers) or raised, 2 for a bad
-command line (output paths are checked before anything is built or timed). The table is printed
-last.
+command line (output paths are checked before anything is built or timed). A row whose kernel
+cannot run that shape here (N/A: an SDPA backend that does not take it) is no failure. The table
+is printed last.
 """
 from __future__ import annotations
 
@@ -21,15 +28,18 @@ from .plot import write_plot
 from .report import write_csv, write_json
 from .results import Report
 from .runner import plan, run_shape, steps
-from .shapes import ShapeError, parse_shapes
+from .shapes import ShapeError, assign_shapes, form, parse_shapes
 from .workload import DTYPES, Case, Pending, Workload, registry
 
 TARGETS = ("hopper", "triton", "interpret")
 ROUNDS = {True: 5, False: 2}      # default --rounds on a GPU / without one (interpreter timings)
 OUTPUTS = ("json", "csv", "plot")  # the options that name a file to write
 COMMANDS = {"gemm": "bf16/fp16 GEMM against torch.matmul (cuBLAS) and a plain Triton tl.dot kernel",
+            "epilogue": "GEMM with a fused epilogue, act(alpha * A @ B + bias) with act relu, gelu "
+                        "(tanh) or silu, against torch.matmul followed by the same epilogue in PyTorch",
+            "attention": "attention forward (BHSD, causal or not) against SDPA with its cuDNN and "
+                         "flash (FlashAttention-2) backends",
             "fp8": "FP8 scaled GEMM against torch._scaled_mm (tilews has no FP8 kernels yet)",
-            "attention": "attention forward against SDPA cuDNN/flash (tilews has no attention kernels yet)",
             "all": "every workload above (the ones tilews lacks are reported as not yet available)"}
 
 
@@ -46,18 +56,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     chosen = list(workloads) if args.command == "all" else [args.command]
     report = Report(args.command, args.dtype, args.targets or default_targets(machine), machine,
                     machines.versions(), args.rounds or ROUNDS[machine.gpu])
-    runs = []
-    for name in chosen:
-        w = workloads[name]
-        if isinstance(w, Pending):
-            report.pending[name] = w.message
-            continue
-        try:
-            shapes = parse_shapes(args.shapes or w.default_preset(machine, args.quick), w.presets, w.dims)
-        except ShapeError as e:
-            parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
-        runs.append((w, shapes))
-    _run(report, runs, args.quick)
+    report.pending = {n: workloads[n].message for n in chosen if isinstance(workloads[n], Pending)}
+    runnable = [workloads[n] for n in chosen if isinstance(workloads[n], Workload)]
+    try:
+        shapes = choose_shapes(args.shapes, runnable, machine, args.quick)
+    except ShapeError as e:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+    for w in runnable:
+        if not shapes[w.name]:
+            report.unavailable[f"workload {w.name}"] = (f"skipped: no --shapes entry is one of its "
+                                                        f"presets or a {form(w.dims, w.modes)} shape")
+    _run(report, [(w, shapes[w.name]) for w in runnable if shapes[w.name]], args.quick)
     notes = _write_files(report, args)
     console.print_notes(report, notes)
     console.print_table(report)
@@ -69,9 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--shapes", help="comma list of presets (gemm: " + ", ".join(_gemm_presets())
-                         + ") and shapes like 1024x1024x512; default: 'bench' on a GPU ('gpu-quick' "
-                         "with --quick), 'cpu' without one")
+    options.add_argument("--shapes", help=_shapes_help())
     options.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     options.add_argument("--targets", type=_targets,
                          help="comma list of tilews targets: hopper, triton, interpret (default: "
@@ -86,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in COMMANDS.items():
         sub.add_parser(name, parents=[options], help=text, description=text)
     return parser
+
+
+def choose_shapes(text: Optional[str], workloads: Sequence[Workload], machine: machines.Machine,
+                  quick: bool) -> dict[str, list]:
+    """Each workload's shapes: its default preset without --shapes; with it, every entry must be
+    the one workload's, and for ``all`` each entry goes to the workloads it fits."""
+    if not text:
+        return {w.name: parse_shapes(w.default_preset(machine, quick), w.presets, w.dims, w.modes)
+                for w in workloads}
+    if len(workloads) == 1:
+        w = workloads[0]
+        return {w.name: parse_shapes(text, w.presets, w.dims, w.modes)}
+    return assign_shapes(text, {w.name: (w.presets, w.dims, w.modes) for w in workloads})
 
 
 def default_targets(machine: machines.Machine) -> list[str]:
@@ -122,9 +142,12 @@ def _targets(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _gemm_presets() -> list[str]:
-    from .gemm import PRESETS
-    return list(PRESETS)
+def _shapes_help() -> str:
+    workloads = [w for w in registry().values() if isinstance(w, Workload)]
+    return ("comma list of presets (" + "; ".join(f"{w.name}: {', '.join(w.presets)}" for w in workloads)
+            + ") and shapes: " + ", ".join(f"{form(w.dims, w.modes)} ({w.name})" for w in workloads)
+            + "; a shape without its ':mode' runs every mode. Default: 'bench' on a GPU ('gpu-quick' "
+              "with --quick), 'cpu' without one. With 'all', each entry goes to the workloads it fits")
 
 
 def _run(report: Report, runs: list[tuple[Workload, list]], quick: bool) -> None:

@@ -14,7 +14,8 @@ from .shapes import shape_text
 
 INTERPRETER_NOTE = (
     "No CUDA GPU here: tilews runs in its reference interpreter (target 'interpret') or under "
-    "Triton's CPU interpreter (target 'triton'), and torch.matmul runs on the CPU. These are "
+    "Triton's CPU interpreter (target 'triton'), and the torch references run on the CPU (the "
+    "GPU-only ones, SDPA's cuDNN and flash backends, are unavailable). These are "
     "INTERPRETER TIMINGS: they show that every kernel runs and is correct, and are NOT comparable "
     "with GPU numbers, nor with each other.")
 GPU_INTERPRETED_NOTE = "Rows on target 'interpret' are interpreter timings, not comparable with the others."
@@ -44,11 +45,14 @@ def progress(total: int) -> Iterator[Advance]:
 
 
 def print_notes(report: Report, notes: list[str]) -> None:
-    """Everything that has to be said before the table: what was not run, failures, files."""
+    """Everything that has to be said before the table: what was not run (here, or for a
+    shape), failures, files."""
     lines = [f"{what}: unavailable ({why})" for what, why in report.unavailable.items()]
     lines += [f"{name}: not yet available. {msg}" for name, msg in report.pending.items()]
     lines += [f"{r.status.upper()} {shape_text(r.shape)} {r.impl} [{r.target}]: {r.message}"
               for r in report.failures]
+    lines += [f"{shape_text(r.shape)} {r.impl} [{r.target}]: unavailable ({r.message})"
+              for r in report.rows if r.status == "unavailable"]
     lines += notes
     if report.interpreted:
         lines.append(GPU_INTERPRETED_NOTE if report.machine.gpu else INTERPRETER_NOTE)
@@ -104,6 +108,8 @@ def _ratio(r: Row, ref: str) -> str:
 def _check(r: Row) -> str:
     if r.status == "error":
         return "ERROR"
+    if r.status == "unavailable":
+        return "N/A"
     err = "NaN" if r.rel_err is None else f"{r.rel_err:.1e}"
     return f"{'OK' if r.status == 'ok' else 'FAIL'} {err}"
 

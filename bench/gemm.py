@@ -5,15 +5,16 @@ tilews variant: ``examples.gemm.matmul`` rebuilt for each target. References: ``
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
-from .machine import Machine, triton_unavailable
-from .workload import Case, Reference, Variant, Workload
+from .kernels import for_target, tilews_dtype
+from .machine import triton_unavailable
+from .shapes import Shape
+from .workload import Case, Reference, Variant, Workload, standard_preset
 
 SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192))
 SMALL_K = ((8192, 8192, 1024),)
@@ -31,37 +32,32 @@ PRESETS = {
 }
 
 
-def _default_preset(machine: Machine, quick: bool) -> str:
-    if not machine.gpu:
-        return "cpu"
-    return "gpu-quick" if quick else "bench"
-
-
-def _make_inputs(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    M, N, K = case.shape
+def make_inputs(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [M, K] and B [K, N], random normal (a shape's first three dimensions: the epilogue
+    workload's shapes end with an activation)."""
+    M, N, K = case.shape[:3]
     dev = case.machine.device
     a = torch.randn(M, K, generator=gen, device=dev).to(case.dtype)
     b = torch.randn(K, N, generator=gen, device=dev).to(case.dtype)
     return a, b
 
 
-def _make_output(case: Case) -> torch.Tensor:
-    M, N, _ = case.shape
+def flops(shape: Shape) -> float:
+    """2 * M * N * K (a shape's first three dimensions)."""
+    M, N, K = shape[:3]
+    return 2.0 * M * N * K
+
+
+def make_output(case: Case) -> torch.Tensor:
+    M, N, _ = case.shape[:3]
     return torch.empty(M, N, dtype=case.dtype, device=case.machine.device)
 
 
-def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _reference(case: Case, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.double() @ b.double()
 
 
 # ---- tilews variants ---------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def _factory(target: str):
-    """``examples.gemm.matmul`` for ``target``, writing into a caller-given C (no out_idx)."""
-    import tilews
-    return tilews.jit(target=target)(_example_gemm().matmul.fn)
-
 
 def _example_gemm():
     """``examples/gemm.py``: importable from a checkout's root, else loaded from the checkout this
@@ -81,27 +77,22 @@ def _example_gemm():
         return module
 
 
-def _tilews_dtype(case: Case):
-    import tilews.language as T
-    return {torch.bfloat16: T.bfloat16, torch.float16: T.float16}[case.dtype]
-
-
 def persistent_variant(block_M: int, block_N: int, block_K: int, num_stages: int, threads: int) -> Variant:
     """``examples.gemm.persistent_matmul``: one block per SM over output tiles."""
     def build(case: Case, target: str):
-        import tilews
-        factory = tilews.jit(target=target)(_example_gemm().persistent_matmul.fn)
+        factory = for_target(_example_gemm().persistent_matmul.fn, target)
         return factory(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
-                       num_stages=num_stages, threads=threads, dtype=_tilews_dtype(case))
+                       num_stages=num_stages, threads=threads, dtype=tilews_dtype(case.dtype))
     return Variant(f"tilews persistent {block_M}x{block_N}x{block_K} s{num_stages} t{threads}", build)
 
 
 def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
                    threads: int = 128, swizzle: int = 0) -> Variant:
+    """``examples.gemm.matmul`` for each target, writing into a caller-given C (no out_idx)."""
     def build(case: Case, target: str):
-        return _factory(target)(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
-                                num_stages=num_stages, threads=threads, swizzle=swizzle,
-                                dtype=_tilews_dtype(case))
+        return for_target(_example_gemm().matmul.fn, target)(
+            *case.shape, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
+            threads=threads, swizzle=swizzle, dtype=tilews_dtype(case.dtype))
     suffix = ("" if threads == 128 else f" t{threads}") + (f" sw{swizzle}" if swizzle else "")
     return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build)
 
@@ -124,9 +115,9 @@ TRITON = Reference("triton tl.dot", _triton_matmul,
                    unavailable=triton_unavailable)
 
 WORKLOAD = Workload(
-    name="gemm", dims="MNK", presets=PRESETS, default_preset=_default_preset,
-    flops=lambda s: 2.0 * s[0] * s[1] * s[2],
-    make_inputs=_make_inputs, make_output=_make_output, reference=_reference,
+    name="gemm", dims="MNK", presets=PRESETS, default_preset=standard_preset,
+    flops=flops,
+    make_inputs=make_inputs, make_output=make_output, reference=_reference,
     tolerance=1e-2,
     # 128 threads: one consumer warp group; on a GPU also 128x256 tiles over 256 threads, two
     # consumer warp groups (on Hopper, plus the producer warp group warp specialization adds)

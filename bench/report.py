@@ -8,7 +8,7 @@ from .results import Report, Row
 from .shapes import shape_text
 
 CSV_FIELDS = ["workload", "shape", "dtype", "impl", "kind", "target", "interpreted", "status",
-              "rel_err", "tolerance", "ms", "ms_runs", "spread_pct", "tflops", "input_sets",
+              "rel_err", "tolerance", "ms", "ms_runs", "spread_pct", "flops", "tflops", "input_sets",
               "build_s", "message"]
 
 

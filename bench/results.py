@@ -27,11 +27,13 @@ class Row:
     target: str                  # the tilews target, or what runs a reference ("cuBLAS")
     interpreted: bool            # an interpreter ran it: its timing is not comparable
     tolerance: float
-    status: str = "ok"           # "ok" | "fail" (wrong numbers) | "error" (raised)
+    status: str = "ok"           # "ok" | "fail" (wrong numbers) | "error" (raised) | "unavailable"
+                                 # (cannot run this shape or dtype here: not a failure)
     message: str = ""
     rel_err: Optional[float] = None
     build_s: Optional[float] = None       # building it (on a GPU, Triton compiles at the first call)
     input_sets: int = 1          # input sets the timing rotated among
+    flops: Optional[float] = None         # the workload's FLOP count for this shape
     ms_runs: list[float] = field(default_factory=list)   # one median per round, in round order
     tflops: Optional[float] = None
     # reference -> its ms / this row's ms, one per round (both timed in that same round)

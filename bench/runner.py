@@ -6,9 +6,14 @@ every kernel once (each timing itself a median of many runs), starting one kerne
 round before, so no kernel is always timed first or last. A ratio is the median over the rounds of
 the same-round ratio: a timing that is slow in one round (a busy shared GPU) moves that round's
 ratio only, and the min..max of the per-round ratios shows how much the rounds disagreed.
+
+A kernel's scope (SDPA's backend choice) is entered around its build, its check and each of its
+timings, never around each call. A kernel that cannot run a case (``Unavailable``) gets a row
+saying so, untimed, and is no failure.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -21,7 +26,7 @@ from .machine import Machine, triton_unavailable
 from .results import Row
 from .shapes import shape_text
 from .timing import median_ms, sets_needed
-from .workload import Case, KernelFn, Workload, dtype_name
+from .workload import Case, KernelFn, Scope, Unavailable, Workload, dtype_name
 
 Advance = Callable[[str], None]   # progress: one step done, with what comes next
 
@@ -34,6 +39,7 @@ class Impl:
     target: str
     interpreted: bool
     build: Callable[[Case], KernelFn]
+    scope: Scope = contextlib.nullcontext    # entered around its build, check and each timing
 
 
 def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[list[Impl], dict[str, str]]:
@@ -53,7 +59,8 @@ def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[
         if why:
             unavailable[f"reference {ref.name}"] = why
             continue
-        impls.append(Impl(ref.name, "reference", ref.runs_on(machine), ref.interpreted(machine), ref.build))
+        impls.append(Impl(ref.name, "reference", ref.runs_on(machine), ref.interpreted(machine), ref.build,
+                          ref.scope))
     return impls, unavailable
 
 
@@ -80,14 +87,15 @@ def run_shape(workload: Workload, case: Case, impls: Sequence[Impl], quick: bool
     n_sets = sets_needed(sum(t.nbytes for t in first), case.machine.l2_bytes)
     sets = [first] + [(*workload.make_inputs(case, gen), workload.make_output(case))
                       for _ in range(n_sets - 1)]
-    exact = workload.reference(*first[:-1])
+    exact = workload.reference(case, *first[:-1])
     rows, fns = [], {}
     for impl in impls:
         row = Row(workload.name, case.shape, dtype_name(case.dtype), impl.name, impl.kind,
-                  impl.target, impl.interpreted, workload.tolerance, input_sets=n_sets)
+                  impl.target, impl.interpreted, workload.tolerance, input_sets=n_sets,
+                  flops=workload.flops(case.shape))
         fn = _check(row, impl, case, first, exact)
         if fn is not None:
-            fns[id(row)] = fn
+            fns[id(row)] = (fn, impl.scope)
         rows.append(row)
         advance(f"{shape_text(case.shape)} {impl.name} [{impl.target}]: checked")
     del exact
@@ -95,27 +103,33 @@ def run_shape(workload: Workload, case: Case, impls: Sequence[Impl], quick: bool
         for row in rows[n % len(rows):] + rows[:n % len(rows)]:
             # a row that raised while timing is not timed again: ms_runs[i] stays round i
             if id(row) in fns and row.status != "error":
-                _time(row, fns[id(row)], sets, case, quick)
+                _time(row, *fns[id(row)], sets, case, quick)
             advance(f"{shape_text(case.shape)} {row.impl} [{row.target}]: timed, round {n + 1}/{rounds}")
-    _compare(rows, workload.flops(case.shape))
+    _compare(rows)
     return rows
 
 
 def _check(row: Row, impl: Impl, case: Case, inputs: tuple, exact: torch.Tensor) -> KernelFn | None:
-    """Build and run once into a NaN-poisoned output; the built kernel, or None if it raised."""
+    """Build and run once into a NaN-poisoned output (or take the tensor of the output's shape it
+    returns); the built kernel, or None if it raised or cannot run this case."""
     *args, out = inputs
     try:
-        t0 = time.perf_counter()
-        fn = impl.build(case)
-        row.build_s = time.perf_counter() - t0
-        poison_(out)
-        fn(*args, out)
-        _sync(case)
+        with impl.scope():
+            t0 = time.perf_counter()
+            fn = impl.build(case)
+            row.build_s = time.perf_counter() - t0
+            poison_(out)
+            result = fn(*args, out)
+            _sync(case)
+    except Unavailable as e:   # not this shape or dtype: the row says so, and it is no failure
+        row.status, row.message = "unavailable", str(e)
+        return None
     except Exception as e:  # noqa: BLE001 - a kernel that raises is a failing row, not a crash
         row.status, row.message = "error", f"{type(e).__name__}: {e}"
         return None
     try:
-        row.rel_err = rel_err(out, exact)
+        returned = isinstance(result, torch.Tensor) and result.shape == out.shape
+        row.rel_err = rel_err(result if returned else out, exact)
     except AssertionError as e:   # NaN in the output: unwritten elements
         row.status, row.message = "fail", str(e)
         return fn
@@ -125,18 +139,19 @@ def _check(row: Row, impl: Impl, case: Case, inputs: tuple, exact: torch.Tensor)
     return fn
 
 
-def _time(row: Row, fn: KernelFn, sets: list, case: Case, quick: bool) -> None:
+def _time(row: Row, fn: KernelFn, scope: Scope, sets: list, case: Case, quick: bool) -> None:
     try:
-        row.ms_runs.append(median_ms(fn, sets, case.machine.device, quick))
+        with scope():
+            row.ms_runs.append(median_ms(fn, sets, case.machine.device, quick))
     except Exception as e:  # noqa: BLE001
         row.status, row.message = "error", f"while timing: {type(e).__name__}: {e}"
 
 
-def _compare(rows: list[Row], flops: float) -> None:
+def _compare(rows: list[Row]) -> None:
     """TFLOP/s from the median ms; per reference, the ratio of each round both were timed in."""
     timed = [r for r in rows if r.ms]
     for row in timed:
-        row.tflops = flops / row.ms / 1e9
+        row.tflops = row.flops / row.ms / 1e9
         row.ratio_rounds = {ref.impl: [r_ms / ms for r_ms, ms in zip(ref.ms_runs, row.ms_runs)]
                             for ref in timed if ref.kind == "reference" and ref is not row}
 

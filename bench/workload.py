@@ -1,17 +1,18 @@
 """What a benchmarked workload provides, and the registry of workloads.
 
-A workload (GEMM now; FP8 GEMM and attention later) knows its shapes, inputs, FLOP count and exact
-reference, the tilews variants to build per target, and the references to compare against. The
-runner (``tilews.bench.runner``) does the same for every workload: check, time, compare. Adding
-FP8 means one module like ``tilews.bench.gemm`` (references ``torch._scaled_mm`` rowwise and
-tensorwise) and its entry in ``WORKLOADS``; attention adds SDPA with the cuDNN and flash backends.
+A workload (GEMM, the GEMM with a fused epilogue, attention; FP8 GEMM later) knows its shapes,
+inputs, FLOP count and exact reference, the tilews variants to build per target, and the
+references to compare against. The runner (``tilews.bench.runner``) does the same for every
+workload: check, time, compare. Adding FP8 means one module like ``tilews.bench.gemm``
+(references ``torch._scaled_mm`` rowwise and tensorwise) and its entry in ``registry()``.
 
 ``variants`` and ``references`` are plain lists so a test can add a deliberately wrong kernel.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Callable, ContextManager, Optional, Union
 
 import torch
 
@@ -20,12 +21,19 @@ from .shapes import Shape
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}   # --dtype
 
-# A built kernel: fn(*inputs, out) writes its result into ``out``.
+# A built kernel: fn(*inputs, out) writes its result into ``out``, or returns it as a tensor of
+# ``out``'s shape (a reference with no out= form, like SDPA; ``out`` is then unused).
 KernelFn = Callable[..., object]
+Scope = Callable[[], ContextManager]   # entered around a kernel's build, check and each timing
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, dt in DTYPES.items() if dt == dtype)
+
+
+class Unavailable(Exception):
+    """Raised by a kernel's build or first call: it cannot run this case here (a backend that does
+    not take this shape or dtype). The row says so and why; it is not a failure."""
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,14 @@ class Variant:
 @dataclass(frozen=True)
 class Reference:
     """What tilews is compared against. ``runs_on(machine)`` names what executes it ("cuBLAS");
-    ``unavailable(machine)`` says why it cannot run here, or None."""
+    ``unavailable(machine)`` says why it cannot run here, or None; ``scope()`` is entered around
+    its build, check and each timing (not each call): SDPA's backend choice."""
     name: str
     build: Callable[[Case], KernelFn]
     runs_on: Callable[[Machine], str]
     interpreted: Callable[[Machine], bool] = lambda m: not m.gpu
     unavailable: Callable[[Machine], Optional[str]] = lambda m: None
+    scope: Scope = contextlib.nullcontext
 
 
 @dataclass
@@ -63,10 +73,11 @@ class Workload:
     flops: Callable[[Shape], float]
     make_inputs: Callable[[Case, torch.Generator], tuple[torch.Tensor, ...]]
     make_output: Callable[[Case], torch.Tensor]
-    reference: Callable[..., torch.Tensor]           # exact (float64) result from the inputs
+    reference: Callable[..., torch.Tensor]           # reference(case, *inputs): the exact (float64) result
     tolerance: float                                 # on ||out - ref|| / ||ref||
     variants: list[Variant] = field(default_factory=list)
     references: list[Reference] = field(default_factory=list)
+    modes: tuple[str, ...] = ()                      # what a shape ends with: ("causal", "noncausal")
 
 
 @dataclass(frozen=True)
@@ -76,12 +87,17 @@ class Pending:
     message: str
 
 
+def standard_preset(machine: Machine, quick: bool) -> str:
+    """The default preset every workload names so: 'cpu' without a GPU, else 'gpu-quick' with
+    --quick and 'bench' without."""
+    if not machine.gpu:
+        return "cpu"
+    return "gpu-quick" if quick else "bench"
+
+
 def registry() -> dict[str, Union[Workload, Pending]]:
-    from . import gemm
-    return {"gemm": gemm.WORKLOAD,
+    from . import attention, epilogue, gemm
+    return {"gemm": gemm.WORKLOAD, "epilogue": epilogue.WORKLOAD, "attention": attention.WORKLOAD,
             "fp8": Pending("fp8", "tilews has no FP8 GEMM kernels yet (T.fp8_scaled_matmul is not "
                                   "implemented); the FP8 bench will compare against torch._scaled_mm "
-                                  "with rowwise and tensorwise scales once they exist."),
-            "attention": Pending("attention", "tilews has no attention kernels yet; the attention "
-                                              "bench will compare against SDPA with the cuDNN and "
-                                              "flash backends once they exist.")}
+                                  "with rowwise and tensorwise scales once they exist.")}

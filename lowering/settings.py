@@ -27,6 +27,8 @@ SWITCHES = (
     ("TILEWS_DUMP_IR", "write the IR after every pass to this folder"),
     ("TILEWS_POISON_OUTPUTS", "outputs tilews allocates (`out_idx`) start as NaN (the tests set it)"),
     ("TILEWS_DEBUG_FRONTEND", "re-raise the raw Python error behind a frontend `CompileError`"),
+    ("TILEWS_OVERLAP_SOFTMAX", "Hopper: issue the next block's first gemm under this block's "
+                               "fragment math (overlap_softmax; off: it measured slower on H100)"),
 )
 
 
@@ -54,6 +56,7 @@ class Settings:
     dump_ir: Optional[Path] = None
     poison_outputs: bool = False
     debug_frontend: bool = False
+    overlap_softmax: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -62,4 +65,5 @@ class Settings:
                    print_source=flag("TILEWS_PRINT_SOURCE", environ),
                    dump_ir=_path("TILEWS_DUMP_IR", environ),
                    poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),
-                   debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ))
+                   debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
+                   overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ))

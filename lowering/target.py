@@ -16,6 +16,7 @@ class Target:
     power_of_two_tiles: bool = False  # tile extents must be powers of two (tl.arange)
     num_sms: int = 0                # multiprocessors, when known (persistent grids); 0: unknown
     hangs_on_deadlock: bool = False  # a barrier deadlock hangs it: check_barriers refuses one
+    overlap_softmax: bool = False   # schedule choice: overlap_softmax applies (Hopper, opt-in)
 
 
 INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)

@@ -1,6 +1,7 @@
 """The bench CLI (``tilews-bench`` / ``python -m tilews.bench``) on the CPU: argument parsing, the
 JSON and CSV it writes, the exit code when a kernel is wrong, the plot, graceful degradation
-without rich and matplotlib, and the workloads tilews has no kernels for yet.
+without rich and matplotlib, the epilogue and attention workloads (their shapes with a mode, FLOPs,
+references that cannot run here), ``all``, and the workload tilews has no kernels for yet (fp8).
 
 Most tests run in-process on the ``interpret`` target with ``torch.matmul`` as the only reference
 (fast, and triton stays unimported). Two run ``python -m tilews.bench`` in a subprocess, one of
@@ -8,6 +9,7 @@ them the whole default ``gemm --quick`` (both targets, both references).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import subprocess
@@ -16,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from tilews.bench import cli, gemm, runner
-from tilews.bench.shapes import ShapeError, parse_shapes
+from tilews.bench import attention, cli, epilogue, gemm, runner
+from tilews.bench.shapes import ShapeError, parse_shapes, shape_text
 from tilews.bench.timing import MAX_SETS, sets_needed
-from tilews.bench.workload import Reference, Variant
+from tilews.bench.workload import Reference, Unavailable, Variant
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--targets", "interpret", "--shapes", "64x64x64,100x72x40", "--quick"]
@@ -76,7 +79,7 @@ def test_bad_shapes_are_clear_errors(text, says, capsys):
     (["gemm", "--dtype", "fp32"], "invalid choice: 'fp32'"),
     (["gemm", "--rounds", "0"], "--rounds: '0' is not a positive integer"),
     (["matmul"], "invalid choice: 'matmul'"),
-    ([], "required: {gemm,fp8,attention,all}"),
+    ([], "required: {gemm,epilogue,attention,fp8,all}"),
 ])
 def test_bad_options_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
@@ -294,27 +297,204 @@ def test_planted_incorrect_kernel_makes_the_exit_code_nonzero(name, body, status
     assert sum(ln.startswith("| ") and f"| {marker}" in ln for ln in lines) == 2
 
 
+# ---- attention and the GEMM epilogue: shapes with a mode -------------------------------------------
+
+ATTENTION = ["attention", "--targets", "interpret", "--rounds", "1", "--quick"]
+EPILOGUE = ["epilogue", "--targets", "interpret", "--rounds", "1", "--quick", "--shapes", "64x64x64"]
+
+
+def test_attention_shapes_name_their_mode_or_get_both():
+    shapes = parse_shapes("4x32x4096x128:causal, 8x16x2048x64,cpu,4X32X4096X128:Causal",
+                          attention.PRESETS, "BHSD", attention.MODES)
+    assert shapes == [(4, 32, 4096, 128, "causal"), (8, 16, 2048, 64, "causal"),
+                      (8, 16, 2048, 64, "noncausal"), (1, 2, 100, 64, "causal"), (1, 2, 100, 64, "noncausal")]
+    assert [shape_text(s) for s in shapes[:2]] == ["4x32x4096x128:causal", "8x16x2048x64:causal"]
+    assert parse_shapes("64x64x64:gelu", epilogue.PRESETS, "MNK", epilogue.MODES) == [(64, 64, 64, "gelu")]
+
+
+def test_default_presets_cover_the_gpu_sizes_and_a_tiny_cpu_one():
+    bench_ = attention.PRESETS["bench"]
+    assert len(bench_) == 8 and {s[4] for s in bench_} == {"causal", "noncausal"}
+    assert {s[3] for s in bench_} == {64, 128}
+    assert (min(s[0] for s in bench_), max(s[0] for s in bench_)) == (2, 16)
+    assert {s[1] for s in bench_} == {16, 32} and {s[2] for s in bench_} == {1024, 2048, 4096, 16384}
+    assert attention.PRESETS["cpu"] == ((1, 2, 100, 64, "causal"), (1, 2, 100, 64, "noncausal"))
+    assert {s[:3] for s in epilogue.PRESETS["bench"]} == {(4096, 4096, 4096), (8192, 8192, 1024),
+                                                          (4096, 14336, 4096)}
+    assert len(epilogue.PRESETS["bench"]) == 9   # one row per activation
+    cpu = cli.machines.detect()
+    if not cpu.gpu:
+        assert attention.WORKLOAD.default_preset(cpu, False) == "cpu"
+        assert epilogue.WORKLOAD.default_preset(cpu, True) == "cpu"
+
+
+@pytest.mark.parametrize("command, text, says", [
+    ("attention", "4x32x4096", "has 3 dimension(s); this workload's shapes are BxHxSxD[:causal|noncausal]"),
+    ("attention", "4x32x4096x128:sideways",
+     "has the unknown mode 'sideways'; the modes are causal, noncausal"),
+    ("attention", "4x32x4096x128:", "has the unknown mode ''"),
+    ("attention", "4x0x4096x128:causal", "has a zero dimension"),
+    ("attention", "square", "unknown shape preset 'square'; presets: bench, long, "),
+    ("epilogue", "64x64x64:tanh", "the modes are relu, gelu, silu"),
+    ("gemm", "64x64x64:relu", "is not MxNxK with positive integers"),
+])
+def test_bad_shapes_with_modes_exit_2(command, text, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--shapes", text])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"tilews-bench {command}: error:" in err and says in err
+
+
+def test_attention_runs_on_the_cpu_with_flash_attention_flops(tmp_path, capsys):
+    path, table = tmp_path / "att.json", tmp_path / "att.csv"
+    code, out, _ = bench(capsys, *ATTENTION, "--json", str(path), "--csv", str(table))
+    assert code == 0
+    assert "reference SDPA cuDNN: unavailable (SDPA's CUDNN_ATTENTION backend runs on a CUDA GPU only)" in out
+    assert "reference SDPA flash: unavailable (" in out
+    rows = [ln.split("|")[1:5] for ln in out.splitlines() if ln.startswith("| 1x2x100x64")]
+    assert [[c.strip() for c in r[:3]] for r in rows] == [
+        ["1x2x100x64:causal", "tilews.ops.attention", "interpret"],
+        ["1x2x100x64:noncausal", "tilews.ops.attention", "interpret"]]
+    assert all(r[3].strip().startswith("OK ") for r in rows)
+    data = json.loads(path.read_text())
+    assert [(r["shape"], r["status"]) for r in data["rows"]] == [
+        ([1, 2, 100, 64, "causal"], "ok"), ([1, 2, 100, 64, "noncausal"], "ok")]
+    causal, full = data["rows"]
+    assert full["flops"] == 4 * 1 * 2 * 100 * 100 * 64 == 2 * causal["flops"]     # halved when causal
+    assert causal["tflops"] == pytest.approx(causal["flops"] / causal["ms"] / 1e9)
+    assert all(r["rel_err"] < 1e-2 for r in data["rows"])
+    assert [r["shape"] for r in csv.DictReader(table.open())] == ["1x2x100x64:causal", "1x2x100x64:noncausal"]
+    assert attention.WORKLOAD.flops((4, 32, 4096, 128, "causal")) == 2 * 4 * 32 * 4096 ** 2 * 128
+
+
+def test_epilogue_runs_one_row_per_activation(tmp_path, capsys):
+    path = tmp_path / "epi.json"
+    code, out, _ = bench(capsys, *EPILOGUE, "--json", str(path))
+    assert code == 0 and "vs torch.matmul + epilogue" in out
+    data = json.loads(path.read_text())
+    assert [(r["shape"][3], r["impl"], r["status"]) for r in data["rows"]] == [
+        (act, impl, "ok") for act in ("relu", "gelu", "silu")
+        for impl in ("tilews.ops.matmul_bias_act", "torch.matmul + epilogue")]
+    assert all(r["flops"] == 2 * 64 ** 3 and r["rel_err"] < 1e-2 for r in data["rows"])
+    assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+def no_causal_mask(q, k, v, out):
+    out.copy_(F.scaled_dot_product_attention(q.float(), k.float(), v.float()))
+
+
+def no_bias(a, b, bias, out):
+    out.copy_(F.silu(a.float() @ b.float() / a.shape[1] ** 0.5))
+
+
+@pytest.mark.parametrize("argv, workload, body, wrong", [
+    (ATTENTION, attention, no_causal_mask, ["1x2x100x64:causal"]),
+    (EPILOGUE[:-2] + ["--shapes", "64x64x64:silu"], epilogue, no_bias, ["64x64x64:silu"]),
+])
+def test_a_planted_wrong_variant_fails_the_run(argv, workload, body, wrong, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(workload.WORKLOAD, "variants", workload.WORKLOAD.variants + [planted("wrong", body)])
+    path = tmp_path / "bench.json"
+    code, out, _ = bench(capsys, *argv, "--json", str(path))
+    assert code == 1
+    data = json.loads(path.read_text())
+    failed = [shape_text(tuple(r["shape"])) for r in data["rows"] if r["status"] != "ok"]
+    assert failed == wrong and data["exit_code"] == 1
+    assert all(r["impl"] == "wrong" for r in data["rows"] if r["status"] != "ok")
+    assert f"FAIL {wrong[0]} wrong [interpret]: rel err" in out
+    assert out.rstrip().splitlines()[-1].endswith("1 row(s) FAILED: exit code 1.")
+
+
+def test_a_reference_that_cannot_run_a_shape_says_so_and_is_no_failure(tmp_path, capsys, monkeypatch):
+    """SDPA's flash backend refusing a head dim, say: the row is N/A with the reason, exit code 0."""
+    def build(case):
+        if case.shape[4] == "causal":
+            raise Unavailable("no causal kernel for this shape")
+        return lambda q, k, v, out: F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    monkeypatch.setattr(attention.WORKLOAD, "references",
+                        [Reference("fussy", build, runs_on=lambda m: "fussy")])
+    path = tmp_path / "att.json"
+    code, out, _ = bench(capsys, *ATTENTION, "--json", str(path))
+    assert code == 0
+    data = json.loads(path.read_text())
+    fussy = {r["shape"][4]: r for r in data["rows"] if r["impl"] == "fussy"}
+    assert fussy["causal"]["status"] == "unavailable"
+    assert fussy["causal"]["message"] == "no causal kernel for this shape"
+    assert fussy["causal"]["ms_runs"] == [] and fussy["noncausal"]["status"] == "ok"   # returned, not written
+    assert "1x2x100x64:causal fussy [fussy]: unavailable (no causal kernel for this shape)" in out
+    assert any(ln.startswith("| 1x2x100x64:causal ") and "| N/A " in ln for ln in out.splitlines())
+    assert data["failures"] == 0 and out.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+def test_a_reference_scope_is_entered_per_timing_not_per_call(capsys, monkeypatch):
+    """SDPA's sdpa_kernel(...) costs ~10 us to enter: it is entered around the build, the check and
+    each whole timing, and every call runs inside it."""
+    entered, inside = [], [False]
+
+    @contextlib.contextmanager
+    def scope():
+        entered.append(1)
+        inside[0] = True
+        yield
+        inside[0] = False
+
+    def call(a, b, bias, out):
+        assert inside[0], "called outside its scope"
+        calls.append(1)
+        out.copy_(epilogue._epilogue(case[0], a.double() @ b.double(), bias.double()))
+    calls, case = [], []
+    monkeypatch.setattr(epilogue.WORKLOAD, "references", [Reference(
+        "scoped", lambda c: case.append(c) or call, runs_on=lambda m: "scoped", scope=scope)])
+    code, _, _ = bench(capsys, *EPILOGUE[:-2], "--shapes", "64x64x64:relu", "--rounds", "3")
+    assert code == 0
+    assert len(entered) == 1 + 3 and len(calls) > len(entered)   # check, then 3 timings of many calls
+
+
 # ---- workloads without tilews kernels ------------------------------------------------------------
 
-@pytest.mark.parametrize("command, says", [
-    ("fp8", "tilews has no FP8 GEMM kernels yet"),
-    ("attention", "tilews has no attention kernels yet"),
-])
-def test_pending_workloads_say_so_and_exit_0(command, says, capsys):
-    code, out, _ = bench(capsys, command)
+def test_pending_workload_says_so_and_exits_0(capsys):
+    code, out, _ = bench(capsys, "fp8")
     assert code == 0
-    assert out.strip() == f"{command}: not yet available. " + out.split("available. ", 1)[1].strip()
-    assert says in out
+    assert out.strip() == "fp8: not yet available. " + out.split("available. ", 1)[1].strip()
+    assert "tilews has no FP8 GEMM kernels yet" in out
 
 
-def test_all_runs_gemm_and_reports_the_others(tmp_path, capsys):
+def test_all_runs_every_workload_and_reports_fp8(tmp_path, capsys):
     path = tmp_path / "all.json"
-    code, out, _ = bench(capsys, "all", *SMALL, "--json", str(path))
+    code, out, _ = bench(capsys, "all", "--targets", "interpret", "--shapes", "cpu", "--rounds", "1",
+                         "--quick", "--json", str(path))
     assert code == 0
-    assert "fp8: not yet available." in out and "attention: not yet available." in out
+    assert "fp8: not yet available." in out
     data = json.loads(path.read_text())
-    assert set(data["pending"]) == {"fp8", "attention"} and len(data["rows"]) == 4
+    assert set(data["pending"]) == {"fp8"}
+    per_workload = {w: [r for r in data["rows"] if r["workload"] == w]
+                    for w in ("gemm", "epilogue", "attention")}
+    assert [len(rows) for rows in per_workload.values()] == [2 * 2, 6 * 2, 2]   # attention: no reference here
+    assert all(r["status"] == "ok" for r in data["rows"])
     assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+def test_all_gives_each_shape_to_the_workloads_it_fits(tmp_path, capsys):
+    path = tmp_path / "all.json"
+    code, out, _ = bench(capsys, "all", *SMALL, "--rounds", "1", "--json", str(path))
+    assert code == 0
+    data = json.loads(path.read_text())
+    assert {(r["workload"], shape_text(tuple(r["shape"]))) for r in data["rows"]} == {
+        ("gemm", "64x64x64"), ("gemm", "100x72x40"),
+        *(("epilogue", f"{s}:{act}") for s in ("64x64x64", "100x72x40") for act in epilogue.MODES)}
+    assert data["unavailable"]["workload attention"] == ("skipped: no --shapes entry is one of its presets "
+                                                         "or a BxHxSxD[:causal|noncausal] shape")
+    assert "workload attention: unavailable (skipped:" in out
+
+
+def test_all_with_a_shape_no_workload_takes_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["all", "--shapes", "cpu,64x64"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "tilews-bench all: error: --shapes entry '64x64' fits no workload (gemm: shape '64x64' has 2" in err
+    assert ("attention: shape '64x64' has 2 dimension(s); this workload's shapes are "
+            "BxHxSxD[:causal|noncausal]") in err
 
 
 def python_m_bench(*argv) -> subprocess.CompletedProcess:
@@ -323,9 +503,9 @@ def python_m_bench(*argv) -> subprocess.CompletedProcess:
 
 
 def test_python_dash_m_bench_pending():
-    proc = python_m_bench("attention")
+    proc = python_m_bench("fp8")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("attention: not yet available. tilews has no attention kernels yet")
+    assert proc.stdout.startswith("fp8: not yet available. tilews has no FP8 GEMM kernels yet")
 
 
 def test_python_dash_m_bench_gemm_quick(tmp_path):

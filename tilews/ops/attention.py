@@ -74,12 +74,23 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
                     T.copy(K[bz, by, k * block_N, 0], K_shared)
                 else:
                     T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_shared)
-                for i, j in T.Parallel(block_M, block_N):     # -inf where a key is masked out
-                    if is_causal:
-                        acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j)
-                                                     and (k * block_N + j < seq_len), 0, -T.infinity(accum))
-                    else:
-                        acc_s[i, j] = T.if_then_else(k * block_N + j < seq_len, 0, -T.infinity(accum))
+                # -inf where a key is past the end (or, causal, after the query); a block
+                # without such keys needs only a cleared accumulator
+                if is_causal:
+                    unmasked = (k + 1) * block_N <= T.min(seq_len, bx * block_M + 1)
+                else:
+                    unmasked = (k + 1) * block_N <= seq_len
+                if unmasked:
+                    T.clear(acc_s)
+                else:
+                    for i, j in T.Parallel(block_M, block_N):
+                        if is_causal:
+                            acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j)
+                                                         and (k * block_N + j < seq_len), 0,
+                                                         -T.infinity(accum))
+                        else:
+                            acc_s[i, j] = T.if_then_else(k * block_N + j < seq_len, 0,
+                                                         -T.infinity(accum))
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
                 if layout == "bhsd":
                     T.copy(V[bz, by, k * block_N, 0], V_shared)
@@ -125,16 +136,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
     batch, heads, seq_len, dim = shape if layout == "bhsd" else (shape[0], shape[2], shape[1], shape[3])
     if seq_len == 0 or batch == 0 or heads == 0:
         return torch.empty_like(q)
-    gpu = q.device.type == "cuda"
-    if not gpu:
-        blocks = dict(block_M=64, block_N=64, threads=128, num_stages=2)
-    elif dim > 128:      # Q, O and one 64-row K/V stage: 192 KB of the 227 KB
-        blocks = dict(block_M=128, block_N=64, threads=256, num_stages=1)
-    else:
-        blocks = dict(block_M=128, block_N=128, threads=256, num_stages=2)
     kernel = mha_fwd(batch, heads, seq_len, dim, bool(is_causal), layout=layout,
-                     dtype=_DTYPES[q.dtype], **blocks)
+                     dtype=_DTYPES[q.dtype], **blocks(dim, gpu=q.device.type == "cuda"))
     return kernel(q, k, v)
+
+
+def blocks(dim: int, gpu: bool) -> dict:
+    """The block sizes, threads and K/V stages ``attention`` uses for head dim ``dim``."""
+    if not gpu:
+        return dict(block_M=64, block_N=64, threads=128, num_stages=2)
+    if dim > 128:        # Q, O and one 64-row K/V stage: 192 KB of the 227 KB
+        return dict(block_M=128, block_N=64, threads=256, num_stages=1)
+    return dict(block_M=128, block_N=128, threads=256, num_stages=2)
 
 
 def _check(q, k, v, layout) -> tuple:

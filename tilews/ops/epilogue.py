@@ -66,8 +66,13 @@ def matmul_bias_act(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, activa
     if K2 != K or bias.shape[0] != N:
         raise ValueError(f"matmul_bias_act(): shapes a {tuple(a.shape)}, b {tuple(b.shape)}, bias "
                          f"{tuple(bias.shape)} do not chain (a [M, K], b [K, N], bias [N])")
-    gpu = a.device.type == "cuda"
-    blocks = dict(block_M=128, block_N=256, block_K=64, threads=256) if gpu else \
-        dict(block_M=64, block_N=64, block_K=32, threads=128)
-    kernel = matmul_epilogue(M, N, K, activation, float(alpha), dtype=_DTYPES[a.dtype], **blocks)
+    kernel = matmul_epilogue(M, N, K, activation, float(alpha), dtype=_DTYPES[a.dtype],
+                             **blocks(gpu=a.device.type == "cuda"))
     return kernel(a, b, bias)
+
+
+def blocks(gpu: bool) -> dict:
+    """The tile sizes and threads ``matmul_bias_act`` uses."""
+    if gpu:
+        return dict(block_M=128, block_N=256, block_K=64, threads=256)
+    return dict(block_M=64, block_N=64, block_K=32, threads=128)

@@ -40,4 +40,5 @@ class GluonBackend(Backend):
 
 
 def make(services: Services) -> GluonBackend:
-    return GluonBackend(dataclasses.replace(HOPPER, num_sms=services.machine.num_sms), services)
+    return GluonBackend(dataclasses.replace(HOPPER, num_sms=services.machine.num_sms,
+                                            overlap_softmax=services.settings.overlap_softmax), services)
