@@ -17,6 +17,8 @@ class Target:
     num_sms: int = 0                # multiprocessors, when known (persistent grids); 0: unknown
     hangs_on_deadlock: bool = False  # a barrier deadlock hangs it: check_barriers refuses one
     overlap_softmax: bool = False   # schedule choice: overlap_softmax applies (Hopper, opt-in)
+    split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
+                                    # it off to compare)
 
 
 INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)

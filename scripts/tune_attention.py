@@ -7,6 +7,7 @@ spread. Writes JSON to $OUT/attention.json when $OUT is set.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -21,12 +22,21 @@ import tilews.language as T
 from examples.attention import ws_mha_fwd_program
 from tilews.ops.attention import mha_fwd_program
 from tilews.ops.epilogue import matmul_epilogue
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.target import HOPPER
 from tilews.testing import rel_err, time_ms
+from tests.helpers import load
 
 SHAPES = [  # (B, H, S, D)
     (4, 16, 4096, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (4, 32, 4096, 64), (2, 16, 1000, 128),
 ]
 hop = lambda f: tilews.jit(out_idx=[-1], target="hopper")(f)  # noqa: E731
+
+
+def _launch(program, q, k, v):
+    out = torch.empty_like(q)
+    program.launch([q, k, v, out])
+    return out
 
 
 def sdpa(backend):
@@ -44,15 +54,18 @@ def attention_rows(rounds, quick):
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
             flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
             bn, stages = (64, 1) if D > 128 else (128, 2)
-            cands = {"auto": hop(mha_fwd_program)(B, H, S, D, causal, block_M=128, block_N=bn,
-                                                  num_stages=stages, threads=256)}
+            prim = mha_fwd_program(B, H, S, D, causal, block_M=128, block_N=bn, num_stages=stages,
+                                   threads=256)
+            cands = {"auto": hop(lambda: prim)()}
+            merged = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, split_consumers=False))
+            cands["auto, merged consumer"] = lambda q, k, v, p=merged: _launch(p, q, k, v)
             if D <= 128:
                 cands["explicit T.ws"] = hop(ws_mha_fwd_program)(B, H, S, D, causal, block_N=bn, stages=stages)
             checks = {}
             for name, kern in cands.items():
                 out = kern(q, k, v)
                 again = kern(q, k, v)
-                checks[name] = dict(target=kern.target, err=rel_err(out, ref),
+                checks[name] = dict(target=getattr(kern, "target", "hopper (gluon, direct)"), err=rel_err(out, ref),
                                     nan=bool(out.isnan().any()), deterministic=bool(torch.equal(out, again)))
             refs = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
             times = {n: [] for n in [*cands, *refs]}

@@ -12,8 +12,8 @@ from typing import Callable, Optional
 from .. import ir, printer, verify
 from ..target import Target
 from . import (check_barriers, despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma,
-               overlap_softmax, overlap_store, persist, plan_buffers, plan_pipeline, swizzle_grid,
-               warp_specialize)
+               overlap_softmax, overlap_store, persist, plan_buffers, plan_pipeline, split_consumers,
+               swizzle_grid, warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
@@ -27,6 +27,8 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     ("persist", persist.run),
     ("plan_pipeline", plan_pipeline.run),
     ("warp_specialize", warp_specialize.run),
+    # Roles are what they will be: one per consumer warp group where their rows are independent.
+    ("split_consumers", split_consumers.run),
     # Rings and roles are final: place shared buffers and check the budget.
     ("plan_buffers", plan_buffers.run),
     ("infer_layouts", infer_layouts.run),

@@ -79,13 +79,17 @@ def whole(r: ir.Region) -> bool:
 
 def _smem(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
     """A shared region as a shared-memory descriptor: leading unit dims (ring slots) indexed,
-    the rest whole."""
+    then a constant block of rows sliced, the rest whole."""
     b = r.buffer
     if b.scope is not ir.Scope.SHARED:
         raise InternalError(f"gluon backend: '{b.name}' is not in shared memory", loc)
     text, d = ctx.name(b.name), 0
     while len(r.extents) - d > len(r.tile_shape) and r.extents[d] == 1:
         text += f".index({arg(ctx, r.starts[d])})"
+        d += 1
+    start, rows = ir.as_int(r.starts[d]), r.extents[d]
+    if start is not None and (start, rows) != (0, b.static_shape[d]) and d == len(r.extents) - 2:
+        text += f".slice({start}, {rows})"          # a block of rows (split consumers)
         d += 1
     if any(ir.as_int(st) != 0 for st in r.starts[d:]) or tuple(r.extents[d:]) != b.static_shape[d:]:
         raise InternalError(f"gluon backend: no rule for a partial region of shared buffer "
