@@ -1,0 +1,141 @@
+"""split_consumers and overlap_softmax on attention: what each makes of the consumer, that the
+program means the same afterwards (interpreter, random schedules), and the wrong rewrites each
+rule exists to prevent, caught."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from tilews.lowering import ir, verify_async
+from tilews.lowering.errors import CompileError
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.layouts import WgmmaAccumulator
+from tilews.lowering.passes import lower
+from tilews.lowering.plans import LayoutPlan
+from tilews.lowering.target import HOPPER
+from tilews.lowering.traverse import exprs_of, subexprs, transform, walk
+from tilews.ops.attention import mha_fwd_program
+from examples.attention import reference
+
+from ..helpers import randn, rel_err
+from ..test_ws_oracle import run_interp
+
+B, H, S, D = 1, 2, 200, 64          # 200: the last key block is ragged
+
+
+def program(causal):
+    return mha_fwd_program(B, H, S, D, causal, block_M=128, block_N=64, num_stages=2, threads=256)
+
+
+@functools.lru_cache(maxsize=None)
+def lowered(causal, split=True, overlap=False):
+    target = dataclasses.replace(HOPPER, split_consumers=split, overlap_softmax=overlap)
+    return lower(build_kernel(program(causal)), target)
+
+
+def inputs(seed=0):
+    q, k, v = (randn(B, H, S, D, dtype=torch.float16, seed=seed + i) for i in range(3))
+    return [q, k, v, torch.empty(B, H, S, D, dtype=torch.float16)]
+
+
+def roles(kernel):
+    ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
+    return {r.warpgroups: r for r in ws.roles}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("split,overlap", [(True, False), (False, True), (True, True)])
+def test_schedules_mean_the_program(causal, split, overlap):
+    args = inputs()
+    want = run_interp(build_kernel(program(causal)), args, 3)
+    assert rel_err(want, reference(*args[:3], causal)) < 1e-2
+    after = lowered(causal, split, overlap)
+    for seed in range(8):
+        assert torch.equal(run_interp(after, args, 3, seed), want), seed
+
+
+def test_split_gives_each_warp_group_its_rows():
+    k = lowered(True)
+    rs = roles(k)
+    assert set(rs) == {(0,), (1,), (2,)}
+    assert any("split_consumers: the consumer's 128 rows" in n for n in k.notes)
+    layouts = dict(k.plan(LayoutPlan).layouts)
+    for h in (0, 1):
+        acc = layouts[f"acc_o_{h}"]
+        assert isinstance(acc, WgmmaAccumulator) and acc.warps_per_cta == (4, 1)
+        gemm = next(s for s in walk(rs[(h + 1,)].body) if isinstance(s, ir.Gemm)
+                    and s.a.buffer.name == "Q_shared")
+        assert ir.as_int(gemm.a.starts[0]) == 64 * h and gemm.a.extents[0] == 64
+        store = next(s for s in walk(rs[(h + 1,)].body) if isinstance(s, ir.Copy)
+                     and s.dst.buffer.scope is ir.Scope.GLOBAL)
+        assert store.dst.extents[2] == 64
+    # the causal mask reads the true query row: i + 64 in the second half
+    mask = [s for s in walk(rs[(2,)].body) if isinstance(s, ir.Parallel) and len(s.vars) == 2][0]
+    i = mask.vars[0]
+    shifted = ir.BinOp(ir.BinOpKind.ADD, i, ir.Const(64, ir.DType.I32), ir.DType.I32)
+    assert any(x == shifted for st in walk(mask.body) for e in exprs_of(st) for x in subexprs(e))
+    assert mask.extents == (64, 64)
+
+
+def test_split_with_the_row_shift_dropped_is_caught():
+    """The second half's parallel loops index the global row with i instead of i + 64: the causal
+    mask then masks the wrong keys, and the oracle sees it."""
+    k = lowered(True)
+    rs = roles(k)
+    second = rs[(2,)]
+
+    def unshift(n):
+        if isinstance(n, ir.BinOp) and n.op is ir.BinOpKind.ADD and ir.as_int(n.b) == 64 \
+                and isinstance(n.a, ir.Var) and n.a.kind is ir.VarKind.PARALLEL:
+            return n.a
+        return None
+    wrong_role = dataclasses.replace(second, body=transform(second.body, unshift))
+    ws = next(s for s in k.body.stmts if isinstance(s, ir.WarpSpecialize))
+    wrong_ws = dataclasses.replace(ws, roles=tuple(wrong_role if r is second else r for r in ws.roles))
+    wrong = dataclasses.replace(k, body=ir.Seq(tuple(wrong_ws if s is ws else s for s in k.body.stmts)))
+    args = inputs(1)
+    want = run_interp(build_kernel(program(True)), args, 3)
+    assert not torch.equal(run_interp(wrong, args, 3), want)
+
+
+def test_plain_gemm_keeps_one_merged_consumer():
+    from examples.gemm import matmul
+    k = lower(build_kernel(matmul.fn(256, 256, 128, block_M=128, block_N=128, block_K=64,
+                                     num_stages=2, threads=256)), HOPPER)
+    assert (1, 2) in roles(k)
+    assert any("no fragment math to overlap" in n for n in k.notes)
+
+
+def test_overlap_issues_the_next_scores_before_the_softmax():
+    k = lowered(False, split=True, overlap=True)
+    assert any(n.startswith("overlap_softmax:") for n in k.notes)
+    body = roles(k)[(1,)].body.stmts
+    loop = next(s for s in body if isinstance(s, ir.For))
+    first_gemm = next(i for i, s in enumerate(loop.body.stmts) if isinstance(s, ir.Gemm))
+    first_math = next(i for i, s in enumerate(loop.body.stmts) if isinstance(s, ir.Reduce))
+    assert first_gemm < first_math
+    assert loop.body.stmts[0] == ir.Copy(loop.body.stmts[0].src, loop.body.stmts[0].dst,
+                                         mechanism=ir.CopyMechanism.DIRECT)
+    assert loop.body.stmts[0].dst.buffer.name.endswith("_cur")
+    # the next block's barrier wait (k + 1) comes before this block's release
+    waits = [s for s in loop.body.stmts if isinstance(s, ir.BarrierWait)]
+    i32 = ir.DType.I32
+    nxt = ir.BinOp(ir.BinOpKind.ADD, loop.var, ir.Const(1, i32), i32)
+    assert waits[0].barrier.index == ir.BinOp(ir.BinOpKind.MOD, nxt, ir.Const(2, i32), i32)
+
+
+def test_overlap_without_the_copy_of_scores_is_caught():
+    """Reading S itself (not the copy) after the next block's gemm was issued into it: the
+    asynchronous-gemm check refuses the program."""
+    k = lowered(False, split=True, overlap=True)
+
+    def uncopied(n):
+        if isinstance(n, ir.Buffer) and n.name.endswith("_cur"):
+            return dataclasses.replace(n, name=n.name[:-len("_cur")])
+        return None
+    wrong = transform(k, uncopied)
+    with pytest.raises(CompileError, match="before|in flight|wait"):
+        verify_async.run(wrong)
