@@ -6,7 +6,8 @@
   groups, P @ V with P in registers).
 * ``ws_mha_fwd``: the same computation with the schedule written out (``T.ws``): the producer
   ``T.ws(0)`` loads Q once and fills a ``stages``-deep K/V ring guarded by full/empty barriers;
-  the consumer ``T.ws(1, 2)`` computes.
+  consumers ``T.ws(1)`` and ``T.ws(2)`` each take half of the query rows (the schedule the
+  compiler picks for ``mha_fwd``).
 
 ``python examples/attention.py`` runs both on the best target here (the reference interpreter on
 a CPU) and checks them against ``torch.nn.functional.scaled_dot_product_attention`` in float32.
@@ -25,10 +26,20 @@ from tilews.testing import best_device, rel_err, time_ms
 
 def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=128, stages=2,
                        dtype=T.float16):
-    """BHSD attention with the schedule written out: producer T.ws(0), consumer T.ws(1, 2)."""
+    """BHSD attention with the schedule written out: producer T.ws(0); consumers T.ws(1) and
+    T.ws(2), each with its own half of the query rows and its own fragments, so one warp group's
+    softmax runs under the other's gemms (the two meet only at the producer's barriers)."""
     scale = LOG2E / math.sqrt(dim)
     shape = [batch, heads, seq_len, dim]
     accum = T.float32
+    half = block_M // 2
+
+    def consumer_fragments():
+        """One consumer's scores S, probabilities P, output O, row max m (and the previous one),
+        rescale alpha, row sums, running sum l."""
+        return (T.alloc_fragment([half, block_N], accum), T.alloc_fragment([half, block_N], dtype),
+                T.alloc_fragment([half, dim], accum),
+                *(T.alloc_fragment([half], accum) for _ in range(5)))
 
     @T.prim_func
     def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
@@ -38,14 +49,7 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
             K_s = T.alloc_shared([stages, block_N, dim], dtype)
             V_s = T.alloc_shared([stages, block_N, dim], dtype)
             O_s = T.alloc_shared([block_M, dim], dtype)
-            S = T.alloc_fragment([block_M, block_N], accum)
-            P = T.alloc_fragment([block_M, block_N], dtype)
-            O = T.alloc_fragment([block_M, dim], accum)
-            m = T.alloc_fragment([block_M], accum)
-            m_prev = T.alloc_fragment([block_M], accum)
-            alpha = T.alloc_fragment([block_M], accum)
-            row_sum = T.alloc_fragment([block_M], accum)
-            l = T.alloc_fragment([block_M], accum)  # noqa: E741
+            frags = [consumer_fragments(), consumer_fragments()]
             q_ready = T.alloc_barrier(arrive_count=128)          # the producer warp group
             full = T.alloc_barrier([128] * stages)
             empty = T.alloc_barrier([256] * stages)              # both consumer warp groups
@@ -56,45 +60,45 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
             with T.ws(0):
                 T.copy(Q[bz, by, bx * block_M, 0], Q_s)
                 T.barrier_arrive(q_ready)
-            with T.ws(1, 2):
-                T.fill(O, 0)
-                T.fill(l, 0)
-                T.fill(m, -T.infinity(accum))
-                T.barrier_wait(q_ready, 0)
-            for k in range(blocks):
-                with T.ws(0):
+                for k in range(blocks):
                     T.barrier_wait(empty[k % stages], ((k // stages) & 1) ^ 1)
                     T.copy(K[bz, by, k * block_N, 0], K_s[k % stages, :, :])
                     T.copy(V[bz, by, k * block_N, 0], V_s[k % stages, :, :])
                     T.barrier_arrive(full[k % stages])
-                with T.ws(1, 2):
-                    T.barrier_wait(full[k % stages], (k // stages) & 1)
-                    for i, j in T.Parallel(block_M, block_N):
-                        if is_causal:
-                            S[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j)
-                                                     and (k * block_N + j < seq_len), 0, -T.infinity(accum))
-                        else:
-                            S[i, j] = T.if_then_else(k * block_N + j < seq_len, 0, -T.infinity(accum))
-                    T.gemm(Q_s, K_s[k % stages, :, :], S, transpose_B=True)
-                    T.copy(m, m_prev)
-                    T.reduce_max(S, m, dim=1, clear=False)
-                    for i in T.Parallel(block_M):
-                        alpha[i] = T.exp2(m_prev[i] * scale - m[i] * scale)
-                    for i, j in T.Parallel(block_M, block_N):
-                        S[i, j] = T.exp2(S[i, j] * scale - m[i] * scale)
-                    T.reduce_sum(S, row_sum, dim=1)
-                    for i in T.Parallel(block_M):
-                        l[i] = l[i] * alpha[i] + row_sum[i]
-                    T.copy(S, P)
-                    for i, j in T.Parallel(block_M, dim):
-                        O[i, j] *= alpha[i]
-                    T.gemm(P, V_s[k % stages, :, :], O)
-                    T.barrier_arrive(empty[k % stages])
-            with T.ws(1, 2):
-                for i, j in T.Parallel(block_M, dim):
-                    O[i, j] /= l[i]
-                T.copy(O, O_s)
-                T.copy(O_s, Output[bz, by, bx * block_M, 0])
+            for c, (S, P, O, m, m_prev, alpha, row_sum, l) in enumerate(frags):  # noqa: E741
+                row0 = bx * block_M + c * half                   # this consumer's first query row
+                with T.ws(1 + c):
+                    T.fill(O, 0)
+                    T.fill(l, 0)
+                    T.fill(m, -T.infinity(accum))
+                    T.barrier_wait(q_ready, 0)
+                    for k in range(blocks):
+                        T.barrier_wait(full[k % stages], (k // stages) & 1)
+                        for i, j in T.Parallel(half, block_N):
+                            if is_causal:
+                                S[i, j] = T.if_then_else((row0 + i >= k * block_N + j)
+                                                         and (k * block_N + j < seq_len), 0, -T.infinity(accum))
+                            else:
+                                S[i, j] = T.if_then_else(k * block_N + j < seq_len, 0, -T.infinity(accum))
+                        T.gemm(Q_s[c * half:(c + 1) * half, :], K_s[k % stages, :, :], S, transpose_B=True)
+                        T.copy(m, m_prev)
+                        T.reduce_max(S, m, dim=1, clear=False)
+                        for i in T.Parallel(half):
+                            alpha[i] = T.exp2(m_prev[i] * scale - m[i] * scale)
+                        for i, j in T.Parallel(half, block_N):
+                            S[i, j] = T.exp2(S[i, j] * scale - m[i] * scale)
+                        T.reduce_sum(S, row_sum, dim=1)
+                        for i in T.Parallel(half):
+                            l[i] = l[i] * alpha[i] + row_sum[i]
+                        T.copy(S, P)
+                        for i, j in T.Parallel(half, dim):
+                            O[i, j] *= alpha[i]
+                        T.gemm(P, V_s[k % stages, :, :], O)
+                        T.barrier_arrive(empty[k % stages])
+                    for i, j in T.Parallel(half, dim):
+                        O[i, j] /= l[i]
+                    T.copy(O, O_s[c * half:(c + 1) * half, :])
+                    T.copy(O_s[c * half:(c + 1) * half, :], Output[bz, by, row0, 0])
     return main
 
 
@@ -119,8 +123,6 @@ def main(argv=None) -> int:
     for name, factory, extra in (("mha_fwd", mha_fwd, dict(num_stages=2, threads=256 if gpu else 128)),
                                  ("ws_mha_fwd", ws_mha_fwd, dict(stages=2))):
         for causal in (False, True):
-            if name == "ws_mha_fwd" and not gpu:
-                extra = dict(stages=2)
             kernel = factory(B, H, S, D, causal, **blocks, **extra)
             q, k, v = (torch.randn(B, H, S, D, device=device, dtype=torch.float16) for _ in range(3))
             out = kernel(q, k, v)
