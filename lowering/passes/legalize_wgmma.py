@@ -47,6 +47,7 @@ from typing import Optional
 
 from .. import ir, protocol, roles
 from ..errors import CompileError
+from ..layouts import WgmmaAccumulator
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
 from ..target import Target
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
@@ -291,7 +292,7 @@ def _check_wgmma_shape(s: ir.Gemm, layouts: dict) -> None:
     M, N = s.c.tile_shape
     k_tile = s.a.tile_shape[0 if s.transpose_a else -1]
     step = 256 // s.a.buffer.dtype.bits
-    if s.c.buffer.name not in layouts:
+    if not isinstance(layouts.get(s.c.buffer.name), WgmmaAccumulator):
         raise _Refuse(f"no wgmma warp partition fits the {M}x{N} tile of T.gemm at line "
                       f"{s.loc.line}: block_M must be a multiple of 64 per consumer warp group "
                       f"and block_N of 8")
