@@ -41,19 +41,22 @@ def rewrite_loops(body: ir.Seq, fn: Callable[[ir.For], Optional[list]]) -> ir.Se
     return dataclasses.replace(body, stmts=tuple(out))
 
 
-def walk(s: ir.Stmt) -> Iterator[ir.Stmt]:
-    """Every statement in ``s`` (pre-order), ``Seq`` nodes excluded."""
+def walk(s: ir.Stmt, opaque: tuple = ()) -> Iterator[ir.Stmt]:
+    """Every statement in ``s`` (pre-order), ``Seq`` nodes excluded; statements of the types in
+    ``opaque`` are yielded but not entered."""
     if isinstance(s, ir.Seq):
         for t in s.stmts:
-            yield from walk(t)
+            yield from walk(t, opaque)
         return
     yield s
+    if isinstance(s, opaque):
+        return
     if isinstance(s, ir.WarpSpecialize):
         for r in s.roles:
-            yield from walk(r)
+            yield from walk(r, opaque)
         return
     for body in substmts(s):
-        yield from walk(body)
+        yield from walk(body, opaque)
 
 
 def rewrite(s: ir.Stmt, fn: Callable[[ir.Stmt], Optional[ir.Stmt]]) -> ir.Stmt:

@@ -51,7 +51,7 @@ from ..layouts import WgmmaAccumulator
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
 from ..target import Target
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
-                        generic_shared_writes, subexprs, substmts, walk)
+                        generic_shared_writes, subexprs, walk)
 
 _SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
             ir.ProxyFence, ir.GemmWait, ir.Store, ir.Parallel, ir.Reduce)
@@ -157,15 +157,7 @@ def _scalar_locals(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
 
 def _statements(s: ir.Stmt):
     """``walk``, except that a ``T.Parallel`` is one statement (``_check_parallel`` looks inside)."""
-    if isinstance(s, ir.Seq):
-        for t in s.stmts:
-            yield from _statements(t)
-        return
-    yield s
-    if isinstance(s, ir.Parallel):
-        return
-    for c in (s.roles if isinstance(s, ir.WarpSpecialize) else substmts(s)):
-        yield from _statements(c)
+    return walk(s, opaque=(ir.Parallel,))
 
 
 def _check_parallel(p: ir.Parallel) -> None:
