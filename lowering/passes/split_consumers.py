@@ -147,6 +147,10 @@ def _half(body: ir.Seq, offset: int, size: int, rows: int, renamed: dict, shared
     c = lambda v, loc: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
 
     def shift_parallel(p: ir.Parallel) -> ir.Parallel:
+        # each half's loop variables get names of their own (layout frames are keyed by them)
+        fresh = {v: dataclasses.replace(v, name=f"{v.name}_h{offset}") for v in p.vars}
+        p = dataclasses.replace(p, vars=tuple(fresh.values()),
+                                body=transform(p.body, lambda n: fresh.get(n) if isinstance(n, ir.Var) else None))
         i = p.vars[0]
         moved = ir.BinOp(ir.BinOpKind.ADD, i, c(offset, p.loc), ir.DType.I32, p.loc)
         inner = transform(p.body, lambda n: moved if n == i else None)
