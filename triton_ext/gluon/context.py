@@ -48,6 +48,7 @@ class Ctx(SourceWriter):
         self.accumulators: list[ir.Buffer] = []     # gemm accumulators and register A operands
         self.defined: set[str] = set()              # fragments holding a value at this point
         self.par = None                             # the T.Parallel being spelled (fragments.Frame)
+        self.named: dict = {}                       # expressions already held in a temporary
 
     def descriptor(self, g: ir.Region, loc: ir.Loc) -> str:
         """The TMA descriptor of the global region ``g`` (by buffer and box)."""

@@ -33,6 +33,8 @@ _LOGICAL = {ir.BinOpKind.LAND: "&", ir.BinOpKind.LOR: "|"}
 
 
 def spell(ctx: Ctx, e: ir.Expr) -> str:
+    if e in ctx.named:
+        return ctx.named[e]
     rule = _EXPRS.get(type(e))
     if rule is None:
         raise InternalError(f"gluon backend: no rule for expression {type(e).__name__}",

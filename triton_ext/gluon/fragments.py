@@ -14,6 +14,8 @@ fragment copies, and where each fragment's Python variable is first defined.
   converted to the layout its use needs when its own differs (``gl.convert_layout``). A store
   assigns the whole fragment (broadcast to the loop's shape, cast to its dtype, converted to its
   layout); under an ``if`` it keeps the old elements where the condition is false (``gl.where``).
+  A subexpression the stored value repeats (a Python variable of the user's program used several
+  times) is computed once into a temporary, so a repeated global load is issued once.
 * A reduction along a dim of a 2-d fragment is ``gl.max`` / ``gl.min`` / ``gl.sum`` (16-bit sums
   accumulate in f32), combined with the destination's elements when it does not clear it; Triton
   spells the cross-thread steps (warp shuffles, shared memory across warps).
@@ -150,7 +152,7 @@ def store(ctx: Ctx, s: ir.Store) -> None:
     """``b[i, j] = value`` over the loop: the whole fragment reassigned."""
     f, b = ctx.par, s.buffer
     x = ctx.name(b.name)
-    value = spell(ctx, s.value)
+    value = _spell_once(ctx, s.value)
     if not set(f.vars) <= {v for v in subexprs(s.value) if isinstance(v, ir.Var)}:
         value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
     if s.value.dtype != b.dtype or _mixed(s.value, b.dtype):
@@ -163,6 +165,28 @@ def store(ctx: Ctx, s: ir.Store) -> None:
         value = f"gl.convert_layout({value}, {ctx.layout(b, s.loc)})"
     ctx.line(f"{x} = {value}")
     ctx.defined.add(b.name)
+
+
+def _spell_once(ctx: Ctx, e: ir.Expr) -> str:
+    """``e`` with each subexpression it repeats (a Python variable of the user's program used
+    several times: the bias of an epilogue, GELU's x) computed once into a temporary, innermost
+    first, so a repeated global load is issued once."""
+    seen: dict = {}
+    for x in subexprs(e):
+        if isinstance(x, (ir.BinOp, ir.Call, ir.Select, ir.Cast, ir.UnOp)) or \
+                isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.GLOBAL:
+            seen[x] = seen.get(x, 0) + 1
+    repeated = [x for x, n in seen.items() if n > 1 and x is not e]
+    repeated.sort(key=lambda x: sum(1 for _ in subexprs(x)))      # inner ones first
+    try:
+        for x in repeated:
+            text = spell(ctx, x)
+            name = ctx.fresh("t")
+            ctx.line(f"{name} = {text}")
+            ctx.named[x] = name
+        return spell(ctx, e)
+    finally:
+        ctx.named = {}
 
 
 def _mixed(e: ir.Expr, dtype: ir.DType) -> bool:
