@@ -32,6 +32,7 @@ from tilews.ops import matmul_bias_act
 from tilews.ops.epilogue import matmul_epilogue
 
 from .helpers import gluon_program, poisoned, randn, rel_err
+from .test_ws_oracle import assert_same_under_schedules
 
 SEEDS = range(20)
 _T = {torch.float16: T.float16, torch.bfloat16: T.bfloat16}
@@ -255,3 +256,49 @@ def test_matmul_bias_act_argument_errors():
         matmul_bias_act(a, b, bias.float())
     with pytest.raises(ValueError, match="'b' must be a 2-d tensor"):
         matmul_bias_act(a, b[0], bias)
+
+
+# ----------------------------------------------------------------------------------------------
+# TileLang's way to add a bias: copy the bias tile into a fragment, then add it
+
+
+def bias_fragment_gemm(M, N, K, bm=128, bn=128, bk=64):
+    dtype = T.float16
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
+             C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=256) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), dtype)
+            B_s = T.alloc_shared((bk, bn), dtype)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            bias_f = T.alloc_fragment((bn,), dtype)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=2):
+                T.copy(A[by * bm, k * bk], A_s)
+                T.copy(B[k * bk, bx * bn], B_s)
+                T.gemm(A_s, B_s, C_f)
+            T.copy(Bias[bx * bn], bias_f)
+            for i, j in T.Parallel(bm, bn):
+                C_f[i, j] = C_f[i, j] + bias_f[j]
+            T.copy(C_f, C[by * bm, bx * bn])
+    return main
+
+
+def test_bias_copied_into_a_fragment_stays_on_the_gluon_path():
+    M, N, K = 256, 200, 128                      # N = 200: the last bias tile is masked
+    a, b = randn(M, K, dtype=torch.float16, seed=21), randn(K, N, dtype=torch.float16, seed=22)
+    bias = randn(N, dtype=torch.float16, seed=23)
+    args = [a, b, bias, torch.empty(M, N, dtype=torch.float16)]
+    after = assert_same_under_schedules(bias_fragment_gemm(M, N, K), args, 3)
+    assert after.find_plan(AsyncPlan) is not None
+    want = (a.double() @ b.double()) + bias.double()
+    assert rel_err(run_interp(after, args, seed=3), want) < 1e-2
+    p = gluon_program(after)
+    ttgir = p.asm["ttgir"]
+    default = ttgir[ttgir.index("ttg.warp_specialize("):ttgir.index("partition0(")]
+    # one masked load of the 128-wide bias tile, laid out as a column slice of the accumulator
+    loads = re.findall(r"tt\.load %\S+, %\S+, %\S+ : tensor<128x!tt\.ptr<f16>, #ttg\.slice<\{dim = 0, "
+                       r"parent = (#mma\d*)\}>>", default)
+    assert len(loads) == 1
+    assert count(r"\b(ld|st)\.local\b", p.asm["ptx"]) == 0

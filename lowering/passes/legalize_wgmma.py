@@ -9,6 +9,8 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * global -> shared copies are TMA; in explicit programs a copy followed (before any
              read of its destination) by an arrival on barrier ``b`` completes *on* ``b``
              (expect-tx), so no arrival happens while its bytes are in flight;
+           * global -> fragment copies (a whole 1-d or 2-d fragment, not a register A operand)
+             keep legalize's DIRECT / MASKED choice, their buffer passed as a pointer;
            * fragment -> shared stores and fragment -> fragment copies (casts) are DIRECT and
              shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
            * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
@@ -47,7 +49,7 @@ from typing import Optional
 
 from .. import ir, protocol, roles
 from ..errors import CompileError
-from ..layouts import WgmmaAccumulator
+from ..layouts import WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
 from ..target import Target
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
@@ -235,16 +237,20 @@ def _counts(e: ir.Expr, nonneg: set) -> bool:
 
 
 def _pointer_params(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
-    """The global buffers read by scalar loads, each with the roles reading it."""
+    """The global buffers read by element loads or copied into fragments, each with the roles
+    reading it."""
     readers: dict[str, list] = {}
     for r in ws.roles:
         for s in walk(r.body):
-            for e in exprs_of(s):
-                for x in subexprs(e):
-                    if isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.GLOBAL:
-                        who = readers.setdefault(x.buffer.name, [])
-                        if r.warpgroups not in who:
-                            who.append(r.warpgroups)
+            read = [x.buffer for e in exprs_of(s) for x in subexprs(e)
+                    if isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.GLOBAL]
+            if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.GLOBAL \
+                    and s.dst.buffer.scope is ir.Scope.FRAGMENT:
+                read.append(s.src.buffer)
+            for b in read:
+                who = readers.setdefault(b.name, [])
+                if r.warpgroups not in who:
+                    who.append(r.warpgroups)
     return tuple((b.name, tuple(readers[b.name])) for b in kernel.buffer_params if b.name in readers)
 
 
@@ -258,7 +264,7 @@ def _seq(body: ir.Seq, layouts: dict) -> ir.Seq:
         elif isinstance(s, ir.If):
             out.append(dataclasses.replace(s, then=_seq(s.then, layouts), orelse=_seq(s.orelse, layouts)))
         elif isinstance(s, ir.Copy):
-            out.append(_copy(s, stmts[i + 1:]))
+            out.append(_copy(s, stmts[i + 1:], layouts))
             if out[-1].mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
                 out.append(ir.BulkStoreWait(0, s.loc))    # overlap_store may defer it
         elif isinstance(s, ir.Gemm):
@@ -317,8 +323,16 @@ def _fence(body: ir.Seq, pending: set) -> ir.Seq:
     return dataclasses.replace(body, stmts=tuple(out))
 
 
-def _copy(s: ir.Copy, rest: tuple) -> ir.Copy:
+def _copy(s: ir.Copy, rest: tuple, layouts: dict) -> ir.Copy:
     src, dst = s.src.buffer.scope, s.dst.buffer.scope
+    if src is ir.Scope.GLOBAL and dst is ir.Scope.FRAGMENT:
+        # a tile loaded into registers (an epilogue's bias): legalize's masking stands
+        lay = layouts.get(s.dst.buffer.name)
+        if not _whole(s.dst) or s.src.tile_shape != s.dst.buffer.static_shape \
+                or len(s.dst.buffer.shape) > 2 or isinstance(lay, WgmmaOperandA):
+            raise _Refuse(f"a global -> fragment copy other than a whole 1-d or 2-d fragment in "
+                          f"an accumulator-like layout (line {s.loc.line})")
+        return s
     if src is ir.Scope.GLOBAL and dst is ir.Scope.SHARED:
         bar = s.barrier or _completing_barrier(s, rest)
         if bar is None:

@@ -224,6 +224,36 @@ def reduce(ctx: Ctx, s: ir.Reduce) -> None:
     ctx.defined.add(dst.name)
 
 
+def load(ctx: Ctx, s: ir.Copy) -> None:
+    """global -> fragment: a pointer tensor in the fragment's layout (each of the region's
+    non-unit dims an ``arange`` in the layout's slice along it), masked by the buffer's bounds
+    when the copy is MASKED (and below 0 where ``mask_low`` says so)."""
+    g, f = s.src, s.dst.buffer
+    b, layout = g.buffer, ctx.layouts[f.name]
+    axes = [d for d, e in enumerate(g.extents) if e != 1]
+    rank = len(f.shape)
+    masked = s.mechanism is ir.CopyMechanism.MASKED
+    ptr, mask = [ctx.pointer(b, s.loc)], []
+    for d, (start, extent) in enumerate(zip(g.starts, g.extents)):
+        index = spell(ctx, start)
+        if d in axes:
+            k = axes.index(d)
+            along = ctx.layout_const(layout if rank == 1 else RowSlice(1 - k, layout), "axis_layout")
+            name = ctx.fresh(f"{b.name}_i{d}")
+            ctx.line(f"{name} = {index} + gl.arange(0, {extent}, layout={along})")
+            index = name if rank == 1 else f"gl.expand_dims({name}, {1 - k})"
+        ptr.append(f"{atom(index)} * {ctx.stride(b, d)}")
+        if masked:
+            mask.append(f"({index} < {spell(ctx, b.shape[d])})")
+            if g.mask_low and g.mask_low[d]:
+                mask.append(f"({index} >= 0)")
+    value = f"gl.load({' + '.join(ptr)}" + (f", mask={' & '.join(mask)}, other=0)" if mask else ")")
+    if b.dtype != f.dtype:
+        value += f".to({GL_DTYPE[f.dtype]})"
+    ctx.line(f"{ctx.name(f.name)} = {value}")
+    ctx.defined.add(f.name)
+
+
 def copy(ctx: Ctx, s: ir.Copy) -> None:
     """fragment -> fragment: cast, then convert to the destination's layout if it differs."""
     src, dst = s.src.buffer, s.dst.buffer

@@ -130,7 +130,9 @@ def _store_fragment(ctx: Ctx, s: ir.Copy) -> None:
 _COPIES = {(ir.CopyMechanism.TMA, ir.Scope.GLOBAL, ir.Scope.SHARED): _tma_load,
            (ir.CopyMechanism.TMA, ir.Scope.SHARED, ir.Scope.GLOBAL): _tma_store,
            (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.SHARED): _store_fragment,
-           (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.FRAGMENT): fragments.copy}
+           (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.FRAGMENT): fragments.copy,
+           (ir.CopyMechanism.DIRECT, ir.Scope.GLOBAL, ir.Scope.FRAGMENT): fragments.load,
+           (ir.CopyMechanism.MASKED, ir.Scope.GLOBAL, ir.Scope.FRAGMENT): fragments.load}
 
 
 def _copy(ctx: Ctx, s: ir.Copy) -> None:
