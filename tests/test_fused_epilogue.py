@@ -302,3 +302,44 @@ def test_bias_copied_into_a_fragment_stays_on_the_gluon_path():
                        r"parent = (#mma\d*)\}>>", default)
     assert len(loads) == 1
     assert count(r"\b(ld|st)\.local\b", p.asm["ptx"]) == 0
+
+
+def elementwise_epilogue_gemm(M, N, K, bm=128, bn=128, bk=64, own_elements=True):
+    """The epilogue writes C element by element from T.Parallel (TileLang's other style)."""
+    dtype = T.float16
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=256) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), dtype)
+            B_s = T.alloc_shared((bk, bn), dtype)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=2):
+                T.copy(A[by * bm, k * bk], A_s)
+                T.copy(B[k * bk, bx * bn], B_s)
+                T.gemm(A_s, B_s, C_f)
+            for i, j in T.Parallel(bm, bn):
+                if own_elements:
+                    C[by * bm + i, bx * bn + j] = T.max(C_f[i, j], 0)
+                else:
+                    C[by * bm + i, bx * bn] = C_f[i, j]
+    return main
+
+
+def test_elementwise_epilogue_stores_stay_on_the_gluon_path():
+    M, N, K = 200, 136, 128                      # ragged rows and columns: masked stores
+    a, b = randn(M, K, dtype=torch.float16, seed=31), randn(K, N, dtype=torch.float16, seed=32)
+    args = [a, b, torch.empty(M, N, dtype=torch.float16)]
+    after = assert_same_under_schedules(elementwise_epilogue_gemm(M, N, K), args, 2)
+    assert after.find_plan(AsyncPlan) is not None
+    ttgir = gluon_program(after).asm["ttgir"]
+    default = ttgir[ttgir.index("ttg.warp_specialize("):ttgir.index("partition0(")]
+    assert count(r"tt\.store %\S+, %\S+, %\S+ : tensor<128x128x!tt\.ptr<f16>, #mma\d*>", default) == 1
+
+
+def test_epilogue_stores_sharing_elements_are_refused_with_the_reason():
+    kernel = lower(build_kernel(elementwise_epilogue_gemm(256, 256, 128, own_elements=False)), HOPPER)
+    refusal = kernel.find_plan(AsyncRefusal)
+    assert refusal is not None and "does not give each iteration of T.Parallel its own element" \
+        in refusal.reason

@@ -25,7 +25,8 @@ Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
            * an ``NVMMAShared`` for each shared buffer (of one stage, for rings);
            and ``frames``: per ``T.Parallel`` over fragments (by its first variable's name), the
            layout its loop indices live in — that of the first fragment it stores whole, else of
-           the first it reads whole, else the parent of a vector slice it reads.
+           the first it reads whole, else the parent of a vector slice it reads, else (a loop
+           touching no fragment, e.g. storing to global memory only) ``Blocked``.
 Preserves: the program.
 """
 from __future__ import annotations
@@ -82,10 +83,9 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
     for s in stmts:
         for b in _fragments(s):
             chosen.setdefault(b.name, layouts.Blocked(len(b.shape), warps))
-    for p in loops:
-        frame = _frame(p, chosen)
-        if frame is not None:
-            frames.setdefault(p.vars[0].name, frame)
+    for p in loops:               # a loop touching no fragment runs in a plain layout
+        frame = _frame(p, chosen) or layouts.Blocked(len(p.vars), warps)
+        frames.setdefault(p.vars[0].name, frame)
 
 
 def _fragments(s: ir.Stmt) -> Iterator[ir.Buffer]:

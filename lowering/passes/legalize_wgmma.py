@@ -17,7 +17,7 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``;
            * fragment math is kept as written: ``T.Parallel`` loops of rank 1 or 2 whose stores
              (possibly under an ``if``) write fragments indexed by all the loop's variables in
-             order, reading fragments indexed that way or vectors indexed by one loop variable,
+             order, or global elements whose indices use every loop variable, reading fragments indexed that way or vectors indexed by one loop variable,
              global elements and scalars; row/column reductions of 2-d fragments into 1-d
              fragments; fills of fragments;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
@@ -173,9 +173,15 @@ def _check_parallel(p: ir.Parallel) -> None:
         if not isinstance(s, ir.Store):
             raise _Refuse(f"a {type(s).__name__.lower()} inside T.Parallel (line {s.loc.line})")
         b = s.buffer
+        if b.scope is ir.Scope.GLOBAL:
+            used = {v for i in s.indices for v in subexprs(i) if isinstance(v, ir.Var)}
+            if not set(p.vars) <= used:
+                raise _Refuse(f"the store to '{b.name}' at line {s.loc.line} does not give each "
+                              f"iteration of T.Parallel its own element")
+            continue
         if b.scope is not ir.Scope.FRAGMENT:
             raise _Refuse(f"a store to {b.scope.value} buffer '{b.name}' inside T.Parallel "
-                          f"(line {s.loc.line}); fragments only")
+                          f"(line {s.loc.line}); fragments and global memory only")
         if tuple(s.indices) != p.vars or tuple(b.static_shape) != tuple(p.extents):
             raise _Refuse(f"the store to '{b.name}' at line {s.loc.line} is not indexed by the "
                           f"loop's variables in order over its whole extent")
@@ -237,13 +243,15 @@ def _counts(e: ir.Expr, nonneg: set) -> bool:
 
 
 def _pointer_params(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
-    """The global buffers read by element loads or copied into fragments, each with the roles
-    reading it."""
+    """The global buffers read by element loads, copied into fragments or stored element-wise,
+    each with the roles accessing it."""
     readers: dict[str, list] = {}
     for r in ws.roles:
         for s in walk(r.body):
             read = [x.buffer for e in exprs_of(s) for x in subexprs(e)
                     if isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.GLOBAL]
+            if isinstance(s, ir.Store) and s.buffer.scope is ir.Scope.GLOBAL:
+                read.append(s.buffer)          # element stores of T.Parallel address it too
             if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.GLOBAL \
                     and s.dst.buffer.scope is ir.Scope.FRAGMENT:
                 read.append(s.src.buffer)

@@ -98,13 +98,20 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
     if b.scope is not ir.Scope.GLOBAL:
         raise InternalError(f"gluon backend: no rule for reading {b.scope.value} buffer '{b.name}' "
                             f"element by element", e.loc)
-    ptr = ctx.pointer(b, e.loc)
+    ptr, inside = element_address(ctx, b, e.indices, e.loc)
+    return f"gl.load({ptr}, mask={' & '.join(inside)}, other=0)"
+
+
+def element_address(ctx: Ctx, b: ir.Buffer, indices, loc) -> tuple[str, list[str]]:
+    """The address of ``b[indices]`` (a pointer, or a pointer tensor inside ``T.Parallel``) and
+    the conditions that keep it inside the buffer."""
+    ptr = ctx.pointer(b, loc)
     inside = []
-    for d, (i, n) in enumerate(zip(e.indices, b.shape)):
+    for d, (i, n) in enumerate(zip(indices, b.shape)):
         index = spell(ctx, i)
         ptr += f" + {atom(index)} * {ctx.stride(b, d)}"
         inside += ([] if nonnegative(ctx, i) else [f"({index} >= 0)"]) + [f"({index} < {spell(ctx, n)})"]
-    return f"gl.load({ptr}, mask={' & '.join(inside)}, other=0)"
+    return ptr, inside
 
 
 def _fragment_element(ctx: Ctx, e: ir.Load) -> str:

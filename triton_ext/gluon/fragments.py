@@ -31,7 +31,7 @@ from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, su
 
 from ..pysource import atom
 from .context import GL_DTYPE, Ctx
-from .exprs import spell
+from .exprs import element_address, spell
 
 
 @dataclass
@@ -149,10 +149,16 @@ def masked(ctx: Ctx, s: ir.If, spell_body) -> None:
 
 
 def store(ctx: Ctx, s: ir.Store) -> None:
-    """``b[i, j] = value`` over the loop: the whole fragment reassigned."""
+    """``b[i, j] = value`` over the loop: the whole fragment reassigned, or global elements
+    stored under their bounds (and the loop's masks)."""
     f, b = ctx.par, s.buffer
     x = ctx.name(b.name)
     value = _spell_once(ctx, s.value)
+    if b.scope is ir.Scope.GLOBAL:
+        ptr, inside = element_address(ctx, b, s.indices, s.loc)
+        value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
+        ctx.line(f"gl.store({ptr}, ({value}).to({GL_DTYPE[b.dtype]}), mask={' & '.join(inside + f.masks)})")
+        return
     if not set(f.vars) <= {v for v in subexprs(s.value) if isinstance(v, ir.Var)}:
         value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
     if s.value.dtype != b.dtype or _mixed(s.value, b.dtype):
