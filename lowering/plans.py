@@ -50,8 +50,9 @@ class SharedMemoryPlan(Plan):
 
 @dataclass(frozen=True)
 class LayoutPlan(Plan):
-    """The layout of each fragment and shared buffer the matrix engine touches, by buffer name
-    (values are ``lowering.layouts`` records)."""
+    """The layout of each fragment of a warp-specialized program and of each shared buffer, by
+    buffer name, and the layout each ``T.Parallel`` over fragments runs in (values are
+    ``lowering.layouts`` records)."""
     made_by: ClassVar[str] = "infer_layouts"
     layouts: tuple[tuple[str, object], ...]
     frames: tuple[tuple[str, object], ...] = ()    # (first variable of a T.Parallel, the layout
