@@ -227,6 +227,11 @@ class Region:
     mask_low: tuple[bool, ...] = ()
 
     @property
+    def is_whole(self) -> bool:
+        """The region is its whole buffer (every start 0, every extent the buffer's)."""
+        return all(as_int(st) == 0 for st in self.starts) and tuple(self.extents) == self.buffer.static_shape
+
+    @property
     def tile_shape(self) -> tuple[int, ...]:
         """The extents with unit dims dropped (the shape the region has as a tile)."""
         return tuple(e for e in self.extents if e != 1) or (1,)

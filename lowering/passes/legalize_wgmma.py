@@ -280,7 +280,7 @@ def _seq(body: ir.Seq, layouts: dict) -> ir.Seq:
             if s.b.buffer.scope is not ir.Scope.SHARED:
                 raise _Refuse(f"gemm operand B is not in shared memory (line {s.loc.line})")
             if s.a.buffer.scope is ir.Scope.FRAGMENT:
-                if s.transpose_a or len(s.a.buffer.shape) != 2 or not _whole(s.a):
+                if s.transpose_a or len(s.a.buffer.shape) != 2 or not s.a.is_whole:
                     raise _Refuse(f"gemm operand A in registers must be a whole, untransposed 2-d "
                                   f"fragment (line {s.loc.line})")
             elif s.a.buffer.scope is not ir.Scope.SHARED:
@@ -336,7 +336,7 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict) -> ir.Copy:
     if src is ir.Scope.GLOBAL and dst is ir.Scope.FRAGMENT:
         # a tile loaded into registers (an epilogue's bias): legalize's masking stands
         lay = layouts.get(s.dst.buffer.name)
-        if not _whole(s.dst) or s.src.tile_shape != s.dst.buffer.static_shape \
+        if not s.dst.is_whole or s.src.tile_shape != s.dst.buffer.static_shape \
                 or len(s.dst.buffer.shape) > 2 or isinstance(lay, WgmmaOperandA):
             raise _Refuse(f"a global -> fragment copy other than a whole 1-d or 2-d fragment in "
                           f"an accumulator-like layout (line {s.loc.line})")
@@ -350,7 +350,7 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict) -> ir.Copy:
     if src is ir.Scope.SHARED and dst is ir.Scope.GLOBAL:
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.TMA)
     if src is ir.Scope.FRAGMENT and dst in (ir.Scope.SHARED, ir.Scope.FRAGMENT):
-        if dst is ir.Scope.FRAGMENT and not (_whole(s.src) and _whole(s.dst)
+        if dst is ir.Scope.FRAGMENT and not (s.src.is_whole and s.dst.is_whole
                                              and s.src.tile_shape == s.dst.tile_shape):
             raise _Refuse(f"a copy between parts of fragments (line {s.loc.line})")
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.DIRECT)
@@ -365,10 +365,6 @@ def _completing_barrier(s: ir.Copy, rest: tuple) -> Optional[ir.BarrierRef]:
         if any(s.dst.buffer in buffers_read(u) for u in walk(t)) or isinstance(t, (ir.For, ir.BarrierWait)):
             return None
     return None
-
-
-def _whole(r: ir.Region) -> bool:
-    return all(ir.as_int(st) == 0 for st in r.starts) and tuple(r.extents) == r.buffer.static_shape
 
 
 def _global(s: ir.Copy) -> ir.Buffer:

@@ -114,10 +114,8 @@ def _is_producer(s: ir.Stmt) -> bool:
     if not (isinstance(s, ir.Copy) and s.barrier is None and s.src.buffer.scope is ir.Scope.GLOBAL
             and s.dst.buffer.scope is ir.Scope.SHARED):
         return False
-    whole = all(ir.as_int(st) == 0 for st in s.dst.starts) and \
-        s.dst.extents == s.dst.buffer.static_shape
     no_loads = not any(isinstance(x, ir.Load) for e in s.src.starts for x in subexprs(e))
-    return whole and no_loads
+    return s.dst.is_whole and no_loads
 
 
 def _touched(s: ir.Stmt) -> list[ir.Buffer]:

@@ -112,7 +112,7 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
                 return None, f"shared buffer '{b.name}' does not have {rows} rows in dim 0"
         if isinstance(s, ir.Copy) and (s.src.buffer in shared or s.dst.buffer in shared):
             r = s.src if s.src.buffer in shared else s.dst
-            if any(ir.as_int(x) != 0 for x in r.starts) or tuple(r.extents) != r.buffer.static_shape:
+            if not r.is_whole:
                 return None, f"the copy at line {s.loc.line} uses part of '{r.buffer.name}'"
             other = s.dst if r is s.src else s.src
             if other.buffer.scope not in (ir.Scope.FRAGMENT, ir.Scope.GLOBAL):

@@ -92,9 +92,9 @@ def _local_fragments(body: ir.Seq) -> set[str]:
 def _defines(s: ir.Stmt, name: str) -> bool:
     """Whether ``s`` writes fragment ``name`` whole without reading it first."""
     if isinstance(s, ir.Fill):
-        return s.dst.buffer.name == name and _whole(s.dst)
+        return s.dst.buffer.name == name and s.dst.is_whole
     if isinstance(s, ir.Copy):
-        return s.dst.buffer.name == name and s.src.buffer.name != name and _whole(s.dst)
+        return s.dst.buffer.name == name and s.src.buffer.name != name and s.dst.is_whole
     if isinstance(s, ir.Reduce):
         return s.dst.name == name and s.clear and s.src.name != name
     if isinstance(s, ir.Parallel):
@@ -106,10 +106,6 @@ def _defines(s: ir.Stmt, name: str) -> bool:
 
 def _loads(s: ir.Stmt):
     return [x for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)]
-
-
-def _whole(r: ir.Region) -> bool:
-    return all(ir.as_int(st) == 0 for st in r.starts) and tuple(r.extents) == r.buffer.static_shape
 
 
 # ----------------------------------------------------------------------------------------------

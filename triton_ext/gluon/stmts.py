@@ -73,10 +73,6 @@ def _bar(ctx: Ctx, b: ir.BarrierRef) -> str:
     return f"{ctx.name(b.buffer.name)}.index({arg(ctx, b.index)})"
 
 
-def whole(r: ir.Region) -> bool:
-    return all(ir.as_int(st) == 0 for st in r.starts) and tuple(r.extents) == r.buffer.static_shape
-
-
 def _smem(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
     """A shared region as a shared-memory descriptor: leading unit dims (ring slots) indexed,
     then a constant block of rows sliced, the rest whole."""
@@ -98,7 +94,7 @@ def _smem(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
 
 
 def _fragment(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
-    if r.buffer.scope is not ir.Scope.FRAGMENT or not whole(r) or r.buffer.name not in ctx.fragments:
+    if r.buffer.scope is not ir.Scope.FRAGMENT or not r.is_whole or r.buffer.name not in ctx.fragments:
         raise InternalError(f"gluon backend: no rule for region of {r.buffer.scope.value} buffer "
                             f"'{r.buffer.name}' as a whole fragment of this role", loc)
     return ctx.name(r.buffer.name)

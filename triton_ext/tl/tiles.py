@@ -53,7 +53,7 @@ def store(ptr: str, value: str, mask: Optional[str]) -> str:
 
 def require_whole(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> None:
     b = r.buffer
-    if any(ir.as_int(s) != 0 for s in r.starts) or tuple(r.extents) != b.static_shape:
+    if not r.is_whole:
         raise ctx.unsupported(f"a part of on-chip buffer '{b.name}' in a tile operation", loc,
                               "tile operations (copy, gemm, fill, atomic_add) use whole shared, "
                               "fragment and local buffers; allocate a buffer of the tile's shape")
