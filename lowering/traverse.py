@@ -138,6 +138,14 @@ def subexprs(e: ir.Expr) -> Iterator[ir.Expr]:
             yield from subexprs(a)
 
 
+def element_accesses(s: ir.Stmt) -> list[tuple[ir.Buffer, tuple[ir.Expr, ...]]]:
+    """(buffer, indices) of each element a statement (not its nested bodies) stores or loads:
+    a ``Store``'s target first, then the loads in its expressions."""
+    out = [(s.buffer, s.indices)] if isinstance(s, ir.Store) else []
+    return out + [(x.buffer, x.indices) for e in exprs_of(s) for x in subexprs(e)
+                  if isinstance(x, ir.Load)]
+
+
 def buffers_read(s: ir.Stmt) -> list[ir.Buffer]:
     """Buffers a statement (not its nested bodies) reads, in order."""
     out: list[ir.Buffer] = []

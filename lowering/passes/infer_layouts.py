@@ -36,7 +36,7 @@ from typing import Iterator, Optional
 from .. import ir, layouts
 from ..plans import LayoutPlan
 from ..target import Target
-from ..traverse import exprs_of, subexprs, walk
+from ..traverse import buffers_read, buffers_written, element_accesses, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -89,24 +89,9 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
 
 
 def _fragments(s: ir.Stmt) -> Iterator[ir.Buffer]:
-    for b in _accessed(s):
+    for b in buffers_read(s) + buffers_written(s):
         if b.scope is ir.Scope.FRAGMENT:
             yield b
-
-
-def _accessed(s: ir.Stmt) -> Iterator[ir.Buffer]:
-    for e in exprs_of(s):
-        for x in subexprs(e):
-            if isinstance(x, ir.Load):
-                yield x.buffer
-    if isinstance(s, ir.Store):
-        yield s.buffer
-    if isinstance(s, (ir.Copy, ir.Fill)):
-        yield from ([s.src.buffer, s.dst.buffer] if isinstance(s, ir.Copy) else [s.dst.buffer])
-    if isinstance(s, ir.Reduce):
-        yield from (s.src, s.dst)
-    if isinstance(s, ir.Gemm):
-        yield from (s.a.buffer, s.b.buffer, s.c.buffer)
 
 
 def _distributed(layout) -> bool:
@@ -144,11 +129,7 @@ def _parallel_accesses(p: ir.Parallel) -> Iterator[tuple[ir.Buffer, Optional[int
     """Fragments a parallel loop touches as (buffer, None) when indexed by all its variables in
     order, or (buffer, axis) for a vector indexed by one variable."""
     for s in walk(p.body):
-        accesses = [(x.buffer, x.indices) for e in exprs_of(s) for x in subexprs(e)
-                    if isinstance(x, ir.Load)]
-        if isinstance(s, ir.Store):
-            accesses.insert(0, (s.buffer, s.indices))
-        for b, idx in accesses:
+        for b, idx in element_accesses(s):
             if b.scope is not ir.Scope.FRAGMENT:
                 continue
             if tuple(idx) == p.vars:

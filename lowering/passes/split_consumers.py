@@ -31,7 +31,7 @@ from typing import Optional
 from .. import ir
 from ..plans import PipelinePlan
 from ..target import Target
-from ..traverse import buffers_read, buffers_written, exprs_of, subexprs, transform, walk
+from ..traverse import buffers_read, buffers_written, element_accesses, transform, walk
 
 _HALVES = 2
 
@@ -56,7 +56,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
                                           shape=(ir.Const(rows // _HALVES, ir.DType.I32, b.loc),) + b.shape[1:])
                    for b in fragments}
         allocs += [ir.Alloc(b, b.loc) for b in renamed.values()]
-        body = _half(consumer.body, h * rows // _HALVES, rows // _HALVES, rows, renamed, shared)
+        body = _half(consumer.body, h * rows // _HALVES, rows // _HALVES, renamed, shared)
         halves.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body))
     top = []
     for s in kernel.body.stmts:
@@ -119,8 +119,8 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
                 return None, f"the copy at line {s.loc.line} moves '{r.buffer.name}' within shared memory"
         if isinstance(s, ir.Parallel):
             for t in walk(s.body):
-                for x in _fragment_accesses(t):
-                    if not x[1] or x[1][0] != s.vars[0]:
+                for b, idx in element_accesses(t):
+                    if b.scope is ir.Scope.FRAGMENT and (not idx or idx[0] != s.vars[0]):
                         return None, (f"the T.Parallel at line {s.loc.line} indexes a fragment's "
                                       f"rows with something other than its first variable")
     for ws in (s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)):
@@ -133,16 +133,7 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
     return rows, ""
 
 
-def _fragment_accesses(s: ir.Stmt):
-    for e in exprs_of(s):
-        for x in subexprs(e):
-            if isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.FRAGMENT:
-                yield x.buffer, x.indices
-    if isinstance(s, ir.Store) and s.buffer.scope is ir.Scope.FRAGMENT:
-        yield s.buffer, s.indices
-
-
-def _half(body: ir.Seq, offset: int, size: int, rows: int, renamed: dict, shared: set) -> ir.Seq:
+def _half(body: ir.Seq, offset: int, size: int, renamed: dict, shared: set) -> ir.Seq:
     """The role's body restricted to rows [offset, offset + size)."""
     c = lambda v, loc: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
 
@@ -156,9 +147,8 @@ def _half(body: ir.Seq, offset: int, size: int, rows: int, renamed: dict, shared
         inner = transform(p.body, lambda n: moved if n == i else None)
 
         def back(n):          # fragment rows stay indexed by the loop variable itself
-            if isinstance(n, ir.Load) and n.buffer.scope is ir.Scope.FRAGMENT and n.indices[0] == moved:
-                return dataclasses.replace(n, indices=(i,) + n.indices[1:])
-            if isinstance(n, ir.Store) and n.buffer.scope is ir.Scope.FRAGMENT and n.indices[0] == moved:
+            if isinstance(n, (ir.Load, ir.Store)) and n.buffer.scope is ir.Scope.FRAGMENT \
+                    and n.indices[0] == moved:
                 return dataclasses.replace(n, indices=(i,) + n.indices[1:])
             return None
         return dataclasses.replace(p, body=transform(inner, back), extents=(size,) + p.extents[1:])
