@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .kernels import for_target, tilews_dtype
+from tilews.lowering.dtypes import from_torch
+
+from .kernels import for_target
 from .machine import Machine
 from .shapes import Shape, with_modes
 from .workload import Case, Reference, Unavailable, Variant, Workload, standard_preset
@@ -80,7 +82,7 @@ def _build_tilews(case: Case, target: str):
     from tilews.ops.attention import blocks, mha_fwd
     B, H, S, D, _ = case.shape
     return for_target(mha_fwd.fn, target)(B, H, S, D, _causal(case), layout="bhsd",
-                                          dtype=tilews_dtype(case.dtype), **blocks(D, case.machine.gpu))
+                                          dtype=from_torch(case.dtype), **blocks(D, case.machine.gpu))
 
 
 # ---- references --------------------------------------------------------------------------------

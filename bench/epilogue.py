@@ -20,8 +20,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from tilews.lowering.dtypes import from_torch
+
 from . import gemm
-from .kernels import for_target, tilews_dtype
+from .kernels import for_target
 from .shapes import with_modes
 from .workload import Case, Reference, Variant, Workload, standard_preset
 
@@ -64,7 +66,7 @@ def _build_tilews(case: Case, target: str):
     """``matmul_epilogue`` for ``target``, writing into a caller-given C (no out_idx)."""
     from tilews.ops.epilogue import blocks, matmul_epilogue
     M, N, K, act = case.shape
-    return for_target(matmul_epilogue.fn, target)(M, N, K, act, _alpha(K), dtype=tilews_dtype(case.dtype),
+    return for_target(matmul_epilogue.fn, target)(M, N, K, act, _alpha(K), dtype=from_torch(case.dtype),
                                                   **blocks(case.machine.gpu))
 
 

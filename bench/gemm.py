@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-from .kernels import for_target, tilews_dtype
+from tilews.lowering.dtypes import from_torch
+
+from .kernels import for_target
 from .machine import triton_unavailable
 from .shapes import Shape
 from .workload import Case, Reference, Variant, Workload, standard_preset
@@ -82,7 +84,7 @@ def persistent_variant(block_M: int, block_N: int, block_K: int, num_stages: int
     def build(case: Case, target: str):
         factory = for_target(_example_gemm().persistent_matmul.fn, target)
         return factory(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
-                       num_stages=num_stages, threads=threads, dtype=tilews_dtype(case.dtype))
+                       num_stages=num_stages, threads=threads, dtype=from_torch(case.dtype))
     return Variant(f"tilews persistent {block_M}x{block_N}x{block_K} s{num_stages} t{threads}", build)
 
 
@@ -92,7 +94,7 @@ def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
     def build(case: Case, target: str):
         return for_target(_example_gemm().matmul.fn, target)(
             *case.shape, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
-            threads=threads, swizzle=swizzle, dtype=tilews_dtype(case.dtype))
+            threads=threads, swizzle=swizzle, dtype=from_torch(case.dtype))
     suffix = ("" if threads == 128 else f" t{threads}") + (f" sw{swizzle}" if swizzle else "")
     return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build)
 

@@ -17,9 +17,10 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``;
            * fragment math is kept as written: ``T.Parallel`` loops of rank 1 or 2 whose stores
              (possibly under an ``if``) write fragments indexed by all the loop's variables in
-             order, or global elements whose indices use every loop variable, reading fragments indexed that way or vectors indexed by one loop variable,
-             global elements and scalars; row/column reductions of 2-d fragments into 1-d
-             fragments; fills of fragments;
+             order, or global elements whose indices use every loop variable, and which read
+             fragments indexed that way or vectors indexed by one loop variable, global elements
+             and scalars; row/column reductions of 2-d fragments into 1-d fragments; fills of
+             fragments;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
              next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5;
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers

@@ -9,10 +9,11 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              ``empty[s]`` with parity ``((i // S) & 1) ^ 1``, copies on ``full[s]`` and arrives
              on it; and one consumer role of ``threads / 128`` warp groups ``ws(1..n)`` that holds
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
-             ``empty[s]``, and runs the epilogue; the plan's ``preloads`` (copies before the loop,
-             e.g. attention's Q tile) are issued by the producer before its loop on a
-             ``preloaded`` barrier the consumer waits on (parity 0) where the first of them was; whose fragment -> global copies are staged
-             through shared memory (a proxy fence between). ``threads`` grows by one warp group.
+             ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
+             through shared memory (a proxy fence between). The plan's ``preloads`` (copies
+             before the loop, e.g. attention's Q tile) are issued by the producer before its loop
+             on a ``preloaded`` barrier the consumer waits on (parity 0) where the first of them
+             was. ``threads`` grows by one warp group.
              When the loop body is guarded (``plan.guarded``), each role keeps the guard and
              counts the iterations that ran in a local counter; ``i`` is that count, so phases
              advance only on iterations that run (docs/ws-semantics.md #8). In a persistent kernel (the

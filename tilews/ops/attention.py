@@ -22,6 +22,7 @@ import torch
 
 import tilews
 import tilews.language as T
+from tilews.lowering import dtypes
 
 LOG2E = 1.4426950408889634
 
@@ -124,7 +125,7 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
 
 mha_fwd = tilews.jit(out_idx=[3])(mha_fwd_program)
 
-_DTYPES = {torch.float16: T.float16, torch.bfloat16: T.bfloat16}
+_OPERAND_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -137,7 +138,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
     if seq_len == 0 or batch == 0 or heads == 0:
         return torch.empty_like(q)
     kernel = mha_fwd(batch, heads, seq_len, dim, bool(is_causal), layout=layout,
-                     dtype=_DTYPES[q.dtype], **blocks(dim, gpu=q.device.type == "cuda"))
+                     dtype=dtypes.from_torch(q.dtype), **blocks(dim, gpu=q.device.type == "cuda"))
     return kernel(q, k, v)
 
 
@@ -158,7 +159,7 @@ def _check(q, k, v, layout) -> tuple:
             raise TypeError(f"attention(): '{name}' must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"attention(): '{name}' must be 4-d ({layout}), got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
+        if t.dtype not in _OPERAND_DTYPES:
             raise TypeError(f"attention(): '{name}' must be float16 or bfloat16, got {t.dtype}")
     for name, t in (("k", k), ("v", v)):
         if t.shape != q.shape:

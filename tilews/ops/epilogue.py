@@ -10,6 +10,7 @@ import torch
 
 import tilews
 import tilews.language as T
+from tilews.lowering import dtypes
 
 EPILOGUES = ("none", "relu", "gelu", "silu")
 GELU_C = 0.7978845608028654                      # sqrt(2 / pi), GELU's tanh approximation
@@ -50,7 +51,7 @@ def matmul_epilogue(M, N, K, activation="relu", alpha=1.0, block_M=128, block_N=
     return main
 
 
-_DTYPES = {torch.float16: T.float16, torch.bfloat16: T.bfloat16}
+_OPERAND_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def matmul_bias_act(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, activation: str = "relu",
@@ -59,14 +60,14 @@ def matmul_bias_act(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, activa
     for name, t, dims in (("a", a, 2), ("b", b, 2), ("bias", bias, 1)):
         if not isinstance(t, torch.Tensor) or t.dim() != dims:
             raise ValueError(f"matmul_bias_act(): '{name}' must be a {dims}-d tensor")
-        if t.dtype != a.dtype or t.dtype not in _DTYPES:
+        if t.dtype != a.dtype or t.dtype not in _OPERAND_DTYPES:
             raise TypeError(f"matmul_bias_act(): '{name}' is {t.dtype}; a, b and bias must all be "
                             f"float16 or all bfloat16")
     (M, K), (K2, N) = a.shape, b.shape
     if K2 != K or bias.shape[0] != N:
         raise ValueError(f"matmul_bias_act(): shapes a {tuple(a.shape)}, b {tuple(b.shape)}, bias "
                          f"{tuple(bias.shape)} do not chain (a [M, K], b [K, N], bias [N])")
-    kernel = matmul_epilogue(M, N, K, activation, float(alpha), dtype=_DTYPES[a.dtype],
+    kernel = matmul_epilogue(M, N, K, activation, float(alpha), dtype=dtypes.from_torch(a.dtype),
                              **blocks(gpu=a.device.type == "cuda"))
     return kernel(a, b, bias)
 

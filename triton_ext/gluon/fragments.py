@@ -150,13 +150,13 @@ def store(ctx: Ctx, s: ir.Store) -> None:
     f, b = ctx.par, s.buffer
     x = ctx.name(b.name)
     value = _spell_once(ctx, s.value)
+    if not set(f.vars) <= {v for v in subexprs(s.value) if isinstance(v, ir.Var)}:
+        # broadcast to the loop's shape (a scalar, or a vector along one axis)
+        value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
     if b.scope is ir.Scope.GLOBAL:
         ptr, inside = element_address(ctx, b, s.indices, s.loc)
-        value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
-        ctx.line(f"gl.store({ptr}, ({value}).to({GL_DTYPE[b.dtype]}), mask={' & '.join(inside + f.masks)})")
+        ctx.line(f"gl.store({ptr}, {atom(value)}.to({GL_DTYPE[b.dtype]}), mask={' & '.join(inside + f.masks)})")
         return
-    if not set(f.vars) <= {v for v in subexprs(s.value) if isinstance(v, ir.Var)}:
-        value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
     if s.value.dtype != b.dtype or _mixed(s.value, b.dtype):
         value = f"{atom(value)}.to({GL_DTYPE[b.dtype]})"
     own = ctx.layouts[b.name]
