@@ -38,8 +38,9 @@ from hypothesis import strategies as st
 
 import tilews
 import tilews.language as T
+from examples.attention import reference as sdpa
 from examples.attention import ws_mha_fwd_program
-from tilews.lowering import interpreter, ir, layouts, verify, verify_async
+from tilews.lowering import ir, layouts, verify, verify_async
 from tilews.lowering.errors import DeadlockError, RaceError, UninitializedReadError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
@@ -49,7 +50,8 @@ from tilews.lowering.target import HOPPER
 from tilews.lowering.traverse import buffers_read, buffers_written, transform, walk
 from tilews.ops.attention import attention, mha_fwd_program
 
-from .helpers import gluon_program, poisoned, randn, rel_err
+from .helpers import gluon_program, randn, rel_err
+from .test_ws_oracle import run_interp
 
 SEEDS = range(20)
 _T_DTYPES = {torch.float16: T.float16, torch.bfloat16: T.bfloat16}
@@ -119,26 +121,10 @@ def lowered(case: Att) -> ir.Kernel:
     return lower(frontend(case), SCHEDULES[case.schedule])
 
 
-def sdpa(q, k, v, causal, layout="bhsd"):
-    """float32 SDPA (on BHSD views)."""
-    if layout == "bshd":
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-    return out.transpose(1, 2) if layout == "bshd" else out
-
-
-def run_interp(kernel, args, seed=0):
-    """Run on the interpreter with the output poisoned (NaN) first; returns the output."""
-    args = list(args)
-    args[3] = poisoned(*args[3].shape, dtype=args[3].dtype)
-    interpreter.run(kernel, args, seed=seed)
-    return args[3]
-
-
 @functools.lru_cache(maxsize=None)
 def _reference(case: Att):
     args = case.args()
-    want = run_interp(frontend(case), args)
+    want = run_interp(frontend(case), args, 3)
     assert not want.isnan().any(), "the reference left elements unwritten"
     err = rel_err(want, sdpa(*args[:3], case.causal, case.layout))
     assert err < 1e-2, f"{case}: rel err {err:.2e} vs SDPA"
@@ -155,7 +141,7 @@ def assert_oracle(case: Att, kernel: ir.Kernel, seeds=SEEDS):
     seed; AssertionError naming the first differing seed otherwise."""
     args, want = reference(case)
     for seed in seeds:
-        got = run_interp(kernel, args, seed)
+        got = run_interp(kernel, args, 3, seed)
         assert torch.equal(got, want), f"{case} seed {seed}: after passes differs from before"
 
 
@@ -535,7 +521,7 @@ def test_missing_rescale_of_the_output_is_caught(schedule):
     with pytest.raises(AssertionError, match="after passes differs from before"):
         assert_oracle(case, wrong, range(3))
     args, _ = reference(case)
-    assert rel_err(run_interp(wrong, args), sdpa(*args[:3], True)) > 0.05
+    assert rel_err(run_interp(wrong, args, 3), sdpa(*args[:3], True)) > 0.05
 
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
@@ -607,7 +593,7 @@ def test_consumer_not_waiting_for_the_preloaded_q_is_caught(schedule):
         args, _ = reference(case)
         with pytest.raises((RaceError, UninitializedReadError, DeadlockError), match="Q_shared"):
             for seed in SEEDS:
-                run_interp(wrong, args, seed)
+                run_interp(wrong, args, 3, seed)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 import tilews
 import tilews.language as T
-from tilews.lowering import interpreter, ir
+from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
 from tilews.lowering.plans import AsyncPlan, AsyncRefusal
@@ -31,8 +31,8 @@ from tilews.lowering.traverse import exprs_of, subexprs, walk
 from tilews.ops import matmul_bias_act
 from tilews.ops.epilogue import matmul_epilogue
 
-from .helpers import gluon_program, poisoned, randn, rel_err
-from .test_ws_oracle import assert_same_under_schedules
+from .helpers import gluon_program, randn, rel_err
+from .test_ws_oracle import assert_same_under_schedules, run_interp
 
 SEEDS = range(20)
 _T = {torch.float16: T.float16, torch.bfloat16: T.bfloat16}
@@ -57,13 +57,6 @@ def reference(a, b, bias, name, alpha):
 def inputs(M, N, K, dtype, seed):
     return (randn(M, K, dtype=dtype, seed=seed), randn(K, N, dtype=dtype, seed=seed + 1),
             randn(N, dtype=dtype, seed=seed + 2))
-
-
-def run_interp(kernel, args, seed=0):
-    args = list(args)
-    args[3] = poisoned(*args[3].shape, dtype=args[3].dtype)
-    interpreter.run(kernel, args, seed=seed)
-    return args[3]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +112,7 @@ def test_oracle_before_equals_after(case):
     else:
         assert not persistent and len(after.grid) == 2
     args = list(inputs(case.M, case.N, case.K, case.dtype, seed=7)) + [torch.empty(case.M, case.N, dtype=case.dtype)]
-    want = run_interp(before, args)
+    want = run_interp(before, args, 3)
     assert not want.isnan().any()
     ref = reference(*args[:3], case.act, case.alpha)
     assert rel_err(want, ref) < 1e-2
@@ -127,7 +120,7 @@ def test_oracle_before_equals_after(case):
     if case.act != "none":
         assert rel_err(want, reference(*args[:3], "none", case.alpha)) > 0.05
     for seed in SEEDS:
-        got = run_interp(after, args, seed)
+        got = run_interp(after, args, 3, seed)
         assert torch.equal(got, want), f"{case} seed {seed}: after passes differs from before"
 
 
@@ -293,7 +286,7 @@ def test_bias_copied_into_a_fragment_stays_on_the_gluon_path():
     after = assert_same_under_schedules(bias_fragment_gemm(M, N, K), args, 3)
     assert after.find_plan(AsyncPlan) is not None
     want = (a.double() @ b.double()) + bias.double()
-    assert rel_err(run_interp(after, args, seed=3), want) < 1e-2
+    assert rel_err(run_interp(after, args, 3, seed=3), want) < 1e-2
     p = gluon_program(after)
     ttgir = p.asm["ttgir"]
     default = ttgir[ttgir.index("ttg.warp_specialize("):ttgir.index("partition0(")]

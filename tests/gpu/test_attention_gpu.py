@@ -8,11 +8,14 @@ import pytest
 import torch
 
 import tilews.language as T
+from examples.attention import reference as sdpa
 from examples.attention import ws_mha_fwd
 from tilews.ops import attention, matmul_bias_act
 from tilews.ops.attention import mha_fwd
 from tilews.ops.epilogue import matmul_epilogue
 from tilews.testing import rel_err
+
+from ..test_fused_epilogue import reference
 
 pytestmark = pytest.mark.gpu
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -22,13 +25,6 @@ TDT = {"fp16": T.float16, "bf16": T.bfloat16}
 def _hopper():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a Hopper GPU")
-
-
-def sdpa(q, k, v, causal, layout):
-    if layout == "bshd":
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-    return out.transpose(1, 2) if layout == "bshd" else out
 
 
 def blocks_for(D):
@@ -114,17 +110,6 @@ def test_attention_split_n_consumer():
     kernel = mha_fwd(B, H, S, D, causal, block_M=64, block_N=64, threads=256, num_stages=2)
     assert kernel.target == "hopper", (kernel.target, kernel.report.notes)
     check_attention(kernel, *qkv((B, H, S, D), torch.float16, seed=9), causal, "bhsd")
-
-
-def reference(a, b, bias, act, alpha):
-    x = alpha * (a.double() @ b.double()) + bias.double()
-    if act == "relu":
-        return torch.relu(x)
-    if act == "gelu":
-        return torch.nn.functional.gelu(x, approximate="tanh")
-    if act == "silu":
-        return torch.nn.functional.silu(x)
-    return x
 
 
 GPU_BLOCKS = dict(block_M=128, block_N=256, block_K=64, threads=256)    # matmul_bias_act's
