@@ -33,7 +33,7 @@ _LOGICAL = {ir.BinOpKind.LAND: "&", ir.BinOpKind.LOR: "|"}
 
 
 def spell(ctx: Ctx, e: ir.Expr) -> str:
-    if e in ctx.named:
+    if ctx.named and e in ctx.named:      # (hashing an expression walks it: only when needed)
         return ctx.named[e]
     rule = _EXPRS.get(type(e))
     if rule is None:
