@@ -252,10 +252,14 @@ def test_matmul_bias_act_argument_errors():
 
 
 # ----------------------------------------------------------------------------------------------
-# TileLang's way to add a bias: copy the bias tile into a fragment, then add it
+# TileLang's other epilogue styles: the bias tile copied into a fragment, C written element by
+# element from T.Parallel
 
 
-def bias_fragment_gemm(M, N, K, bm=128, bn=128, bk=64):
+def epilogue_style_gemm(M, N, K, style, bm=128, bn=128, bk=64):
+    """C = A @ B with an epilogue in one of TileLang's styles: ``bias_fragment`` (copy the bias
+    tile into a fragment, add it), ``elementwise`` (store relu(C) element by element),
+    ``shared_elements`` (element stores that several iterations share: refused by Gluon)."""
     dtype = T.float16
 
     @T.prim_func
@@ -271,19 +275,30 @@ def bias_fragment_gemm(M, N, K, bm=128, bn=128, bk=64):
                 T.copy(A[by * bm, k * bk], A_s)
                 T.copy(B[k * bk, bx * bn], B_s)
                 T.gemm(A_s, B_s, C_f)
-            T.copy(Bias[bx * bn], bias_f)
-            for i, j in T.Parallel(bm, bn):
-                C_f[i, j] = C_f[i, j] + bias_f[j]
-            T.copy(C_f, C[by * bm, bx * bn])
+            if style == "bias_fragment":
+                T.copy(Bias[bx * bn], bias_f)
+                for i, j in T.Parallel(bm, bn):
+                    C_f[i, j] = C_f[i, j] + bias_f[j]
+                T.copy(C_f, C[by * bm, bx * bn])
+            else:
+                for i, j in T.Parallel(bm, bn):
+                    if style == "elementwise":
+                        C[by * bm + i, bx * bn + j] = T.max(C_f[i, j], 0)
+                    else:
+                        C[by * bm + i, bx * bn] = C_f[i, j]
     return main
+
+
+def style_args(M, N, K, seed):
+    a, b = randn(M, K, dtype=torch.float16, seed=seed), randn(K, N, dtype=torch.float16, seed=seed + 1)
+    return [a, b, randn(N, dtype=torch.float16, seed=seed + 2), torch.empty(M, N, dtype=torch.float16)]
 
 
 def test_bias_copied_into_a_fragment_stays_on_the_gluon_path():
     M, N, K = 256, 200, 128                      # N = 200: the last bias tile is masked
-    a, b = randn(M, K, dtype=torch.float16, seed=21), randn(K, N, dtype=torch.float16, seed=22)
-    bias = randn(N, dtype=torch.float16, seed=23)
-    args = [a, b, bias, torch.empty(M, N, dtype=torch.float16)]
-    after = assert_same_under_schedules(bias_fragment_gemm(M, N, K), args, 3)
+    args = style_args(M, N, K, 21)
+    a, b, bias = args[:3]
+    after = assert_same_under_schedules(epilogue_style_gemm(M, N, K, "bias_fragment"), args, 3)
     assert after.find_plan(AsyncPlan) is not None
     want = (a.double() @ b.double()) + bias.double()
     assert rel_err(run_interp(after, args, 3, seed=3), want) < 1e-2
@@ -297,34 +312,10 @@ def test_bias_copied_into_a_fragment_stays_on_the_gluon_path():
     assert count(r"\b(ld|st)\.local\b", p.asm["ptx"]) == 0
 
 
-def elementwise_epilogue_gemm(M, N, K, bm=128, bn=128, bk=64, own_elements=True):
-    """The epilogue writes C element by element from T.Parallel (TileLang's other style)."""
-    dtype = T.float16
-
-    @T.prim_func
-    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=256) as (bx, by):
-            A_s = T.alloc_shared((bm, bk), dtype)
-            B_s = T.alloc_shared((bk, bn), dtype)
-            C_f = T.alloc_fragment((bm, bn), T.float32)
-            T.clear(C_f)
-            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=2):
-                T.copy(A[by * bm, k * bk], A_s)
-                T.copy(B[k * bk, bx * bn], B_s)
-                T.gemm(A_s, B_s, C_f)
-            for i, j in T.Parallel(bm, bn):
-                if own_elements:
-                    C[by * bm + i, bx * bn + j] = T.max(C_f[i, j], 0)
-                else:
-                    C[by * bm + i, bx * bn] = C_f[i, j]
-    return main
-
-
 def test_elementwise_epilogue_stores_stay_on_the_gluon_path():
     M, N, K = 200, 136, 128                      # ragged rows and columns: masked stores
-    a, b = randn(M, K, dtype=torch.float16, seed=31), randn(K, N, dtype=torch.float16, seed=32)
-    args = [a, b, torch.empty(M, N, dtype=torch.float16)]
-    after = assert_same_under_schedules(elementwise_epilogue_gemm(M, N, K), args, 2)
+    args = style_args(M, N, K, 31)
+    after = assert_same_under_schedules(epilogue_style_gemm(M, N, K, "elementwise"), args, 3)
     assert after.find_plan(AsyncPlan) is not None
     ttgir = gluon_program(after).asm["ttgir"]
     default = ttgir[ttgir.index("ttg.warp_specialize("):ttgir.index("partition0(")]
@@ -332,7 +323,7 @@ def test_elementwise_epilogue_stores_stay_on_the_gluon_path():
 
 
 def test_epilogue_stores_sharing_elements_are_refused_with_the_reason():
-    kernel = lower(build_kernel(elementwise_epilogue_gemm(256, 256, 128, own_elements=False)), HOPPER)
+    kernel = lower(build_kernel(epilogue_style_gemm(256, 256, 128, "shared_elements")), HOPPER)
     refusal = kernel.find_plan(AsyncRefusal)
     assert refusal is not None and "does not give each iteration of T.Parallel its own element" \
         in refusal.reason
