@@ -49,3 +49,11 @@ class UninitializedReadError(Exception):
 
 class OutOfBoundsError(IndexError):
     """The reference interpreter saw an on-chip buffer accessed outside its shape."""
+
+
+class CompileTypeError(CompileError, TypeError):
+    """A kernel argument or operand of the wrong type (also a ``TypeError``)."""
+
+
+class CompileValueError(CompileError, ValueError):
+    """A kernel argument or operand of the wrong shape or value (also a ``ValueError``)."""

@@ -457,6 +457,9 @@ class Kernel:
     # block indices defined from the launched ones, in order, once at the start of every block
     # (each expression reads ``block_vars`` and earlier definitions): e.g. the grouped tile order
     block_defs: tuple[tuple[Var, Expr], ...] = ()
+    # FP8 products must be promoted into fp32 at least every this many elements of K (block-scaled
+    # FP8 matmuls; 0: no requirement). Backends check their compiled code against it.
+    fp8_promote_every: int = 0
     plans: tuple = ()
     notes: tuple[str, ...] = ()
     loc: Loc = _loc()

@@ -141,6 +141,8 @@ def kernel(k: ir.Kernel) -> str:
     head = f"kernel {k.name}({params}) grid=({grid}) threads={k.threads}"
     if k.swizzle_panel:
         head += f" swizzle={k.swizzle_panel}"
+    if k.fp8_promote_every:
+        head += f" fp8_promote_every={k.fp8_promote_every}"
     out = [head + ":", f"  blocks {blocks}"]
     out += [f"  let {v.name} = {expr(e)}" for v, e in k.block_defs]
     for plan in k.plans:

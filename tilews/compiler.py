@@ -98,7 +98,8 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
     t0 = time.perf_counter()
     settings = settings or Settings.from_env()
     target, notes = targets.resolve(target_name)
-    before = build_kernel(src, param_specs, extra_names, debug=settings.debug_frontend)
+    before = build_kernel(src, param_specs, extra_names, debug=settings.debug_frontend,
+                          target=target)
     frontend_ms = (time.perf_counter() - t0) * 1e3
     store = cache.DiskCache.from_settings(settings)
     services = Services(store, settings, targets.machine())

@@ -1,6 +1,7 @@
 """User-facing errors (defined in ``tilews.lowering.errors``, which has no dependency on tilews)."""
-from tilews.lowering.errors import (CompileError, DeadlockError, InternalError, OutOfBoundsError,
+from tilews.lowering.errors import (CompileError, CompileTypeError, CompileValueError,
+                                    DeadlockError, InternalError, OutOfBoundsError,
                                     RaceError, UninitializedReadError)
 
-__all__ = ["CompileError", "DeadlockError", "InternalError", "OutOfBoundsError", "RaceError",
-           "UninitializedReadError"]
+__all__ = ["CompileError", "CompileTypeError", "CompileValueError", "DeadlockError",
+           "InternalError", "OutOfBoundsError", "RaceError", "UninitializedReadError"]

@@ -67,13 +67,16 @@ def kernel_source(fn: Callable, enclosing: Optional[dict] = None) -> KernelSourc
 
 
 def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None,
-                 extra_names: Optional[dict[str, Any]] = None, *, debug: bool = False) -> ir.Kernel:
+                 extra_names: Optional[dict[str, Any]] = None, *, debug: bool = False,
+                 target: str = "") -> ir.Kernel:
     """Build the IR of ``src``. ``param_specs`` overrides annotations (direct style): a
     ``semantic.TensorSpec``, a DType (runtime scalar) or any Python value (bound as is).
     ``extra_names`` are visible in the body (direct style: shape symbols bound from arguments).
     ``debug`` (the ``TILEWS_DEBUG_FRONTEND`` setting) re-raises the raw error behind a
-    ``CompileError``."""
+    ``CompileError``. ``target``: the name of the target the kernel is built for, read by
+    operations that choose their own tiles (``T.fp8_scaled_matmul`` on global tensors)."""
     b = Builder(src.name, src.file)
+    b.debug, b.target = debug, target
     v = KernelVisitor(b, {**src.names, **(extra_names or {})}, src.line_offset, src.col_offset,
                        debug=debug)
     with active(b):
@@ -100,7 +103,52 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
             raise v.error(f"kernel '{src.name}' has no `with T.Kernel(...)` block")
         k = b.kernel
         return ir.Kernel(src.name, tuple(b.params), k["grid"], k["block_vars"], k["threads"],
-                         k["body"], b.swizzle_panel, loc=k["loc"])
+                         k["body"], b.swizzle_panel, fp8_promote_every=b.fp8_promote_every,
+                         loc=k["loc"])
+
+
+class Macro:
+    """``@T.macro``: a function of tile-language statements inlined where it is called from a
+    kernel (or from another macro), its parameters bound to the call's arguments (buffers,
+    scalars, Python values). Its body may end with ``return value``. ``cite_caller``: the
+    statements it builds carry the caller's location (library intrinsics), not the macro's lines.
+    """
+
+    def __init__(self, fn: Callable, cite_caller: bool = False):
+        self.fn = fn
+        self.signature = inspect.signature(fn)
+        self.cite_caller = cite_caller
+        self._src: Optional[KernelSource] = None
+
+    @property
+    def src(self) -> KernelSource:
+        """Parsed at the first call, so the names it sees include those defined after it."""
+        if self._src is None:
+            src = kernel_source(self.fn)
+            for stmt in src.tree.body[:-1]:
+                if any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
+                    raise CompileError(f"T.macro '{src.name}' returns before the end of its body",
+                                       ir.Loc(src.file, stmt.lineno + src.line_offset, 0))
+            self._src = src
+        return self._src
+
+    def __call__(self, *args, **kwargs):
+        from .context import builder
+        b = builder()
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise CompileError(f"T.macro '{self.src.name}': {e}", b.loc) from None
+        bound.apply_defaults()
+        v = KernelVisitor(b, self.src.names, self.src.line_offset, self.src.col_offset,
+                          debug=b.debug, file=self.src.file, macro=True,
+                          fixed_loc=b.loc if self.cite_caller else None)
+        saved = b.loc
+        for name, value in bound.arguments.items():
+            v.bind(name, value)
+        v.visit_body(self.src.tree.body)
+        b.loc = saved
+        return v.returned
 
 
 def _param_value(name: str, spec: Any, v: KernelVisitor):

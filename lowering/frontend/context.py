@@ -24,11 +24,15 @@ class Builder:
         self._names: dict[str, int] = {}
         self.params: list = []
         self.kernel: Optional[dict] = None        # set by T.Kernel: grid, threads, block_vars
+        self.kernel_body: Optional[list[ir.Stmt]] = None   # the T.Kernel body being built
         self.swizzle_panel = 0
         self.parallel_vars: list[ir.Var] = []     # innermost last
         self.roles: list[tuple[int, ...]] = []    # enclosing T.ws, innermost last
         self.mbarrier_list: Optional[ir.Buffer] = None
         self.name_hint: Optional[str] = None       # the name an allocation is being assigned to
+        self.debug = False                          # TILEWS_DEBUG_FRONTEND: raw errors
+        self.target = ""                            # the target's name, "" when not known
+        self.fp8_promote_every = 0                  # see ir.Kernel.fp8_promote_every
 
     def unique(self, name: str) -> str:
         n = self._names.get(name, 0)
@@ -52,6 +56,15 @@ class Builder:
 
     def top_level(self) -> list[ir.Stmt]:
         return self._stack[0]
+
+    def hoist_alloc(self, s: ir.Alloc) -> None:
+        """Place an allocation with the kernel body's allocations (before its loops), wherever
+        the statement being built is nested."""
+        body = self.kernel_body
+        if self.kernel is None or body is None:
+            raise CompileError("tile operations must be inside `with T.Kernel(...)`", self.loc)
+        at = max((i + 1 for i, t in enumerate(body) if isinstance(t, ir.Alloc)), default=0)
+        body.insert(at, s)
 
 
 def builder() -> Builder:

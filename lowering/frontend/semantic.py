@@ -284,7 +284,9 @@ def emit_if(cond: Scalar, then: list[ir.Stmt], orelse: list[ir.Stmt], loc: ir.Lo
 # memory
 
 
-def alloc(shape, dtype, scope: ir.Scope, name: Optional[str]) -> BufferRef:
+def alloc(shape, dtype, scope: ir.Scope, name: Optional[str], hoist: bool = False) -> BufferRef:
+    """``hoist``: place the allocation with the kernel body's allocations, wherever it is built
+    (a buffer an operation needs for itself inside a loop)."""
     b = builder()
     if b.parallel_vars:
         raise err("buffers cannot be allocated inside T.Parallel")
@@ -297,7 +299,10 @@ def alloc(shape, dtype, scope: ir.Scope, name: Optional[str]) -> BufferRef:
     buf = ir.Buffer(b.unique(name or f"{scope.value}_buf"), tuple(ir.Const(d, ir.DType.I32, current_loc())
                                                              for d in shape),
                     dt, scope, (), current_loc())
-    b.emit(ir.Alloc(buf, current_loc()))
+    if hoist:
+        b.hoist_alloc(ir.Alloc(buf, current_loc()))
+    else:
+        b.emit(ir.Alloc(buf, current_loc()))
     return BufferRef(buf)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import builtins
 import operator
-from typing import Any
+from typing import Any, Optional
 
 from .. import ir
 from ..errors import CompileError
@@ -50,11 +50,19 @@ class KernelVisitor:
     """Visits one function body. ``names`` is the function's global + closure namespace."""
 
     def __init__(self, b: Builder, names: dict[str, Any], line_offset: int, col_offset: int = 0,
-                 debug: bool = False):
+                 debug: bool = False, file: Optional[str] = None, fixed_loc: Optional[ir.Loc] = None,
+                 macro: bool = False):
+        """``file``: the visited function's file (default: the kernel's); ``fixed_loc``: every
+        node built gets this location (a library macro's statements cite the user's call);
+        ``macro``: the body may end with ``return value`` (``T.macro``)."""
         self.b = b
         self.names = names
         self.line_offset = line_offset
         self.col_offset = col_offset
+        self.file = file or b.file
+        self.fixed_loc = fixed_loc
+        self.macro = macro
+        self.returned: Any = None
         self.local: dict[str, _Binding] = {}
         self.scoped_out: dict[str, int] = {}   # names bound inside a finished runtime body
         self.depth = 0                         # nesting of runtime (IR) bodies
@@ -63,9 +71,11 @@ class KernelVisitor:
 
     # -- plumbing -------------------------------------------------------------------------------
     def _at(self, node: ast.AST) -> None:
-        if hasattr(node, "lineno"):
-            self.b.loc = ir.Loc(self.b.file, node.lineno + self.line_offset,
-                              node.col_offset + self.col_offset)
+        if self.fixed_loc is not None:
+            self.b.loc = self.fixed_loc
+        elif hasattr(node, "lineno"):
+            self.b.loc = ir.Loc(self.file, node.lineno + self.line_offset,
+                                node.col_offset + self.col_offset)
 
     def error(self, msg: str, notes=()) -> CompileError:
         return CompileError(msg, self.b.loc, notes)
@@ -230,6 +240,7 @@ class KernelVisitor:
         if bind_depth:
             return self.runtime_body(stmts)
         with self.b.block() as body:
+            self.b.kernel_body = body
             self.visit_body(stmts)
         return body
 
@@ -269,7 +280,12 @@ class KernelVisitor:
         return [None]
 
     def stmt_Return(self, node) -> None:
-        raise self.error("a kernel body cannot return a value; write results to output tensors")
+        if not self.macro:
+            raise self.error("a kernel body cannot return a value; write results to output tensors")
+        if self.depth:
+            raise self.error("a T.macro returns only at the end of its body, not inside a runtime "
+                             "loop or branch")
+        self.returned = None if node.value is None else self.eval(node.value)
 
     # -- expressions ------------------------------------------------------------------------------
     def expr_Constant(self, node: ast.Constant):

@@ -15,6 +15,7 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
            * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
              fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``;
+             FP8 gemms only with K-major tiles (A untransposed, B [N, K] with ``transpose_B``);
            * fragment math is kept as written: ``T.Parallel`` loops of rank 1 or 2 whose stores
              (possibly under an ``if``) write fragments indexed by all the loop's variables in
              order, or global elements whose indices use every loop variable, and which read
@@ -306,6 +307,11 @@ def _check_wgmma_shape(s: ir.Gemm, layouts: dict) -> None:
     if k_tile % step:
         raise _Refuse(f"the reduction dim of T.gemm at line {s.loc.line} is {k_tile}, not a "
                       f"multiple of wgmma's k step {step} for {s.a.buffer.dtype.value}")
+    if s.a.buffer.dtype.is_fp8 and (s.transpose_a or not s.transpose_b):
+        raise _Refuse(f"FP8 wgmma reads K-major operands only, and the "
+                      f"{'A' if s.transpose_a else 'B'} tile of T.gemm at line {s.loc.line} is "
+                      f"stored {'M' if s.transpose_a else 'N'}-major (B as [K, N]; give B as [N, K] "
+                      f"with transpose_B=True for the warp-specialized path)")
 
 
 def _fence(body: ir.Seq, pending: set) -> ir.Seq:

@@ -2,8 +2,9 @@
 from .copy import copy
 from .elementwise import (abs, atomic_add, cast, ceildiv, clear, exp, exp2, fill, if_then_else,
                           infinity, log, log2, max, min, rsqrt, sqrt)
+from .fp8 import fp8_scaled_matmul
 from .gemm import gemm
-from .kernel import Kernel, prim_func, use_swizzle, ws
+from .kernel import Kernel, macro, prim_func, use_swizzle, ws
 from .loops import Parallel, Persistent, Pipelined, serial, unroll
 from .memory import (alloc_barrier, alloc_fragment, alloc_local, alloc_shared,
                      create_list_of_mbarrier, get_mbarrier)

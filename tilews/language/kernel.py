@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import sys
 
-from tilews.lowering.frontend import kernel_source, semantic
+from tilews.lowering.frontend import Macro, kernel_source, semantic
 
 
 def prim_func(fn):
     """Mark a kernel function; its source is parsed (not run) when the kernel is built."""
     return kernel_source(fn, sys._getframe(1).f_locals)
+
+
+def macro(fn):
+    """``@T.macro``: tile-language statements inlined at each call from a kernel body, their
+    parameters bound to the call's arguments; the body may end with ``return value``."""
+    return Macro(fn)
 
 
 def Kernel(*grid, threads: int = 128):

@@ -6,6 +6,9 @@ target and the kernel's parameters (buffers: shape and torch dtype; scalars: Tri
 argument function is called on meta tensors, so the signature of each TMA descriptor comes from
 Gluon's own ``TensorDescriptor`` and ``mangle_type``; then ``triton.compile`` builds for the
 target and OUT receives the text stages (``ttgir``, ``llir``, ``ptx``, ...) and some metadata.
+SPEC's optional ``fp8_promote_every`` (int, default 0) is the K a block-scaled FP8 kernel covers
+between promotions, checked by the FP8 verifier; a verifier finding goes to OUT as
+``verifier_error`` (and ``notes``) instead of the stages.
 
 It runs apart because Gluon cannot compile under ``TRITON_INTERPRET=1`` (the parent removes it
 from this process's environment) and because some invalid layouts abort the process.
@@ -51,7 +54,10 @@ def _compile(spec: dict) -> dict:
     signature = {name: v.type_name if isinstance(v, _Scalar) else mangle_type(v)
                  for name, v in zip(fn.arg_names, flat)}
     from tilews.triton_ext import passes as ttgir_passes
-    ttgir_passes.install()   # our TTGIR passes (the warp-specialization verifier) run in this compile
+    # our TTGIR passes (the warp-specialization and FP8 verifiers) run in this compile; set the
+    # FP8 promotion interval first (it also names the Triton cache folder)
+    ttgir_passes.fp8_promote_every = int(spec.get("fp8_promote_every", 0))
+    ttgir_passes.install()
     compiled = triton.compile(GluonASTSource(fn, signature, {}), target=GPUTarget(*spec["target"]),
                               options={"num_warps": spec["num_warps"]})
     meta = compiled.metadata

@@ -39,7 +39,8 @@ def compile_only(source: str, kernel: ir.Kernel, store: ArtifactStore, triton_ve
     """Triton's stages and metadata for ``source`` built for sm_90a (kept in the store)."""
     spec = {"fn": kernel.name, "args_fn": kernel.name + ARGS_SUFFIX,
             "num_warps": kernel.plan(AsyncPlan).num_warps,
-            "target": list(TARGET), "params": [_param_spec(p) for p in kernel.params]}
+            "target": list(TARGET), "params": [_param_spec(p) for p in kernel.params],
+            "fp8_promote_every": kernel.fp8_promote_every}
     if triton_version == "absent":
         raise InternalError("target 'hopper' needs Triton (pip install triton==3.6.0 on Linux)",
                             kernel.loc)

@@ -4,12 +4,16 @@
 calls it as ``hook(backend, stages, options, language, capability)`` from ``add_stages``, with
 ``stages`` the ordered dict of stage name -> ``fn(module, metadata)``; ours wraps ``stages["ttgir"]``
 so every module that leaves the "ttgir" stage holding a ``ttg.warp_specialize`` goes through
-``ws_verifier.verify_ttgir`` (a violation raises ``CompileError`` out of ``triton.compile``).
+``ws_verifier.verify_ttgir``, and every one holding an FP8 ``ttng.warp_group_dot`` through
+``fp8_verifier.verify_fp8`` with ``promote_every=fp8_promote_every`` (a module setting, read at
+each compile; 0 unless the kernel is block-scaled). A violation raises ``CompileError`` out of
+``triton.compile``.
 
 The hook is not part of Triton's cache key. Callers fold ``cache_key_part()`` (the hook version
 and a hash of this package's sources) into their own key; ``install()`` also moves Triton's cache
-of the calling process into a subfolder named by it, so a Triton cache hit (which skips every
-stage, the hook included) only returns kernels compiled under this very verifier. Meant for a
+of the calling process into a subfolder named by it and by ``fp8_promote_every`` (set the setting
+first; ``install()`` again after changing it), so a Triton cache hit (which skips every stage, the
+hook included) only returns kernels compiled under these very checks. Meant for a
 compile process of its own (``triton_ext/gluon/compile.py``). Importing this package does not
 import Triton.
 """
@@ -19,12 +23,15 @@ import hashlib
 import os
 from pathlib import Path
 
+from .fp8_verifier import has_fp8_dot, verify_fp8
 from .ws_verifier import allocate, verify_ttgir
 
-__all__ = ["HOOK_VERSION", "cache_key_part", "install", "verify_ttgir", "allocate", "verified"]
+__all__ = ["HOOK_VERSION", "cache_key_part", "install", "verify_ttgir", "verify_fp8", "allocate",
+           "verified", "fp8_promote_every"]
 
-HOOK_VERSION = 1
+HOOK_VERSION = 2
 verified: list[str] = []        # kernels the installed hook verified in this process
+fp8_promote_every = 0           # K a block-scaled FP8 kernel covers between promotions (0: none)
 
 
 def cache_key_part() -> str:
@@ -35,13 +42,24 @@ def cache_key_part() -> str:
     return f"tilews-ttgir-passes-v{HOOK_VERSION}-{h.hexdigest()[:16]}"
 
 
-def install(isolate_cache: bool = True) -> None:
-    """Register the verifier hook (idempotent; an existing hook keeps running first)."""
-    from triton import knobs
+def _cache_folder() -> str:
     key = cache_key_part()
-    previous = knobs.runtime.add_stages_inspection_hook
-    if getattr(previous, "tilews_key", None) == key:
-        return
+    return f"{key}-fp8-promote-{fp8_promote_every}" if fp8_promote_every else key
+
+
+def install(isolate_cache: bool = True) -> None:
+    """Register the verifier hook (idempotent; an existing hook keeps running first) and point
+    Triton's cache at the folder of the current checks."""
+    from triton import knobs
+    hook = knobs.runtime.add_stages_inspection_hook
+    if getattr(hook, "tilews_key", None) != cache_key_part():
+        hook = _register(knobs, hook)
+    if isolate_cache:
+        knobs.cache.dir = os.path.join(hook.tilews_cache_base, _cache_folder())
+
+
+def _register(knobs, previous):
+    """Our hook, wrapping ``previous`` (None or another hook), registered with Triton."""
 
     def hook(backend, stages, options, language, capability):
         if previous is not None:
@@ -53,17 +71,22 @@ def install(isolate_cache: bool = True) -> None:
         def ttgir_then_verify(src, metadata):
             mod = make_ttgir(src, metadata)
             text = mod.str()
-            if "ttg.warp_specialize" in text:
+            warp_specialized, fp8 = "ttg.warp_specialize" in text, has_fp8_dot(text)
+            if not (warp_specialized or fp8):
+                return mod
+            name = mod.get_entry_func_name()
+            if warp_specialized:
                 from triton.backends.nvidia.compiler import get_ptx_version_from_options
-                name = mod.get_entry_func_name()
                 verify_ttgir(text, name, capability=capability,
                              ptx_version=get_ptx_version_from_options(options, backend.target.arch))
-                verified.append(name)
+            if fp8:
+                verify_fp8(text, name, promote_every=fp8_promote_every)
+            verified.append(name)
             return mod
 
         stages["ttgir"] = ttgir_then_verify
 
-    hook.tilews_key = key
+    hook.tilews_key = cache_key_part()
+    hook.tilews_cache_base = knobs.cache.dir
     knobs.runtime.add_stages_inspection_hook = hook
-    if isolate_cache:
-        knobs.cache.dir = os.path.join(knobs.cache.dir, key)
+    return hook

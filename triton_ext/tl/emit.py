@@ -24,8 +24,8 @@ from tilews.lowering.traverse import subexprs
 from ..pysource import GRID_SUFFIX, host_expr, nonneg
 from . import tiles
 from .context import TL_DTYPE, Ctx, ParallelFrame, shape_text
-from .exprs import (cast, element_ptr, from_parallel, one_hot, parallel_axes, parallel_view,
-                    spell, value_as)
+from .exprs import (cast, element_ptr, from_parallel, masked_load, one_hot, parallel_axes,
+                    parallel_view, spell, value_as)
 
 
 
@@ -97,7 +97,7 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
     src, dst = s.src, s.dst
     if src.buffer.scope is ir.Scope.GLOBAL:
         ptr, mask, shape = tiles.region_ptr(ctx, src, masked)
-        value = tiles.load(ptr, mask)
+        value = masked_load(ptr, mask, src.buffer.dtype)
     else:
         value, shape = tiles.tile_value(ctx, src, s.loc), src.tile_shape
     if dst.buffer.scope is ir.Scope.GLOBAL:

@@ -128,11 +128,19 @@ def _select(ctx: Ctx, e: ir.Select) -> str:
     return f"tl.where({spell(ctx, e.cond)}, {spell(ctx, e.a)}, {spell(ctx, e.b)})"
 
 
+def masked_load(ptr: str, mask: Optional[str], dtype: ir.DType) -> str:
+    """A load whose masked-off lanes read a zero of the element type (Triton's CPU interpreter
+    cannot cast an integer 0 to an FP8 type)."""
+    if mask is None:
+        return f"tl.load({ptr})"
+    return f"tl.load({ptr}, mask={mask}, other={'0.0' if dtype.is_float else '0'})"
+
+
 def _load(ctx: Ctx, e: ir.Load) -> str:
     b = e.buffer
     if b.scope is ir.Scope.GLOBAL:
         ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc)
-        return f"tl.load({ptr}, mask={mask}, other=0)"
+        return masked_load(ptr, mask, b.dtype)
     if b in ctx.scalars:
         return ctx.name(b.name)
     axes = parallel_axes(ctx, b, e.indices)

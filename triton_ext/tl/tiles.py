@@ -16,7 +16,7 @@ from typing import Optional
 from tilews.lowering import ir
 
 from .context import TL_DTYPE, Ctx, shape_text
-from .exprs import bounds, offset, spell
+from .exprs import bounds, masked_load, offset, spell
 
 
 def region_ptr(ctx: Ctx, r: ir.Region, masked: bool) -> tuple[str, Optional[str], tuple[int, ...]]:
@@ -41,10 +41,6 @@ def region_ptr(ctx: Ctx, r: ir.Region, masked: bool) -> tuple[str, Optional[str]
 
 def _plus(start: str) -> str:
     return "" if start == "0" else f"{start} + "
-
-
-def load(ptr: str, mask: Optional[str]) -> str:
-    return f"tl.load({ptr})" if mask is None else f"tl.load({ptr}, mask={mask}, other=0)"
 
 
 def store(ptr: str, value: str, mask: Optional[str]) -> str:

@@ -1,0 +1,277 @@
+"""FP8 scaled matrix multiply: ``T.fp8_scaled_matmul`` (docs/fp8.md).
+
+Two forms, told apart by where the call is:
+
+* **whole GEMM** (a ``T.prim_func`` body without ``T.Kernel``): A [M, K], B [K, N] (or [N, K]
+  with ``transpose_B``), both FP8, in global memory; float32 scales whose shapes select the
+  granularity (``tilews.lowering.fp8``); C [M, N] bf16, fp16 or fp32. The call expands into a tile
+  program (``_scaled_gemm``) with tiles chosen for the target: per-tensor and per-row/column scales
+  are applied once in the epilogue; block-wise scales promote each 128-wide k-block's product into
+  the float32 accumulator. ``use_fast_accum=False`` (the default, as in ``torch._scaled_mm``)
+  promotes per-tensor/row products every 128 of K too, which bounds the error of the tensor cores'
+  limited-precision FP8 accumulation; ``True`` accumulates over all of K in one accumulator.
+* **tile operation** (inside ``T.Kernel``): ``C += (A @ op(B)) * a_scale[i] * b_scale[j]`` on
+  shared (or fragment) FP8 tiles, a float32 accumulator fragment C, and scales that are vectors of
+  the tile's rows / columns (fragments of [BM] / [BN]), one-element buffers, or scalar values. The
+  product is formed in a fresh accumulator and promoted into C (the k-tile is at most 128 wide), so
+  users can write their own fused FP8 kernels.
+"""
+from __future__ import annotations
+
+from tilews.lowering import fp8 as scales
+from tilews.lowering import ir
+from tilews.lowering.errors import CompileTypeError, CompileValueError
+from tilews.lowering.frontend import Macro, semantic
+from tilews.lowering.frontend.context import builder, current_loc
+from tilews.lowering.frontend.values import BufferRef, RegionRef, Scalar
+
+from .copy import copy as tile_copy
+from .elementwise import clear
+from .gemm import gemm
+from .kernel import Kernel
+from .loops import Parallel, Pipelined
+from .memory import alloc_fragment, alloc_shared
+
+_OUT_DTYPES = (ir.DType.BF16, ir.DType.F16, ir.DType.F32)
+
+
+def _library_macro(fn):
+    """A macro of this module: what it builds cites the user's call, where errors must point."""
+    return Macro(fn, cite_caller=True)
+
+_HINTS = ("block_M", "block_N", "num_stages", "threads")
+
+
+def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
+                      use_fast_accum: bool = False, **hints) -> None:
+    """See the module docstring. ``hints`` (``block_M``, ``block_N``, ``num_stages``,
+    ``threads``) override the whole-GEMM form's tile choice; they never change results."""
+    if builder().kernel is None:
+        _whole_gemm(A, A_scale, B, B_scale, C, bool(transpose_B), bool(use_fast_accum), hints)
+    else:
+        if hints:
+            raise CompileValueError(f"T.fp8_scaled_matmul: {', '.join(hints)} only apply to the "
+                                    f"whole-GEMM form (without T.Kernel)", current_loc())
+        _scaled_accumulate(A, A_scale, B, B_scale, C, bool(transpose_B))
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+def _type_error(msg: str) -> CompileTypeError:
+    return CompileTypeError(f"T.fp8_scaled_matmul: {msg}", current_loc())
+
+
+def _value_error(msg: str) -> CompileValueError:
+    return CompileValueError(f"T.fp8_scaled_matmul: {msg}", current_loc())
+
+
+def _check_fp8(name: str, dtype: ir.DType) -> None:
+    if not dtype.is_fp8:
+        raise _type_error(f"{name} is {dtype.value}; A and B must be float8_e4m3fn or float8_e5m2")
+
+
+def _global_shape(name: str, x, dtype_check) -> tuple:
+    if not isinstance(x, BufferRef) or x.buffer.scope is not ir.Scope.GLOBAL:
+        raise _type_error(f"{name} must be a tensor parameter in the whole-GEMM form (without "
+                          f"T.Kernel), got {x!r}")
+    dtype_check(name, x.dtype)
+    shape = x.shape
+    if not all(isinstance(d, int) for d in shape):
+        raise _value_error(f"{name} has runtime dimensions {shape}; the whole-GEMM form needs "
+                           f"shapes known at build time")
+    return shape
+
+
+def _check_scale(name: str, dtype: ir.DType) -> None:
+    if dtype is not ir.DType.F32:
+        raise _type_error(f"{name} is {dtype.value}; scales must be float32")
+
+
+def _check_out(name: str, dtype: ir.DType) -> None:
+    if dtype not in _OUT_DTYPES:
+        raise _type_error(f"{name} is {dtype.value}; the result must be bfloat16, float16 or "
+                          f"float32")
+
+
+# ---- the whole GEMM --------------------------------------------------------------------------
+
+def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints: dict) -> None:
+    a_shape = _global_shape("A", A, _check_fp8)
+    b_shape = _global_shape("B", B, _check_fp8)
+    c_shape = _global_shape("C", C, _check_out)
+    sa_shape = _global_shape("A_scale", A_scale, _check_scale)
+    sb_shape = _global_shape("B_scale", B_scale, _check_scale)
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        raise _value_error(f"A {list(a_shape)} and B {list(b_shape)} must be matrices")
+    M, K = a_shape
+    N, KB = b_shape if transpose_B else b_shape[::-1]
+    if KB != K:
+        raise _value_error(f"A is [{M}, {K}] but B is {list(b_shape)}: K differs"
+                           f"{'' if transpose_B else ' (B is [K, N]; transpose_B=True takes [N, K])'}")
+    if tuple(c_shape) != (M, N):
+        raise _value_error(f"C is {list(c_shape)}, not [M, N] = [{M}, {N}]")
+    try:
+        gran = scales.granularity(M, N, K, sa_shape, sb_shape)
+    except ValueError as e:
+        raise _value_error(str(e)) from None
+    unknown = set(hints) - set(_HINTS)
+    if unknown:
+        raise _value_error(f"unknown tile hint(s) {', '.join(sorted(unknown))}; known: "
+                           f"{', '.join(_HINTS)}")
+    promote = gran.block_wise or not fast
+    tiles = {**_tiles(builder().target, C.dtype, promote), **hints}
+    _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, promote, M, N, K, **tiles)
+
+
+def _tiles(target: str, out: ir.DType, promote: bool) -> dict:
+    """Tile sizes per target. Hopper: 128-row tiles over two consumer warp groups, k-tiles of
+    128 (one scale block); 256 columns when one accumulator holds the tile (a second, promoting
+    accumulator would not fit in registers) and the 16-bit result's staging tile fits."""
+    if target == "hopper":
+        wide = not promote and out is not ir.DType.F32
+        return dict(block_M=128, block_N=256 if wide else 128, num_stages=3 if wide else 4,
+                    threads=256)
+    return dict(block_M=64, block_N=64, num_stages=2, threads=128)
+
+
+def _a_scale(gran: scales.Granularity, SA, row):
+    if gran.a is scales.Scaling.TENSOR:
+        return SA[(0,) * len(SA.shape)]
+    return SA[(row,) + (0,) * (len(SA.shape) - 1)]
+
+
+def _b_scale(gran: scales.Granularity, SB, col):
+    if gran.b is scales.Scaling.TENSOR:
+        return SB[(0,) * len(SB.shape)]
+    return SB[(0,) * (len(SB.shape) - 1) + (col,)]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@_library_macro
+def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, block_N,
+                 num_stages, threads):
+    block_K = scales.SCALE_BLOCK
+    with Kernel(_cdiv(N, block_N), _cdiv(M, block_M), threads=threads) as (bx, by):
+        A_s = alloc_shared((block_M, block_K), A.dtype)
+        B_s = alloc_shared((block_N, block_K) if transpose_B else (block_K, block_N), B.dtype)
+        C_f = alloc_fragment((block_M, block_N), "float32")
+        if gran.block_wise:
+            sa = alloc_fragment((block_M,), "float32")
+        clear(C_f)
+        for k in Pipelined(_cdiv(K, block_K), num_stages=num_stages):
+            tile_copy(A[by * block_M, k * block_K], A_s)
+            if transpose_B:
+                tile_copy(B[bx * block_N, k * block_K], B_s)
+            else:
+                tile_copy(B[k * block_K, bx * block_N], B_s)
+            if gran.block_wise:
+                for i in Parallel(block_M):
+                    sa[i] = SA[by * block_M + i, k]
+                fp8_scaled_matmul(A_s, sa, B_s, _b_block_scale(SB, bx, k, block_N), C_f,
+                                  transpose_B)
+            elif promote:
+                fp8_scaled_matmul(A_s, 1.0, B_s, 1.0, C_f, transpose_B)
+            else:
+                gemm(A_s, B_s, C_f, transpose_B=transpose_B)
+        if not gran.block_wise:
+            for i, j in Parallel(block_M, block_N):
+                C_f[i, j] = C_f[i, j] * _a_scale(gran, SA, by * block_M + i) \
+                    * _b_scale(gran, SB, bx * block_N + j)
+        tile_copy(C_f, C[by * block_M, bx * block_N])
+
+
+def _b_block_scale(SB, bx, k, block_N: int):
+    """B's scale for this k-block: one value when the tile's columns lie in one 128-column block,
+    else a [block_N] fragment holding each column's block scale."""
+    n_block = scales.SCALE_BLOCK
+    if n_block % block_N == 0:
+        return SB[bx * block_N // n_block, k]
+    sb = semantic.alloc((block_N,), ir.DType.F32, ir.Scope.FRAGMENT, "sb", hoist=True)
+    _fill_columns(SB, sb, bx, k, block_N)
+    return sb
+
+
+@_library_macro
+def _fill_columns(SB, sb, bx, k, block_N):
+    for j in Parallel(block_N):
+        sb[j] = SB[(bx * block_N + j) // 128, k]
+
+
+# ---- the tile operation ----------------------------------------------------------------------
+
+def _tile(name: str, x, scopes) -> ir.Region:
+    r = semantic.as_region(x, f"T.fp8_scaled_matmul operand {name}")
+    if r.buffer.scope not in scopes:
+        raise _type_error(f"{name} ('{r.buffer.name}') is in {r.buffer.scope.value} memory; inside "
+                          f"T.Kernel the operands are tiles ({' or '.join(s.value for s in scopes)}); "
+                          f"the whole-GEMM form on global tensors is used without T.Kernel")
+    return r
+
+
+def _scale_vector(name: str, s, length: int):
+    """``s`` as a function of a row (column) index: a [length] or one-element buffer, or a
+    scalar value; Python 1.0 is None (no factor)."""
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return None if s == 1 else (lambda i: s)
+    if isinstance(s, Scalar) and not isinstance(s, BufferRef):
+        if not s.dtype.is_float:
+            raise _type_error(f"{name} is {s.dtype.value}; scales must be float32")
+        return lambda i: s
+    if isinstance(s, (BufferRef, RegionRef)):
+        r = semantic.as_region(s, f"T.fp8_scaled_matmul {name}")
+        _check_scale(name, r.buffer.dtype)
+        if r.buffer.scope is ir.Scope.GLOBAL:
+            raise _type_error(f"{name} is a global tensor; inside T.Kernel scales are fragments "
+                              f"(copy the tile's scales first) or values")
+        shape = r.tile_shape
+        if shape not in ((length,), (1,)):
+            raise _value_error(f"{name} has shape {list(shape)}; it must be [{length}] (one per "
+                               f"row/column of the tile) or [1]")
+        ref = BufferRef(r.buffer)
+        if shape == (1,):
+            return lambda i: ref[r.starts[0]]
+        return lambda i: ref[Scalar(r.starts[0]) + i]
+    raise _type_error(f"{name} must be a scale fragment, a one-element buffer or a value, "
+                      f"got {s!r}")
+
+
+def _scaled_accumulate(A, A_scale, B, B_scale, C, transpose_B: bool) -> None:
+    tile_scopes = (ir.Scope.SHARED, ir.Scope.FRAGMENT)
+    ra, rb = _tile("A", A, tile_scopes), _tile("B", B, tile_scopes)
+    rc = _tile("C", C, (ir.Scope.FRAGMENT,))
+    if not rc.is_whole:
+        raise _value_error(f"C must be a whole accumulator fragment, not a part of '{rc.buffer.name}'")
+    _check_fp8("A", ra.buffer.dtype)
+    _check_fp8("B", rb.buffer.dtype)
+    if rc.buffer.dtype is not ir.DType.F32 or len(rc.tile_shape) != 2:
+        raise _type_error(f"C ('{rc.buffer.name}') must be a 2-d float32 accumulator fragment")
+    bm, bn = rc.tile_shape
+    bk = ra.tile_shape[-1] if len(ra.tile_shape) == 2 else 0
+    if bk > scales.SCALE_BLOCK:
+        raise _value_error(f"A's k-tile is {bk} wide; the tile form promotes each product into C, "
+                           f"at least every {scales.SCALE_BLOCK} elements of K: use k-tiles of at "
+                           f"most {scales.SCALE_BLOCK}")
+    sa = _scale_vector("A_scale", A_scale, bm)
+    sb = _scale_vector("B_scale", B_scale, bn)
+    b = builder()
+    b.fp8_promote_every = min(b.fp8_promote_every or scales.SCALE_BLOCK, scales.SCALE_BLOCK)
+    partial = semantic.alloc((bm, bn), ir.DType.F32, ir.Scope.FRAGMENT, "fp8_partial", hoist=True)
+    semantic.gemm(RegionRef(ra), RegionRef(rb), partial, False, transpose_B, True)
+    _promote(BufferRef(rc.buffer), partial, sa, sb, bm, bn)
+
+
+@_library_macro
+def _promote(C, partial, sa, sb, bm, bn):
+    for i, j in Parallel(bm, bn):
+        C[i, j] += _scaled(partial[i, j], sa, sb, i, j)
+
+
+def _scaled(x, sa, sb, i, j):
+    if sa is not None:
+        x = x * sa(i)
+    if sb is not None:
+        x = x * sb(j)
+    return x
