@@ -1,0 +1,94 @@
+"""FP8 scaled matmul as a ready-made op: ``fp8_scaled_mm``, a drop-in for ``torch._scaled_mm``.
+
+Built on the tile language's ``T.fp8_scaled_matmul`` (whole-GEMM form): on Hopper a
+warp-specialized, persistent FP8 wgmma kernel when b is column-major (torch's convention: ``b =
+w.t()`` with w [N, K] contiguous, i.e. K-major); a row-major b is read as it is, tile by tile
+(``triton.language`` transposes tiles on Hopper). On CPU tensors it runs on the interpreter path.
+"""
+from __future__ import annotations
+
+import torch
+
+import tilews
+import tilews.language as T
+from tilews.lowering import dtypes
+from tilews.lowering.fp8 import SCALE_BLOCK
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_OUT = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@tilews.jit(out_idx=[-1])
+def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fast_accum,
+                     a_dtype=T.float8_e4m3, b_dtype=T.float8_e4m3, out_dtype=T.bfloat16):
+    """C = scaled (A @ B) for A [M, K] and B [N, K] (``transpose_B``) or [K, N]; the scale
+    shapes choose the granularity (``tilews.lowering.fp8``)."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), a_dtype), A_scale: T.Tensor(a_scale_shape, T.float32),
+             B: T.Tensor((N, K) if transpose_B else (K, N), b_dtype),
+             B_scale: T.Tensor(b_scale_shape, T.float32), C: T.Tensor((M, N), out_dtype)):
+        T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B=transpose_B,
+                            use_fast_accum=use_fast_accum)
+    return main
+
+
+def _ceil(x: int, d: int) -> int:
+    return -(-x // d)
+
+
+def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor):
+    """torch's scale conventions -> the intrinsic's (block-wise b scales are [K / 128, N / 128]
+    in torch's orientation, [N / 128, K / 128] in the intrinsic's: a transposed view)."""
+    kb, nb = _ceil(K, SCALE_BLOCK), _ceil(N, SCALE_BLOCK)
+    sa = scale_a.reshape(1) if scale_a.dim() == 0 else scale_a
+    sb = scale_b.reshape(1) if scale_b.dim() == 0 else scale_b
+    if tuple(sa.shape) == (M, kb) and tuple(sb.shape) == (kb, nb) and tuple(sb.shape) != (1, N):
+        return sa, sb.t()
+    outer_a = tuple(sa.shape) in ((1,), (M,), (M, 1))
+    outer_b = tuple(sb.shape) in ((1,), (N,), (1, N))
+    if outer_a and outer_b:
+        return sa, sb
+    raise ValueError(f"fp8_scaled_mm(): scale_a {list(scale_a.shape)} and scale_b "
+                     f"{list(scale_b.shape)} match no granularity for M={M}, N={N}, K={K}; "
+                     f"accepted: per tensor [] or [1] each; per row / column scale_a [{M}, 1] and "
+                     f"scale_b [1, {N}]; block-wise scale_a [{M}, {kb}] (1 x 128 blocks of a) and "
+                     f"scale_b [{kb}, {nb}] (128 x 128 blocks of b)")
+
+
+def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                  use_fast_accum: bool = False) -> torch.Tensor:
+    """``(a @ b)`` scaled by ``scale_a`` / ``scale_b``, as ``torch._scaled_mm``: a [M, K], b
+    [K, N] FP8 (float8_e4m3fn / float8_e5m2, may differ); float32 scales per tensor, per row of a /
+    column of b, or block-wise; ``bias`` [N] is added to the result (after the kernel, not fused);
+    ``use_fast_accum=False`` promotes the tensor cores' FP8 partial sums into float32 every 128
+    of K."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"fp8_scaled_mm(): '{name}' must be a 2-d tensor")
+        if t.dtype not in _FP8:
+            raise TypeError(f"fp8_scaled_mm(): '{name}' is {t.dtype}; a and b must be "
+                            f"torch.float8_e4m3fn or torch.float8_e5m2")
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            raise TypeError(f"fp8_scaled_mm(): '{name}' must be a float32 tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+    if out_dtype not in _OUT:
+        raise TypeError(f"fp8_scaled_mm(): out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
+    (M, K), (K2, N) = a.shape, b.shape
+    if K2 != K:
+        raise ValueError(f"fp8_scaled_mm(): a is [{M}, {K}] but b is [{K2}, {N}]: K differs")
+    if bias is not None and (bias.shape != (N,) or bias.device != a.device):
+        raise ValueError(f"fp8_scaled_mm(): bias must be a [{N}] tensor on {a.device}")
+    sa, sb = _scales(M, N, K, scale_a, scale_b)
+    if M == 0 or N == 0 or K == 0:
+        out = torch.zeros(M, N, dtype=out_dtype, device=a.device)
+    else:
+        k_major = b.stride(0) == 1 and b.stride(1) == K          # b = w.t(), w [N, K] row-major
+        B = b.t() if k_major else b.contiguous()
+        kernel = scaled_mm_kernel(M, N, K, tuple(sa.shape), tuple(sb.shape), k_major,
+                                  bool(use_fast_accum), dtypes.from_torch(a.dtype),
+                                  dtypes.from_torch(b.dtype), dtypes.from_torch(out_dtype))
+        out = kernel(a.contiguous(), sa, B, sb)
+    return out if bias is None else out.add_(bias.to(out_dtype))
