@@ -2,11 +2,13 @@
 (FlashAttention-3's intra-warp-group overlap: Q K^T of block k + 1 runs on the tensor cores while
 the softmax of block k runs on the ALUs).
 
-Requires:  legalize_wgmma made an ``AsyncPlan`` and ``target.overlap_softmax`` (the
-           ``TILEWS_OVERLAP_SOFTMAX`` switch) is on; otherwise the pass does nothing. It is off by
-           default: on an H100 it measured 0-10% slower than waiting for Q K^T before the
-           softmax (attention D 64/128, docs/measuring.md), the P V gemm still being waited in
-           its own iteration.
+Requires:  legalize_wgmma made an ``AsyncPlan``. Loops whose tail holds a gemm (attention) are
+           rewritten only when ``target.overlap_softmax`` (the ``TILEWS_OVERLAP_SOFTMAX`` switch)
+           is on: it is off by default, on an H100 it measured 0-10% slower than waiting for
+           Q K^T before the softmax (attention D 64/128, docs/measuring.md), the P V gemm still
+           being waited in its own iteration. Loops whose tail holds none (an FP8 promotion:
+           the partial product scaled into the accumulator) are rewritten when
+           ``target.overlap_promotion`` is on (the default).
 Ensures:   a role loop ``for k in serial(start, stop, step)`` (step a positive constant) whose
            body is
 
@@ -15,7 +17,8 @@ Ensures:   a role loop ``for k in serial(start, stop, step)`` (step a positive c
 
            where ``R`` holds >= 2 barriers (so waiting for block k + 1 never needs block k's
            release), ``H`` (the head: e.g. the causal mask into X) writes only X, the gemm's A is
-           in shared memory, ``T`` (the tail) holds another gemm followed by a ``gemm_wait 0``,
+           in shared memory, ``T`` (the tail) holds another gemm followed by a ``gemm_wait 0``
+           (or no gemm: then ``gemm_wait 0`` is added after the arrival, below),
            nothing in ``T`` writes what the head or the first gemm read other than X, and X is
            touched nowhere else in the role, becomes (the last iteration peeled, so every
            issued gemm is waited for in the iteration that issued it: Gluon carries only
@@ -29,7 +32,8 @@ Ensures:   a role loop ``for k in serial(start, stop, step)`` (step a positive c
                [if start < stop:] copy X -> X_cur; T(last); barrier_arrive E[i(last)]
 
            X_cur is a new fragment with X's layout (added to the ``LayoutPlan``). The tail's own
-           ``gemm_wait 0`` completes the next block's gemm too (wgmma groups complete in order).
+           ``gemm_wait 0`` completes the next block's gemm too (wgmma groups complete in order);
+           a tail without a gemm is followed by ``gemm_wait 0`` in the loop body.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -45,14 +49,14 @@ from ..traverse import buffers_read, buffers_written, transform, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.overlap_softmax or kernel.find_plan(AsyncPlan) is None:
+    if not (target.overlap_softmax or target.overlap_promotion) or kernel.find_plan(AsyncPlan) is None:
         return kernel
     layouts = dict(kernel.plan(LayoutPlan).layouts)
     allocs: list[ir.Alloc] = []
     stmts = []
     for s in kernel.body.stmts:
         if isinstance(s, ir.WarpSpecialize):
-            s = dataclasses.replace(s, roles=tuple(_role(r, layouts, allocs) for r in s.roles))
+            s = dataclasses.replace(s, roles=tuple(_role(r, layouts, allocs, target) for r in s.roles))
         stmts.append(s)
     if not allocs:
         return kernel
@@ -65,11 +69,14 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
                          f"this block's fragment math, which reads a copy")
 
 
-def _role(role: ir.Role, layouts: dict, allocs: list) -> ir.Role:
+def _role(role: ir.Role, layouts: dict, allocs: list, target: Target) -> ir.Role:
     out = []
     for k, s in enumerate(role.body.stmts):
         rest = role.body.stmts[:k] + role.body.stmts[k + 1:]
         split = _match(s, rest) if isinstance(s, ir.For) else None
+        if split is not None and not (target.overlap_softmax if _tail_gemm(split[2])
+                                      else target.overlap_promotion):
+            split = None
         if split is None:
             out.append(s)
             continue
@@ -95,7 +102,7 @@ def _match(loop: ir.For, others) -> Optional[tuple]:
         return None
     x = gemm.c.buffer
     head, tail = b[1:g], b[g + 2:-1]
-    if not any(isinstance(s, ir.Gemm) for s in tail):
+    if not tail:
         return None
     head_writes = {w for s in head for t in walk(s) for w in buffers_written(t)}
     if head_writes - {x} or any(isinstance(t, (ir.BarrierWait, ir.BarrierArrive, ir.Gemm, ir.GemmWait))
@@ -108,6 +115,10 @@ def _match(loop: ir.For, others) -> Optional[tuple]:
     if any(x in buffers_read(t) + buffers_written(t) for s in others for t in walk(s)):
         return None
     return head, gemm, tail
+
+
+def _tail_gemm(tail) -> bool:
+    return any(isinstance(t, ir.Gemm) for s in tail for t in walk(s))
 
 
 def _overlap(loop: ir.For, head, gemm: ir.Gemm, tail, layouts: dict, allocs: list) -> list:
@@ -136,7 +147,8 @@ def _overlap(loop: ir.For, head, gemm: ir.Gemm, tail, layouts: dict, allocs: lis
     issue = (wait, *head, gemm)
     finish = (*(transform(s, lambda n: cur if n == x else None) for s in tail), arrive)
     nxt = ir.BinOp(ir.BinOpKind.ADD, k, step, ir.DType.I32, loc)
-    body = (take, *at(issue, nxt), *finish)
+    complete = () if _tail_gemm(tail) else (ir.GemmWait(0, gemm.loc),)
+    body = (take, *at(issue, nxt), *finish, *complete)
     last = fold(schedule.last_index(loop, loc))
     return [*guarded(at(issue, loop.start) + (ir.GemmWait(0, gemm.loc),)),
             dataclasses.replace(loop, stop=fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc)),

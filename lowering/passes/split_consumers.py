@@ -12,7 +12,8 @@ Requires:  warp_specialize has run; applies on targets with ``wgmma`` (and ``spl
            ``PipelinePlan`` (the automatic schedule) and no tile loop.
 Ensures:   when the consumer role ``ws(1, 2)`` does fragment math (a ``T.Parallel`` or a
            reduction) inside its loop, keeps all its fragments with BM rows in dim 0 (BM a
-           multiple of 128), reads shared buffers of BM rows only as the A operand of its gemms
+           multiple of 128), reads shared tiles of BM rows (dim 0; dim 1 of a ring buffer, whose
+           dim 0 is the slot) only as the A operand of its gemms
            (and writes / stores such buffers only whole, through fragment -> shared copies and
            shared -> global copies; other roles may only fill them from global memory), indexes every fragment inside a ``T.Parallel`` with the
            loop's first variable in dim 0 — it becomes roles ``ws(1)`` and ``ws(2)``: role h has
@@ -77,6 +78,11 @@ def _touches(role: ir.Role, b: ir.Buffer) -> bool:
     return any(b in buffers_read(t) + buffers_written(t) for t in walk(role.body))
 
 
+def _row_dim(b: ir.Buffer) -> int:
+    """The rows of a shared tile: dim 0 of a tile, dim 1 of a ring of tiles (dim 0: the slot)."""
+    return len(b.shape) - 2
+
+
 def _row_shared(role: ir.Role) -> set:
     """Shared buffers the role reads as gemm A operands or writes from fragments."""
     out = set()
@@ -108,8 +114,8 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
         for b in buffers_read(s) + buffers_written(s):
             if b.scope is ir.Scope.FRAGMENT and ir.as_int(b.shape[0]) != rows:
                 return None, f"fragment '{b.name}' does not have {rows} rows in dim 0"
-            if b in shared and ir.as_int(b.shape[0]) != rows:
-                return None, f"shared buffer '{b.name}' does not have {rows} rows in dim 0"
+            if b in shared and ir.as_int(b.shape[_row_dim(b)]) != rows:
+                return None, f"shared buffer '{b.name}' does not have {rows} rows"
         if isinstance(s, ir.Copy) and (s.src.buffer in shared or s.dst.buffer in shared):
             r = s.src if s.src.buffer in shared else s.dst
             if not r.is_whole:
@@ -161,8 +167,9 @@ def _half(body: ir.Seq, offset: int, size: int, renamed: dict, shared: set) -> i
         if isinstance(n, ir.Region) and n.buffer.scope is ir.Scope.FRAGMENT:
             return dataclasses.replace(n, extents=(size,) + tuple(n.extents[1:]))
         if isinstance(n, ir.Region) and n.buffer in shared:
-            return dataclasses.replace(n, starts=(c(offset, n.loc),) + tuple(n.starts[1:]),
-                                       extents=(size,) + tuple(n.extents[1:]))
+            d = _row_dim(n.buffer)
+            return dataclasses.replace(n, starts=n.starts[:d] + (c(offset, n.loc),) + n.starts[d + 1:],
+                                       extents=n.extents[:d] + (size,) + n.extents[d + 1:])
         if isinstance(n, ir.Copy) and n.src.buffer in shared and n.dst.buffer.scope is ir.Scope.GLOBAL:
             d = next(k for k, e in enumerate(n.dst.extents) if e != 1)     # the tile's row dim
             start = ir.BinOp(ir.BinOpKind.ADD, n.dst.starts[d], c(offset, n.loc), ir.DType.I32, n.loc)

@@ -168,10 +168,12 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
             else:
                 tile_copy(B[k * block_K, bx * block_N], B_s)
             if gran.block_wise:
-                for i in Parallel(block_M):
+                partial = _product(A_s, B_s, transpose_B, block_M, block_N)
+                for i in Parallel(block_M):     # after the gemm: it may run under this
                     sa[i] = SA[by * block_M + i, k]
-                fp8_scaled_matmul(A_s, sa, B_s, _b_block_scale(SB, bx, k, block_N), C_f,
-                                  transpose_B)
+                _promote(C_f, partial, _scale_vector("A_scale", sa, block_M),
+                         _scale_vector("B_scale", _b_block_scale(SB, bx, k, block_N), block_N),
+                         block_M, block_N)
             elif promote:
                 fp8_scaled_matmul(A_s, 1.0, B_s, 1.0, C_f, transpose_B)
             else:
@@ -256,11 +258,18 @@ def _scaled_accumulate(A, A_scale, B, B_scale, C, transpose_B: bool) -> None:
                            f"most {scales.SCALE_BLOCK}")
     sa = _scale_vector("A_scale", A_scale, bm)
     sb = _scale_vector("B_scale", B_scale, bn)
+    partial = _product(RegionRef(ra), RegionRef(rb), transpose_B, bm, bn)
+    _promote(BufferRef(rc.buffer), partial, sa, sb, bm, bn)
+
+
+def _product(A, B, transpose_B: bool, bm: int, bn: int) -> BufferRef:
+    """A @ op(B) into a fresh float32 fragment, to be promoted into the accumulator (which the
+    kernel then promises: ``fp8_promote_every``)."""
     b = builder()
     b.fp8_promote_every = min(b.fp8_promote_every or scales.SCALE_BLOCK, scales.SCALE_BLOCK)
     partial = semantic.alloc((bm, bn), ir.DType.F32, ir.Scope.FRAGMENT, "fp8_partial", hoist=True)
-    semantic.gemm(RegionRef(ra), RegionRef(rb), partial, False, transpose_B, True)
-    _promote(BufferRef(rc.buffer), partial, sa, sb, bm, bn)
+    semantic.gemm(A, B, partial, False, transpose_B, True)
+    return partial
 
 
 @_library_macro

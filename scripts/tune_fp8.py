@@ -1,0 +1,156 @@
+"""Check and time FP8 scaled matmuls (``tilews.ops.fp8_scaled_mm`` and schedule variants of the
+``T.fp8_scaled_matmul`` program) against ``torch._scaled_mm``, interleaved over several rounds;
+median ratio per row with its spread. Writes JSON to $OUT/fp8.json when $OUT is set.
+
+    python scripts/tune_fp8.py [--rounds N] [--quick]
+
+Rows: per granularity (tensor, row, block) and accumulation (fast: one accumulator over all of K;
+promoted: FP8 partial sums added into fp32 every 128 of K), the op as users call it and variants
+(tile widths, stages, persistent or not, the consumer split) launched directly. References: the
+rowwise / tensorwise ``_scaled_mm`` with the same ``use_fast_accum``; block-wise rows compare with
+rowwise non-fast ``_scaled_mm`` (the issue's yardstick).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+import tilews.language as T
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.target import HOPPER
+from tilews.ops import fp8_scaled_mm
+from tilews.testing import rel_err, time_ms
+from tests.helpers import load
+
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (128, 4096, 4096),
+          (1024, 14336, 4096)]
+E4M3 = torch.float8_e4m3fn
+
+
+def program(M, N, K, sa_shape, sb_shape, fast, **hints):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float8_e4m3), SA: T.Tensor(sa_shape, T.float32),
+             B: T.Tensor((N, K), T.float8_e4m3), SB: T.Tensor(sb_shape, T.float32),
+             C: T.Tensor((M, N), T.bfloat16)):
+        T.fp8_scaled_matmul(A, SA, B, SB, C, transpose_B=True, use_fast_accum=fast, **hints)
+    return main
+
+
+def direct(prim, target):
+    p = load(build_kernel(prim, target="hopper"), "gluon", target)
+
+    def run(a, sa, w, sb):
+        out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device="cuda")
+        p.launch([a, sa, w, sb, out])
+        return out
+    return run
+
+
+def inputs(M, N, K, gran):
+    a = (torch.randn(M, K, device="cuda") * 3).to(E4M3)
+    w = (torch.randn(N, K, device="cuda") * 3).to(E4M3)
+    kb, nb = -(-K // 128), -(-N // 128)
+    if gran == "tensor":
+        sa, sb = torch.tensor(0.7, device="cuda"), torch.tensor(1.3, device="cuda")
+    elif gran == "row":
+        sa, sb = torch.rand(M, 1, device="cuda") + 0.5, torch.rand(1, N, device="cuda") + 0.5
+    else:
+        sa, sb = torch.rand(M, kb, device="cuda") + 0.5, torch.rand(kb, nb, device="cuda") + 0.5
+    return a, w, sa, sb
+
+
+def exact(a, w, sa, sb, gran):
+    A, B = a.double(), w.double().t()
+    K, N = B.shape
+    if gran == "block":
+        A = A * sa.double().repeat_interleave(128, 1)[:, :K]
+        B = B * sb.double().repeat_interleave(128, 0)[:K].repeat_interleave(128, 1)[:, :N]
+        return A @ B
+    return (A @ B) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+
+
+def rows_for(M, N, K, gran, fast, rounds, quick):
+    a, w, sa, sb = inputs(M, N, K, gran)
+    ref = exact(a, w, sa, sb, gran)
+    torch_gran = "row" if gran == "block" else gran
+    ta, tw, tsa, tsb = (a, w, sa, sb) if torch_gran == gran else inputs(M, N, K, "row")
+    torch_fast = fast and gran != "block"
+    theirs = lambda: torch._scaled_mm(ta, tw.t(), tsa, tsb, out_dtype=torch.bfloat16,  # noqa: E731
+                                      use_fast_accum=torch_fast)
+    cands = {"op": lambda: fp8_scaled_mm(a, w.t(), sa, sb, use_fast_accum=fast)}
+    isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else (sa, sb.t() if gran == "block" else sb)
+    variants = {"not persistent": (dict(), dataclasses.replace(HOPPER, num_sms=0))}
+    if gran == "block" or not fast:     # the promotion is fragment math: consumers split
+        variants["not persistent, merged"] = (dict(), dataclasses.replace(HOPPER, num_sms=0,
+                                                                          split_consumers=False))
+        variants["not persistent, no overlap"] = (dict(), dataclasses.replace(HOPPER, num_sms=0,
+                                                                              overlap_promotion=False))
+    if not quick:
+        if fast and gran != "block":
+            variants["BN 128, 4 stages"] = (dict(block_N=128, num_stages=4), None)
+        else:
+            variants["5 stages"] = (dict(num_stages=5), None)
+            variants["BN 256, 2 stages"] = (dict(block_N=256, num_stages=2), None)
+    for name, (hints, target) in variants.items():
+        target = target or dataclasses.replace(HOPPER, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+        try:
+            run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast, **hints), target)
+        except Exception as e:  # a variant that does not compile is reported, not fatal
+            print(f"variant {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
+        cands[name] = lambda run=run: run(a, isa, w, isb)
+    out = {}
+    for name, fn in cands.items():
+        got, again = fn(), fn()
+        out[name] = dict(err=rel_err(got, ref), nan=bool(got.isnan().any()),
+                         deterministic=bool(torch.equal(got, again)))
+    err_torch = rel_err(theirs(), exact(ta, tw, tsa, tsb, torch_gran))
+    times = {n: [] for n in [*cands, "torch"]}
+    for r in range(rounds):
+        order = ["torch", *cands] if r % 2 == 0 else [*cands, "torch"]
+        for n in order:
+            times[n].append(time_ms(theirs if n == "torch" else cands[n], a.device))
+    flops = 2.0 * M * N * K
+    rows = []
+    for n in cands:
+        ratio = [t / o for t, o in zip(times["torch"], times[n])]
+        med = statistics.median(times[n])
+        rows.append(dict(shape=f"{M}x{N}x{K}", gran=gran, fast=fast, variant=n, **out[n], err_torch=err_torch,
+                         ms=med, tflops=flops / med / 1e9,
+                         torch_tflops=flops / statistics.median(times["torch"]) / 1e9,
+                         vs_torch=statistics.median(ratio), vs_min=min(ratio), vs_max=max(ratio),
+                         torch_ref=f"{torch_gran}{' fast' if torch_fast else ''}"))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv) -> int:
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 5
+    quick = "--quick" in argv
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = []
+    cases = [(s, g, f) for s in (SHAPES[:2] if quick else SHAPES) for g, f in
+             (("row", False), ("row", True), ("tensor", False), ("block", False))]
+    for (M, N, K), gran, fast in cases:
+        rows += rows_for(M, N, K, gran, fast, rounds, quick)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "fp8.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"\nmedian of {rounds} interleaved rounds (ratio > 1: tilews faster)")
+    print("| shape | scales | accum | variant | rel err (torch) | TFLOP/s | torch ref | vs torch (min-max) |")
+    for r in rows:
+        print(f"| {r['shape']} | {r['gran']} | {'fast' if r['fast'] else 'promoted'} | {r['variant']} | "
+              f"{r['err']:.1e}{' NaN' if r['nan'] else ''}{'' if r['deterministic'] else ' nondet'} "
+              f"({r['err_torch']:.1e}) | {r['tflops']:.0f} (torch {r['torch_tflops']:.0f}) | {r['torch_ref']} | "
+              f"{r['vs_torch']:.3f}x ({r['vs_min']:.3f}-{r['vs_max']:.3f}) |")
+    bad = [r for r in rows if r["err"] > 2e-2 or r["nan"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
