@@ -6,16 +6,19 @@ Triton, checked and timed in the same run.
                       [--json PATH] [--csv PATH] [--plot PATH]
     tilews-bench epilogue [--shapes llm,4096x4096x4096:gelu] [the same options]
     tilews-bench attention [--shapes long,4x32x4096x128:causal,8x16x2048x64] [the same options]
-    tilews-bench fp8 | all
+    tilews-bench fp8 [--shapes llm,4096x4096x4096:row-fast] [the same options]
+    tilews-bench all [the same options]
 
 Shapes: MxNxK for gemm; MxNxK:relu|gelu|silu for epilogue (act(alpha * A @ B + bias)); BxHxSxD:
-causal|noncausal for attention. A shape without its ``:mode`` runs every mode. With ``all``, each
-``--shapes`` entry goes to the workloads it is a preset or a shape of (``cpu``: all of them).
+causal|noncausal for attention; MxNxK:tensor|tensor-fast|row|row-fast|block for fp8 (the scales'
+granularity, and -fast for use_fast_accum). A shape without its ``:mode`` runs every mode. With
+``all``, each ``--shapes`` entry goes to the workloads it is a preset or a shape of (``cpu``: all
+of them).
 
 Exit code: 0 when every row is correct, 1 when a row FAILed (wrong numbers) or raised, 2 for a bad
 command line (output paths are checked before anything is built or timed). A row whose kernel
-cannot run that shape here (N/A: an SDPA backend that does not take it) is no failure. The table
-is printed last.
+cannot run that shape here (N/A: an SDPA backend, or torch's block-wise FP8 GEMM, that does not
+take it) is no failure. The table is printed last.
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from . import console, machine as machines
 from .plot import write_plot
 from .report import write_csv, write_json
 from .results import Report
-from .runner import plan, run_shape, steps
-from .shapes import ShapeError, assign_shapes, form, parse_shapes
+from .runner import Impl, plan, run_shape, steps
+from .shapes import Shape, ShapeError, assign_shapes, form, parse_shapes
 from .workload import DTYPES, Case, Pending, Workload, registry
 
 TARGETS = ("hopper", "triton", "interpret")
@@ -39,8 +42,9 @@ COMMANDS = {"gemm": "bf16/fp16 GEMM against torch.matmul (cuBLAS) and a plain Tr
                         "(tanh) or silu, against torch.matmul followed by the same epilogue in PyTorch",
             "attention": "attention forward (BHSD, causal or not) against SDPA with its cuDNN and "
                          "flash (FlashAttention-2) backends",
-            "fp8": "FP8 scaled GEMM against torch._scaled_mm (tilews has no FP8 kernels yet)",
-            "all": "every workload above (the ones tilews lacks are reported as not yet available)"}
+            "fp8": "FP8 (e4m3) scaled GEMM, per-tensor, per-row or block-wise scales, against "
+                   "torch._scaled_mm (rowwise for block-wise rows) and torch's block-wise scaled_mm",
+            "all": "every workload above"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -79,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--shapes", help=_shapes_help())
-    options.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    options.add_argument("--dtype", choices=list(DTYPES), default="bf16",
+                         help="the operands' and result's dtype (fp8: the result's; its operands are "
+                              "float8_e4m3fn)")
     options.add_argument("--targets", type=_targets,
                          help="comma list of tilews targets: hopper, triton, interpret (default: "
                               "hopper,triton on a GPU, interpret,triton without one)")
@@ -156,11 +162,18 @@ def _run(report: Report, runs: list[tuple[Workload, list]], quick: bool) -> None
         impls, unavailable = plan(w, report.targets, report.machine)
         report.unavailable.update(unavailable)
         planned.append((w, shapes, impls))
-    with console.progress(sum(len(s) * steps(i, report.rounds) for _, s, i in planned)) as advance:
+    total = sum(steps(_applying(w, i, s), report.rounds) for w, shapes, i in planned for s in shapes)
+    with console.progress(total) as advance:
         for w, shapes, impls in planned:
             for shape in shapes:
                 case = Case(shape, DTYPES[report.dtype], report.machine)
-                report.rows += run_shape(w, case, impls, quick, report.rounds, advance)
+                report.rows += run_shape(w, case, _applying(w, impls, shape), quick, report.rounds, advance)
+
+
+def _applying(workload: Workload, impls: list[Impl], shape: Shape) -> list[Impl]:
+    """The kernels run on ``shape``: every tilews variant, and the references that apply to it."""
+    applies = {ref.name: ref.applies for ref in workload.references}
+    return [i for i in impls if i.kind == "tilews" or applies[i.name](shape)]
 
 
 def _write_files(report: Report, args: argparse.Namespace) -> list[str]:

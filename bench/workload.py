@@ -1,10 +1,10 @@
 """What a benchmarked workload provides, and the registry of workloads.
 
-A workload (GEMM, the GEMM with a fused epilogue, attention; FP8 GEMM later) knows its shapes,
-inputs, FLOP count and exact reference, the tilews variants to build per target, and the
+A workload (GEMM, the GEMM with a fused epilogue, attention, the FP8 scaled GEMM) knows its
+shapes, inputs, FLOP count and exact reference, the tilews variants to build per target, and the
 references to compare against. The runner (``tilews.bench.runner``) does the same for every
-workload: check, time, compare. Adding FP8 means one module like ``tilews.bench.gemm``
-(references ``torch._scaled_mm`` rowwise and tensorwise) and its entry in ``registry()``.
+workload: check, time, compare. Adding one means a module like ``tilews.bench.gemm`` and its
+entry in ``registry()``.
 
 ``variants`` and ``references`` are plain lists so a test can add a deliberately wrong kernel.
 """
@@ -55,13 +55,15 @@ class Variant:
 class Reference:
     """What tilews is compared against. ``runs_on(machine)`` names what executes it ("cuBLAS");
     ``unavailable(machine)`` says why it cannot run here, or None; ``scope()`` is entered around
-    its build, check and each timing (not each call): SDPA's backend choice."""
+    its build, check and each timing (not each call): SDPA's backend choice; ``applies(shape)``
+    says whether it runs on a shape at all (FP8's block-wise reference: block-scaled rows only)."""
     name: str
     build: Callable[[Case], KernelFn]
     runs_on: Callable[[Machine], str]
     interpreted: Callable[[Machine], bool] = lambda m: not m.gpu
     unavailable: Callable[[Machine], Optional[str]] = lambda m: None
     scope: Scope = contextlib.nullcontext
+    applies: Callable[[Shape], bool] = lambda shape: True
 
 
 @dataclass
@@ -96,8 +98,6 @@ def standard_preset(machine: Machine, quick: bool) -> str:
 
 
 def registry() -> dict[str, Union[Workload, Pending]]:
-    from . import attention, epilogue, gemm
+    from . import attention, epilogue, fp8, gemm
     return {"gemm": gemm.WORKLOAD, "epilogue": epilogue.WORKLOAD, "attention": attention.WORKLOAD,
-            "fp8": Pending("fp8", "tilews has no FP8 GEMM kernels yet (T.fp8_scaled_matmul is not "
-                                  "implemented); the FP8 bench will compare against torch._scaled_mm "
-                                  "with rowwise and tensorwise scales once they exist.")}
+            "fp8": fp8.WORKLOAD}

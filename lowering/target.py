@@ -17,8 +17,8 @@ class Target:
     num_sms: int = 0                # multiprocessors, when known (persistent grids); 0: unknown
     hangs_on_deadlock: bool = False  # a barrier deadlock hangs it: check_barriers refuses one
     overlap_softmax: bool = False   # schedule choice: overlap_softmax applies (Hopper, opt-in)
-    overlap_promotion: bool = True  # schedule choice: overlap_softmax's form for loops whose
-                                    # fragment math holds no gemm (FP8 promotion)
+    overlap_promotion: bool = False  # schedule choice: overlap_softmax's form for loops whose
+                                     # fragment math holds no gemm (FP8 promotion; opt-in)
     split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
                                     # it off to compare)
 

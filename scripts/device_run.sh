@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One command for the device tool (a GPU machine with torch and triton, nothing installable):
-#     bash scripts/device_run.sh [more bench options, e.g. --shapes square (the GEMM bench runs --quick)]
-# Runs tests/gpu, then the GEMM bench; the bench's table is printed last. Files go to $OUT (the
-# device tool sets it; /tmp/out otherwise). Time limits (420 s tests, 160 s bench) keep the whole run under the 10-minute limit.
+#     bash scripts/device_run.sh [more GEMM bench options, e.g. --shapes square (it runs --quick)]
+# Runs tests/gpu (the FP8 ones included), then the GEMM bench, then the FP8 bench (--shapes
+# gpu-quick --targets hopper); the benches' tables are printed last, FP8's at the end. Files go to
+# $OUT (the device tool sets it; /tmp/out otherwise). Time limits (420 s tests, 160 s GEMM bench,
+# then the FP8 bench with what is left of 580 s, at most 150 s) keep the whole run under the
+# 10-minute limit.
 #
 # Imports. tilews is not installed there, and PYTHONPATH=$PWD is not enough: pyproject.toml installs
 # lowering/, triton_ext/, metal/ and bench/ as tilews.lowering, ..., tilews.bench
@@ -89,4 +92,17 @@ fi
 timeout 160 python -m tilews.bench gemm --quick --json "$OUT/bench.json" --csv "$OUT/bench.csv" --plot "$OUT/bench.png" "$@"
 bench=$?
 [ "$bench" -eq 124 ] && echo "bench: timed out after 160 s"
-exit $(( tests != 0 ? tests : bench ))
+
+fp8_limit=$(( 580 - SECONDS ))             # SECONDS: since this script started
+[ "$fp8_limit" -gt 150 ] && fp8_limit=150
+if [ "$fp8_limit" -ge 30 ]; then
+    timeout "$fp8_limit" python -m tilews.bench fp8 --shapes gpu-quick --targets hopper \
+        --json "$OUT/fp8.json" --csv "$OUT/fp8.csv" --plot "$OUT/fp8.png"
+    fp8=$?
+    [ "$fp8" -eq 124 ] && echo "fp8 bench: timed out after $fp8_limit s"
+else
+    fp8=0
+    echo "fp8 bench: skipped, ${fp8_limit} s left of the 10-minute limit (run it alone with" \
+         "TILEWS_DEVICE_CMD='python -m tilews.bench fp8 --shapes gpu-quick --targets hopper')"
+fi
+exit $(( tests != 0 ? tests : bench != 0 ? bench : fp8 ))

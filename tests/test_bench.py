@@ -1,7 +1,8 @@
 """The bench CLI (``tilews-bench`` / ``python -m tilews.bench``) on the CPU: argument parsing, the
 JSON and CSV it writes, the exit code when a kernel is wrong, the plot, graceful degradation
-without rich and matplotlib, the epilogue and attention workloads (their shapes with a mode, FLOPs,
-references that cannot run here), ``all``, and the workload tilews has no kernels for yet (fp8).
+without rich and matplotlib, the epilogue, attention and FP8 workloads (their shapes with a mode,
+FLOPs, references that cannot run here or apply to some modes only), ``all``, and a workload
+tilews has no kernels for yet.
 
 Most tests run in-process on the ``interpret`` target with ``torch.matmul`` as the only reference
 (fast, and triton stays unimported). Two run ``python -m tilews.bench`` in a subprocess, one of
@@ -14,16 +15,17 @@ import csv
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tilews.bench import attention, cli, epilogue, gemm, runner
+from tilews.bench import attention, cli, epilogue, fp8, gemm, runner
 from tilews.bench.shapes import ShapeError, parse_shapes, shape_text
 from tilews.bench.timing import MAX_SETS, sets_needed
-from tilews.bench.workload import Reference, Unavailable, Variant
+from tilews.bench.workload import Case, Pending, Reference, Unavailable, Variant
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--targets", "interpret", "--shapes", "64x64x64,100x72x40", "--quick"]
@@ -297,9 +299,10 @@ def test_planted_incorrect_kernel_makes_the_exit_code_nonzero(name, body, status
     assert sum(ln.startswith("| ") and f"| {marker}" in ln for ln in lines) == 2
 
 
-# ---- attention and the GEMM epilogue: shapes with a mode -------------------------------------------
+# ---- attention, the GEMM epilogue and FP8: shapes with a mode -------------------------------------------
 
 ATTENTION = ["attention", "--targets", "interpret", "--rounds", "1", "--quick"]
+FP8 = ["fp8", "--targets", "interpret", "--rounds", "1", "--quick"]
 EPILOGUE = ["epilogue", "--targets", "interpret", "--rounds", "1", "--quick", "--shapes", "64x64x64"]
 
 
@@ -337,6 +340,11 @@ def test_default_presets_cover_the_gpu_sizes_and_a_tiny_cpu_one():
     ("attention", "square", "unknown shape preset 'square'; presets: bench, long, "),
     ("epilogue", "64x64x64:tanh", "the modes are relu, gelu, silu"),
     ("gemm", "64x64x64:relu", "is not MxNxK with positive integers"),
+    ("fp8", "4096x4096x4096:blockwise",
+     "has the unknown mode 'blockwise'; the modes are tensor, tensor-fast, row, row-fast, block"),
+    ("fp8", "4096x4096x4096:block-fast", "has the unknown mode 'block-fast'"),
+    ("fp8", "4096x4096:row",
+     "has 2 dimension(s); this workload's shapes are MxNxK[:tensor|tensor-fast|row|row-fast|block]"),
 ])
 def test_bad_shapes_with_modes_exit_2(command, text, says, capsys):
     with pytest.raises(SystemExit) as e:
@@ -388,9 +396,16 @@ def no_bias(a, b, bias, out):
     out.copy_(F.silu(a.float() @ b.float() / a.shape[1] ** 0.5))
 
 
+def first_k_block_scales_only(a, b, scale_a, scale_b, *rest):
+    """Right for per-tensor and per-row scales; block scales of the first 128 of K for all of K."""
+    rest[-1].copy_(fp8.exact(a, b, scale_a[:, :1], scale_b[:1]))
+
+
 @pytest.mark.parametrize("argv, workload, body, wrong", [
     (ATTENTION, attention, no_causal_mask, ["1x2x100x64:causal"]),
     (EPILOGUE[:-2] + ["--shapes", "64x64x64:silu"], epilogue, no_bias, ["64x64x64:silu"]),
+    (FP8 + ["--shapes", "100x72x200:row,64x136x300:block"], fp8, first_k_block_scales_only,
+     ["64x136x300:block"]),
 ])
 def test_a_planted_wrong_variant_fails_the_run(argv, workload, body, wrong, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(workload.WORKLOAD, "variants", workload.WORKLOAD.variants + [planted("wrong", body)])
@@ -398,9 +413,10 @@ def test_a_planted_wrong_variant_fails_the_run(argv, workload, body, wrong, tmp_
     code, out, _ = bench(capsys, *argv, "--json", str(path))
     assert code == 1
     data = json.loads(path.read_text())
-    failed = [shape_text(tuple(r["shape"])) for r in data["rows"] if r["status"] != "ok"]
-    assert failed == wrong and data["exit_code"] == 1
-    assert all(r["impl"] == "wrong" for r in data["rows"] if r["status"] != "ok")
+    bad = [r for r in data["rows"] if r["status"] == "fail"]
+    assert [shape_text(tuple(r["shape"])) for r in bad] == wrong and data["exit_code"] == 1
+    assert all(r["impl"] == "wrong" for r in bad)
+    assert {r["status"] for r in data["rows"]} <= {"ok", "fail", "unavailable"}   # fp8's blockwise: N/A here
     assert f"FAIL {wrong[0]} wrong [interpret]: rel err" in out
     assert out.rstrip().splitlines()[-1].endswith("1 row(s) FAILED: exit code 1.")
 
@@ -450,27 +466,116 @@ def test_a_reference_scope_is_entered_per_timing_not_per_call(capsys, monkeypatc
     assert len(entered) == 1 + 3 and len(calls) > len(entered)   # check, then 3 timings of many calls
 
 
-# ---- workloads without tilews kernels ------------------------------------------------------------
+# ---- FP8: the scales' granularity as the mode, references per mode -----------------------------------
 
-def test_pending_workload_says_so_and_exits_0(capsys):
-    code, out, _ = bench(capsys, "fp8")
+def test_fp8_shapes_name_their_granularity_and_accumulation_or_get_every_mode():
+    shapes = parse_shapes("4096x4096x4096:row-fast, 128X4096X4096:Block,100x72x200", fp8.PRESETS, "MNK",
+                          fp8.MODES)
+    assert fp8.MODES == ("tensor", "tensor-fast", "row", "row-fast", "block")
+    assert shapes == [(4096, 4096, 4096, "row-fast"), (128, 4096, 4096, "block"),
+                      *((100, 72, 200, mode) for mode in fp8.MODES)]
+    assert [shape_text(s) for s in shapes[:2]] == ["4096x4096x4096:row-fast", "128x4096x4096:block"]
+    chosen = cli.choose_shapes("gpu-quick,64x64x64:tensor-fast", [fp8.WORKLOAD], cli.machines.detect(), False)
+    assert chosen["fp8"] == [*fp8.PRESETS["gpu-quick"], (64, 64, 64, "tensor-fast")]
+
+
+def test_fp8_presets():
+    squares = {(4096, 4096, 4096), (8192, 8192, 8192)}
+    llm = {(M, N, K) for M in (128, 1024, 8192) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336))}
+    bench_ = fp8.PRESETS["bench"]
+    assert {s[:3] for s in bench_ if s[3] == "tensor"} == squares
+    assert {s[:3] for s in bench_ if s[3] == "row"} == {s[:3] for s in bench_ if s[3] == "block"} == \
+        squares | {(8192, 8192, 1024)} | llm
+    assert len(bench_) == 2 + 2 * (3 + 9)
+    assert sorted(shape_text(s) for s in fp8.PRESETS["gpu-quick"]) == sorted(
+        [f"{n}x{n}x{n}:{m}" for n in (4096, 8192) for m in ("row", "row-fast", "tensor", "block")]
+        + ["128x4096x4096:row"])
+    assert {s[3] for s in fp8.PRESETS["cpu"]} == set(fp8.MODES)
+    assert all(s[1] % 128 and s[2] % 128 for s in fp8.PRESETS["cpu"])            # ragged
+    cpu = cli.machines.detect()
+    if not cpu.gpu:
+        assert fp8.WORKLOAD.default_preset(cpu, False) == "cpu"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_fp8_runs_on_the_cpu_with_the_references_of_each_mode(dtype, tmp_path, capsys):
+    path = tmp_path / "fp8.json"
+    code, out, _ = bench(capsys, *FP8, "--shapes", "100x72x200:row-fast,64x136x300:block", "--dtype", dtype,
+                         "--json", str(path))
     assert code == 0
-    assert out.strip() == "fp8: not yet available. " + out.split("available. ", 1)[1].strip()
-    assert "tilews has no FP8 GEMM kernels yet" in out
+    data = json.loads(path.read_text())
+    assert [(shape_text(tuple(r["shape"])), r["impl"], r["status"]) for r in data["rows"]] == [
+        ("100x72x200:row-fast", "tilews.ops.fp8_scaled_mm", "ok"),
+        ("100x72x200:row-fast", "torch._scaled_mm", "ok"),
+        ("64x136x300:block", "tilews.ops.fp8_scaled_mm", "ok"),
+        ("64x136x300:block", "torch._scaled_mm rowwise", "ok"),
+        ("64x136x300:block", "F.scaled_mm blockwise", "unavailable")]
+    ok = [r for r in data["rows"] if r["status"] == "ok"]
+    assert all(r["flops"] == 2 * r["shape"][0] * r["shape"][1] * r["shape"][2] for r in ok)
+    assert all(r["rel_err"] < 1e-2 and r["dtype"] == dtype for r in ok)
+    assert [set(r["ratios"]) for r in ok if r["kind"] == "tilews"] == [{"torch._scaled_mm"},
+                                                                      {"torch._scaled_mm rowwise"}]
+    assert ("64x136x300:block F.scaled_mm blockwise [torch CPU]: unavailable (torch's block-wise scaled_mm "
+            "does not take this case here: ") in out
+    assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
 
 
-def test_all_runs_every_workload_and_reports_fp8(tmp_path, capsys):
+def test_fp8_block_rows_rowwise_baseline_multiplies_the_same_exact_product():
+    """The block scales vary along M, N and K, and the rowwise baseline's operands and scales give
+    the same float64 product, so every row of a block shape is checked against one reference."""
+    machine = cli.machines.detect()
+    case = Case((64, 300, 700, "block"), torch.bfloat16, machine)
+    a, b, scale_a, scale_b, *rowwise = fp8.WORKLOAD.make_inputs(
+        case, torch.Generator(device=machine.device).manual_seed(0))
+    assert torch.equal(fp8.exact(a, b, scale_a, scale_b), fp8.exact(*rowwise))
+    assert (scale_a.shape, scale_a.stride()) == ((64, 6), (1, 64))     # cuBLAS's layouts
+    assert (scale_b.shape, scale_b.stride()) == ((6, 3), (1, 6))
+    assert b.stride() == rowwise[1].stride() == (1, 700)                           # column-major, as w.t()
+    assert all(len(set(s.tolist())) > 1 for s in (scale_a[:, 0], scale_a[0], scale_b[:, 0], scale_b[0]))
+    assert all(bool((s > 0).all()) for s in (scale_a, scale_b, *rowwise[2:]))
+
+
+def test_fp8_cublas_128x128_scales_have_their_k_blocks_padded_to_a_multiple_of_4():
+    scale_b = fp8.positive_scale((2, 3), torch.Generator().manual_seed(0), torch.device("cpu")).t()
+    padded = fp8._cublas_scale_b(scale_b)
+    assert (padded.shape, padded.stride()) == ((4, 2), (1, 4))
+    assert torch.equal(padded[:3], scale_b) and bool((padded[3] == 1).all())
+    four = fp8.positive_scale((2, 4), torch.Generator().manual_seed(0), torch.device("cpu")).t()
+    assert fp8._cublas_scale_b(four) is four
+
+
+def test_fp8_blockwise_reference_needs_a_torch_with_block_scaling(monkeypatch):
+    if hasattr(F, "ScalingType"):       # a torch with torch.nn.functional.scaled_mm
+        assert fp8.BLOCKWISE.unavailable(cli.machines.detect()) is None
+    monkeypatch.setattr(fp8, "F", types.SimpleNamespace())
+    why = fp8.BLOCKWISE.unavailable(cli.machines.detect())
+    assert "has no block-wise torch.nn.functional.scaled_mm" in why
+
+
+# ---- all, and a workload without tilews kernels ------------------------------------------------------
+
+def test_a_workload_without_kernels_says_so_and_exits_0(capsys, monkeypatch):
+    workloads = {"gemm": gemm.WORKLOAD, "fp4": Pending("fp4", "tilews has no FP4 kernels yet.")}
+    monkeypatch.setattr(cli, "registry", lambda: workloads)
+    code, out, _ = bench(capsys, "all", *SMALL, "--rounds", "1")
+    assert code == 0
+    assert "fp4: not yet available. tilews has no FP4 kernels yet." in out
+    assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+def test_all_runs_every_workload(tmp_path, capsys):
     path = tmp_path / "all.json"
     code, out, _ = bench(capsys, "all", "--targets", "interpret", "--shapes", "cpu", "--rounds", "1",
                          "--quick", "--json", str(path))
     assert code == 0
-    assert "fp8: not yet available." in out
     data = json.loads(path.read_text())
-    assert set(data["pending"]) == {"fp8"}
+    assert data["pending"] == {}
     per_workload = {w: [r for r in data["rows"] if r["workload"] == w]
-                    for w in ("gemm", "epilogue", "attention")}
-    assert [len(rows) for rows in per_workload.values()] == [2 * 2, 6 * 2, 2]   # attention: no reference here
-    assert all(r["status"] == "ok" for r in data["rows"])
+                    for w in ("gemm", "epilogue", "attention", "fp8")}
+    # attention: no reference here; fp8: per shape, 4 modes with torch._scaled_mm, block with two
+    assert [len(rows) for rows in per_workload.values()] == [2 * 2, 6 * 2, 2, 2 * (4 * 2 + 3)]
+    assert {r["impl"] for r in data["rows"] if r["status"] != "ok"} == {"F.scaled_mm blockwise"}
+    assert all(r["status"] == "unavailable" for r in data["rows"] if r["status"] != "ok")
     assert out.rstrip().splitlines()[-1].endswith("all rows correct.")
 
 
@@ -481,7 +586,8 @@ def test_all_gives_each_shape_to_the_workloads_it_fits(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert {(r["workload"], shape_text(tuple(r["shape"]))) for r in data["rows"]} == {
         ("gemm", "64x64x64"), ("gemm", "100x72x40"),
-        *(("epilogue", f"{s}:{act}") for s in ("64x64x64", "100x72x40") for act in epilogue.MODES)}
+        *(("epilogue", f"{s}:{act}") for s in ("64x64x64", "100x72x40") for act in epilogue.MODES),
+        *(("fp8", f"{s}:{mode}") for s in ("64x64x64", "100x72x40") for mode in fp8.MODES)}
     assert data["unavailable"]["workload attention"] == ("skipped: no --shapes entry is one of its presets "
                                                          "or a BxHxSxD[:causal|noncausal] shape")
     assert "workload attention: unavailable (skipped:" in out
@@ -500,12 +606,6 @@ def test_all_with_a_shape_no_workload_takes_exits_2(capsys):
 def python_m_bench(*argv) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tilews.bench", *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
-
-
-def test_python_dash_m_bench_pending():
-    proc = python_m_bench("fp8")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("fp8: not yet available. tilews has no FP8 GEMM kernels yet")
 
 
 def test_python_dash_m_bench_gemm_quick(tmp_path):

@@ -8,7 +8,9 @@ Requires:  legalize_wgmma made an ``AsyncPlan``. Loops whose tail holds a gemm (
            Q K^T before the softmax (attention D 64/128, docs/measuring.md), the P V gemm still
            being waited in its own iteration. Loops whose tail holds none (an FP8 promotion:
            the partial product scaled into the accumulator) are rewritten when
-           ``target.overlap_promotion`` is on (the default).
+           ``target.overlap_promotion`` is on; off by default, as on an H100 it measured 10-20%
+           slower for block-scaled FP8 GEMMs than waiting for each k-block's product
+           (scripts/tune_fp8.py, not persistent, split consumers).
 Ensures:   a role loop ``for k in serial(start, stop, step)`` (step a positive constant) whose
            body is
 

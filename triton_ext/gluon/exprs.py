@@ -99,7 +99,13 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
         raise InternalError(f"gluon backend: no rule for reading {b.scope.value} buffer '{b.name}' "
                             f"element by element", e.loc)
     ptr, inside = element_address(ctx, b, e.indices, e.loc)
-    return f"gl.load({ptr}, mask={' & '.join(inside)}, other=0)"
+    return f"gl.load({ptr}{mask_arg(inside)})"
+
+
+def mask_arg(conds: list[str]) -> str:
+    """The ``mask=`` and ``other=`` arguments of an element load ("" when nothing is masked:
+    the one element of a 0-dim tensor)."""
+    return f", mask={' & '.join(conds)}, other=0" if conds else ""
 
 
 def element_address(ctx: Ctx, b: ir.Buffer, indices, loc) -> tuple[str, list[str]]:

@@ -155,7 +155,9 @@ def store(ctx: Ctx, s: ir.Store) -> None:
         value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
     if b.scope is ir.Scope.GLOBAL:
         ptr, inside = element_address(ctx, b, s.indices, s.loc)
-        ctx.line(f"gl.store({ptr}, {atom(value)}.to({GL_DTYPE[b.dtype]}), mask={' & '.join(inside + f.masks)})")
+        mask = inside + f.masks
+        ctx.line(f"gl.store({ptr}, {atom(value)}.to({GL_DTYPE[b.dtype]})"
+                 f"{', mask=' + ' & '.join(mask) if mask else ''})")
         return
     if s.value.dtype != b.dtype or _mixed(s.value, b.dtype):
         value = f"{atom(value)}.to({GL_DTYPE[b.dtype]})"

@@ -24,8 +24,8 @@ from tilews.lowering.traverse import subexprs
 from ..pysource import GRID_SUFFIX, host_expr, nonneg
 from . import tiles
 from .context import TL_DTYPE, Ctx, ParallelFrame, shape_text
-from .exprs import (cast, element_ptr, from_parallel, masked_load, one_hot, parallel_axes,
-                    parallel_view, spell, value_as)
+from .exprs import (cast, element_ptr, from_parallel, mask_arg, masked_load, one_hot,
+                    parallel_axes, parallel_view, spell, value_as)
 
 
 
@@ -168,7 +168,7 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
     if b.scope is ir.Scope.GLOBAL:
         _require_covered(ctx, s, s.indices, [s.value])
         ptr, mask = element_ptr(ctx, b, s.indices, s.mask_low, s.loc)
-        ctx.line(f"tl.store({ptr}, {value_as(ctx, s.value, b.dtype)}, mask={mask})")
+        ctx.line(f"tl.store({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)})")
         return
     if b in ctx.scalars and ctx.par is None:
         ctx.line(f"{ctx.name(b.name)} = {cast(ctx, s.value, b.dtype)}")
@@ -216,7 +216,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     ptr, mask = element_ptr(ctx, b, s.dst.starts, s.dst.mask_low, s.loc)
     if ctx.par is not None:
         ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.extents)})"
-    ctx.line(f"tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}, mask={mask})")
+    ctx.line(f"tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)})")
 
 
 def _parallel(ctx: Ctx, s: ir.Parallel) -> None:

@@ -133,7 +133,7 @@ def masked_load(ptr: str, mask: Optional[str], dtype: ir.DType) -> str:
     cannot cast an integer 0 to an FP8 type)."""
     if mask is None:
         return f"tl.load({ptr})"
-    return f"tl.load({ptr}, mask={mask}, other={'0.0' if dtype.is_float else '0'})"
+    return f"tl.load({ptr}{mask_arg(mask)}, other={'0.0' if dtype.is_float else '0'})"
 
 
 def _load(ctx: Ctx, e: ir.Load) -> str:
@@ -166,14 +166,20 @@ _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
 
 
 def element_ptr(ctx: Ctx, b: ir.Buffer, indices, mask_low: tuple[bool, ...],
-                loc: ir.Loc) -> tuple[str, str]:
-    """Pointer and mask (in bounds, and the enclosing parallel `if`s) of global elements."""
+                loc: ir.Loc) -> tuple[str, Optional[str]]:
+    """Pointer and mask (in bounds, and the enclosing parallel `if`s) of global elements; None
+    when nothing needs masking (the one element of a 0-dim tensor)."""
     idx = [spell(ctx, i) for i in indices]
     ptr = " + ".join([ctx.name(b.name)] + [offset(ctx, b, d, atom(i)) for d, i in enumerate(idx)])
     conds = bounds(ctx, b, idx, mask_low, loc)
     if ctx.par is not None and ctx.par.mask():
         conds.append(ctx.par.mask())
-    return ptr, " & ".join(conds)
+    return ptr, " & ".join(conds) or None
+
+
+def mask_arg(mask: Optional[str]) -> str:
+    """The ``mask=`` argument of a load or store ("" without one)."""
+    return "" if mask is None else f", mask={mask}"
 
 
 def offset(ctx: Ctx, b: ir.Buffer, d: int, index: str) -> str:

@@ -1,0 +1,127 @@
+"""``tilews.ops.fp8_scaled_mm`` on an sm_90 GPU (H100/H200): numerics against float64 and against
+torch (``torch._scaled_mm``; torch's block-wise ``scaled_mm`` for block scales, where torch takes the
+case) for every scale granularity, FP8 dtype pair (e4m3, e5m2, e4m3 A with e5m2 B), layout of B
+(column-major as torch passes it, and row-major), ragged and aligned shapes, result dtype and
+accumulation (a pairwise cover); no NaN (outputs start as NaN: tests/conftest.py), rel err below
+1e-2 (1e-3 for an fp32 result without fast accumulation), bit-identical results over two calls,
+the Hopper (Gluon) kernel for column-major B, and promotion every 128 of K measurably more
+accurate than fast accumulation where torch's own promotion is."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilews.bench.fp8 import TORCH_REFUSES, exact, fp8_operand, kernel_arguments, scales, torch_blockwise
+from tilews.ops import fp8_scaled_mm
+from tilews.ops.fp8 import scaled_mm_kernel
+from tilews.testing import rel_err
+
+pytestmark = pytest.mark.gpu
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+PAIRS = {"e4m3": (E4M3, E4M3), "e5m2": (E5M2, E5M2), "mixed": (E4M3, E5M2)}
+OUT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SQUARE, RAGGED, SMALL = (4096, 4096, 4096), (1000, 520, 4000), (257, 384, 1024)
+
+
+def _hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a Hopper GPU")
+
+
+def tolerance(out_dtype: torch.dtype, fast: bool) -> float:
+    return 1e-3 if out_dtype == torch.float32 and not fast else 1e-2
+
+
+def inputs(granularity: str, pair: str, layout: str, M: int, N: int, K: int, seed: int) -> tuple:
+    """a [M, K], b [K, N] (column-major: ``w.t()``, or row-major), random positive scales."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = torch.device("cuda")
+    a_dtype, b_dtype = PAIRS[pair]
+    a, w = fp8_operand(M, K, a_dtype, g, dev), fp8_operand(N, K, b_dtype, g, dev)
+    b = w.t() if layout == "col" else w.t().contiguous()
+    return (a, b, *scales(granularity, M, N, K, g, dev))
+
+
+def torch_result(granularity: str, a, b, scale_a, scale_b, out_dtype: torch.dtype, fast: bool):
+    """torch's result on the same inputs (B column-major, as cuBLAS needs it), or None where
+    torch does not take the case (e5m2 x e5m2, block-wise before cuBLAS 12.9, ...)."""
+    b = b.t().contiguous().t()
+    try:
+        if granularity == "block":
+            return torch_blockwise(a, b, scale_a, scale_b, out_dtype)
+        return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=fast)
+    except TORCH_REFUSES:
+        return None
+
+
+# every pair of (granularity, FP8 pair, layout of B, shape, result dtype, fast accumulation)
+# values appears in some case; the first three are the Hopper path's main cases
+CASES = [
+    ("tensor", "e4m3", "col", SQUARE, "bf16", True),
+    ("row", "e4m3", "col", SQUARE, "bf16", False),
+    ("block", "e4m3", "col", SQUARE, "bf16", False),
+    ("block", "mixed", "row", RAGGED, "fp32", True),
+    ("tensor", "e5m2", "row", SMALL, "fp16", False),
+    ("row", "e5m2", "col", SMALL, "fp32", True),
+    ("row", "mixed", "col", RAGGED, "fp16", False),
+    ("block", "e4m3", "row", SMALL, "fp16", True),
+    ("tensor", "mixed", "row", SQUARE, "fp32", False),
+    ("tensor", "e5m2", "row", RAGGED, "bf16", True),
+    ("row", "mixed", "row", SMALL, "bf16", False),
+    ("block", "e5m2", "col", SQUARE, "fp16", False),
+    ("block", "e4m3", "col", RAGGED, "fp32", False),
+]
+
+
+def case_id(case) -> str:
+    granularity, pair, layout, shape, out, fast = case
+    return f"{granularity}-{pair}-b{layout}-{'x'.join(map(str, shape))}-{out}{'-fast' if fast else ''}"
+
+
+@pytest.mark.parametrize("granularity, pair, layout, shape, out, fast", CASES, ids=map(case_id, CASES))
+def test_fp8_scaled_mm(granularity, pair, layout, shape, out, fast):
+    _hopper()
+    M, N, K = shape
+    a, b, scale_a, scale_b = inputs(granularity, pair, layout, M, N, K, seed=M + K)
+    c1 = fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype=OUT[out], use_fast_accum=fast)
+    c2 = fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype=OUT[out], use_fast_accum=fast)
+    torch.cuda.synchronize()
+    assert c1.shape == (M, N) and c1.dtype == OUT[out]
+    assert not c1.isnan().any(), "unwritten (NaN) elements"
+    tol = tolerance(OUT[out], fast)
+    err = rel_err(c1, exact(a, b, scale_a, scale_b))
+    assert err < tol, err
+    assert torch.equal(c1, c2), "two runs differ"
+    theirs = torch_result(granularity, a, b, scale_a, scale_b, OUT[out], fast)
+    if theirs is not None:
+        assert rel_err(c1, theirs) < tol, rel_err(c1, theirs)
+    if layout == "col":     # the op's kernel (the factory's cache), on the Hopper path, not a fallback
+        kernel = scaled_mm_kernel(*kernel_arguments(granularity, M, N, K, fast, *PAIRS[pair], OUT[out]))
+        assert (kernel.target, kernel.report.backend) == ("hopper", "gluon"), kernel.report.notes
+
+
+def test_0_dim_per_tensor_scales_mean_the_same_as_scales_of_shape_1():
+    _hopper()
+    M, N, K = SMALL
+    a, b, scale_a, scale_b = inputs("tensor", "e4m3", "col", M, N, K, seed=1)
+    assert scale_a.shape == scale_b.shape == (1,)
+    assert torch.equal(fp8_scaled_mm(a, b, scale_a.reshape(()), scale_b.reshape(())),
+                       fp8_scaled_mm(a, b, scale_a, scale_b))
+
+
+def test_promotion_every_128_of_k_is_more_accurate_than_fast_accumulation():
+    """Hopper's FP8 tensor cores keep a running sum of limited precision: at K = 16384 an fp32
+    result accumulated over all of K (use_fast_accum=True) is measurably further from float64 than
+    one promoted into fp32 every 128 of K. Measured on torch._scaled_mm first: where its two errors
+    are not 4x apart, there is nothing to see here, and the test skips."""
+    _hopper()
+    M, N, K = 512, 512, 16384
+    a, b, scale_a, scale_b = inputs("tensor", "e4m3", "col", M, N, K, seed=2)
+    ref = exact(a, b, scale_a, scale_b)
+    theirs = {fast: rel_err(torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.float32,
+                                             use_fast_accum=fast), ref) for fast in (False, True)}
+    if not theirs[False] * 4 < theirs[True]:
+        pytest.skip(f"not measurable here: torch._scaled_mm's rel errs (promoted, fast) {theirs}")
+    ours = {fast: rel_err(fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.float32,
+                                        use_fast_accum=fast), ref) for fast in (False, True)}
+    assert ours[False] * 2 < ours[True], (ours, theirs)

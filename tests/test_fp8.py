@@ -1,0 +1,926 @@
+"""FP8 scaled matmul (docs/fp8.md): ``T.fp8_scaled_matmul`` (whole-GEMM and tile forms),
+``tilews.lowering.fp8.granularity``, ``tilews.ops.fp8_scaled_mm``, and ``T.macro`` (which the
+intrinsic is built from).
+
+* ``granularity``: every accepted pair of scale shapes, the overlaps (K <= 128: [M, 1] is a row
+  scale and a one-block scale; N == 1: [1, N] is a column scale and a tensor scale) and the
+  ``ValueError`` listing the accepted shapes.
+* Whole GEMM vs float64 (block scales expanded to elements) on the interpreter (every granularity
+  x FP8 dtype pair x B layout, each over all out dtypes x ``use_fast_accum``, ragged M / N / K)
+  and on Triton's CPU interpreter (a subset covering each of those values). C is passed in,
+  poisoned with NaN. Tolerances (relative Frobenius error vs float64):
+
+  - float32 out: 1e-5. Products of two FP8 values are exact in float32 (at most 4 x 4 significant
+    bits; exponents within 2^-32 .. 2^32), so the only errors are float32 roundings of the K-long
+    sums and of the 2-3 scale multiplications (each <= 2^-24 relative): at most ~5e-8 is measured
+    for K <= 300, and the interpreter matrix asserts < 1e-6 as well.
+  - float16 out: 2e-3. One rounding to 11 significant bits (unit roundoff 2^-11 ~ 4.9e-4 per
+    element; ~2e-4 Frobenius measured). Scales stay in [0.5, 1.5) so |C| stays far below 65504.
+  - bfloat16 out: 1e-2. One rounding to 8 significant bits (2^-9 ~ 2e-3 per element; ~1.7e-3
+    Frobenius measured with tilews' round-to-nearest); Triton's CPU interpreter converts float32
+    -> bfloat16 by truncation (a whole ulp, 2^-8; see tests/test_tl_backend.py): ~3.4e-3.
+
+  0-dim ([]) scales: the one element is read without a mask on the triton and Gluon backends
+  (an empty ``mask=`` was a SyntaxError in the generated source).
+* Hypothesis: shapes, granularity and scales from 1e-20 to 1e20 (each factor; their product kept
+  within 1e+-20 so float32 C cannot overflow) with float32 C on the interpreter: relative
+  error <= 1e-5 and no NaN / inf.
+* Tile form: a user's own block-scaled GEMM (``T.Pipelined``, per-row and per-column scale
+  fragments per k-tile) and one with a scalar value and a one-element scale buffer.
+* Errors, at build time, of the right type, naming the operand, located at the user's call.
+  ``tilews.ops.fp8_scaled_mm``'s errors too.
+* ``tilews.ops.fp8_scaled_mm`` on the CPU against float64 torch (torch._scaled_mm conventions).
+* Hopper: the interpreter as the oracle of the lowering (before == after under 20 random
+  schedules, warp-specialized with an ``AsyncPlan``), the ``AsyncRefusal`` for an N-major B,
+  and compile-only sm_90a checks of the PTX / TTGIR (FP8 wgmma, TMA, warp_specialize, the FP8
+  verifier's promotion rule).
+* ``T.macro``: inlining with different arguments, return values, nesting, runtime loops and
+  branches, the early-return error and error locations inside a macro.
+"""
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tilews
+import tilews.language as T
+from tilews import CompileError
+from tilews.errors import CompileTypeError, CompileValueError
+from tilews.lowering import interpreter, ir
+from tilews.lowering.fp8 import SCALE_BLOCK, Granularity, Scaling, accepted, granularity
+from tilews.lowering.frontend import Macro, build_kernel
+from tilews.lowering.passes import lower
+from tilews.lowering.plans import AsyncPlan, AsyncRefusal
+from tilews.lowering.target import HOPPER
+from tilews.lowering.traverse import walk
+from tilews.ops import fp8_scaled_mm
+from tilews.triton_ext.gluon import emit as gluon_emit
+from tilews.triton_ext.passes.fp8_verifier import verify_fp8
+
+from .helpers import gluon_program, marked_line, poisoned, rel_err
+from .test_ws_oracle import run_interp
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+_T = {E4M3: T.float8_e4m3, E5M2: T.float8_e5m2, torch.bfloat16: T.bfloat16,
+      torch.float16: T.float16, torch.float32: T.float32}
+PAIRS = {"e4m3-e4m3": (E4M3, E4M3), "e5m2-e5m2": (E5M2, E5M2), "e4m3-e5m2": (E4M3, E5M2)}
+OUTS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels, inputs, references
+
+
+def scaled_gemm(M, N, K, sa_shape, sb_shape, transpose_B, fast, a_dtype, b_dtype, out_dtype,
+                sa_dtype=T.float32, sb_dtype=T.float32, c_shape=None, b_shape=None):
+    """The whole-GEMM form; C is a parameter (no out_idx: the test passes a poisoned C)."""
+    b_shape = b_shape or ((N, K) if transpose_B else (K, N))
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), a_dtype), A_scale: T.Tensor(sa_shape, sa_dtype),
+             B: T.Tensor(b_shape, b_dtype), B_scale: T.Tensor(sb_shape, sb_dtype),
+             C: T.Tensor(c_shape or (M, N), out_dtype)):
+        T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B=transpose_B,  # <- the call
+                            use_fast_accum=fast)
+    return main
+
+
+def fp8(shape, dtype, seed, scale=4.0):
+    """Random normal times ``scale``, pushed 0.125 away from zero (no element becomes 0), in FP8."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tuple(shape), generator=g) * scale
+    q = (x + torch.where(x < 0, -0.125, 0.125)).to(dtype)
+    assert (q.float() != 0).all() and q.float().isfinite().all()
+    return q
+
+
+def positive(shape, seed, lo=0.5, hi=1.5):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(tuple(shape), generator=g) * (hi - lo) + lo
+
+
+def expand_blocks(sa, sb_nk, M, N, K):
+    """Block scales (intrinsic orientation: sb [ceil(N/128), ceil(K/128)]) per element: [M, K]
+    for A and [N, K] for B."""
+    sae = sa.double().repeat_interleave(SCALE_BLOCK, 1)[:, :K]
+    sbe = sb_nk.double().repeat_interleave(SCALE_BLOCK, 0)[:N].repeat_interleave(SCALE_BLOCK, 1)[:, :K]
+    assert sae.shape == (M, K) and sbe.shape == (N, K)
+    return sae, sbe
+
+
+def reference(a, sa, b_nk, sb, block):
+    """float64 scaled (A @ B^T) for B given as [N, K]; ``block``: sb is [ceil(N/128), ceil(K/128)]."""
+    A, B = a.double(), b_nk.double()
+    (M, K), N = A.shape, B.shape[0]
+    if block:
+        sae, sbe = expand_blocks(sa, sb, M, N, K)
+        return (A * sae) @ (B * sbe).t()
+    return (A @ B.t()) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+
+
+# granularity cases: name -> (A_scale shape, B_scale shape) for M, N, K
+GRANS = {
+    "tensor-0d": lambda M, N, K: ((), ()),
+    "tensor-1": lambda M, N, K: ((1,), (1,)),
+    "row-1d": lambda M, N, K: ((M,), (N,)),
+    "row-2d": lambda M, N, K: ((M, 1), (1, N)),
+    "row-x-tensor-0d": lambda M, N, K: ((M, 1), ()),
+    "row-x-tensor-1": lambda M, N, K: ((M,), (1,)),
+    "tensor-x-col": lambda M, N, K: ((1,), (N,)),
+    "block": lambda M, N, K: ((M, cdiv(K, 128)), (cdiv(N, 128), cdiv(K, 128))),
+}
+
+
+def run_gemm(target, M, N, K, gran, pair, transpose_B, out, fast, seed=0, scales=None):
+    """Launch the whole-GEMM form on ``target`` with C poisoned; returns (C, float64 reference)."""
+    a_dt, b_dt = pair
+    sas, sbs = GRANS[gran](M, N, K)
+    a = fp8((M, K), a_dt, seed)
+    b_nk = fp8((N, K), b_dt, seed + 1)
+    sa, sb = scales if scales is not None else (positive(sas, seed + 2), positive(sbs, seed + 3))
+    factory = tilews.jit(target=target)(scaled_gemm)
+    k = factory(M, N, K, sas, sbs, transpose_B, fast, _T[a_dt], _T[b_dt], _T[out])
+    c = poisoned(M, N, dtype=out)
+    k(a, sa, b_nk if transpose_B else b_nk.t().contiguous(), sb, c)
+    return c, reference(a, sa, b_nk, sb, gran == "block")
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. granularity
+
+
+M0, N0, K0 = 100, 136, 300          # kb = 3, nb = 2
+TENSOR, ROW, BLOCK = Scaling.TENSOR, Scaling.ROW, Scaling.BLOCK
+
+
+@pytest.mark.parametrize("sa, sb, want", [
+    ((), (), (TENSOR, TENSOR)),
+    ((1,), (1,), (TENSOR, TENSOR)),
+    ((), (1,), (TENSOR, TENSOR)),
+    ((1,), (), (TENSOR, TENSOR)),
+    ((M0,), (N0,), (ROW, ROW)),
+    ((M0, 1), (1, N0), (ROW, ROW)),
+    ((M0,), (1, N0), (ROW, ROW)),
+    ((M0, 1), (N0,), (ROW, ROW)),
+    ((M0,), (), (ROW, TENSOR)),             # row x tensor
+    ((M0, 1), (1,), (ROW, TENSOR)),
+    ((), (1, N0), (TENSOR, ROW)),           # tensor x column
+    ((1,), (N0,), (TENSOR, ROW)),
+    ((M0, 3), (2, 3), (BLOCK, BLOCK)),
+])
+def test_granularity_accepted(sa, sb, want):
+    g = granularity(M0, N0, K0, sa, sb)
+    assert g == Granularity(*want)
+    assert g.block_wise == (want[0] is BLOCK)
+
+
+def test_granularity_block_shapes_follow_ceil():
+    assert granularity(1, 1, 1, (1, 1), (1, 1)) == Granularity(TENSOR, TENSOR)   # all readings agree
+    assert granularity(64, 129, 129, (64, 2), (2, 2)) == Granularity(BLOCK, BLOCK)
+    assert granularity(64, 128, 128, (64, 1), (1, 1)) == Granularity(BLOCK, BLOCK)
+    assert granularity(64, 256, 513, (64, 5), (2, 5)) == Granularity(BLOCK, BLOCK)
+    # M == 1: a [1] / [1, 1] A_scale is per tensor
+    assert granularity(1, 64, 300, (1, 1), (64,)) == Granularity(TENSOR, ROW)
+
+
+def test_granularity_overlaps():
+    # K <= 128 (one k-block): A_scale [M, 1] is a row scale and a one-block scale
+    assert granularity(100, 96, 128, (100, 1), (1, 96)) == Granularity(ROW, ROW)
+    assert granularity(100, 96, 128, (100, 1), (1, 1)) == Granularity(BLOCK, BLOCK)   # nb = kb = 1
+    assert granularity(100, 200, 100, (100, 1), (2, 1)) == Granularity(BLOCK, BLOCK)
+    # N == 1: B_scale [1, 1] is a column scale, a tensor scale and (K <= 128) a one-block scale
+    assert granularity(100, 1, 100, (100, 1), (1, 1)) == Granularity(ROW, TENSOR)
+    assert granularity(100, 1, 100, (100,), (1,)) == Granularity(ROW, TENSOR)
+    # with K > 128 the block reading needs kb columns: [M, 1] stays a row scale
+    assert granularity(100, 1, 300, (100, 1), (1, 1)) == Granularity(ROW, TENSOR)
+    assert granularity(100, 1, 300, (100, 3), (1, 3)) == Granularity(BLOCK, BLOCK)
+
+
+@pytest.mark.parametrize("overlap", ["k-le-128", "n-eq-1"])
+def test_granularity_overlaps_mean_the_same_numbers(overlap):
+    """Both readings of an overlapping pair of shapes give the same result."""
+    M, N, K = (100, 96, 100) if overlap == "k-le-128" else (100, 1, 100)
+    a, b_nk = fp8((M, K), E4M3, 31), fp8((N, K), E4M3, 32)
+    sa, sb = positive((M, 1), 33), positive((1, 1), 34)
+    sas, sbs = (M, 1), (1, 1)
+    g = granularity(M, N, K, sas, sbs)
+    assert g == (Granularity(BLOCK, BLOCK) if overlap == "k-le-128" else Granularity(ROW, TENSOR))
+    k_block = tilews.jit(target="interpret")(scaled_gemm)(M, N, K, sas, sbs, True, False, T.float8_e4m3,
+                                                          T.float8_e4m3, T.float32)
+    k_outer = tilews.jit(target="interpret")(scaled_gemm)(M, N, K, (M,), (1,), True, False,
+                                                          T.float8_e4m3, T.float8_e4m3, T.float32)
+    c1, c2 = poisoned(M, N), poisoned(M, N)
+    k_block(a, sa, b_nk, sb, c1)
+    k_outer(a, sa.reshape(M), b_nk, sb.reshape(1), c2)
+    assert rel_err(c1, c2) < 1e-6
+    assert rel_err(c1, reference(a, sa, b_nk, sb, block=True)) < 1e-5
+    assert rel_err(c1, reference(a, sa, b_nk, sb, block=False)) < 1e-5
+
+
+@pytest.mark.parametrize("sa, sb", [
+    ((M0, 2), (2, 3)),          # too few k-blocks
+    ((M0, 3), (3, 2)),          # torch's [kb, nb] orientation given to the intrinsic
+    ((N0,), (M0,)),             # swapped
+    ((1, M0), (N0,)),           # A_scale as a row vector
+    ((M0,), (N0, 1)),           # B_scale as a column vector
+    ((M0, 1, 1), ()),
+    ((M0, 3), (N0,)),           # block x column
+    ((2,), (1,)),
+])
+def test_granularity_rejects_with_the_accepted_shapes(sa, sb):
+    with pytest.raises(ValueError) as e:
+        granularity(M0, N0, K0, sa, sb)
+    msg = str(e.value)
+    assert f"A_scale {list(sa)} and B_scale {list(sb)}" in msg
+    assert f"M={M0}, N={N0}, K={K0}" in msg
+    assert accepted(M0, N0, K0) in msg
+    for shape in ("[100]", "[100, 1]", "[136]", "[1, 136]", "[100, 3]", "[2, 3]", "[] or [1]"):
+        assert shape in msg
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. the whole GEMM vs float64
+
+
+SHAPES = [(100, 136, 300), (70, 200, 129), (129, 72, 257), (96, 100, 100)]   # ragged w.r.t. 64 / 128
+MATRIX = [(g, p, tb) for g in GRANS for p in PAIRS for tb in (True, False)]
+
+
+@pytest.mark.parametrize("gran, pair, transpose_B", MATRIX,
+                         ids=[f"{g}-{p}-{'NK' if tb else 'KN'}" for g, p, tb in MATRIX])
+def test_whole_gemm_interpreter(gran, pair, transpose_B):
+    i = MATRIX.index((gran, pair, transpose_B))
+    M, N, K = SHAPES[(i + i // 2) % len(SHAPES)]      # both layouts see every shape
+    for out in OUTS.values():
+        for fast in (False, True):
+            c, ref = run_gemm("interpret", M, N, K, gran, PAIRS[pair], transpose_B, out, fast, seed=i)
+            assert c.isfinite().all()
+            err = rel_err(c, ref)
+            assert err < TOL[out], f"{out} fast={fast}: {err}"
+            if out is torch.float32:
+                assert err < 1e-6          # measured <= 5e-8: exact products, float32 sums
+
+
+# (granularity, pair, transpose_B, out, fast, shape): every granularity, pair, layout, out dtype
+# and fast flag at least once on Triton's CPU interpreter
+TRITON_CASES = [
+    ("tensor-0d", "e4m3-e4m3", True, "bf16", False, 0),
+    ("tensor-1", "e5m2-e5m2", False, "fp32", True, 1),
+    ("row-1d", "e4m3-e5m2", True, "fp16", True, 2),
+    ("row-2d", "e4m3-e4m3", False, "fp32", False, 3),
+    ("row-x-tensor-0d", "e5m2-e5m2", True, "bf16", False, 0),
+    ("row-x-tensor-1", "e5m2-e5m2", True, "bf16", False, 0),
+    ("tensor-x-col", "e4m3-e5m2", False, "bf16", True, 1),
+    ("block", "e4m3-e4m3", True, "fp32", False, 2),
+    ("block", "e4m3-e5m2", False, "bf16", True, 0),
+    ("block", "e5m2-e5m2", True, "fp16", False, 1),
+]
+
+
+@pytest.mark.parametrize("gran, pair, transpose_B, out, fast, shape", [
+    pytest.param(*c, id=f"{c[0]}-{c[1]}-{'NK' if c[2] else 'KN'}-{c[3]}-fast{int(c[4])}")
+    for c in TRITON_CASES])
+def test_whole_gemm_triton(gran, pair, transpose_B, out, fast, shape):
+    M, N, K = SHAPES[shape]
+    c, ref = run_gemm("triton", M, N, K, gran, PAIRS[pair], transpose_B, OUTS[out], fast, seed=shape + 40)
+    assert c.isfinite().all()
+    assert rel_err(c, ref) < TOL[OUTS[out]]
+
+
+@pytest.mark.parametrize("target", ["interpret", "triton"])
+@pytest.mark.parametrize("block_M, block_N", [(32, 32), (64, 256)])   # 256: B's block scales per column
+def test_whole_gemm_hints_never_change_results(block_M, block_N, target):
+    M, N, K = 100, 300, 300
+    sas, sbs = GRANS["block"](M, N, K)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float8_e4m3), A_scale: T.Tensor(sas, T.float32),
+             B: T.Tensor((N, K), T.float8_e4m3), B_scale: T.Tensor(sbs, T.float32),
+             C: T.Tensor((M, N), T.float32)):
+        T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B=True, block_M=block_M,
+                            block_N=block_N, num_stages=1, threads=128)
+    k = tilews.jit(target=target)(main)
+    a, b = fp8((M, K), E4M3, 5), fp8((N, K), E4M3, 6)
+    sa, sb = positive(sas, 7), positive(sbs, 8)
+    c = poisoned(M, N)
+    k(a, sa, b, sb, c)
+    want, ref = run_gemm(target, M, N, K, "block", (E4M3, E4M3), True, torch.float32, False,
+                         seed=5, scales=(sa, sb))
+    assert torch.equal(c, want)           # the same k-blocks, summed in the same order
+    assert rel_err(c, ref) < 1e-6
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. properties: tiny to huge scales, float32 C
+
+
+@st.composite
+def scale_cases(draw):
+    M, N, K = draw(st.integers(1, 150)), draw(st.integers(1, 150)), draw(st.integers(1, 300))
+    gran = draw(st.sampled_from(sorted(GRANS)))
+    ea = draw(st.integers(-20, 20))
+    eb = draw(st.integers(max(-20, -20 - ea), min(20, 20 - ea)))     # |ea + eb| <= 20
+    return dict(M=M, N=N, K=K, gran=gran, ea=ea, eb=eb, pair=draw(st.sampled_from(sorted(PAIRS))),
+                transpose_B=draw(st.booleans()), fast=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**16)))
+
+
+def spread(shape, exponent, seed):
+    """Positive scales around 10**exponent, each within a factor of 10 of it."""
+    g = torch.Generator().manual_seed(seed)
+    return (10.0 ** (exponent + torch.rand(tuple(shape), generator=g, dtype=torch.float64) * 2 - 1)).float()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scale_cases())
+def test_scale_magnitudes_interpreter(case):
+    M, N, K, gran = case["M"], case["N"], case["K"], case["gran"]
+    sas, sbs = GRANS[gran](M, N, K)
+    sa, sb = spread(sas, case["ea"], case["seed"]), spread(sbs, case["eb"], case["seed"] + 1)
+    c, ref = run_gemm("interpret", M, N, K, gran, PAIRS[case["pair"]], case["transpose_B"],
+                      torch.float32, case["fast"], seed=case["seed"], scales=(sa, sb))
+    assert ref.isfinite().all() and ref.abs().max() < 1e30
+    assert c.isfinite().all(), case
+    assert rel_err(c, ref) < 1e-5, case
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. the tile form: users' own FP8 kernels
+
+
+def tile_scaled_gemm(M, N, K, bm=64, bn=64, bk=64, stages=2, a_dtype=T.float8_e4m3,
+                     b_dtype=T.float8_e5m2):
+    """A block-scaled GEMM of its own granularity: per row of A and per column of B, one scale per
+    ``bk``-wide k-tile (SA [M, K/bk], SB [N, K/bk]); B as [N, K]."""
+    KT = cdiv(K, bk)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), a_dtype), SA: T.Tensor((M, KT), T.float32),
+             B: T.Tensor((N, K), b_dtype), SB: T.Tensor((N, KT), T.float32),
+             C: T.Tensor((M, N), T.float32)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), a_dtype)
+            B_s = T.alloc_shared((bn, bk), b_dtype)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            sa = T.alloc_fragment((bm,), T.float32)
+            sb = T.alloc_fragment((bn,), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=stages):
+                T.copy(A[by * bm, k * bk], A_s)
+                T.copy(B[bx * bn, k * bk], B_s)
+                for i in T.Parallel(bm):
+                    sa[i] = SA[by * bm + i, k]
+                for j in T.Parallel(bn):
+                    sb[j] = SB[bx * bn + j, k]
+                T.fp8_scaled_matmul(A_s, sa, B_s, sb, C_f, transpose_B=True)
+            T.copy(C_f, C[by * bm, bx * bn])
+    return main
+
+
+def tile_scalar_scaled(M, N, K, b_scale, bm=64, bn=64, bk=128):
+    """Per-k-tile scalar scales of A (a value read from SK) and a B scale that is a one-element
+    fragment (``b_scale="buffer"``) or a Python number; B as [K, N]; bfloat16 C."""
+    KT = cdiv(K, bk)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float8_e4m3), SK: T.Tensor((KT,), T.float32),
+             B: T.Tensor((K, N), T.float8_e4m3), SB: T.Tensor((1,), T.float32),
+             C: T.Tensor((M, N), T.bfloat16)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), T.float8_e4m3)
+            B_s = T.alloc_shared((bk, bn), T.float8_e4m3)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            sb = T.alloc_fragment((1,), T.float32)
+            T.clear(C_f)
+            for i in T.Parallel(1):
+                sb[i] = SB[i]
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=2):
+                T.copy(A[by * bm, k * bk], A_s)
+                T.copy(B[k * bk, bx * bn], B_s)
+                if b_scale == "buffer":
+                    T.fp8_scaled_matmul(A_s, SK[k], B_s, sb, C_f)
+                else:
+                    T.fp8_scaled_matmul(A_s, SK[k], B_s, 0.75, C_f)
+            T.copy(C_f, C[by * bm, bx * bn])
+    return main
+
+
+@pytest.mark.parametrize("target", ["interpret", "triton"])
+def test_tile_form_own_block_scaled_gemm(target):
+    M, N, K, bk = 100, 136, 200, 64          # 4 k-tiles, the last one 8 wide
+    KT = cdiv(K, bk)
+    a, b = fp8((M, K), E4M3, 61), fp8((N, K), E5M2, 62)
+    sa, sb = positive((M, KT), 63, 0.25, 4.0), positive((N, KT), 64, 0.25, 4.0)
+    k = tilews.jit(target=target)(tile_scaled_gemm)(M, N, K, bk=bk)
+    c = poisoned(M, N)
+    k(a, sa, b, sb, c)
+    sae = sa.double().repeat_interleave(bk, 1)[:, :K]
+    sbe = sb.double().repeat_interleave(bk, 1)[:, :K]
+    ref = (a.double() * sae) @ (b.double() * sbe).t()
+    assert rel_err(c, ref) < 1e-5
+    # the per-k-tile scales matter: without them the result is far off
+    assert rel_err(c, a.double() @ b.double().t()) > 0.1
+
+
+@pytest.mark.parametrize("gran, fast, want", [("block", True, 128), ("block", False, 128),
+                                               ("row-1d", False, 128), ("row-1d", True, 0),
+                                               ("tensor-1", True, 0)])
+def test_fp8_promote_every(gran, fast, want):
+    M, N, K = 100, 136, 300
+    sas, sbs = GRANS[gran](M, N, K)
+    prim = scaled_gemm(M, N, K, sas, sbs, True, fast, T.float8_e4m3, T.float8_e4m3, T.bfloat16)
+    assert build_kernel(prim, target="interpret").fp8_promote_every == want
+    assert build_kernel(prim, target="hopper").fp8_promote_every == want
+
+
+def test_tile_form_promotes_every_128():
+    assert build_kernel(tile_scaled_gemm(100, 136, 200)).fp8_promote_every == 128
+
+
+@pytest.mark.parametrize("b_scale", ["buffer", "python"])
+@pytest.mark.parametrize("target", ["interpret", "triton"])
+def test_tile_form_scalar_scales(target, b_scale):
+    M, N, K = 70, 72, 300                     # k-tiles of 128: 3, the last 44 wide
+    KT = cdiv(K, 128)
+    a, b = fp8((M, K), E4M3, 71), fp8((K, N), E4M3, 72)
+    sk, sb = positive((KT,), 73, 0.25, 4.0), positive((1,), 74)
+    k = tilews.jit(target=target)(tile_scalar_scaled)(M, N, K, b_scale)
+    c = poisoned(M, N, dtype=torch.bfloat16)
+    k(a, sk, b, sb, c)
+    b_factor = sb.double() if b_scale == "buffer" else 0.75
+    ref = (a.double() * sk.double().repeat_interleave(128)[:K]) @ b.double() * b_factor
+    assert rel_err(c, ref) < TOL[torch.bfloat16]
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. errors
+
+
+def expect_error(exc_type, prim, line, *fragments):
+    with pytest.raises(exc_type) as info:
+        build_kernel(prim, target="interpret")
+    e = info.value
+    assert isinstance(e, CompileError)
+    for f in fragments:
+        assert f in e.message, e.message
+    assert e.loc is not None and e.loc.file == __file__ and e.loc.line == line, str(e)
+    return e
+
+
+CALL_LINE = marked_line(scaled_gemm, "# <- the call")
+F8, F16, F32 = T.float8_e4m3, T.float16, T.float32
+
+
+@pytest.mark.parametrize("what, exc, kwargs, fragments", [
+    ("A float16", TypeError, dict(a_dtype=F16), ["A is f16", "float8_e4m3fn or float8_e5m2"]),
+    ("A int8", TypeError, dict(a_dtype=T.int8), ["A is i8"]),
+    ("B float16", TypeError, dict(b_dtype=F16), ["B is f16"]),
+    ("A_scale float16", TypeError, dict(sa_dtype=F16), ["A_scale is f16", "scales must be float32"]),
+    ("B_scale float16", TypeError, dict(sb_dtype=F16), ["B_scale is f16", "scales must be float32"]),
+    ("C int8", TypeError, dict(out_dtype=T.int8), ["C is i8"]),
+    ("bad scale shapes", ValueError, dict(sa_shape=(M0, 2)),
+     ["A_scale [100, 2]", accepted(M0, N0, K0)]),
+    ("torch-orientation block B_scale", ValueError, dict(sa_shape=(M0, 3), sb_shape=(3, 2)),
+     ["B_scale [3, 2]", "B_scale [2, 3]"]),
+    ("K mismatch [N, K]", ValueError, dict(b_shape=(N0, K0 - 1)), ["K differs", "A is [100, 300]"]),
+    ("K mismatch [K, N]", ValueError, dict(transpose_B=False, b_shape=(N0, K0)),
+     ["K differs", "transpose_B=True takes [N, K]"]),
+    ("C shape", ValueError, dict(c_shape=(M0, N0 + 1)), ["C is [100, 137], not [M, N] = [100, 136]"]),
+])
+def test_whole_gemm_errors(what, exc, kwargs, fragments):
+    args = dict(M=M0, N=N0, K=K0, sa_shape=(M0,), sb_shape=(N0,), transpose_B=True, fast=False,
+                a_dtype=F8, b_dtype=F8, out_dtype=T.bfloat16)
+    args.update(kwargs)
+    e = expect_error(exc, scaled_gemm(**args), CALL_LINE, *fragments)
+    assert isinstance(e, CompileTypeError if exc is TypeError else CompileValueError)
+
+
+def tile_error_kernel(kind):
+    bk = 256 if kind == "k256" else 64
+    sa_len = 32 if kind == "short_scale" else 64
+
+    @T.prim_func
+    def main(A: T.Tensor((128, 512), T.float8_e4m3), B: T.Tensor((128, 512), T.float8_e4m3),
+             S: T.Tensor((64,), T.float32), C: T.Tensor((128, 128), T.float32)):
+        with T.Kernel(2, 2, threads=128) as (bx, by):
+            A_s = T.alloc_shared((64, bk), T.float8_e4m3)
+            B_s = T.alloc_shared((64, bk), T.float8_e4m3)
+            C_f = T.alloc_fragment((64, 64), T.float32)
+            sa = T.alloc_fragment((sa_len,), T.float32 if kind != "f16_scale" else T.float16)
+            T.clear(C_f)
+            for i in T.Parallel(sa_len):
+                sa[i] = 1.0
+            T.copy(A[by * 64, 0], A_s)
+            T.copy(B[bx * 64, 0], B_s)
+            if kind == "global_operand":
+                T.fp8_scaled_matmul(A, sa, B_s, 1.0, C_f, transpose_B=True)  # <- global operand
+            elif kind == "global_scale":
+                T.fp8_scaled_matmul(A_s, S, B_s, 1.0, C_f, transpose_B=True)  # <- global scale
+            else:
+                T.fp8_scaled_matmul(A_s, sa, B_s, 1.0, C_f, transpose_B=True)  # <- tile call
+            T.copy(C_f, C[by * 64, bx * 64])
+    return main
+
+
+@pytest.mark.parametrize("kind, exc, marker, fragments", [
+    ("global_operand", CompileTypeError, "# <- global operand",
+     ["A ('A') is in global memory", "without T.Kernel"]),
+    ("k256", CompileValueError, "# <- tile call", ["A's k-tile is 256 wide", "at most 128"]),
+    ("short_scale", CompileValueError, "# <- tile call", ["A_scale has shape [32]; it must be [64]"]),
+    ("f16_scale", CompileTypeError, "# <- tile call", ["A_scale is f16; scales must be float32"]),
+    ("global_scale", CompileTypeError, "# <- global scale", ["A_scale is a global tensor"]),
+])
+def test_tile_form_errors(kind, exc, marker, fragments):
+    expect_error(exc, tile_error_kernel(kind), marked_line(tile_error_kernel, marker), *fragments)
+
+
+class TestOpsErrors:
+    M, N, K = 64, 72, 300
+    a = fp8((64, 300), E4M3, 1)
+    b = fp8((72, 300), E4M3, 2).t()
+
+    def test_non_fp8_a(self):
+        with pytest.raises(TypeError, match="'a' is torch.float16"):
+            fp8_scaled_mm(self.a.half(), self.b, torch.tensor(1.0), torch.tensor(1.0))
+
+    def test_non_fp8_b(self):
+        with pytest.raises(TypeError, match="'b' is torch.bfloat16"):
+            fp8_scaled_mm(self.a, self.b.bfloat16(), torch.tensor(1.0), torch.tensor(1.0))
+
+    @pytest.mark.parametrize("which", ["scale_a", "scale_b"])
+    def test_float16_scale(self, which):
+        s = {"scale_a": torch.tensor(1.0), "scale_b": torch.tensor(1.0)}
+        s[which] = s[which].half()
+        with pytest.raises(TypeError, match=f"'{which}' must be a float32 tensor, got torch.float16"):
+            fp8_scaled_mm(self.a, self.b, **s)
+
+    @pytest.mark.parametrize("sa, sb", [((64, 2), (3, 1)), ((72, 1), (1, 72)), ((64, 3), (1, 3)),
+                                        ((1, 64), (1, 72)), ((64, 1), (72, 1))])
+    def test_bad_scale_shapes(self, sa, sb):
+        with pytest.raises(ValueError) as e:
+            fp8_scaled_mm(self.a, self.b, torch.ones(sa), torch.ones(sb))
+        msg = str(e.value)
+        assert f"scale_a {list(sa)} and scale_b {list(sb)}" in msg
+        assert "scale_a [64, 1]" in msg and "scale_b [1, 72]" in msg
+        assert "scale_a [64, 3]" in msg and "scale_b [3, 1]" in msg
+
+    def test_k_mismatch(self):
+        with pytest.raises(ValueError, match=r"a is \[64, 300\] but b is \[299, 72\]: K differs"):
+            fp8_scaled_mm(self.a, self.b[:299], torch.tensor(1.0), torch.tensor(1.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. tilews.ops.fp8_scaled_mm on the CPU
+
+
+def ops_scales(kind, M, N, K, seed):
+    kb, nb = cdiv(K, 128), cdiv(N, 128)
+    shapes = {"tensor": ((), ()), "row": ((M, 1), (1, N)), "block": ((M, kb), (kb, nb))}[kind]
+    return positive(shapes[0], seed), positive(shapes[1], seed + 1)
+
+
+def ops_reference(a, b, sa, sb, kind, bias):
+    """float64 scaled a @ b for b [K, N]; block scale_b in torch's [K/128, N/128] orientation."""
+    (M, K), N = a.shape, b.shape[1]
+    if kind == "block":
+        sae = sa.double().repeat_interleave(128, 1)[:, :K]
+        sbe = sb.double().repeat_interleave(128, 0)[:K].repeat_interleave(128, 1)[:, :N]
+        out = (a.double() * sae) @ (b.double() * sbe)
+    else:
+        out = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize("out", sorted(OUTS))
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("layout", ["col-major", "row-major"])
+@pytest.mark.parametrize("kind", ["tensor", "row", "block"])
+def test_ops_fp8_scaled_mm(kind, layout, with_bias, out):
+    M, N, K = 100, 136, 300
+    out_dtype = OUTS[out]
+    a = fp8((M, K), E4M3, 81)
+    w = fp8((N, K), E5M2 if kind == "row" else E4M3, 82)
+    b = w.t() if layout == "col-major" else w.t().contiguous()
+    assert b.shape == (K, N) and b.is_contiguous() == (layout == "row-major")
+    sa, sb = ops_scales(kind, M, N, K, 83)
+    g = torch.Generator().manual_seed(84)
+    bias = (torch.randn(N, generator=g) * 10).to(out_dtype) if with_bias else None
+    c = fp8_scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
+    assert c.dtype == out_dtype and c.shape == (M, N)
+    assert rel_err(c, ops_reference(a, b, sa, sb, kind, bias)) < TOL[out_dtype]
+
+
+def test_ops_fast_accum_same_numbers_on_cpu():
+    M, N, K = 70, 72, 300
+    a, w = fp8((M, K), E4M3, 91), fp8((N, K), E4M3, 92)
+    sa, sb = ops_scales("row", M, N, K, 93)
+    c1 = fp8_scaled_mm(a, w.t(), sa, sb, out_dtype=torch.float32)
+    c2 = fp8_scaled_mm(a, w.t(), sa, sb, out_dtype=torch.float32, use_fast_accum=True)
+    ref = ops_reference(a, w.t(), sa, sb, "row", None)
+    assert rel_err(c1, ref) < 1e-5 and rel_err(c2, ref) < 1e-5
+
+
+@pytest.mark.parametrize("M, N, K", [(0, 72, 300), (64, 72, 0), (0, 72, 0)])
+@pytest.mark.parametrize("kind", ["tensor", "row"])
+def test_ops_zero_size(M, N, K, kind):
+    a = fp8((M, K), E4M3, 1) if M * K else torch.empty(M, K).to(E4M3)
+    w = fp8((N, K), E4M3, 2) if K else torch.empty(N, K).to(E4M3)
+    sa, sb = ops_scales(kind, M, N, K, 3)
+    bias = torch.arange(N, dtype=torch.bfloat16)
+    c = fp8_scaled_mm(a, w.t(), sa, sb)
+    assert c.shape == (M, N) and c.dtype == torch.bfloat16 and (c == 0).all()
+    c = fp8_scaled_mm(a, w.t(), sa, sb, bias=bias)
+    assert c.shape == (M, N) and torch.equal(c, bias.expand(M, N))
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. Hopper lowering: the interpreter as oracle
+
+
+ORACLE = [
+    # (granularity, pair, out, fast): M=200, N=264, K=304 (rows of A and B: 304 bytes, TMA-able)
+    ("row-1d", "e4m3-e4m3", torch.bfloat16, True),
+    ("tensor-0d", "e4m3-e5m2", torch.float16, False),
+    ("block", "e5m2-e5m2", torch.float32, False),
+]
+
+
+def hopper_before_after(gran, pair, out, fast, transpose_B=True, M=200, N=264, K=304):
+    sas, sbs = GRANS[gran](M, N, K)
+    a_dt, b_dt = PAIRS[pair]
+    prim = scaled_gemm(M, N, K, sas, sbs, transpose_B, fast, _T[a_dt], _T[b_dt], _T[out])
+    before = build_kernel(prim, target="hopper")
+    return before, lower(before, HOPPER)
+
+
+@pytest.mark.parametrize("gran, pair, out, fast", ORACLE, ids=[c[0] for c in ORACLE])
+def test_hopper_oracle_before_equals_after(gran, pair, out, fast):
+    M, N, K = 200, 264, 304
+    before, after = hopper_before_after(gran, pair, out, fast)
+    assert after.find_plan(AsyncPlan) is not None, after.find_plan(AsyncRefusal)
+    assert any(isinstance(s, ir.WarpSpecialize) for s in walk(after.body))
+    promotes = gran == "block" or not fast
+    assert before.fp8_promote_every == after.fp8_promote_every == (128 if promotes else 0)
+    sas, sbs = GRANS[gran](M, N, K)
+    a_dt, b_dt = PAIRS[pair]
+    a, b = fp8((M, K), a_dt, 101), fp8((N, K), b_dt, 102)
+    sa, sb = positive(sas, 103), positive(sbs, 104)
+    args = [a, sa, b, sb, torch.empty(M, N, dtype=out)]
+    want = run_interp(before, args, 4)
+    assert rel_err(want, reference(a, sa, b, sb, gran == "block")) < TOL[out]
+    for seed in range(20):
+        got = run_interp(after, args, 4, seed)
+        assert torch.equal(got, want), f"seed {seed}: after passes differs from before"
+
+
+def test_gluon_source_with_0dim_scales_is_python():
+    _, after = hopper_before_after("tensor-0d", "e4m3-e4m3", torch.bfloat16, False)
+    assert after.find_plan(AsyncPlan) is not None
+    compile(gluon_emit(after), "gluon-source", "exec")
+
+
+def test_hopper_n_major_b_is_refused():
+    before, after = hopper_before_after("row-1d", "e4m3-e4m3", torch.bfloat16, False, transpose_B=False)
+    assert after.find_plan(AsyncPlan) is None
+    reason = after.plan(AsyncRefusal).reason
+    assert "K-major" in reason and "transpose_B=True" in reason
+
+
+def test_hopper_rows_tma_cannot_take_are_refused():
+    _, after = hopper_before_after("block", "e4m3-e4m3", torch.bfloat16, False, K=300)
+    assert after.find_plan(AsyncPlan) is None
+    assert "rows of 'A' are 300 bytes, not a multiple of 16" in after.plan(AsyncRefusal).reason
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. compile-only sm_90a
+
+
+COMPILED = {
+    # name: (granularity, pair, fast)
+    "block-e4m3-e4m3": ("block", "e4m3-e4m3", False),
+    "block-e4m3-e5m2": ("block", "e4m3-e5m2", False),
+    "row-e4m3-e4m3-fast": ("row-1d", "e4m3-e4m3", True),
+    "row-e4m3-e5m2": ("row-2d", "e4m3-e5m2", False),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(name):
+    gran, pair, fast = COMPILED[name]
+    _, k = hopper_before_after(gran, pair, torch.bfloat16, fast)
+    assert k.find_plan(AsyncPlan) is not None
+    return k, gluon_program(k)
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED))
+def test_compiled_fp8_gemm(name):
+    gran, pair, fast = COMPILED[name]
+    k, p = compiled(name)
+    ttgir, ptx = p.asm["ttgir"], p.asm["ptx"]
+    kinds = pair.replace("-", ".")                          # e4m3.e4m3 / e4m3.e5m2
+    wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.(\w+\.\w+)", ptx))
+    assert wgmma == {kinds}, wgmma
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)) >= 2
+    assert ttgir.count("ttg.warp_specialize(") == 1
+    promote = 128 if (gran == "block" or not fast) else 0
+    assert k.fp8_promote_every == promote
+    verify_fp8(ttgir, name, promote)
+    verify_fp8(ttgir, name, 0)
+    if promote == 0:          # one accumulator across all of K: the promotion rule fails it
+        with pytest.raises(CompileError, match="accumulates more than promote_every = 128"):
+            verify_fp8(ttgir, name, 128)
+
+
+# ----------------------------------------------------------------------------------------------
+# 9. T.macro
+
+
+@T.macro
+def axpy(X, Y, alpha, n):
+    for i in T.Parallel(n):
+        Y[i] = Y[i] + X[i] * alpha
+
+
+@T.macro
+def load_scaled(X, start, n, alpha):
+    t = T.alloc_fragment((n,), T.float32)
+    for i in T.Parallel(n):
+        t[i] = X[start + i] * alpha
+    return t
+
+
+@T.macro
+def scaled_sum_into(X, Y, start, n, alpha, beta):          # nested: calls two macros
+    t = load_scaled(X, start, n, alpha)
+    axpy(t, Y, beta, n)
+
+
+@T.macro
+def element(X, i):
+    return X[i] * 2.0
+
+
+def test_macro_inlined_twice_with_different_arguments():
+    n = 64
+
+    @T.prim_func
+    def main(X: T.Tensor((2 * n,), T.float32), Y: T.Tensor((n,), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            acc = T.alloc_fragment((n,), T.float32)
+            T.clear(acc)
+            a = load_scaled(X, 0, n, 2.0)
+            axpy(a, acc, 1.0, n)
+            b = load_scaled(X, n, n, -1.0)
+            axpy(b, acc, 0.5, n)
+            T.copy(acc, Y[0])
+    k = build_kernel(main)
+    x, y = torch.randn(2 * n), poisoned(n)
+    interpreter.run(k, [x, y])
+    torch.testing.assert_close(y, 2 * x[:n] - 0.5 * x[n:])
+
+
+def test_macro_nested_and_returning_a_value():
+    n = 32
+
+    @T.prim_func
+    def main(X: T.Tensor((n,), T.float32), Y: T.Tensor((n,), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            acc = T.alloc_fragment((n,), T.float32)
+            T.clear(acc)
+            scaled_sum_into(X, acc, 0, n, 3.0, 2.0)
+            for i in T.Parallel(n):
+                acc[i] = acc[i] + element(X, i)
+            T.copy(acc, Y[0])
+    x, y = torch.randn(n), poisoned(n)
+    interpreter.run(build_kernel(main), [x, y])
+    torch.testing.assert_close(y, 8 * x)
+
+
+@T.macro
+def positive_rows(X, acc, rows, n):
+    """Runtime loop over ``rows`` (a runtime scalar) with a runtime branch per row."""
+    for r in T.serial(rows):
+        if r % 2 == 0:
+            for i in T.Parallel(n):
+                acc[i] += T.max(X[r, i], 0.0)
+        else:
+            for i in T.Parallel(n):
+                acc[i] -= X[r, i]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5])
+def test_macro_with_runtime_loop_and_branch(rows):
+    n = 16
+
+    @T.prim_func
+    def main(X: T.Tensor((8, n), T.float32), Y: T.Tensor((n,), T.float32), rows: T.int32):
+        with T.Kernel(1, threads=128) as bx:
+            acc = T.alloc_fragment((n,), T.float32)
+            T.clear(acc)
+            positive_rows(X, acc, rows, n)
+            T.copy(acc, Y[0])
+    k = build_kernel(main)
+    assert any(isinstance(s, ir.For) for s in walk(k.body))
+    x, y = torch.randn(8, n), poisoned(n)
+    interpreter.run(k, [x, y, rows])
+    want = torch.zeros(n)
+    for r in range(rows):
+        want = want + x[r].clamp_min(0) if r % 2 == 0 else want - x[r]
+    torch.testing.assert_close(y, want)
+
+
+def _early_return_macro():
+    @T.macro
+    def early(X, n):
+        t = X[0] * 2.0
+        return t  # <- early return
+        X[0] = t  # noqa: F841
+    return early
+
+
+def _return_in_loop_macro():
+    @T.macro
+    def in_loop(X, n):
+        for i in T.serial(n):
+            return X[i]  # <- return in loop
+    return in_loop
+
+
+def _user_of(mac):
+    @T.prim_func
+    def main(X: T.Tensor((8,), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            mac(X, 4)
+    return main
+
+
+@pytest.mark.parametrize("maker, marker, fragment", [
+    (_early_return_macro, "# <- early return", "returns before the end of its body"),
+    (_return_in_loop_macro, "# <- return in loop", "returns only at the end of its body"),
+])
+def test_macro_early_return_is_an_error(maker, marker, fragment):
+    with pytest.raises(CompileError) as info:
+        build_kernel(_user_of(maker()))
+    e = info.value
+    assert fragment in e.message, e.message
+    assert e.loc is not None and e.loc.file == __file__ and e.loc.line == marked_line(maker, marker)
+
+
+def _fp8_in_macro(cite_caller):
+    def half_gemm(A_s, B_s, C_f):
+        T.fp8_scaled_matmul(A_s, 1.0, B_s, 1.0, C_f, transpose_B=True)  # <- inside the macro
+    mac = Macro(half_gemm, cite_caller=cite_caller)
+
+    @T.prim_func
+    def main(A: T.Tensor((64, 64), T.float16), B: T.Tensor((64, 64), T.float8_e4m3),
+             C: T.Tensor((64, 64), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            A_s = T.alloc_shared((64, 64), T.float16)
+            B_s = T.alloc_shared((64, 64), T.float8_e4m3)
+            C_f = T.alloc_fragment((64, 64), T.float32)
+            T.clear(C_f)
+            T.copy(A[0, 0], A_s)
+            T.copy(B[0, 0], B_s)
+            mac(A_s, B_s, C_f)  # <- the macro call
+            T.copy(C_f, C[0, 0])
+    return main
+
+
+@pytest.mark.parametrize("cite_caller", [False, True])
+def test_error_inside_a_macro_points_at_its_line(cite_caller):
+    """A CompileError raised by a statement of a user's macro is located at the macro's line (a
+    library macro, ``cite_caller=True``, cites the caller's line instead)."""
+    with pytest.raises(CompileTypeError) as info:
+        build_kernel(_fp8_in_macro(cite_caller))
+    e = info.value
+    assert "A is f16" in e.message
+    marker = "# <- the macro call" if cite_caller else "# <- inside the macro"
+    assert e.loc is not None and e.loc.file == __file__
+    assert e.loc.line == marked_line(_fp8_in_macro, marker), str(e)
+
+
+def test_macro_statements_carry_the_macro_lines():
+    n = 16
+
+    @T.prim_func
+    def main(X: T.Tensor((n,), T.float32), Y: T.Tensor((n,), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            acc = T.alloc_fragment((n,), T.float32)
+            T.clear(acc)
+            axpy(X, acc, 2.0, n)
+            T.copy(acc, Y[0])
+    k = build_kernel(main)
+    par = [s for s in walk(k.body) if isinstance(s, ir.Parallel)]
+    want = marked_line(axpy.fn, "for i in T.Parallel(n):")
+    assert [s.loc.line for s in par] == [want] and par[0].loc.file == __file__
