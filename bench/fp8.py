@@ -42,7 +42,6 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from tilews.lowering.dtypes import from_torch
 
 from . import gemm
 from .kernels import for_target
@@ -180,27 +179,20 @@ def _rowwise_operands(inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
 
 # ---- tilews variant ----------------------------------------------------------------------------
 
-def kernel_arguments(granularity: str, M: int, N: int, K: int, fast: bool, a_dtype: torch.dtype,
-                     b_dtype: torch.dtype, out_dtype: torch.dtype) -> tuple:
-    """What ``tilews.ops.fp8_scaled_mm`` gives its kernel factory (``tilews.ops.fp8.scaled_mm_kernel``)
-    for a column-major B and scales of ``scales``: the kernel takes B as the [N, K] it is a view of,
-    and a block scale_b as [ceil(N/128), ceil(K/128)]."""
-    scale_a, scale_b = scale_shapes(granularity, M, N, K)
-    return (M, N, K, scale_a, scale_b[::-1] if granularity == "block" else scale_b, True, fast,
-            from_torch(a_dtype), from_torch(b_dtype), from_torch(out_dtype))
-
-
 def _build_tilews(case: Case, target: str):
-    """``tilews.ops.fp8_scaled_mm``'s kernel for ``target``, given what the op gives it and
-    writing into a caller-given C (no out_idx)."""
-    from tilews.ops.fp8 import scaled_mm_kernel
+    """``tilews.ops.fp8_scaled_mm``'s kernel for ``target``, given what the op gives it
+    (``kernel_inputs``) and writing into a caller-given C (no out_idx)."""
+    from tilews.ops.fp8 import kernel_inputs, scaled_mm_kernel
     M, N, K, _ = case.shape
-    block = _is_block(case.shape)
-    kernel = for_target(scaled_mm_kernel.fn, target)(*kernel_arguments(
-        _granularity(case.shape), M, N, K, _fast(case.shape), E4M3, E4M3, case.dtype))
+    like = [torch.empty(shape, dtype=torch.float32, device="meta")
+            for shape in scale_shapes(_granularity(case.shape), M, N, K)]
+    a, w = (torch.empty(rows, K, dtype=E4M3, device="meta") for rows in (M, N))
+    args, _ = kernel_inputs(a, w.t(), *like, out_dtype=case.dtype, use_fast_accum=_fast(case.shape))
+    kernel = for_target(scaled_mm_kernel.fn, target)(*args)
 
     def run(a, b, scale_a, scale_b, *rest):
-        kernel(a, scale_a, b.t(), scale_b.t() if block else scale_b, rest[-1])
+        _, operands = kernel_inputs(a, b, scale_a, scale_b, case.dtype, _fast(case.shape))
+        kernel(*operands, rest[-1])
     return run
 
 

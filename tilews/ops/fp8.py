@@ -55,14 +55,12 @@ def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor
                      f"scale_b [{kb}, {nb}] (128 x 128 blocks of b)")
 
 
-def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
-                  use_fast_accum: bool = False) -> torch.Tensor:
-    """``(a @ b)`` scaled by ``scale_a`` / ``scale_b``, as ``torch._scaled_mm``: a [M, K], b
-    [K, N] FP8 (float8_e4m3fn / float8_e5m2, may differ); float32 scales per tensor, per row of a /
-    column of b, or block-wise; ``bias`` [N] is added to the result (after the kernel, not fused);
-    ``use_fast_accum=False`` promotes the tensor cores' FP8 partial sums into float32 every 128
-    of K."""
+def kernel_inputs(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = False):
+    """``fp8_scaled_mm``'s inputs checked and mapped onto its kernel: (the arguments of
+    ``scaled_mm_kernel``, the operands its kernel takes before C). A column-major b is passed as
+    the [N, K] tensor it is a view of (the K-major Hopper path); block-wise b scales as the
+    intrinsic's [N / 128, K / 128] view. Reads only shapes, strides and dtypes (meta tensors do)."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"fp8_scaled_mm(): '{name}' must be a 2-d tensor")
@@ -79,16 +77,28 @@ def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
     (M, K), (K2, N) = a.shape, b.shape
     if K2 != K:
         raise ValueError(f"fp8_scaled_mm(): a is [{M}, {K}] but b is [{K2}, {N}]: K differs")
+    sa, sb = _scales(M, N, K, scale_a, scale_b)
+    k_major = b.stride(0) == 1 and b.stride(1) == K          # b = w.t(), w [N, K] row-major
+    B = b.t() if k_major else b.contiguous()
+    args = (M, N, K, tuple(sa.shape), tuple(sb.shape), k_major, bool(use_fast_accum),
+            dtypes.from_torch(a.dtype), dtypes.from_torch(b.dtype), dtypes.from_torch(out_dtype))
+    return args, (a.contiguous(), sa, B, sb)
+
+
+def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                  use_fast_accum: bool = False) -> torch.Tensor:
+    """``(a @ b)`` scaled by ``scale_a`` / ``scale_b``, as ``torch._scaled_mm``: a [M, K], b
+    [K, N] FP8 (float8_e4m3fn / float8_e5m2, may differ); float32 scales per tensor, per row of a /
+    column of b, or block-wise; ``bias`` [N] is added to the result (after the kernel, not fused);
+    ``use_fast_accum=False`` promotes the tensor cores' FP8 partial sums into float32 every 128
+    of K."""
+    args, operands = kernel_inputs(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    M, N, K = args[:3]
     if bias is not None and (bias.shape != (N,) or bias.device != a.device):
         raise ValueError(f"fp8_scaled_mm(): bias must be a [{N}] tensor on {a.device}")
-    sa, sb = _scales(M, N, K, scale_a, scale_b)
     if M == 0 or N == 0 or K == 0:
         out = torch.zeros(M, N, dtype=out_dtype, device=a.device)
     else:
-        k_major = b.stride(0) == 1 and b.stride(1) == K          # b = w.t(), w [N, K] row-major
-        B = b.t() if k_major else b.contiguous()
-        kernel = scaled_mm_kernel(M, N, K, tuple(sa.shape), tuple(sb.shape), k_major,
-                                  bool(use_fast_accum), dtypes.from_torch(a.dtype),
-                                  dtypes.from_torch(b.dtype), dtypes.from_torch(out_dtype))
-        out = kernel(a.contiguous(), sa, B, sb)
+        out = scaled_mm_kernel(*args)(*operands)
     return out if bias is None else out.add_(bias.to(out_dtype))
