@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilews.bench.fp8 import TORCH_REFUSES, exact, fp8_operand, kernel_arguments, scales, torch_blockwise
+from tilews.bench.fp8 import TORCH_REFUSES, exact, fp8_operand, scales, torch_blockwise
 from tilews.ops import fp8_scaled_mm
-from tilews.ops.fp8 import scaled_mm_kernel
+from tilews.ops.fp8 import kernel_inputs, scaled_mm_kernel
 from tilews.testing import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -96,7 +96,7 @@ def test_fp8_scaled_mm(granularity, pair, layout, shape, out, fast):
     if theirs is not None:
         assert rel_err(c1, theirs) < tol, rel_err(c1, theirs)
     if layout == "col":     # the op's kernel (the factory's cache), on the Hopper path, not a fallback
-        kernel = scaled_mm_kernel(*kernel_arguments(granularity, M, N, K, fast, *PAIRS[pair], OUT[out]))
+        kernel = scaled_mm_kernel(*kernel_inputs(a, b, scale_a, scale_b, OUT[out], fast)[0])
         assert (kernel.target, kernel.report.backend) == ("hopper", "gluon"), kernel.report.notes
 
 
