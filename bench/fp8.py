@@ -42,6 +42,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from tilews.lowering.fp8 import SCALE_BLOCK, scale_blocks
 
 from . import gemm
 from .kernels import for_target
@@ -50,7 +51,6 @@ from .shapes import Shape, with_modes
 from .workload import Case, Reference, Unavailable, Variant, Workload, standard_preset
 
 E4M3 = torch.float8_e4m3fn
-SCALE_BLOCK = 128            # the k-block of block-wise scales (and B's n-block)
 SPREAD = 64.0                # operands: random normal times this, scales about its inverse
 SMALLEST = 2.0 ** -4         # smaller operands become 0: half of them is still a normal FP8 value
 CUBLAS_SCALE_K_MULTIPLE = 4  # cuBLAS's 128x128 scales: K blocks padded to a multiple of this
@@ -82,10 +82,6 @@ def _is_block(shape: Shape) -> bool:
     return _granularity(shape) == "block"
 
 
-def _blocks(n: int) -> int:
-    return -(-n // SCALE_BLOCK)
-
-
 # ---- inputs and the exact reference (tests/gpu/test_fp8_gpu.py uses them too) ------------------
 
 def fp8_operand(rows: int, cols: int, dtype: torch.dtype, gen: torch.Generator,
@@ -109,7 +105,7 @@ def scale_shapes(granularity: str, M: int, N: int, K: int) -> tuple[tuple[int, .
         return (1,), (1,)
     if granularity == "row":
         return (M, 1), (1, N)
-    return (M, _blocks(K)), (_blocks(K), _blocks(N))
+    return (M, scale_blocks(K)), (scale_blocks(K), scale_blocks(N))
 
 
 def scales(granularity: str, M: int, N: int, K: int, gen: torch.Generator,
@@ -145,7 +141,7 @@ def _powers_of_two(shape: Sequence[int], gen: torch.Generator, device: torch.dev
 def _block_inputs(M: int, N: int, K: int, gen: torch.Generator, device: torch.device) -> tuple:
     """A block row's inputs: (a, b, scale_a, scale_b) and the rowwise baseline's (a, b, scale_a,
     scale_b) of the same exact product (module docstring)."""
-    kb, nb = _blocks(K), _blocks(N)
+    kb, nb = scale_blocks(K), scale_blocks(N)
     a, w = fp8_operand(M, K, E4M3, gen, device), fp8_operand(N, K, E4M3, gen, device)
     row, column_block = positive_scale((M, 1), gen, device), positive_scale((nb, 1), gen, device)
     pow_a, pow_w = _powers_of_two((M, kb), gen, device), _powers_of_two((nb, kb), gen, device)

@@ -36,13 +36,14 @@ class Granularity:
         return self.a is Scaling.BLOCK
 
 
-def _ceil(x: int, d: int) -> int:
-    return -(-x // d)
+def scale_blocks(n: int) -> int:
+    """How many 128-wide scale blocks cover n elements."""
+    return -(-n // SCALE_BLOCK)
 
 
 def accepted(M: int, N: int, K: int) -> str:
     """The scale shapes accepted for an M x N x K product, in words."""
-    kb, nb = _ceil(K, SCALE_BLOCK), _ceil(N, SCALE_BLOCK)
+    kb, nb = scale_blocks(K), scale_blocks(N)
     return (f"per tensor: A_scale [] or [1] and B_scale [] or [1]; per row / column: A_scale [{M}] "
             f"or [{M}, 1] and B_scale [{N}] or [1, {N}] (either may be per tensor); block-wise: "
             f"A_scale [{M}, {kb}] and B_scale [{nb}, {kb}]")
@@ -64,7 +65,7 @@ def granularity(M: int, N: int, K: int, a_scale: tuple, b_scale: tuple) -> Granu
     a, b = _outer(a_scale, M, (M, 1)), _outer(b_scale, N, (1, N))
     if a is not None and b is not None:
         return Granularity(a, b)
-    kb, nb = _ceil(K, SCALE_BLOCK), _ceil(N, SCALE_BLOCK)
+    kb, nb = scale_blocks(K), scale_blocks(N)
     if a_scale == (M, kb) and b_scale == (nb, kb):
         return Granularity(Scaling.BLOCK, Scaling.BLOCK)
     raise ValueError(f"scale shapes A_scale {list(a_scale)} and B_scale {list(b_scale)} match no "

@@ -26,20 +26,19 @@ from tilews.lowering.frontend.context import builder, current_loc
 from tilews.lowering.frontend.values import BufferRef, RegionRef, Scalar
 
 from .copy import copy as tile_copy
-from .elementwise import clear
+from .elementwise import ceildiv, clear
 from .gemm import gemm
 from .kernel import Kernel
 from .loops import Parallel, Pipelined
 from .memory import alloc_fragment, alloc_shared
 
 _OUT_DTYPES = (ir.DType.BF16, ir.DType.F16, ir.DType.F32)
+_HINTS = ("block_M", "block_N", "num_stages", "threads")
 
 
 def _library_macro(fn):
     """A macro of this module: what it builds cites the user's call, where errors must point."""
     return Macro(fn, cite_caller=True)
-
-_HINTS = ("block_M", "block_N", "num_stages", "threads")
 
 
 def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
@@ -146,22 +145,18 @@ def _b_scale(gran: scales.Granularity, SB, col):
     return SB[(0,) * (len(SB.shape) - 1) + (col,)]
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @_library_macro
 def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, block_N,
                  num_stages, threads):
     block_K = scales.SCALE_BLOCK
-    with Kernel(_cdiv(N, block_N), _cdiv(M, block_M), threads=threads) as (bx, by):
+    with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), threads=threads) as (bx, by):
         A_s = alloc_shared((block_M, block_K), A.dtype)
         B_s = alloc_shared((block_N, block_K) if transpose_B else (block_K, block_N), B.dtype)
         C_f = alloc_fragment((block_M, block_N), "float32")
         if gran.block_wise:
             sa = alloc_fragment((block_M,), "float32")
         clear(C_f)
-        for k in Pipelined(_cdiv(K, block_K), num_stages=num_stages):
+        for k in Pipelined(scales.scale_blocks(K), num_stages=num_stages):
             tile_copy(A[by * block_M, k * block_K], A_s)
             if transpose_B:
                 tile_copy(B[bx * block_N, k * block_K], B_s)
@@ -199,7 +194,7 @@ def _b_block_scale(SB, bx, k, block_N: int):
 @_library_macro
 def _fill_columns(SB, sb, bx, k, block_N):
     for j in Parallel(block_N):
-        sb[j] = SB[(bx * block_N + j) // 128, k]
+        sb[j] = SB[(bx * block_N + j) // scales.SCALE_BLOCK, k]
 
 
 # ---- the tile operation ----------------------------------------------------------------------
@@ -265,8 +260,7 @@ def _scaled_accumulate(A, A_scale, B, B_scale, C, transpose_B: bool) -> None:
 def _product(A, B, transpose_B: bool, bm: int, bn: int) -> BufferRef:
     """A @ op(B) into a fresh float32 fragment, to be promoted into the accumulator (which the
     kernel then promises: ``fp8_promote_every``)."""
-    b = builder()
-    b.fp8_promote_every = min(b.fp8_promote_every or scales.SCALE_BLOCK, scales.SCALE_BLOCK)
+    builder().fp8_promote_every = scales.SCALE_BLOCK
     partial = semantic.alloc((bm, bn), ir.DType.F32, ir.Scope.FRAGMENT, "fp8_partial", hoist=True)
     semantic.gemm(A, B, partial, False, transpose_B, True)
     return partial

@@ -12,7 +12,7 @@ import torch
 import tilews
 import tilews.language as T
 from tilews.lowering import dtypes
-from tilews.lowering.fp8 import SCALE_BLOCK
+from tilews.lowering.fp8 import granularity, scale_blocks
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT = (torch.bfloat16, torch.float16, torch.float32)
@@ -32,22 +32,19 @@ def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fas
     return main
 
 
-def _ceil(x: int, d: int) -> int:
-    return -(-x // d)
-
-
 def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor):
     """torch's scale conventions -> the intrinsic's (block-wise b scales are [K / 128, N / 128]
     in torch's orientation, [N / 128, K / 128] in the intrinsic's: a transposed view)."""
-    kb, nb = _ceil(K, SCALE_BLOCK), _ceil(N, SCALE_BLOCK)
+    kb, nb = scale_blocks(K), scale_blocks(N)
     sa = scale_a.reshape(1) if scale_a.dim() == 0 else scale_a
     sb = scale_b.reshape(1) if scale_b.dim() == 0 else scale_b
     if tuple(sa.shape) == (M, kb) and tuple(sb.shape) == (kb, nb) and tuple(sb.shape) != (1, N):
         return sa, sb.t()
-    outer_a = tuple(sa.shape) in ((1,), (M,), (M, 1))
-    outer_b = tuple(sb.shape) in ((1,), (N,), (1, N))
-    if outer_a and outer_b:
-        return sa, sb
+    try:            # per tensor / row / column; block-wise b scales only in torch's orientation
+        if not granularity(M, N, K, sa.shape, sb.shape).block_wise:
+            return sa, sb
+    except ValueError:
+        pass
     raise ValueError(f"fp8_scaled_mm(): scale_a {list(scale_a.shape)} and scale_b "
                      f"{list(scale_b.shape)} match no granularity for M={M}, N={N}, K={K}; "
                      f"accepted: per tensor [] or [1] each; per row / column scale_a [{M}, 1] and "

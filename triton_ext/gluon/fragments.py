@@ -31,7 +31,7 @@ from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, su
 
 from ..pysource import atom
 from .context import GL_DTYPE, Ctx
-from .exprs import element_address, spell
+from .exprs import element_address, mask_arg, spell
 
 
 @dataclass
@@ -251,7 +251,7 @@ def load(ctx: Ctx, s: ir.Copy) -> None:
             mask.append(f"({index} < {spell(ctx, b.shape[d])})")
             if g.mask_low and g.mask_low[d]:
                 mask.append(f"({index} >= 0)")
-    value = f"gl.load({' + '.join(ptr)}" + (f", mask={' & '.join(mask)}, other=0)" if mask else ")")
+    value = f"gl.load({' + '.join(ptr)}{mask_arg(mask)})"
     if b.dtype != f.dtype:
         value += f".to({GL_DTYPE[f.dtype]})"
     ctx.line(f"{ctx.name(f.name)} = {value}")
