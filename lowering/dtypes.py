@@ -43,16 +43,35 @@ _RECORDS = (
     DTypeRecord("i32", "int32", 32, "int", "int32", "int32", "int32", "i32", "int"),
     DTypeRecord("i64", "int64", 64, "int", "int64", "int64", "int64", "i64", "long"),
     DTypeRecord("u8", "uint8", 8, "uint", "uint8", "uint8", "uint8", "u8", "uchar"),
+    DTypeRecord("u16", "uint16", 16, "uint", "uint16", "uint16", "uint16", "u16", "ushort"),
+    DTypeRecord("u32", "uint32", 32, "uint", "uint32", "uint32", "uint32", "u32", "uint"),
+    DTypeRecord("u64", "uint64", 64, "uint", "uint64", "uint64", "uint64", "u64", "ulong"),
     DTypeRecord("bool", "bool", 1, "bool", "bool", "bool", "int1", "i1", "bool"),
-    DTypeRecord("f8e4m3", "float8_e4m3", 8, "float", "float8_e4m3fn", "float8_e4m3fn",
+    DTypeRecord("f8e4m3", "float8_e4m3fn", 8, "float", "float8_e4m3fn", "float8_e4m3fn",
                 "float8e4nv", "fp8e4nv", "uchar"),
     DTypeRecord("f8e5m2", "float8_e5m2", 8, "float", "float8_e5m2", "float8_e5m2", "float8e5",
                 "fp8e5", "uchar"),
 )
 
 
-class DType(enum.Enum):
-    """Element types. The value is the canonical short name used by the printer."""
+_BY_SHORT = {r.short: r for r in _RECORDS}
+
+
+class DType(str, enum.Enum):
+    """Element types. ``dt.value`` is the printer's short name (``"f16"``). As in TileLang, a
+    dtype is also the string of its TileLang name: ``T.float16 == "float16"``,
+    ``str(T.float16) == "float16"``, ``getattr(torch, T.float16)``.
+
+    ``DType(x)`` (``T.dtype(x)``) accepts a dtype, any spelling in ``DTYPE_ALIASES``, a torch or
+    numpy dtype, or the Python types ``bool``/``int``/``float``. Calling a dtype builds a typed
+    value in a kernel: ``T.float32(1.0)`` is a float32 constant, ``T.int32(x)`` casts ``x``.
+    """
+
+    def __new__(cls, short: str):
+        member = str.__new__(cls, _BY_SHORT[short].tilelang)
+        member._value_ = short
+        return member
+
     BF16 = "bf16"
     F16 = "f16"
     F32 = "f32"
@@ -62,13 +81,25 @@ class DType(enum.Enum):
     I32 = "i32"
     I64 = "i64"
     U8 = "u8"
+    U16 = "u16"
+    U32 = "u32"
+    U64 = "u64"
     BOOL = "bool"
     F8E4M3 = "f8e4m3"
     F8E5M2 = "f8e5m2"
 
+    @classmethod
+    def _missing_(cls, value):
+        found = _coerce(value)
+        if found is None:
+            raise ValueError(f"unknown dtype {value!r}; a dtype is T.float16 (...), one of the names "
+                             f"{', '.join(sorted(DTYPE_ALIASES))}, a torch or numpy dtype, or "
+                             f"bool/int/float")
+        return found
+
     @property
     def record(self) -> DTypeRecord:
-        return _BY_SHORT[self.value]
+        return _BY_SHORT[self._value_]
 
     @property
     def bits(self) -> int:
@@ -77,6 +108,8 @@ class DType(enum.Enum):
     @property
     def itemsize(self) -> int:
         return max(1, self.bits // 8)
+
+    bytes = itemsize   # TileLang's name
 
     @property
     def is_float(self) -> bool:
@@ -95,6 +128,10 @@ class DType(enum.Enum):
         import torch
         return getattr(torch, self.record.torch)
 
+    def as_torch(self):
+        """The torch dtype (TileLang's spelling of ``torch_dtype``)."""
+        return self.torch_dtype
+
     @property
     def numpy_dtype(self):
         import numpy as np
@@ -103,12 +140,42 @@ class DType(enum.Enum):
             return np.dtype(getattr(ml_dtypes, self.record.numpy))
         return np.dtype(self.record.numpy)
 
+    def __call__(self, value):
+        """A value of this dtype in a kernel: a Python number becomes a typed constant, a runtime
+        value is converted (``T.cast``)."""
+        from .frontend import semantic
+        return semantic.cast(value, self)
+
     def __repr__(self) -> str:
         return f"T.{self.record.tilelang}"
 
+    def __str__(self) -> str:
+        return self.record.tilelang
 
-_BY_SHORT = {r.short: r for r in _RECORDS}
+    __format__ = str.__format__
+    __hash__ = str.__hash__   # equal to the TileLang name, so hashed like it
+
+
 assert set(_BY_SHORT) == {d.value for d in DType}, "every DType has exactly one record"
+
+
+def _coerce(value) -> "DType | None":
+    """The DType ``value`` spells (see ``DType``), None if it spells none."""
+    if isinstance(value, str):
+        return DTYPE_ALIASES.get(value)
+    python = {bool: DType.BOOL, int: DType.I32, float: DType.F32}
+    if isinstance(value, type) and value in python:
+        return python[value]
+    module = getattr(value, "__module__", None) or type(value).__module__
+    if module == "torch":
+        return from_torch(value)
+    if module.split(".")[0] in ("numpy", "ml_dtypes"):
+        import numpy as np
+        try:
+            return DTYPE_ALIASES.get(np.dtype(value).name)
+        except TypeError:
+            return None
+    return None
 
 
 def from_torch(torch_dtype) -> DType | None:
@@ -121,6 +188,8 @@ def from_torch(torch_dtype) -> DType | None:
 DTYPE_ALIASES = {d.record.tilelang: d for d in DType}
 DTYPE_ALIASES.update({d.value: d for d in DType})
 DTYPE_ALIASES.update({"float": DType.F32, "half": DType.F16, "double": DType.F64,
-                      "int": DType.I32, "float8_e4m3fn": DType.F8E4M3, "bf16": DType.BF16,
+                      "int": DType.I32, "float8_e4m3": DType.F8E4M3, "bf16": DType.BF16,
                       "fp16": DType.F16, "fp32": DType.F32, "fp8_e4m3": DType.F8E4M3,
-                      "fp8_e5m2": DType.F8E5M2})
+                      "fp8_e5m2": DType.F8E5M2, "e4m3_float8": DType.F8E4M3,
+                      "e5m2_float8": DType.F8E5M2, "short": DType.I16, "long": DType.I64,
+                      "uint": DType.U32, "ulong": DType.U64})

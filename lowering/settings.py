@@ -23,6 +23,7 @@ SWITCHES = (
     ("TILEWS_CACHE_DIR", "on-disk compile cache (default: the platform user cache dir, "
                          "`~/.cache/tilews`)"),
     ("TILEWS_DISABLE_CACHE", "no on-disk cache: nothing is read from or written to it"),
+    ("TILELANG_DISABLE_CACHE", "the same, under TileLang's name (its examples set it)"),
     ("TILEWS_PRINT_SOURCE", "print the generated source at each compile"),
     ("TILEWS_DUMP_IR", "write the IR after every pass to this folder"),
     ("TILEWS_POISON_OUTPUTS", "outputs tilews allocates (`out_idx`) start as NaN (the tests set it)"),
@@ -61,7 +62,8 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
         return cls(cache_dir=_path("TILEWS_CACHE_DIR", environ),
-                   disable_cache=flag("TILEWS_DISABLE_CACHE", environ),
+                   disable_cache=flag("TILEWS_DISABLE_CACHE", environ)
+                   or flag("TILELANG_DISABLE_CACHE", environ),
                    print_source=flag("TILEWS_PRINT_SOURCE", environ),
                    dump_ir=_path("TILEWS_DUMP_IR", environ),
                    poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),

@@ -21,6 +21,8 @@ class Target:
                                      # fragment math holds no gemm (FP8 promotion; opt-in)
     split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
                                     # it off to compare)
+    fast_math: bool = False         # code choice (tl.enable_fast_math): fp32 division and square
+                                    # root in Triton's approximate forms, else IEEE-rounded
 
 
 INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)

@@ -311,17 +311,20 @@ def test_fragment_shared_by_two_roles():
     assert_error_at(f, f, "registers belong to one role")
 
 
-def test_tile_op_outside_roles():
+def test_barrier_op_outside_roles():
+    # tile operations outside roles are block-wide steps (tests/test_language_compat.py); barrier
+    # operations have no role to arrive for
     def f():
         @T.prim_func
         def main(A: T.Tensor((64,), T.float32)):
             with T.Kernel(1, threads=256) as bx:
                 s = T.alloc_shared((64,), T.float32)
-                T.fill(s, 0)  # <- error
+                bar = T.alloc_barrier(arrive_count=128)
+                T.barrier_arrive(bar)  # <- error
                 with T.ws(1):
                     T.copy(s, A[0:64])
         return main
-    assert_error_at(f, f, "this fill is outside all roles")
+    assert_error_at(f, f, "this barrierarrive is outside all roles")
 
 
 def test_barrier_parity_must_be_0_or_1():

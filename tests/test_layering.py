@@ -89,8 +89,9 @@ def test_only_the_settings_module_reads_tilews_switches():
     from tilews.lowering.settings import SWITCHES, Settings, flag
     env = {"TILEWS_CACHE_DIR": "/c", "TILEWS_DISABLE_CACHE": "yes", "TILEWS_PRINT_SOURCE": "On",
            "TILEWS_DUMP_IR": "/d", "TILEWS_POISON_OUTPUTS": " 1 ", "TILEWS_DEBUG_FRONTEND": "true",
-           "TILEWS_OVERLAP_SOFTMAX": "on"}
+           "TILEWS_OVERLAP_SOFTMAX": "on", "TILELANG_DISABLE_CACHE": "no"}
     assert sorted(env) == sorted(name for name, _ in SWITCHES)
+    assert Settings.from_env({"TILELANG_DISABLE_CACHE": "1"}).disable_cache
     s = Settings.from_env(env)
     assert (str(s.cache_dir), s.disable_cache, s.print_source, str(s.dump_ir), s.poison_outputs,
             s.debug_frontend, s.overlap_softmax) == ("/c", True, True, "/d", True, True, True)
@@ -106,7 +107,7 @@ def test_the_readme_documents_every_switch():
     readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("## Environment switches"):]
     table = table[:table.index("\n## ", 1)] if "\n## " in table[1:] else table
-    documented = set(re.findall(r"^\| `(TILEWS_[A-Z_]+)", table, re.M))
+    documented = set(re.findall(r"^\| `((?:TILEWS|TILELANG)_[A-Z_]+)", table, re.M))
     assert documented == {name for name, _ in SWITCHES}
 
 

@@ -1,11 +1,16 @@
 """tilews: a tile language for GPU kernels, compiled through Triton (Gluon on Hopper), Metal, or
-run by a reference interpreter."""
+run by a reference interpreter. TileLang's top-level names are here too (``import tilews as
+tilelang``): ``jit``, ``autotune``, ``TensorSupplyType``, ``PassConfigKey``."""
 __version__ = "0.1.0"
 
 from .errors import CompileError, DeadlockError, OutOfBoundsError, RaceError, UninitializedReadError  # noqa: E402
 from .jit import jit  # noqa: E402
 from .kernel import CompileReport, Kernel  # noqa: E402
+from .pass_config import PassConfigKey  # noqa: E402
+from .profiler import TensorSupplyType  # noqa: E402
+from .autotuner import autotune  # noqa: E402
 from .targets import num_sms  # noqa: E402
 
-__all__ = ["CompileError", "CompileReport", "DeadlockError", "Kernel", "OutOfBoundsError", "RaceError",
-           "UninitializedReadError", "__version__", "jit", "num_sms"]
+__all__ = ["CompileError", "CompileReport", "DeadlockError", "Kernel", "OutOfBoundsError",
+           "PassConfigKey", "RaceError", "TensorSupplyType", "UninitializedReadError",
+           "__version__", "autotune", "jit", "num_sms"]

@@ -9,27 +9,52 @@ only when a chain that holds them is built (the Triton ones import Triton lazily
 | interpret   | interpret                     |
 | triton      | tl (GPU, or Triton's CPU interpreter) |
 | hopper      | gluon -> tl                   |
+
+Pass configs (``tilews.pass_config``) shape a chain: without warp specialization the backends in
+``WARP_SPECIALIZED`` are left out, and with fast math every backend builds for its target with
+``fast_math`` set (part of its fingerprint, so of the cache key).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from tilews.lowering.backend import Backend, Services
+
+from .pass_config import PassOptions
 
 # backend name -> the module whose make(services) builds it
 BACKENDS = {"interpret": "tilews.lowering.interpreter.backend",
             "tl": "tilews.triton_ext.tl.backend",
             "gluon": "tilews.triton_ext.gluon.backend"}
 CHAINS = {"interpret": ("interpret",), "triton": ("tl",), "hopper": ("gluon", "tl")}
+# the backends that warp-specialize (with TMA producers): off under tl.disable_warp_specialized
+WARP_SPECIALIZED = frozenset({"gluon"})
 
 
 def make(name: str, services: Services) -> Backend:
     return importlib.import_module(BACKENDS[name]).make(services)
 
 
-def chain(target: str, services: Services) -> tuple[Backend, ...]:
-    """The backends serving ``target`` (a resolved target name), in the order they are tried."""
-    return tuple(make(name, services) for name in CHAINS[target])
+def chain(target: str, services: Services, passes: PassOptions = PassOptions()) -> tuple[Backend, ...]:
+    """The backends serving ``target`` (a resolved target name) under ``passes``, in the order
+    they are tried."""
+    built, left_out = [], skipped(target, passes)
+    for name in CHAINS[target]:
+        if name in left_out:
+            continue
+        backend = make(name, services)
+        if passes.fast_math:
+            backend = type(backend)(dataclasses.replace(backend.target, fast_math=True), services)
+        built.append(backend)
+    return tuple(built)
+
+
+def skipped(target: str, passes: PassOptions) -> tuple[str, ...]:
+    """The backends of ``target``'s chain that ``passes`` leave out."""
+    if passes.warp_specialization:
+        return ()
+    return tuple(name for name in CHAINS[target] if name in WARP_SPECIALIZED)
 
 
 def option_names(target: str) -> frozenset[str]:

@@ -1,7 +1,8 @@
 """Arguments in, outputs out: maps a call's arguments to the kernel's parameters, checks them once
 (``lowering.arguments``: the kernel's parameters plus the loaded program's ``ArgumentRules``;
 ``TypeError``/``ValueError`` naming the parameter), resolves runtime dims, allocates ``out_idx``
-outputs on the inputs' device, and lists the values in ``kernel.params`` order for the launcher."""
+outputs on the inputs' device (returned in ``out_idx`` order), and lists the values in
+``kernel.params`` order for the launcher."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class Binder:
         for i in outs:
             if not isinstance(self.params[i].param, ir.Buffer):
                 raise ValueError(f"out_idx names '{self.params[i].name}', which is not a tensor")
-        self.out_positions = sorted(set(outs))
+        self.out_positions = list(dict.fromkeys(outs))   # in out_idx order, each once
         self.inputs = [p for i, p in enumerate(self.params) if i not in self.out_positions]
         self.checker = ArgumentChecker(kernel, rules)
         # TILEWS_POISON_OUTPUTS (the tests set it): allocated outputs start as NaN, so an element

@@ -177,7 +177,7 @@ class DiskCache:
             return
         header = b"%s %s %d\n" % (_MAGIC, hashlib.sha256(payload).hexdigest().encode(), len(payload))
         try:
-            _store(path, header + payload)
+            store_file(path, header + payload)
         except OSError as error:
             self._unusable(error)
 
@@ -236,10 +236,10 @@ class DiskCache:
         name = f"{hashlib.sha256(data).hexdigest()}{suffix}"
         if not self.disabled:
             try:
-                return _store(self.root / "src" / name, data, reuse=True)
+                return store_file(self.root / "src" / name, data, reuse=True)
             except OSError as error:
                 self._unusable(error)
-        return _store(_private_dir() / name, data, reuse=True)
+        return store_file(_private_dir() / name, data, reuse=True)
 
 
 def _read_regular(path: pathlib.Path) -> bytes | None:
@@ -263,7 +263,7 @@ def _remove(path: pathlib.Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _store(path: pathlib.Path, data: bytes, reuse: bool = False) -> pathlib.Path:
+def store_file(path: pathlib.Path, data: bytes, reuse: bool = False) -> pathlib.Path:
     """``path`` holding ``data``, written atomically (``reuse``: unless it already holds them)."""
     with contextlib.suppress(FileNotFoundError):
         if reuse and _read_regular(path) == data:

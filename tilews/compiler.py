@@ -17,9 +17,9 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from tilews import backends, cache, targets
+from tilews import backends, cache, pass_config, targets
 from tilews.lowering import ir, printer
 from tilews.lowering.backend import Backend, Services
 from tilews.lowering.errors import CompileError, InternalError
@@ -92,18 +92,25 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
                    extra_names: Optional[dict[str, Any]] = None,
                    options: Optional[dict[str, Any]] = None,
                    user_params: Optional[Sequence[str]] = None,
-                   settings: Optional[Settings] = None) -> Kernel:
+                   build: Optional[Callable[..., ir.Kernel]] = None,
+                   settings: Optional[Settings] = None,
+                   pass_configs: Optional[dict] = None) -> Kernel:
     """``user_params``: the parameters the caller passes or receives, in order (default: all of
-    the function's; ``out_idx`` indexes them)."""
+    the function's; ``out_idx`` indexes them). ``build(debug=, target=)``: how the frontend IR
+    is built (default: ``build_kernel`` of ``src`` with ``param_specs`` and ``extra_names``).
+    ``pass_configs``: TileLang's switches (``tilews.pass_config``); what they change is in the
+    backends' fingerprints (so in the cache key) and in the report's notes."""
     t0 = time.perf_counter()
     settings = settings or Settings.from_env()
+    passes = pass_config.resolve(pass_configs)
     target, notes = targets.resolve(target_name)
-    before = build_kernel(src, param_specs, extra_names, debug=settings.debug_frontend,
-                          target=target)
+    notes += passes.notes(target, backends.skipped(target, passes))
+    before = (build or functools.partial(build_kernel, src, param_specs, extra_names))(
+        debug=settings.debug_frontend, target=target)
     frontend_ms = (time.perf_counter() - t0) * 1e3
     store = cache.DiskCache.from_settings(settings)
     services = Services(store, settings, targets.machine())
-    chain = backends.chain(target, services)
+    chain = backends.chain(target, services, passes)
     refusals: list[str] = []
     for n, backend in enumerate(chain):
         try:
@@ -127,7 +134,7 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
     program = backend.load(lowered.ir_after, lowered.source, options or {})
     shared = lowered.ir_after.find_plan(SharedMemoryPlan)
     report = CompileReport(
-        target=target if n == 0 else f"{target} -> {backend.target.name}",
+        target=target if backend.target.name == target else f"{target} -> {backend.target.name}",
         backend=backend.name, notes=notes + lowered.ir_after.notes,
         passes=(("frontend", frontend_ms),) + lowered.pass_ms, cache_hit=hit,
         shared_bytes=shared.total_bytes if shared is not None else 0,

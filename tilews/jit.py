@@ -1,44 +1,69 @@
-"""``@tilews.jit``: the two ways to write a kernel.
+"""``@tilews.jit``: the three ways to write a kernel.
 
-* Factory style (TileLang's): ``@tilews.jit(out_idx=[-1])`` on a function that returns a
+* Factory style (TileLang's older one): ``@tilews.jit(out_idx=[-1])`` on a function that returns a
   ``@T.prim_func``; calling the factory with its (hashable) arguments builds and compiles once per
   argument set and returns a ``Kernel``.
+* Eager style (TileLang's newer one, ``tilews.lowering.frontend.eager``): the function declares its
+  tensors in its body (``A: T.Tensor((M, K), dtype)``), its specialized dims with ``T.const`` and
+  its outputs with ``T.empty``, and returns the outputs. ``fn(a, b, block_M=...)`` compiles (once
+  per build-time values and ``T.const`` values) and runs; ``fn.compile(M=..., block_M=...)``
+  returns the ``Kernel``.
 * Direct style: ``@tilews.jit`` on the kernel function itself, whose tensor parameters are
   annotated ``T.Tensor[(dims), dtype]``. Dims are ints (checked), names (bound from the argument,
   part of the specialization key, visible in the body) or ``T.dynamic(name)`` (runtime, no
   recompilation). Unannotated parameters and ``int``/``float``/``bool`` ones are build-time
   constants (part of the key); ones annotated with a dtype are runtime scalars. Calling it with
   torch tensors specializes, compiles (cached) and launches.
+
+Every wrapper has ``mode``, ``fn``, ``param_names``, ``pass_configs``, ``compile(...)`` (-> a
+``Kernel``) and ``with_pass_configs(extra)`` (the autotuner's interface); the eager and direct ones
+also ``kernel_inputs(...)``: the call's arguments the compiled kernel takes.
 """
 from __future__ import annotations
 
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
 from tilews.lowering import ir
-from tilews.lowering.frontend import KernelSource, kernel_source, semantic
+from tilews.lowering.frontend import KernelSource, eager, kernel_source, semantic
 
 from . import backends, targets
 from .compiler import compile_kernel
 from .kernel import Kernel
 from .targets import TARGET_NAMES
 
+# TileLang's jit keywords that select its own toolchain; accepted so its programs run, no effect.
+_TOOLCHAIN_KEYWORDS = ("execution_backend", "target_host", "verbose", "debug_root_path",
+                       "compile_flags")
+
+
 def jit(fn: Optional[Callable] = None, *, out_idx: Optional[Sequence[int] | int] = None,
-        target: str = "auto", **options):
-    """Compile a tile-language kernel (see the module docstring). ``options`` go to the backend
-    (interpreter: ``seed``, ``accumulate_f64``)."""
+        target: str = "auto", pass_configs: Optional[dict] = None, **options):
+    """Compile a tile-language kernel (see the module docstring). ``pass_configs``: TileLang's
+    compiler switches (``tilews.PassConfigKey``). ``options`` go to the backend (interpreter:
+    ``seed``, ``accumulate_f64``); TileLang's toolchain keywords (``execution_backend``, ...) are
+    accepted and have no effect."""
     if target not in TARGET_NAMES:
         raise ValueError(f"tilews.jit(target=...) must be one of {', '.join(TARGET_NAMES)}; got {target!r}")
+    options = {k: v for k, v in options.items() if k not in _TOOLCHAIN_KEYWORDS}
     if options:
         _check_options(target, options)
     outs = [out_idx] if isinstance(out_idx, int) else list(out_idx or ())
+    configs = dict(pass_configs or {})
 
     def wrap(f):
         if isinstance(f, KernelSource):
-            return compile_kernel(f, target_name=target, out_idx=outs, options=options)
+            return compile_kernel(f, target_name=target, out_idx=outs, options=options,
+                                  pass_configs=configs)
+        if _is_eager(f):
+            if outs:
+                raise ValueError(f"'{f.__name__}' declares its outputs with T.empty; out_idx is "
+                                 f"for functions that return a @T.prim_func")
+            return EagerKernel(f, outs, target, options, configs)
         if _is_direct(f):
-            return DirectKernel(f, outs, target, options)
-        return KernelFactory(f, outs, target, options)
+            return DirectKernel(f, outs, target, options, configs)
+        return KernelFactory(f, outs, target, options, configs)
     return wrap if fn is None else wrap(fn)
 
 
@@ -64,13 +89,54 @@ def _is_direct(f: Callable) -> bool:
     return any(isinstance(a, semantic.TensorSpec) for a in _annotations(f).values())
 
 
-class KernelFactory:
-    """Factory style: ``factory(*args)`` -> compiled ``Kernel`` (cached per argument set)."""
+def _is_eager(f: Callable) -> bool:
+    try:
+        return eager.is_eager(kernel_source(f).tree)
+    except Exception:   # no readable source: not a kernel body we can parse, so a factory
+        return False
 
-    def __init__(self, fn: Callable, out_idx: list[int], target: str, options: dict):
+
+class JitFunction:
+    """What the three styles share: the user's function, target, backend options, pass configs."""
+    mode = ""
+
+    def __init__(self, fn: Callable, out_idx: list[int], target: str, options: dict,
+                 pass_configs: dict):
         self.fn, self.out_idx, self.target, self.options = fn, out_idx, target, options
+        self.pass_configs = pass_configs
+        self.param_names = list(inspect.signature(fn).parameters)
         self._kernels: dict = {}
         self.__doc__, self.__name__ = fn.__doc__, fn.__name__
+        self.__wrapped__ = fn
+
+    def with_pass_configs(self, extra: dict):
+        """The same function compiled with ``extra`` merged over this one's pass configs."""
+        return type(self)(self.fn, self.out_idx, self.target, self.options,
+                          {**self.pass_configs, **extra})
+
+    def _compile(self, src: KernelSource, target: str, **how) -> Kernel:
+        return compile_kernel(src, target_name=target, out_idx=how.pop("out_idx", self.out_idx),
+                              options=self.options, pass_configs=self.pass_configs, **how)
+
+    def get_kernel_source(self, *args, **kwargs) -> str:
+        return self.compile(*args, **kwargs).get_kernel_source()
+
+    def par_compile(self, configs: Sequence, num_workers: Optional[int] = None) -> list[Kernel]:
+        """``compile`` for each config (a dict of keywords or a tuple of positional arguments),
+        in parallel threads; the kernels in the configs' order. The first compiles on this
+        thread: Triton's first import is not safe from several threads at once."""
+        def one(c):
+            return self.compile(**c) if isinstance(c, dict) else self.compile(*c)
+        if not configs:
+            return []
+        first = one(configs[0])
+        with ThreadPoolExecutor(max_workers=num_workers) as pool:
+            return [first] + list(pool.map(one, configs[1:]))
+
+
+class KernelFactory(JitFunction):
+    """Factory style: ``factory(*args)`` -> compiled ``Kernel`` (cached per argument set)."""
+    mode = "factory"
 
     def __call__(self, *args, **kwargs) -> Kernel:
         try:
@@ -84,40 +150,182 @@ class KernelFactory:
         if not isinstance(prim, KernelSource):
             raise TypeError(f"'{self.fn.__name__}' must return a @T.prim_func kernel, got "
                             f"{type(prim).__name__}")
-        k = compile_kernel(prim, target_name=self.target, out_idx=self.out_idx, options=self.options)
+        k = self._compile(prim, self.target)
         if key is not None:
             self._kernels[key] = k
         return k
 
+    compile = __call__
 
-class DirectKernel:
+
+class EagerKernel(JitFunction):
+    """Eager style (see the module docstring). Parameters are runtime (declared in the body) or
+    build-time; a keyword that is no parameter must be a ``T.const`` name (TileLang accepts any
+    keyword silently; a misspelled one is an error here)."""
+    mode = "eager"
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.signature = inspect.signature(self.fn)
+        self._src: Optional[KernelSource] = None
+        self._eager: Optional[eager.EagerSignature] = None
+
+    @property
+    def src(self) -> KernelSource:
+        """Parsed at the first compile, so module globals defined after the function are seen
+        (as in TileLang, their values are frozen into each kernel, not part of its key)."""
+        if self._src is None:
+            self._src = kernel_source(self.fn)
+            self._eager = eager.signature(self._src)
+        return self._src
+
+    @property
+    def eager_signature(self) -> eager.EagerSignature:
+        self.src   # noqa: B018  (parses the source and the signature once)
+        return self._eager
+
+    def __call__(self, *args, **kwargs):
+        """Compile (cached) and run on the call's tensors: one output, a list, or ``[]``."""
+        kernel, inputs = self._prepare(args, kwargs, need_inputs=True)
+        out = kernel(*inputs)
+        return [] if out is None else out
+
+    def compile(self, *args, **kwargs) -> Kernel:
+        """The kernel for these arguments, not run; tensors may be left out when every
+        ``T.const`` is given by keyword. The kernel takes the runtime parameters only."""
+        return self._prepare(args, kwargs, need_inputs=False)[0]
+
+    def kernel_inputs(self, *args, **kwargs) -> list:
+        """The call's arguments the compiled kernel takes (tensors and runtime scalars)."""
+        return self._bind(args, kwargs, need_inputs=True)[2]
+
+    def _prepare(self, args, kwargs, need_inputs: bool) -> tuple[Kernel, list]:
+        constants, consts, inputs = self._bind(args, kwargs, need_inputs)
+        target = self._target(inputs)
+        key = (targets.resolve(target)[0], _freeze([constants[p] for p in sorted(constants)]),
+               tuple(sorted(consts.items())))
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            sig, src = self.eager_signature, self.src
+            names = {**self.fn.__globals__, **src.names}
+
+            def build(debug: bool, target: str) -> ir.Kernel:
+                return eager.build_eager(src, names, constants, consts, sig, debug=debug,
+                                         target=target)
+            n_in = len(sig.runtime)
+            kernel = self._compile(src, target, build=build,
+                                   user_params=list(sig.runtime) + list(sig.outputs),
+                                   out_idx=list(range(n_in, n_in + len(sig.outputs))))
+            self._kernels[key] = kernel
+        return kernel, inputs
+
+    def _bind(self, args, kwargs, need_inputs: bool) -> tuple[dict, dict, list]:
+        """(build-time values by parameter, T.const values, runtime arguments in order)."""
+        sig = self.eager_signature
+        extra = {k: v for k, v in kwargs.items() if k not in sig.params}
+        unknown = sorted(k for k in extra if k not in sig.consts)
+        if unknown:
+            raise TypeError(f"{self.__name__}() got unexpected keyword argument(s) "
+                            f"{', '.join(unknown)}; its parameters are {', '.join(sig.params)}"
+                            + (f" and its T.const names {', '.join(sig.consts)}" if sig.consts else ""))
+        try:
+            bound = self.signature.bind_partial(*args, **{k: v for k, v in kwargs.items()
+                                                          if k in sig.params})
+        except TypeError as e:
+            raise TypeError(f"{self.__name__}(): {e}") from None
+        bound.apply_defaults()
+        given = bound.arguments
+        constants = {}
+        for p in sig.params:
+            if p in sig.runtime:
+                continue
+            if p not in given:
+                raise TypeError(f"{self.__name__}() is missing the build parameter '{p}'")
+            constants[p] = given[p]
+        absent = [p for p in sig.runtime if p not in given]
+        if need_inputs and absent:
+            raise TypeError(f"{self.__name__}() is missing the argument(s) {', '.join(absent)}")
+        consts = {c: self._const_value(c, extra, given) for c in sig.consts}
+        return constants, consts, [given[p] for p in sig.runtime if p in given]
+
+    def _const_value(self, name: str, extra: dict, given: dict) -> int:
+        if name in extra:
+            value = extra[name]
+        else:
+            source = self.eager_signature.const_sources.get(name)
+            if source is None:
+                raise ValueError(f"{self.__name__}(): T.const '{name}' is not a whole dimension "
+                                 f"of any declared tensor; give it by keyword ({name}=...)")
+            param, dim = source
+            tensor = given.get(param)
+            if tensor is None:
+                raise ValueError(f"{self.__name__}(): cannot find a value for T.const '{name}': "
+                                 f"pass '{param}' or give {name}=...")
+            if not hasattr(tensor, "shape") or len(tensor.shape) <= dim:
+                raise ValueError(f"{self.__name__}(): '{param}' must be a tensor with at least "
+                                 f"{dim + 1} dimensions (T.const '{name}' is its dimension {dim})")
+            value = tensor.shape[dim]
+        if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
+            raise TypeError(f"{self.__name__}(): T.const '{name}' must be an int, got {value!r}")
+        return int(value)
+
+    def _target(self, inputs: list) -> str:
+        """``"auto"`` follows the tensors: CPU tensors run on the interpreter."""
+        if self.target != "auto":
+            return self.target
+        devices = {t.device.type for t in inputs if hasattr(t, "device")}
+        return "interpret" if devices == {"cpu"} else "auto"
+
+
+def _freeze(value):
+    """A hashable form of a build-time value (lists, dicts and sets included)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return frozenset(_freeze(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"build-time argument {value!r} is not hashable") from None
+    return value
+
+
+class DirectKernel(JitFunction):
     """Direct style: ``kernel(*tensors)`` specializes on dtypes, named dims and constants."""
+    mode = "direct"
 
-    def __init__(self, fn: Callable, out_idx: list[int], target: str, options: dict):
-        self.fn, self.out_idx, self.target, self.options = fn, out_idx, target, options
-        self.src = kernel_source(fn)
-        sig = inspect.signature(fn, eval_str=True)
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.src = kernel_source(self.fn)
+        sig = inspect.signature(self.fn, eval_str=True)
         self.params = list(sig.parameters.values())
         # out_idx indexes the runtime parameters (tensors and runtime scalars), not constants.
         self.runtime = [p for p in self.params if _is_runtime(p)]
         n = len(self.runtime)
-        for i in out_idx:
+        for i in self.out_idx:
             if not -n <= i < n:
                 raise ValueError(f"out_idx {i} is out of range for a kernel with {n} tensor/scalar "
                                  f"parameters")
-        self.outputs = {self.runtime[i % n].name for i in out_idx}
-        self._kernels: dict = {}
-        self.__doc__, self.__name__ = fn.__doc__, fn.__name__
+        self.outputs = {self.runtime[i % n].name for i in self.out_idx}
 
     def __call__(self, *args, **constants):
+        return self.compile(*args, **constants)(*self.kernel_inputs(*args))
+
+    def compile(self, *args, **constants) -> Kernel:
+        """The kernel specialized for these arguments (tensors give dtypes and named dims)."""
         key, specs, names = self._specialize(args, constants)
         k = self._kernels.get(key)
         if k is None:
-            k = compile_kernel(self.src, target_name=self.target, out_idx=self.out_idx,
-                               param_specs=specs, extra_names=names, options=self.options,
-                               user_params=[p.name for p in self.runtime])
+            k = self._compile(self.src, self.target, param_specs=specs, extra_names=names,
+                              user_params=[p.name for p in self.runtime])
             self._kernels[key] = k
-        return k(*self._runtime_args(args))
+        return k
+
+    def kernel_inputs(self, *args, **_constants) -> list:
+        """The call's arguments the compiled kernel takes (tensors and runtime scalars)."""
+        return self._runtime_args(args)
 
     def _inputs(self):
         return [p for p in self.params if p.name not in self.outputs]

@@ -5,8 +5,9 @@ identifiers through one table, so user names, strides and temporaries never coll
 with Python keywords or with the names the module itself uses. It also tracks which integer
 variables are non-negative by construction (block indices, runtime dims, loop indices counting up
 from a non-negative start), so ``//`` and ``%`` can be spelled natively where Python's and
-Triton's rounding agree. ``host_expr`` spells a grid extent as host Python (the ``<kernel>_grid``
-function both modules end with).
+Triton's rounding agree, and whether fp32 division and square root take their IEEE-rounded
+forms (``ieee_rounded``: unless the compile asked for fast math). ``host_expr`` spells a grid
+extent as host Python (the ``<kernel>_grid`` function both modules end with).
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ NONNEG_OPS = (ir.BinOpKind.ADD, ir.BinOpKind.MUL, ir.BinOpKind.FLOORDIV, ir.BinO
 
 
 class SourceWriter:
-    def __init__(self, kernel: ir.Kernel, reserved: set[str]):
+    def __init__(self, kernel: ir.Kernel, reserved: set[str], fast_math: bool = False):
         self.kernel = kernel
+        self.fast_math = fast_math
         self.lines: list[str] = []
         self.depth = 0
         self._names: dict[str, str] = {}
@@ -33,6 +35,12 @@ class SourceWriter:
         # block indices, their definitions (tile coordinates) and runtime dims are never negative
         self.nonneg: set[ir.Var] = set(kernel.block_vars) | {v for v, _ in kernel.block_defs} | {
             d for p in kernel.buffer_params for d in p.shape if isinstance(d, ir.Var)}
+
+    def ieee_rounded(self, dtype: ir.DType) -> bool:
+        """Whether a division or square root computed in ``dtype`` is spelled in its IEEE-rounded
+        form (``div_rn``, ``sqrt_rn``: fp32 only) rather than Triton's default approximate one
+        (``div.full.f32``, ``sqrt.approx.f32``): yes for fp32 unless fast math was asked for."""
+        return dtype is ir.DType.F32 and not self.fast_math
 
     # -- names -------------------------------------------------------------------------------------
     def name(self, ir_name: str) -> str:

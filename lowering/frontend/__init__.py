@@ -92,19 +92,25 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
                 # Python evaluated the annotation at definition, in the scope that saw every name
                 # it uses (the body's closure may not hold them); only string annotations remain.
                 ann = src.fn.__annotations__.get(a.arg)
-                spec = ann if ann is not None and not isinstance(ann, str) else v.eval(a.annotation)
+                unevaluated = ann is None or (isinstance(ann, str) and not isinstance(ann, ir.DType))
+                spec = v.eval(a.annotation) if unevaluated else ann
             else:
                 raise v.error(f"parameter '{a.arg}' needs an annotation (T.Tensor(shape, dtype) or a "
                               f"scalar dtype)")
             v.bind(a.arg, _param_value(a.arg, spec, v))
         v.visit_body(src.tree.body)
-        if b.kernel is None or "body" not in b.kernel:
-            v._at(src.tree)
-            raise v.error(f"kernel '{src.name}' has no `with T.Kernel(...)` block")
-        k = b.kernel
-        return ir.Kernel(src.name, tuple(b.params), k["grid"], k["block_vars"], k["threads"],
-                         k["body"], b.swizzle_panel, fp8_promote_every=b.fp8_promote_every,
-                         loc=k["loc"])
+        v._at(src.tree)
+        return finish_kernel(b, src.name)
+
+
+def finish_kernel(b: Builder, name: str) -> ir.Kernel:
+    """The kernel ``b`` built (its parameters in creation order); an error at the current
+    location when the function had no ``T.Kernel`` block."""
+    if b.kernel is None or "body" not in b.kernel:
+        raise CompileError(f"kernel '{name}' has no `with T.Kernel(...)` block", b.loc)
+    k = b.kernel
+    return ir.Kernel(name, tuple(b.params), k["grid"], k["block_vars"], k["threads"], k["body"],
+                     b.swizzle_panel, fp8_promote_every=b.fp8_promote_every, loc=k["loc"])
 
 
 class Macro:

@@ -33,6 +33,7 @@ class Builder:
         self.debug = False                          # TILEWS_DEBUG_FRONTEND: raw errors
         self.target = ""                            # the target's name, "" when not known
         self.fp8_promote_every = 0                  # see ir.Kernel.fp8_promote_every
+        self.eager = None                           # frontend.eager.EagerState in an eager build
 
     def unique(self, name: str) -> str:
         n = self._names.get(name, 0)
@@ -65,6 +66,10 @@ class Builder:
             raise CompileError("tile operations must be inside `with T.Kernel(...)`", self.loc)
         at = max((i + 1 for i, t in enumerate(body) if isinstance(t, ir.Alloc)), default=0)
         body.insert(at, s)
+
+    def nested(self) -> bool:
+        """Whether statements are being built inside a loop, branch or role of the kernel body."""
+        return self.kernel_body is not None and self._stack[-1] is not self.kernel_body
 
 
 def builder() -> Builder:

@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 from .. import dtypes, ir, schedule
 from ..errors import CompileError
 from ..roles import describe
+from ..traverse import walk
+from . import block_wide
 from .context import builder, current_loc
 from .values import BufferRef, ElementRef, RegionRef, Scalar, promote, to_expr
 
@@ -24,19 +26,15 @@ def err(msg: str, notes: Sequence[str] = ()) -> CompileError:
 # dtypes
 
 
-def as_dtype(x, what: str = "dtype") -> ir.DType:
-    """A DType from a DType, a TileLang/numpy name, or a torch dtype."""
+def as_dtype(x) -> ir.DType:
+    """A DType from anything ``T.dtype`` accepts (a DType, a TileLang/numpy name, a torch or numpy
+    dtype, ``bool``/``int``/``float``)."""
     if isinstance(x, ir.DType):
         return x
-    if isinstance(x, str):
-        dt = ir.DTYPE_ALIASES.get(x)
-        if dt is None:
-            raise err(f"unknown {what} '{x}'; known: {', '.join(sorted(ir.DTYPE_ALIASES))}")
-        return dt
-    if getattr(x, "__module__", "") == "torch" and dtypes.from_torch(x) is not None:
-        return dtypes.from_torch(x)
-    raise err(f"{what} must be a tilews dtype (T.float16, ...), a dtype name or a torch dtype, "
-              f"got {x!r}")
+    try:
+        return ir.DType(x)
+    except ValueError as e:
+        raise err(str(e)) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,7 +140,7 @@ class KernelFrame(Frame):
     def exit(self, body):
         b = builder()
         b._stack.pop()
-        b.kernel["body"] = _block(body)
+        b.kernel["body"] = _block(block_wide.assign(body, b.unique))
         b.kernel["loc"] = self.loc
 
 
@@ -200,8 +198,13 @@ class LoopFrame(Frame):
         return Scalar(self.var)
 
     def exit(self, body):
-        builder().emit(ir.For(self.var, self.start, self.stop, self.step, self.kind, _block(body),
-                              self.num_stages, self.loc))
+        kind, stages = self.kind, self.num_stages
+        if kind is ir.ForKind.PIPELINED and any(isinstance(t, ir.Role) for s in body for t in walk(s)):
+            # explicit roles are the loop's pipeline (TileLang's warp-specialized examples): there
+            # is nothing left for num_stages to plan, and a pipelined loop is a serial one
+            kind, stages = ir.ForKind.SERIAL, 0
+        builder().emit(ir.For(self.var, self.start, self.stop, self.step, kind, _block(body),
+                              stages, self.loc))
 
 
 class PersistentFrame(Frame):
@@ -285,8 +288,9 @@ def emit_if(cond: Scalar, then: list[ir.Stmt], orelse: list[ir.Stmt], loc: ir.Lo
 
 
 def alloc(shape, dtype, scope: ir.Scope, name: Optional[str], hoist: bool = False) -> BufferRef:
-    """``hoist``: place the allocation with the kernel body's allocations, wherever it is built
-    (a buffer an operation needs for itself inside a loop)."""
+    """Allocations are kernel-scoped, as in TileLang: one made inside a loop, branch or role is
+    placed with the kernel body's allocations, so every later statement of any role sees it.
+    ``hoist`` places it there from the kernel body too."""
     b = builder()
     if b.parallel_vars:
         raise err("buffers cannot be allocated inside T.Parallel")
@@ -299,11 +303,16 @@ def alloc(shape, dtype, scope: ir.Scope, name: Optional[str], hoist: bool = Fals
     buf = ir.Buffer(b.unique(name or f"{scope.value}_buf"), tuple(ir.Const(d, ir.DType.I32, current_loc())
                                                              for d in shape),
                     dt, scope, (), current_loc())
-    if hoist:
-        b.hoist_alloc(ir.Alloc(buf, current_loc()))
-    else:
-        b.emit(ir.Alloc(buf, current_loc()))
+    _place(ir.Alloc(buf, current_loc()), hoist)
     return BufferRef(buf)
+
+
+def _place(a: ir.Alloc, hoist: bool = False) -> None:
+    b = builder()
+    if hoist or b.nested():
+        b.hoist_alloc(a)
+    else:
+        b.emit(a)
 
 
 def alloc_barriers(counts: Sequence[int], name: Optional[str]) -> BufferRef:
@@ -313,7 +322,7 @@ def alloc_barriers(counts: Sequence[int], name: Optional[str]) -> BufferRef:
             raise err(f"barrier arrive counts must be positive ints (threads), got {c!r}")
     buf = ir.Buffer(b.unique(name or "mbar"), (ir.Const(len(counts), ir.DType.I32, current_loc()),),
                     ir.DType.I64, ir.Scope.BARRIER, tuple(counts), current_loc())
-    b.emit(ir.Alloc(buf, current_loc()))
+    _place(ir.Alloc(buf, current_loc()))
     return BufferRef(buf)
 
 
@@ -418,14 +427,36 @@ def _tile_op(what: str) -> None:
 def copy(src, dst, barrier=None) -> None:
     _tile_op("T.copy")
     s, d = _pair(src, dst, "T.copy")
+    _emit_copy(s, d, barrier, "T.copy")
+
+
+def tma_copy(src, dst, barrier) -> None:
+    """TileLang's split-phase copy: global -> shared completes on ``barrier`` (required), shared ->
+    global is a plain store."""
+    _tile_op("T.tma_copy")
+    s, d = _pair(src, dst, "T.tma_copy")
+    route = (s.buffer.scope, d.buffer.scope)
+    if route == (ir.Scope.GLOBAL, ir.Scope.SHARED) and barrier is None:
+        raise err("T.tma_copy from global to shared memory needs barrier=...: the barrier whose "
+                  "current phase the load completes on")
+    if route == (ir.Scope.SHARED, ir.Scope.GLOBAL) and barrier is not None:
+        raise err("T.tma_copy from shared to global memory takes no barrier (a store completes "
+                  "on no barrier)")
+    if route not in ((ir.Scope.GLOBAL, ir.Scope.SHARED), (ir.Scope.SHARED, ir.Scope.GLOBAL)):
+        raise err(f"T.tma_copy copies global -> shared or shared -> global memory, not "
+                  f"{s.buffer.scope.value} -> {d.buffer.scope.value}; use T.copy")
+    _emit_copy(s, d, barrier, "T.tma_copy")
+
+
+def _emit_copy(s: ir.Region, d: ir.Region, barrier, what: str) -> None:
     if d.buffer.scope is ir.Scope.BARRIER or s.buffer.scope is ir.Scope.BARRIER:
-        raise err("T.copy cannot copy barriers")
+        raise err(f"{what} cannot copy barriers")
     bar = None
     if barrier is not None:
-        bar = barrier_ref(barrier, "T.copy(barrier=...)")
+        bar = barrier_ref(barrier, f"{what}(barrier=...)")
         if not (s.buffer.scope is ir.Scope.GLOBAL and d.buffer.scope is ir.Scope.SHARED):
-            raise err("T.copy(barrier=...) completes asynchronously and is only for global -> "
-                      "shared copies")
+            raise err(f"{what}(barrier=...) completes asynchronously and is only for global -> "
+                      f"shared copies")
     builder().emit(ir.Copy(s, d, bar, ir.CopyMechanism.UNDECIDED, current_loc()))
 
 
@@ -538,7 +569,7 @@ def barrier_wait(bar, parity) -> None:
 
 def use_swizzle(panel: int) -> None:
     if not isinstance(panel, int) or panel <= 0:
-        raise err(f"T.use_swizzle(panel) takes a positive int, got {panel!r}")
+        raise err(f"T.use_swizzle(panel_size) takes a positive int, got {panel!r}")
     builder().swizzle_panel = panel
 
 
@@ -569,11 +600,29 @@ def math_call(fn: ir.MathFn, *args):
 
 
 def cast(x, dtype) -> Scalar:
+    """``x`` as ``dtype``: a Python number becomes a constant of that type (converted as a C cast
+    would: float -> int truncates), a runtime value is converted."""
     dt = as_dtype(dtype)
+    if isinstance(x, (bool, int, float)):
+        return Scalar(ir.Const(_number_as(x, dt), dt, current_loc()))
     e = to_expr(x, None)
     if e.dtype == dt:
         return Scalar(e)
     return Scalar(ir.Cast(e, dt, current_loc()))
+
+
+def _number_as(x, dt: ir.DType):
+    if dt.is_float:
+        return float(x)
+    if dt is ir.DType.BOOL:
+        return bool(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        raise err(f"{x} has no {dt} value")
+    v = int(x)
+    lo, hi = (0, 2 ** dt.bits) if dt.record.kind == "uint" else (-2 ** (dt.bits - 1), 2 ** (dt.bits - 1))
+    if not lo <= v < hi:
+        raise err(f"{x} is out of range for {dt} [{lo}, {hi - 1}]")
+    return v
 
 
 def select(cond, a, b):

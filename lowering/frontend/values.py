@@ -19,8 +19,8 @@ PyNum = Union[int, float, bool]
 
 _FLOAT_RANK = {ir.DType.F8E5M2: 0, ir.DType.F8E4M3: 0, ir.DType.BF16: 1, ir.DType.F16: 1,
                ir.DType.F32: 2, ir.DType.F64: 3}
-_INT_RANK = {ir.DType.BOOL: 0, ir.DType.I8: 1, ir.DType.U8: 1, ir.DType.I16: 2, ir.DType.I32: 3,
-             ir.DType.I64: 4}
+_INT_RANK = {ir.DType.BOOL: 0, ir.DType.I8: 1, ir.DType.U8: 1, ir.DType.I16: 2, ir.DType.U16: 2,
+             ir.DType.I32: 3, ir.DType.U32: 3, ir.DType.I64: 4, ir.DType.U64: 4}
 
 
 def promote(a: ir.DType, b: ir.DType) -> ir.DType:
@@ -118,6 +118,11 @@ class Scalar:
         from ..printer import expr
         return f"Scalar({expr(self.expr)})"
 
+    def astype(self, dtype) -> "Scalar":
+        """``T.cast(self, dtype)`` (TileLang's method spelling)."""
+        from .semantic import cast
+        return cast(self, dtype)
+
     # arithmetic -------------------------------------------------------------------------------
     def __add__(self, o): return binary(ir.BinOpKind.ADD, self, o)
     def __radd__(self, o): return binary(ir.BinOpKind.ADD, o, self)
@@ -200,9 +205,15 @@ class BufferRef:
                 stop = dim if i.stop is None else to_expr(i.stop)
                 ext = _static_extent(start, stop)
                 if ext is None:
-                    raise CompileError(f"the extent of slice {d} of '{b.name}' must be known at "
-                                       f"build time (write A[i:i+n] with n a constant)",
-                                       current_loc())
+                    from ..printer import expr
+                    raise CompileError(f"slice {expr(to_expr(start))}:{expr(stop)} of dimension "
+                                       f"{d} of '{b.name}' has an extent (stop - start) that is not "
+                                       f"a build-time constant", current_loc(),
+                                       ["write A[i:i + n] or A[k * n:(k + 1) * n] with n a "
+                                        "constant"])
+                if ext <= 0:
+                    raise CompileError(f"slice of dimension {d} of '{b.name}' has extent {ext}; "
+                                       f"it must be positive", current_loc())
                 starts.append(to_expr(start, ir.DType.I32))
                 extents.append(ext)
             else:

@@ -17,7 +17,7 @@ from .. import ir
 from ..errors import CompileError
 from . import semantic
 from .context import Builder
-from .values import ElementRef, Scalar, binary, compare, logical_not
+from .values import BufferRef, ElementRef, Scalar, binary, compare, logical_not
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
@@ -37,6 +37,11 @@ def _kernel_builtins() -> dict[str, Any]:
             "max": lambda *a: semantic.math_call(ir.MathFn.MAX, *a) if len(a) > 1 else builtins.max(*a),
             "min": lambda *a: semantic.math_call(ir.MathFn.MIN, *a) if len(a) > 1 else builtins.min(*a),
             "abs": lambda x: semantic.math_call(ir.MathFn.ABS, x)}
+
+
+def _is_allocation(value) -> bool:
+    """A buffer the kernel allocated (not a tensor parameter)."""
+    return isinstance(value, BufferRef) and value.buffer.scope is not ir.Scope.GLOBAL
 
 
 class _Binding:
@@ -129,14 +134,17 @@ class KernelVisitor:
 
     def bind(self, name: str, value: Any) -> None:
         old = self.local.get(name)
-        if old is not None and old.depth < self.depth:
+        # a name given a new buffer names it from here on, at build time (kernel-scoped)
+        if old is not None and old.depth < self.depth and not _is_allocation(value):
             raise self.error(f"'{name}' (bound at line {old.line}) is reassigned inside a runtime "
                              f"loop or branch; a Python name cannot change at run time",
                              ["use a T.alloc_local buffer for values that change across iterations"])
         self.local[name] = _Binding(value, self.depth, self.b.loc.line)
 
     def runtime_body(self, stmts: list[ast.stmt]) -> list[ir.Stmt]:
-        """Visit statements that form an IR body; names bound inside go out of scope after."""
+        """Visit statements that form an IR body; names bound inside go out of scope after,
+        except buffers allocated there (allocations are kernel-scoped, as in TileLang:
+        ``semantic.alloc`` places them with the kernel body's)."""
         before = set(self.local)
         self.depth += 1
         try:
@@ -144,9 +152,17 @@ class KernelVisitor:
                 self.visit_body(stmts)
         finally:
             self.depth -= 1
-        for name in set(self.local) - before:
-            self.scoped_out[name] = self.local.pop(name).line
+        self._scope_out(before)
         return body
+
+    def _scope_out(self, before: set) -> None:
+        """Unbind the names bound since ``before``, keeping allocated buffers (at this depth)."""
+        for name in set(self.local) - before:
+            binding = self.local[name]
+            if _is_allocation(binding.value):
+                binding.depth = self.depth
+            else:
+                self.scoped_out[name] = self.local.pop(name).line
 
     def assign(self, target: ast.expr, value: Any) -> None:
         if isinstance(target, ast.Name):
@@ -183,7 +199,13 @@ class KernelVisitor:
 
     def stmt_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is None:
-            raise self.error("annotated names without a value are not supported in kernels")
+            if self._eager_top_level() and isinstance(node.target, ast.Name) \
+                    and node.target.id in self.b.eager.runtime:
+                from .eager import declare
+                self.bind(node.target.id, declare(node.target.id, self.eval(node.annotation)))
+                return
+            raise self.error("annotated names without a value are not supported in kernels "
+                             "(an eager function declares its parameters so, before T.Kernel)")
         self.b.name_hint = node.target.id if isinstance(node.target, ast.Name) else None
         try:
             value = self.eval(node.value)
@@ -257,8 +279,7 @@ class KernelVisitor:
             self.assign(node.target, value)
             self.depth -= 1
             body = self.runtime_body(node.body)
-            for name in set(self.local) - before:
-                self.scoped_out[name] = self.local.pop(name).line
+            self._scope_out(before)
             self.b.loc = loc
             it.exit(body)
             return
@@ -279,7 +300,17 @@ class KernelVisitor:
             return [t.id if isinstance(t, ast.Name) else None for t in target.elts]
         return [None]
 
+    def _eager_top_level(self) -> bool:
+        """At the top of an eager function's body, outside the T.Kernel block."""
+        return (self.b.eager is not None and not self.macro and self.depth == 0
+                and self.b.kernel_body is None)
+
     def stmt_Return(self, node) -> None:
+        in_kernel = self.b.kernel is not None and "body" not in self.b.kernel
+        if self.b.eager is not None and not self.macro and self.depth == 0 and not in_kernel:
+            from .eager import record_return
+            record_return(None if node.value is None else self.eval(node.value))
+            return
         if not self.macro:
             raise self.error("a kernel body cannot return a value; write results to output tensors")
         if self.depth:

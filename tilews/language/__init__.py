@@ -1,18 +1,20 @@
 """The tilews tile language: ``import tilews.language as T``."""
-from .copy import copy
-from .elementwise import (abs, atomic_add, cast, ceildiv, clear, exp, exp2, fill, if_then_else,
-                          infinity, log, log2, max, min, rsqrt, sqrt)
+from .copy import copy, tma_copy
+from .eager import const, empty
+from .elementwise import (Cast, abs, atomic_add, cast, ceildiv, clear, exp, exp2, fill,
+                          if_then_else, infinity, log, log2, max, min, rsqrt, sqrt)
 from .fp8 import fp8_scaled_matmul
-from .gemm import gemm
+from .gemm import GemmWarpPolicy, gemm
 from .kernel import Kernel, macro, prim_func, use_swizzle, ws
-from .loops import Parallel, Persistent, Pipelined, serial, unroll
+from .loops import (Parallel, Persistent, Pipelined, Serial, Unroll, Vectorized, serial, unroll,
+                    vectorized)
 from .memory import (alloc_barrier, alloc_fragment, alloc_local, alloc_shared,
                      create_list_of_mbarrier, get_mbarrier)
 from .reduce import reduce_abssum, reduce_max, reduce_min, reduce_sum
 from .sync import barrier_arrive, barrier_wait, mbarrier_arrive, mbarrier_wait_parity
-from .types import (Buffer, DType, Tensor, bfloat16, boolean, dynamic, float8_e4m3,
+from .types import (Buffer, DType, Tensor, bfloat16, boolean, dtype, dynamic, float8_e4m3,
                     float8_e4m3fn, float8_e5m2, float16, float32, float64, half, int8, int16,
-                    int32, int64, uint8)
+                    int32, int64, uint8, uint16, uint32, uint64)
 
 bool = boolean  # noqa: A001  (TileLang spelling T.bool)
 float = float32  # noqa: A001  (TileLang's "float")

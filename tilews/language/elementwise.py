@@ -36,6 +36,12 @@ rsqrt = _math(ir.MathFn.RSQRT)
 
 
 def cast(value, dtype):
+    """``value`` converted to ``dtype``; a Python number becomes a constant of that dtype."""
+    return semantic.cast(value, dtype)
+
+
+def Cast(dtype, value):  # noqa: N802  (TileLang's spelling)
+    """``T.cast(value, dtype)`` with TileLang's argument order."""
     return semantic.cast(value, dtype)
 
 
@@ -47,6 +53,14 @@ def infinity(dtype):
     return semantic.infinity(dtype)
 
 
-def atomic_add(dst, value):
-    """``dst += value`` atomically in global memory (an element, or a tile from a buffer)."""
+_MEMORY_ORDERS = (None, "relaxed", "consume", "acquire", "release", "acq_rel", "seq_cst")
+
+
+def atomic_add(dst, value, memory_order=None):
+    """``dst += value`` atomically in global memory (an element, or a tile from a buffer).
+    ``memory_order`` (TileLang's C++ orders) only orders the thread's other memory accesses around
+    the add, which blocks never synchronize on in tilews; the sum is the same for every order."""
+    if memory_order not in _MEMORY_ORDERS:
+        raise semantic.err(f"T.atomic_add(memory_order={memory_order!r}): must be one of "
+                           f"{', '.join(repr(o) for o in _MEMORY_ORDERS[1:])}")
     semantic.atomic_add(dst, value)

@@ -15,6 +15,8 @@ Two forms, told apart by where the call is:
   the tile's rows / columns (fragments of [BM] / [BN]), one-element buffers, or scalar values. The
   product is formed in a fresh accumulator and promoted into C (the k-tile is at most 128 wide), so
   users can write their own fused FP8 kernels.
+
+``determine_fp8_type`` is TileLang's helper naming the FP8 dtype of a format.
 """
 from __future__ import annotations
 
@@ -34,6 +36,21 @@ from .memory import alloc_fragment, alloc_shared
 
 _OUT_DTYPES = (ir.DType.BF16, ir.DType.F16, ir.DType.F32)
 _HINTS = ("block_M", "block_N", "num_stages", "threads")
+
+
+def determine_fp8_type(fp8_format: str = "e4m3") -> ir.DType:
+    """The dtype of an FP8 format: "e4m3" -> ``T.float8_e4m3fn``, "e5m2" -> ``T.float8_e5m2``
+    (NVIDIA's formats; tilews has no ROCm "fnuz" variants)."""
+    formats = {"e4m3": ir.DType.F8E4M3, "e5m2": ir.DType.F8E5M2}
+    if fp8_format not in formats:
+        raise ValueError(f"determine_fp8_type: unsupported FP8 format {fp8_format!r}; use 'e4m3' "
+                         f"or 'e5m2'")
+    return formats[fp8_format]
+
+
+def determine_torch_fp8_type(fp8_format: str = "e4m3"):
+    """``determine_fp8_type(fp8_format)`` as a torch dtype."""
+    return determine_fp8_type(fp8_format).as_torch()
 
 
 def _library_macro(fn):

@@ -1,11 +1,30 @@
-"""Matrix multiply: ``T.gemm``."""
+"""Matrix multiply: ``T.gemm`` and ``T.GemmWarpPolicy``."""
 from __future__ import annotations
+
+import enum
 
 from tilews.lowering.frontend import semantic
 
 
-def gemm(A, B, C, transpose_A: bool = False, transpose_B: bool = False, clear_accum: bool = False,
-         **hints):
+class GemmWarpPolicy(enum.IntEnum):
+    """How TileLang spreads a gemm's warps over the tile (rows, columns or both). A scheduling
+    hint: tilews picks its own partition (docs/ws-semantics.md #3), results never change."""
+    Square = 0
+    FullRow = 1
+    FullCol = 2
+
+
+def gemm(A, B, C, transpose_A: bool = False, transpose_B: bool = False,
+         policy=GemmWarpPolicy.Square, clear_accum: bool = False, k_pack: int = 1,
+         wg_wait: int = 0):
     """``C += op(A) @ op(B)`` (``C = ...`` with ``clear_accum``); A and B in shared memory or
-    fragments, C a fragment. Scheduling hints (``policy=``, ``k_pack=``) never change results."""
+    fragments, C a fragment. ``policy``, ``k_pack`` (AMD's packed matrix cores) and ``wg_wait``
+    (how many wgmma groups may stay in flight) are hints: the result is complete when the next
+    statement runs, whatever their values."""
+    if policy not in tuple(GemmWarpPolicy):
+        raise semantic.err(f"T.gemm(policy={policy!r}): must be a T.GemmWarpPolicy "
+                           f"(Square, FullRow, FullCol)")
+    for name, value, low in (("k_pack", k_pack, 1), ("wg_wait", wg_wait, -1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise semantic.err(f"T.gemm({name}={value!r}): must be an int >= {low}")
     semantic.gemm(A, B, C, transpose_A, transpose_B, clear_accum)

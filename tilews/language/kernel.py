@@ -30,6 +30,15 @@ def ws(*warpgroups: int):
     return semantic.WsFrame(warpgroups)
 
 
-def use_swizzle(panel: int = 8) -> None:
-    """Visit blocks in panels of ``panel`` rows for L2 reuse; never changes results."""
-    semantic.use_swizzle(panel)
+def use_swizzle(panel_size: int, order: str = "row", enable: bool = True) -> None:
+    """Visit blocks in panels of ``panel_size`` rows for L2 reuse; never changes results.
+    ``enable=False`` does nothing. TileLang's other orders ("column", "mlx") are not implemented
+    and are refused."""
+    if order != "row":
+        if order in ("column", "mlx"):
+            raise semantic.err(f"T.use_swizzle(order={order!r}) is not supported; only 'row' "
+                               f"(the visiting order of blocks never changes results)")
+        raise semantic.err(f"T.use_swizzle(order={order!r}): TileLang's orders are 'row', "
+                           f"'column' and 'mlx' (tilews has 'row')")
+    if enable:
+        semantic.use_swizzle(panel_size)

@@ -1,22 +1,41 @@
-"""Loops: ``T.Pipelined``, ``T.serial``, ``T.unroll``, ``T.Parallel``."""
+"""Loops: ``T.Pipelined``, ``T.serial``, ``T.unroll``, ``T.vectorized``, ``T.Parallel``,
+``T.Persistent`` (and TileLang's capitalized aliases ``T.Serial``, ``T.Unroll``, ``T.Vectorized``).
+"""
 from __future__ import annotations
 
 from tilews.lowering import ir
 from tilews.lowering.frontend import semantic
 
 
-def Pipelined(start, stop=None, num_stages: int = 0, **hints):
+def Pipelined(start, stop=None, num_stages: int = 0, order=None, stage=None, sync=None,
+              group=None):
     """A loop whose global -> shared copies are overlapped with compute, ``num_stages`` deep.
-    Hints (``order``, ``stage``, ``group``) never change results."""
+    TileLang's schedule hints ``order``, ``stage``, ``sync`` and ``group`` are accepted; tilews
+    plans the pipeline itself, and no hint changes results. Around explicit ``T.ws`` roles the
+    roles are the pipeline, and the loop is a serial one."""
     return semantic.LoopFrame(ir.ForKind.PIPELINED, start, stop, 1, num_stages)
 
 
 def serial(start, stop=None, step=1):
+    """``for i in T.serial(n)`` / ``(start, stop[, step])``: a sequential loop (``range`` in a
+    kernel is the same)."""
     return semantic.LoopFrame(ir.ForKind.SERIAL, start, stop, step)
 
 
 def unroll(start, stop=None, step=1):
+    """A sequential loop the backend may unroll."""
     return semantic.LoopFrame(ir.ForKind.UNROLL, start, stop, step)
+
+
+def vectorized(start, stop=None):
+    """A loop whose iterations are independent and touch contiguous elements. tilews runs it as
+    a sequential loop (``T.serial``): any order of independent iterations gives the same result,
+    and the body may hold what a serial loop's may (per-thread ``T.alloc_local`` stores, tile
+    operations)."""
+    return semantic.LoopFrame(ir.ForKind.SERIAL, start, stop, 1)
+
+
+Serial, Unroll, Vectorized = serial, unroll, vectorized
 
 
 def Persistent(domain, wave_size, index, group_size: int = 8):

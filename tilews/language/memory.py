@@ -6,8 +6,11 @@ from tilews.lowering.frontend import semantic
 from tilews.lowering.frontend.context import builder
 
 
-def alloc_shared(shape, dtype, scope: str = "shared"):
-    """A tile in shared memory, visible to every thread of the block."""
+def alloc_shared(shape, dtype, scope: str = "shared.dyn"):
+    """A tile in shared memory, visible to every thread of the block. ``scope`` ("shared.dyn" or
+    "shared", TileLang's static/dynamic shared memory) does not matter: tilews plans all of it."""
+    if scope not in ("shared", "shared.dyn"):
+        raise semantic.err(f"T.alloc_shared(scope={scope!r}): must be 'shared.dyn' or 'shared'")
     return semantic.alloc(shape, dtype, ir.Scope.SHARED, builder().name_hint)
 
 

@@ -5,6 +5,7 @@ from tilews.lowering import ir
 from tilews.lowering.frontend import context, semantic
 
 DType = ir.DType
+dtype = ir.DType   # T.dtype(x): the DType of a name, torch/numpy dtype or bool/int/float
 bfloat16 = ir.DType.BF16
 float16 = ir.DType.F16
 half = ir.DType.F16
@@ -15,6 +16,9 @@ int16 = ir.DType.I16
 int32 = ir.DType.I32
 int64 = ir.DType.I64
 uint8 = ir.DType.U8
+uint16 = ir.DType.U16
+uint32 = ir.DType.U32
+uint64 = ir.DType.U64
 boolean = ir.DType.BOOL
 float8_e4m3 = ir.DType.F8E4M3
 float8_e4m3fn = ir.DType.F8E4M3

@@ -29,7 +29,7 @@ class GluonBackend(Backend):
         return None if refusal is None else refusal.reason
 
     def emit(self, lowered: ir.Kernel) -> str:
-        return emit(lowered)
+        return emit(lowered, self.target.fast_math)
 
     def load(self, lowered: ir.Kernel, source: str, options: dict) -> GluonProgram:
         return GluonProgram(source, lowered, self.services.store, triton_version())

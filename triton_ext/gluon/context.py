@@ -23,8 +23,8 @@ _GLUON_NAMES = {"gl", "gluon", "tma", "mbarrier", "fence_async_shared", "warpgro
 
 
 class Ctx(SourceWriter):
-    def __init__(self, kernel: ir.Kernel):
-        super().__init__(kernel, _GLUON_NAMES)
+    def __init__(self, kernel: ir.Kernel, fast_math: bool = False):
+        super().__init__(kernel, _GLUON_NAMES, fast_math)
         plan: AsyncPlan = kernel.plan(AsyncPlan)
         self.plan = plan
         self.fn = self.name(kernel.name)

@@ -53,9 +53,10 @@ _IMPORTS = ["from triton.experimental import gluon",
             "from triton.experimental.gluon.nvidia.hopper import TensorDescriptor"]
 
 
-def emit(kernel: ir.Kernel) -> str:
-    """The module source of a kernel lowered for the Gluon backend."""
-    ctx = Ctx(kernel)   # an InternalError if lowering made no AsyncPlan
+def emit(kernel: ir.Kernel, fast_math: bool = False) -> str:
+    """The module source of a kernel lowered for the Gluon backend. ``fast_math``: fp32 division
+    and square root in Triton's approximate forms (``SourceWriter.ieee_rounded``)."""
+    ctx = Ctx(kernel, fast_math)   # an InternalError if lowering made no AsyncPlan
     if ctx.fn != kernel.name:
         raise InternalError(f"gluon backend: kernel name '{kernel.name}' is a name its generated "
                             f"source needs", kernel.loc)

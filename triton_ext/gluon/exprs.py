@@ -29,6 +29,7 @@ _MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
 _MATH = {ir.MathFn.EXP: "gl.exp", ir.MathFn.EXP2: "gl.exp2", ir.MathFn.LOG: "gl.log",
          ir.MathFn.LOG2: "gl.log2", ir.MathFn.SQRT: "gl.sqrt", ir.MathFn.RSQRT: "gl.rsqrt",
          ir.MathFn.ABS: "gl.abs"}
+_IEEE_ROUNDED = {ir.MathFn.SQRT: "gl.sqrt_rn"}   # where ``ctx.ieee_rounded`` (fp32)
 _LOGICAL = {ir.BinOpKind.LAND: "&", ir.BinOpKind.LOR: "|"}
 
 
@@ -77,6 +78,10 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
         if e.op is ir.BinOpKind.FLOORDIV:
             return f"gl.where({fix}, {q} - 1, {q})"
         return f"gl.where({fix}, {r} + {b}, {r})"
+    if e.op is ir.BinOpKind.DIV and ctx.ieee_rounded(e.dtype):
+        a, b = (x if isinstance(o, ir.Const) or o.dtype == e.dtype
+                else f"gl.cast({x}, {GL_DTYPE[e.dtype]})" for o, x in ((e.a, a), (e.b, b)))
+        return f"gl.div_rn({a}, {b})"
     return f"({a} {e.op.value} {b})"
 
 
@@ -155,9 +160,16 @@ def _call(ctx: Ctx, e: ir.Call) -> str:
     if ctx.par is None:
         raise InternalError(f"gluon backend: no rule for scalar {e.fn.value}() outside T.Parallel", e.loc)
     if e.dtype.bits >= 32:
-        return f"{_MATH[e.fn]}({args[0]})"
+        return f"{_math_fn(ctx, e.fn, e.dtype)}({args[0]})"
     # Gluon's transcendental functions take f32: compute in f32, round to the IR's type
-    return f"{_MATH[e.fn]}({atom(args[0])}.to(gl.float32)).to({GL_DTYPE[e.dtype]})"
+    f32 = _math_fn(ctx, e.fn, ir.DType.F32)
+    return f"{f32}({atom(args[0])}.to(gl.float32)).to({GL_DTYPE[e.dtype]})"
+
+
+def _math_fn(ctx: Ctx, fn: ir.MathFn, computed_in: ir.DType) -> str:
+    if fn in _IEEE_ROUNDED and ctx.ieee_rounded(computed_in):
+        return _IEEE_ROUNDED[fn]
+    return _MATH[fn]
 
 
 def _cast(ctx: Ctx, e: ir.Cast) -> str:

@@ -18,7 +18,7 @@ class TlBackend(Backend):
     name = "tl"
 
     def emit(self, lowered: ir.Kernel) -> str:
-        return emit(lowered)
+        return emit(lowered, self.target.fast_math)
 
     def load(self, lowered: ir.Kernel, source: str, options: dict) -> TlProgram:
         return TlProgram(source, lowered, self.services.store, self.target.triton_interpreter)

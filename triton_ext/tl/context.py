@@ -36,8 +36,8 @@ class ParallelFrame:
 
 
 class Ctx(SourceWriter):
-    def __init__(self, kernel: ir.Kernel):
-        super().__init__(kernel, _RESERVED)
+    def __init__(self, kernel: ir.Kernel, fast_math: bool = False):
+        super().__init__(kernel, _RESERVED, fast_math)
         self.par: Optional[ParallelFrame] = None
         self.scalars = {s.buffer for s in _allocs(kernel) if _is_scalar_local(s.buffer)}
         self.runtime: set[ir.Var] = set(kernel.block_vars) | {v for v, _ in kernel.block_defs}

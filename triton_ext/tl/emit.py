@@ -29,10 +29,11 @@ from .exprs import (cast, element_ptr, from_parallel, mask_arg, masked_load, one
 
 
 
-def emit(kernel: ir.Kernel) -> str:
+def emit(kernel: ir.Kernel, fast_math: bool = False) -> str:
     """The module source of a kernel lowered for a triton target; the kernel function is named
-    ``kernel.name``."""
-    ctx = Ctx(kernel)
+    ``kernel.name``. ``fast_math``: fp32 division and square root in Triton's approximate forms
+    (``SourceWriter.ieee_rounded``)."""
+    ctx = Ctx(kernel, fast_math)
     fn, grid_fn = ctx.name(kernel.name), ctx.fresh(kernel.name + GRID_SUFFIX)
     if (fn, grid_fn) != (kernel.name, kernel.name + GRID_SUFFIX):
         raise CompileError(f"the triton backend cannot name a kernel '{kernel.name}' (a name its "
@@ -105,8 +106,7 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
         to = "" if src.buffer.dtype == dst.buffer.dtype else f".to({TL_DTYPE[dst.buffer.dtype]})"
         ctx.line(tiles.store(ptr, value + to, mask))
     else:
-        tiles.require_whole(ctx, dst, s.loc)
-        tiles.assign(ctx, dst.buffer, value, shape, src.buffer.dtype)
+        tiles.assign_region(ctx, dst, value, shape, src.buffer.dtype, s.loc)
 
 
 # operand dtype -> accumulator dtypes tl.dot produces, the first being its default
@@ -119,6 +119,7 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
     if s.instr not in (ir.GemmInstr.DOT, ir.GemmInstr.DOT_F32_OPERANDS):
         raise InternalError(f"triton backend: no rule for gemm instruction {s.instr.value}", s.loc)
     upcast = s.instr is ir.GemmInstr.DOT_F32_OPERANDS
+    tiles.require_whole(ctx, s.c, s.loc)
     operands = []
     for r, t in ((s.a, s.transpose_a), (s.b, s.transpose_b)):
         x = tiles.tile_value(ctx, r, s.loc)
@@ -135,9 +136,7 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
 
 
 def _fill(ctx: Ctx, s: ir.Fill) -> None:
-    tiles.require_whole(ctx, s.dst, s.loc)
-    b = s.dst.buffer
-    tiles.assign(ctx, b, spell(ctx, s.value), None, s.value.dtype)
+    tiles.assign_region(ctx, s.dst, spell(ctx, s.value), None, s.value.dtype, s.loc)
 
 
 _REDUCE = {ir.ReduceKind.MAX: ("tl.max", "tl.maximum({}, {})"),
@@ -147,7 +146,7 @@ _REDUCE = {ir.ReduceKind.MAX: ("tl.max", "tl.maximum({}, {})"),
 
 def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
     src, dst = s.src, s.dst
-    x = tiles.tile_value(ctx, ir.Region(src, (ir.const(0),) * len(src.shape), src.static_shape), s.loc)
+    x = tiles.buffer_value(ctx, src)
     x = x if src.dtype == dst.dtype else f"{x}.to({TL_DTYPE[dst.dtype]})"
     fn, combine = _REDUCE[s.kind]
     if s.kind is ir.ReduceKind.ABSSUM:
@@ -160,7 +159,18 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
         ctx.line(f"{part} = {out}")
         out = combine.format(ctx.name(dst.name), part)
         shape = None if dst in ctx.scalars else dst.static_shape
-    tiles.assign(ctx, dst, out, shape, ir.DType.F32 if wide else dst.dtype)
+    tiles.assign(ctx, dst, out, shape, _reduced_dtype(fn, dst.dtype))
+
+
+def _reduced_dtype(fn: str, dt: ir.DType) -> ir.DType:
+    """The dtype Triton's reduction ``fn`` returns for ``dt`` inputs: 16-bit floats are summed in
+    float32 (asked for above), and ``tl.max``/``tl.min`` widen floats below 32 bits to float32 and
+    integers to int32."""
+    if dt.bits >= 32 or dt is ir.DType.BOOL:
+        return dt
+    if dt.is_float:
+        return ir.DType.F32
+    return dt if fn == "tl.sum" else ir.DType.I32
 
 
 def _store(ctx: Ctx, s: ir.Store) -> None:
@@ -175,12 +185,14 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
         return
     axes = parallel_axes(ctx, b, s.indices)
     present = sorted(a for a in axes or () if a is not None)
-    if axes is not None and present == list(range(len(ctx.par.extents))):
+    if axes is not None and all(a in present or n == 1 for a, n in enumerate(ctx.par.extents)):
         value = value_as(ctx, s.value, b.dtype)
         if ctx.par.mask():
             value = f"tl.where({ctx.par.mask()}, {value}, {parallel_view(ctx, b, axes)})"
         else:
             value = f"tl.broadcast_to({value}, {shape_text(ctx.par.extents)})"
+        if len(present) < len(ctx.par.extents):     # the loop's unit axes the store does not use
+            value = f"tl.reshape({value}, {shape_text([ctx.par.extents[a] for a in present])})"
         ctx.line(f"{ctx.name(b.name)} = {from_parallel(ctx, value, b, axes)}")
     elif ctx.par is None:
         x = ctx.name(b.name)
@@ -188,8 +200,8 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
     else:
         raise ctx.unsupported(f"this store into on-chip buffer '{b.name}' inside T.Parallel", s.loc,
                               "inside T.Parallel, store to on-chip buffers at the parallel loop's "
-                              "variables, all of them, each over the buffer's whole extent (any "
-                              "order; 0 on unit dims)")
+                              "variables, all of them but those of extent 1, each over the "
+                              "buffer's whole extent (any order; 0 on unit dims)")
 
 
 def _require_covered(ctx: Ctx, s: ir.Stmt, indices, values) -> None:

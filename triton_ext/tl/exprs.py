@@ -31,6 +31,7 @@ from .context import TL_DTYPE, Ctx, shape_text
 
 _MATH = {ir.MathFn.EXP: "tl.exp", ir.MathFn.EXP2: "tl.exp2", ir.MathFn.LOG: "tl.log",
          ir.MathFn.LOG2: "tl.log2", ir.MathFn.SQRT: "tl.sqrt", ir.MathFn.RSQRT: "tl.rsqrt"}
+_IEEE_ROUNDED = {ir.MathFn.SQRT: "tl.sqrt_rn"}   # where ``ctx.ieee_rounded`` (fp32)
 _MINMAX = {ir.MathFn.MAX: "tl.maximum", ir.MathFn.MIN: "tl.minimum"}
 
 def spell(ctx: Ctx, e: ir.Expr) -> str:
@@ -80,6 +81,8 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
     signed = not (nonneg(ctx, e.a) and nonneg(ctx, e.b))
     if e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and e.dtype.is_int and signed:
         return _floor_divmod(ctx, e.op, a, b, ir.as_int(e.b))
+    if e.op is ir.BinOpKind.DIV and ctx.ieee_rounded(e.dtype):
+        return f"tl.math.div_rn({a}, {b})"
     return f"({a} {e.op.value} {b})"
 
 
@@ -115,9 +118,16 @@ def _call(ctx: Ctx, e: ir.Call) -> str:
     if e.fn is ir.MathFn.ABS:
         return f"tl.abs({args[0]})"
     if e.dtype.bits >= 32:
-        return f"{_MATH[e.fn]}({args[0]})"
+        return f"{_math_fn(ctx, e.fn, e.dtype)}({args[0]})"
     # triton's transcendental functions take f32/f64: compute in f32, round to the IR's type
-    return f"tl.cast({_MATH[e.fn]}(tl.cast({args[0]}, tl.float32)), {TL_DTYPE[e.dtype]})"
+    return f"tl.cast({_math_fn(ctx, e.fn, ir.DType.F32)}(tl.cast({args[0]}, tl.float32)), " \
+           f"{TL_DTYPE[e.dtype]})"
+
+
+def _math_fn(ctx: Ctx, fn: ir.MathFn, computed_in: ir.DType) -> str:
+    if fn in _IEEE_ROUNDED and ctx.ieee_rounded(computed_in):
+        return _IEEE_ROUNDED[fn]
+    return _MATH[fn]
 
 
 def _cast(ctx: Ctx, e: ir.Cast) -> str:
@@ -242,20 +252,24 @@ def parallel_view(ctx: Ctx, b: ir.Buffer, axes: list[Optional[int]]) -> str:
 
 
 def from_parallel(ctx: Ctx, value: str, b: ir.Buffer, axes: list[Optional[int]]) -> str:
-    """A tensor over the loop's axes (covering all of them) converted to ``b``'s layout."""
+    """A tensor over the loop's axes that ``axes`` uses (in loop order) converted to ``b``'s
+    layout."""
     present = [a for a in axes if a is not None]
     if present != sorted(present):
-        value = f"tl.permute({value}, {shape_text(present)})"
+        value = f"tl.permute({value}, {shape_text([sorted(present).index(a) for a in present])})"
     if len(present) != len(axes):
         value = f"tl.reshape({value}, {shape_text(b.static_shape)})"
     return value
 
 
 def one_hot(ctx: Ctx, b: ir.Buffer, indices) -> str:
-    """A mask over ``b``'s shape selecting the element at ``indices``."""
+    """A mask over ``b``'s shape selecting the element at ``indices`` (an index None selects
+    the whole dim)."""
     rank = len(b.static_shape)
     conds = []
     for d, (i, n) in enumerate(zip(indices, b.static_shape)):
+        if i is None:
+            continue
         expand = "" if rank == 1 else f"[{', '.join(':' if k == d else 'None' for k in range(rank))}]"
         conds.append(f"(tl.arange(0, {n}){expand} == {spell(ctx, i)})")
     return " & ".join(conds)

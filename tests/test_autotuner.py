@@ -1,0 +1,323 @@
+"""tilews.autotuner: @autotune above @tilews.jit, and the AutoTuner builder (TileLang's surface).
+
+Small GEMMs on the interpreter. Where a test needs one configuration to be slower, it uses
+16x16 tiles against 64x64 ones: on a 64^3 GEMM the interpreter runs about 10x more statements.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tilews
+import tilews.autotuner as autotuner_pkg
+import tilews.language as T
+from tilews.autotuner import (AutoTuner, AutotuneResult, autotune, get_autotune_inputs,
+                              set_autotune_inputs)
+from tilews.autotuner import tuner as tuner_module
+
+from .helpers import randn
+
+N = 64
+FAST = {"block_M": 64, "block_N": 64, "block_K": 64}
+SLOW = {"block_M": 16, "block_N": 16, "block_K": 16}
+QUICK = dict(warmup=1, rep=3)      # iteration counts: keep the tests fast
+
+
+def matmul(M, N, K, block_M=32, block_N=32, block_K=32, scale=1.0, tag=None):
+    """C = scale * A @ B (``scale`` != 1 makes a configuration wrong on purpose; ``tag`` does
+    nothing: a parameter to leave out of the tuning key)."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float32), B: T.Tensor((K, N), T.float32),
+             C: T.Tensor((M, N), T.float32)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), T.float32)
+            B_s = T.alloc_shared((block_K, block_N), T.float32)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=1):
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[k * block_K, bx * block_N], B_s)
+                T.gemm(A_s, B_s, C_f)
+            for i, j in T.Parallel(block_M, block_N):
+                C_f[i, j] = C_f[i, j] * scale
+            T.copy(C_f, C[by * block_M, bx * block_N])
+    return main
+
+
+def jitted():
+    return tilews.jit(out_idx=[-1], target="interpret")(matmul)
+
+
+def reference(A, B):
+    return A @ B
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Each test tunes into its own empty cache."""
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TILEWS_DISABLE_CACHE", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def no_search(monkeypatch):
+    """Tuning from here on fails the test: only a cache hit or a bypass may answer."""
+    def refuse(*_a, **_k):
+        raise AssertionError("the autotuner searched")
+    monkeypatch.setattr(tuner_module, "search", refuse)
+
+
+def check_gemm(kernel, scale=1.0):
+    a, b = randn(N, N, seed=1), randn(N, N, seed=2)
+    torch.testing.assert_close(kernel(a, b), scale * (a @ b), rtol=1e-5, atol=1e-4)
+
+
+def test_module_exports_tilelang_names():
+    namespace = {}
+    exec("from tilews.autotuner import *", namespace)
+    assert sorted(k for k in namespace if not k.startswith("__")) == [
+        "AutoTuner", "AutotuneResult", "autotune", "get_autotune_inputs", "set_autotune_inputs"]
+    assert sorted(autotuner_pkg.__all__) == sorted(k for k in namespace if not k.startswith("__"))
+
+
+def test_picks_the_fastest_configuration():
+    tuned = autotune(configs=[SLOW, FAST], ref_prog=reference, **QUICK)(jitted())
+    kernel = tuned(N, N, N)
+    assert kernel.config == FAST
+    assert kernel.latency > 0 and kernel.ref_latency > 0
+    check_gemm(kernel)
+    assert tuned(N, N, N) is kernel          # the same call again: the in-memory result
+
+
+def test_configuration_failing_the_reference_check_is_dropped():
+    wrong_but_fast = {**FAST, "scale": 2.0}
+    tuned = autotune(configs=[wrong_but_fast, SLOW], ref_prog=reference, **QUICK)(jitted())
+    kernel = tuned(N, N, N)
+    assert kernel.config == SLOW
+    check_gemm(kernel)
+
+
+def test_manual_check_prog_gets_output_and_reference_lists():
+    seen = []
+
+    def manual_check(outs, refs):
+        seen.append((len(outs), len(refs)))
+        torch.testing.assert_close(outs[0], refs[0], rtol=1e-5, atol=1e-4)
+
+    tuned = autotune(configs=[{**FAST, "scale": 3.0}, SLOW], ref_prog=reference,
+                     manual_check_prog=manual_check, **QUICK)(jitted())
+    assert tuned(N, N, N).config == SLOW
+    assert seen == [(1, 1), (1, 1)]
+
+
+def test_no_configuration_succeeding_is_a_runtime_error_listing_each():
+    configs = [{**FAST, "scale": 2.0}, {**SLOW, "block_K": 0}]
+    tuned = autotune(configs=configs, ref_prog=reference, **QUICK)(jitted())
+    with pytest.raises(RuntimeError) as info:
+        tuned(N, N, N)
+    message = str(info.value)
+    assert "no configuration" in message
+    assert f"{configs[0]}: reference check failed" in message
+    assert f"{configs[1]}: compile failed" in message
+
+
+def test_timeout_drops_a_configuration():
+    def slow_reference(A, B):
+        import time
+        time.sleep(1.0)
+        return A @ B
+
+    tuned = autotune(configs=[FAST], ref_prog=slow_reference, timeout=0.2, **QUICK)(jitted())
+    with pytest.raises(RuntimeError, match=r"timed out after 0.2 s"):
+        tuned(N, N, N)
+
+
+def test_given_configuration_key_bypasses_tuning(no_search):
+    tuned = autotune(configs=[SLOW, FAST], **QUICK)(jitted())
+    by_keyword = tuned(N, N, N, block_M=32)
+    assert by_keyword.latency is None and by_keyword.config is None
+    check_gemm(by_keyword)
+    positional = tuned(N, N, N, 16)            # block_M given positionally
+    assert positional.latency is None
+    check_gemm(positional)
+
+
+def test_unknown_configuration_key_is_a_value_error():
+    with pytest.raises(ValueError, match=r"'blk_M' is not a parameter of 'matmul' "
+                                         r"\(its parameters: M, N, K, block_M"):
+        autotune(configs=[{"blk_M": 32}])(jitted())
+    tuned = autotune(configs=lambda M, N, K: [{"block_m": M}])(jitted())
+    with pytest.raises(ValueError, match="'block_m' is not a parameter"):
+        tuned(N, N, N)
+
+
+def test_decorator_misuse():
+    with pytest.raises(ValueError, match=r"@autotune\(configs="):
+        autotune(jitted())
+    with pytest.raises(TypeError, match=r"stacked above @tilews.jit"):
+        autotune(configs=[FAST])(matmul)
+
+
+def test_callable_configs_receive_the_call_arguments():
+    seen = []
+
+    def configs(M, N, K):
+        seen.append((M, N, K))
+        return [SLOW, {"block_M": M, "block_N": N, "block_K": K}]
+
+    kernel = autotune(configs=configs, **QUICK)(jitted())(N, N, N)
+    assert seen == [(N, N, N)] and kernel.config == FAST
+
+
+def test_do_not_specialize_shares_one_tuning(monkeypatch):
+    searches = []
+    real = tuner_module.search
+    monkeypatch.setattr(tuner_module, "search", lambda *a, **k: searches.append(1) or real(*a, **k))
+    tuned = autotune(configs=[SLOW, FAST], do_not_specialize=["tag"], **QUICK)(jitted())
+    first = tuned(N, N, N, tag="a")
+    assert tuned(N, N, N, tag="b") is first and len(searches) == 1
+    tuned(N, N, 32, tag="a")                   # another shape is another tuning
+    assert len(searches) == 2
+
+
+def test_disk_cache_answers_a_second_tuner(cache_dir, monkeypatch):
+    first = autotune(configs=[SLOW, FAST], **QUICK)(jitted())(N, N, N)
+    records = list((cache_dir / "autotuner").glob("*.json"))
+    assert len(records) == 1
+    stored = json.loads(records[0].read_text())
+    assert stored["config_index"] == 1 and stored["latency"] == first.latency
+
+    compiled = []
+    real = tuner_module.Variants.get
+    monkeypatch.setattr(tuner_module.Variants, "get",
+                        lambda self, pc: compiled.append(1) or real(self, pc))
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the autotuner searched")
+    monkeypatch.setattr(tuner_module, "search", refuse)
+    second = autotune(configs=[SLOW, FAST], **QUICK)(jitted())(N, N, N)
+    assert second is not first and len(compiled) == 1       # only the stored winner compiled
+    assert (second.config, second.latency, second.ref_latency) == (FAST, first.latency, None)
+    check_gemm(second)
+
+
+def test_disk_cache_keys_on_the_call_and_can_be_disabled(cache_dir, monkeypatch):
+    autotune(configs=[SLOW, FAST], **QUICK)(jitted())(N, N, N)
+    autotune(configs=[SLOW, FAST], **QUICK)(jitted())(N, N, 32)   # another call: another record
+    assert len(list((cache_dir / "autotuner").glob("*.json"))) == 2
+    monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1")
+    autotune(configs=[SLOW, FAST], **QUICK)(jitted())(32, N, N)
+    assert len(list((cache_dir / "autotuner").glob("*.json"))) == 2
+
+
+def test_disk_cache_is_bypassed_with_a_reference_program(cache_dir):
+    autotune(configs=[SLOW, FAST], ref_prog=reference, **QUICK)(jitted())(N, N, N)
+    assert not (cache_dir / "autotuner").exists()
+
+
+def test_from_kernel_builder():
+    def factory(block_M=None, block_N=None, block_K=None, scale=1.0):
+        return matmul(N, N, N, block_M, block_N, block_K, scale)
+
+    result = (AutoTuner.from_kernel(kernel=factory, configs=[{**FAST, "scale": 2.0}, SLOW, FAST])
+              .set_compile_args(out_idx=[-1], target="interpret")
+              .set_profile_args(ref_prog=reference)
+              .run(**QUICK))
+    assert isinstance(result, AutotuneResult)
+    assert result.config == FAST and result.latency == result.kernel.latency > 0
+    assert result.ref_latency > 0 and isinstance(result.libcode, str) and result.libcode
+    check_gemm(result.kernel)
+
+
+def test_early_stop_keeps_the_estimate_of_a_clearly_slower_configuration(monkeypatch):
+    launches = []       # per profiler (one per configuration timed): kernel launches it made
+    real = tilews.Kernel.get_profiler
+
+    def counting(kernel, *args, **kwargs):
+        profiler = real(kernel, *args, **kwargs)
+        launches.append(0)
+        slot, launch = len(launches) - 1, profiler.func
+
+        def counted(*inputs):
+            launches[slot] += 1
+            return launch(*inputs)
+        profiler.func = counted
+        return profiler
+    monkeypatch.setattr(tilews.Kernel, "get_profiler", counting)
+
+    kernel = autotune(configs=[FAST, SLOW], early_stop=True, early_stop_factor=2.0,
+                      warmup=1, rep=20)(jitted())(N, N, N)
+    assert kernel.config == FAST
+    fast, slow = launches
+    assert slow < 20 < fast     # FAST timed in full; SLOW stopped after its estimate
+
+    launches.clear()
+    autotune(configs=[FAST, SLOW], warmup=1, rep=20)(jitted())(N, N, N)
+    assert launches[0] == launches[1] > 20
+    with pytest.raises(ValueError, match="early_stop_factor must be >= 1.0"):
+        autotune(configs=[FAST], early_stop=True, early_stop_factor=0.5)
+
+
+def test_per_configuration_pass_configs_reach_with_pass_configs():
+    jit_fn = tilews.jit(out_idx=[-1], target="interpret",
+                        pass_configs={"tl.enable_fast_math": True})(matmul)
+    received = []
+    real = jit_fn.with_pass_configs
+
+    def spy(extra):
+        received.append(extra)
+        return real(extra)
+    jit_fn.with_pass_configs = spy
+    fast_ws = {**FAST, "pass_configs": {"tl.disable_warp_specialized": True}}
+    kernel = autotune(configs=[SLOW, fast_ws], **QUICK)(jit_fn)(N, N, N)
+    assert received == [{"tl.disable_warp_specialized": True}]
+    assert kernel.config == fast_ws
+    check_gemm(kernel)
+
+
+def test_set_autotune_inputs_are_the_benchmark_inputs():
+    a, b = randn(N, N, seed=5), randn(N, N, seed=6)
+    seen = []
+
+    def recording_reference(A, B):
+        seen.append((A.clone(), B.clone()))
+        return A @ B
+
+    assert get_autotune_inputs() is None
+    with set_autotune_inputs(a, b):
+        assert get_autotune_inputs() == [a, b]
+        autotune(configs=[SLOW, FAST], ref_prog=recording_reference, **QUICK)(jitted())(N, N, N)
+    assert get_autotune_inputs() is None
+    assert seen and all(torch.equal(x, a) and torch.equal(y, b) for x, y in seen)
+
+
+def eager_matmul(A, B, block_M=32, block_N=32, block_K=32):
+    M, N, K = T.const("M, N, K")
+    A: T.Tensor((M, K), T.float32)
+    B: T.Tensor((K, N), T.float32)
+    C = T.empty((M, N), T.float32)
+    with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+        A_s = T.alloc_shared((block_M, block_K), T.float32)
+        B_s = T.alloc_shared((block_K, block_N), T.float32)
+        C_f = T.alloc_fragment((block_M, block_N), T.float32)
+        T.clear(C_f)
+        for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=1):
+            T.copy(A[by * block_M, k * block_K], A_s)
+            T.copy(B[k * block_K, bx * block_N], B_s)
+            T.gemm(A_s, B_s, C_f)
+        T.copy(C_f, C[by * block_M, bx * block_N])
+    return C
+
+
+def test_eager_style_tunes_on_the_call_tensors_and_runs():
+    tuned = autotune(configs=[SLOW, FAST], **QUICK)(tilews.jit(target="interpret")(eager_matmul))
+    a, b = randn(N, N, seed=3), randn(N, N, seed=4)
+    a0, b0 = a.clone(), b.clone()
+    torch.testing.assert_close(tuned(a, b), a @ b, rtol=1e-5, atol=1e-4)
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+    kernel = tuned.compile(a, b)
+    assert kernel.config == FAST and kernel.latency > 0
+    torch.testing.assert_close(kernel(a, b), a @ b, rtol=1e-5, atol=1e-4)
