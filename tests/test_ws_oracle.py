@@ -34,7 +34,8 @@ def run_interp(kernel, args, out_index, seed=0):
 
 
 def assert_same_under_schedules(prim, args, out_index, seeds=SEEDS):
-    before = build_kernel(prim)
+    """``prim``: a ``@T.prim_func`` kernel, or the frontend IR of one (``Kernel.ir_before``)."""
+    before = prim if isinstance(prim, ir.Kernel) else build_kernel(prim)
     after = lower(before, HOPPER)
     assert any(isinstance(s, ir.WarpSpecialize) for s in walk(after.body))
     want = run_interp(before, args, out_index)

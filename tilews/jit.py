@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
 from tilews.lowering import ir
+from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import KernelSource, eager, kernel_source, semantic
 
 from . import backends, targets
@@ -92,7 +93,7 @@ def _is_direct(f: Callable) -> bool:
 def _is_eager(f: Callable) -> bool:
     try:
         return eager.is_eager(kernel_source(f).tree)
-    except Exception:   # no readable source: not a kernel body we can parse, so a factory
+    except CompileError:   # no readable source: not a kernel body, so a factory
         return False
 
 

@@ -2,7 +2,8 @@
 factory-style attention forward kernels under ``@autotune`` stacked on
 ``@tilelang.jit(out_idx=[3], pass_configs={PassConfigKey.TL_ENABLE_FAST_MATH: True})``. Called with
 explicit block sizes the tuner is bypassed; called without, it tunes over ``get_configs()``. Both
-layouts run causal and not; bhsd has a KV sequence longer than the query's (a past prefix)."""
+layouts run causal and not; bhsd has a KV sequence longer than the query's (a past prefix)
+and, beyond the examples, lengths that are no multiple of the tile."""
 import functools
 import itertools
 from functools import partial
@@ -235,9 +236,11 @@ def test_mha_fwd_bshd(target, is_causal):
 
 
 @CAUSAL
-def test_mha_fwd_bhsd(target, is_causal):
-    """As bshd, with 64 queries attending to 128 keys (a 64-key past prefix)."""
-    batch, heads, seq_q, seq_kv, dim = 1, 2, 64, 128, 32
+@pytest.mark.parametrize("seq_q, seq_kv", [(64, 128), (100, 100)], ids=["past", "ragged"])
+def test_mha_fwd_bhsd(target, is_causal, seq_q, seq_kv):
+    """As bshd, with 64 queries attending to 128 keys (a 64-key past prefix), and beyond the
+    example with 100 queries and keys (the last query and key tiles partly outside)."""
+    batch, heads, dim = 1, 2, 32
     kernel = flashattn_bhsd_for(target)(batch, heads, seq_q, seq_kv, dim, is_causal, block_M=32,
                                         block_N=32, num_stages=1, threads=128)
     assert kernel.latency is None and kernel.config is None
