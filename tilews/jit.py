@@ -21,6 +21,7 @@ also ``kernel_inputs(...)``: the call's arguments the compiled kernel takes.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
@@ -29,7 +30,7 @@ from tilews.lowering import ir
 from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import KernelSource, eager, kernel_source, semantic
 
-from . import backends, targets
+from . import backends, keys, targets
 from .compiler import compile_kernel
 from .kernel import Kernel
 from .targets import TARGET_NAMES
@@ -124,15 +125,21 @@ class JitFunction:
 
     def par_compile(self, configs: Sequence, num_workers: Optional[int] = None) -> list[Kernel]:
         """``compile`` for each config (a dict of keywords or a tuple of positional arguments),
-        in parallel threads; the kernels in the configs' order. The first compiles on this
-        thread: Triton's first import is not safe from several threads at once."""
+        in parallel threads (``compile_each``); the kernels in the configs' order."""
         def one(c):
             return self.compile(**c) if isinstance(c, dict) else self.compile(*c)
-        if not configs:
-            return []
-        first = one(configs[0])
-        with ThreadPoolExecutor(max_workers=num_workers) as pool:
-            return [first] + list(pool.map(one, configs[1:]))
+        return compile_each(configs, one, num_workers)
+
+
+def compile_each(items: Sequence, compile_one: Callable, max_workers: Optional[int] = None) -> list:
+    """``compile_one(item)`` for each item, in parallel threads, the results in the items' order.
+    The first compiles on this thread: Triton's first import is not safe from several threads at
+    once, so it must be done before the others start."""
+    if not items:
+        return []
+    first = compile_one(items[0])
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        return [first] + list(pool.map(compile_one, items[1:]))
 
 
 class KernelFactory(JitFunction):
@@ -168,22 +175,16 @@ class EagerKernel(JitFunction):
     def __init__(self, *a):
         super().__init__(*a)
         self.signature = inspect.signature(self.fn)
-        self._src: Optional[KernelSource] = None
-        self._eager: Optional[eager.EagerSignature] = None
 
-    @property
+    @functools.cached_property
     def src(self) -> KernelSource:
         """Parsed at the first compile, so module globals defined after the function are seen
         (as in TileLang, their values are frozen into each kernel, not part of its key)."""
-        if self._src is None:
-            self._src = kernel_source(self.fn)
-            self._eager = eager.signature(self._src)
-        return self._src
+        return kernel_source(self.fn)
 
-    @property
+    @functools.cached_property
     def eager_signature(self) -> eager.EagerSignature:
-        self.src   # noqa: B018  (parses the source and the signature once)
-        return self._eager
+        return eager.signature(self.src)
 
     def __call__(self, *args, **kwargs):
         """Compile (cached) and run on the call's tensors: one output, a list, or ``[]``."""
@@ -203,16 +204,13 @@ class EagerKernel(JitFunction):
     def _prepare(self, args, kwargs, need_inputs: bool) -> tuple[Kernel, list]:
         constants, consts, inputs = self._bind(args, kwargs, need_inputs)
         target = self._target(inputs)
-        key = (targets.resolve(target)[0], _freeze([constants[p] for p in sorted(constants)]),
-               tuple(sorted(consts.items())))
+        key = (targets.resolve(target)[0], self._frozen(constants), tuple(sorted(consts.items())))
         kernel = self._kernels.get(key)
         if kernel is None:
             sig, src = self.eager_signature, self.src
-            names = {**self.fn.__globals__, **src.names}
 
             def build(debug: bool, target: str) -> ir.Kernel:
-                return eager.build_eager(src, names, constants, consts, sig, debug=debug,
-                                         target=target)
+                return eager.build_eager(src, constants, consts, sig, debug=debug, target=target)
             n_in = len(sig.runtime)
             kernel = self._compile(src, target, build=build,
                                    user_params=list(sig.runtime) + list(sig.outputs),
@@ -270,27 +268,23 @@ class EagerKernel(JitFunction):
             raise TypeError(f"{self.__name__}(): T.const '{name}' must be an int, got {value!r}")
         return int(value)
 
+    def _frozen(self, constants: dict) -> tuple:
+        """The build-time values as part of the compile key."""
+        key = []
+        for p in sorted(constants):
+            try:
+                key.append((p, keys.frozen(constants[p])))
+            except TypeError:
+                raise TypeError(f"{self.__name__}(): build-time argument '{p}' "
+                                f"({constants[p]!r}) is not hashable") from None
+        return tuple(key)
+
     def _target(self, inputs: list) -> str:
         """``"auto"`` follows the tensors: CPU tensors run on the interpreter."""
         if self.target != "auto":
             return self.target
         devices = {t.device.type for t in inputs if hasattr(t, "device")}
         return "interpret" if devices == {"cpu"} else "auto"
-
-
-def _freeze(value):
-    """A hashable form of a build-time value (lists, dicts and sets included)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    if isinstance(value, (set, frozenset)):
-        return frozenset(_freeze(v) for v in value)
-    try:
-        hash(value)
-    except TypeError:
-        raise TypeError(f"build-time argument {value!r} is not hashable") from None
-    return value
 
 
 class DirectKernel(JitFunction):

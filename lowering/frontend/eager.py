@@ -235,7 +235,7 @@ def record_return(value: Any) -> None:
     state.returned = values
 
 
-def build_eager(src: KernelSource, names: dict, constants: dict[str, Any], consts: dict[str, int],
+def build_eager(src: KernelSource, constants: dict[str, Any], consts: dict[str, int],
                 sig: EagerSignature, *, debug: bool = False, target: str = "") -> ir.Kernel:
     """Build the IR of an eager function for one set of build-time ``constants`` (every
     non-runtime parameter) and ``consts`` (the T.const values). Its parameters are named as
@@ -243,7 +243,7 @@ def build_eager(src: KernelSource, names: dict, constants: dict[str, Any], const
     b = Builder(src.name, src.file)
     b.debug, b.target = debug, target
     b.eager = EagerState(dict(consts), sig.runtime)
-    v = KernelVisitor(b, names, src.line_offset, src.col_offset, debug=debug)
+    v = KernelVisitor(b, src.names, src.line_offset, src.col_offset, debug=debug)
     with active(b):
         v._at(src.tree)
         for a in src.tree.args.args + src.tree.args.kwonlyargs:

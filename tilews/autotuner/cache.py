@@ -31,6 +31,7 @@ import torch
 
 from tilews.cache import CacheWarning, store_file, cache_key, default_cache_dir
 from tilews.compiler import sources_digest
+from tilews.keys import frozen, tensor_signature
 from tilews.lowering.settings import Settings
 
 _FORMAT = 1
@@ -61,39 +62,19 @@ def call_key(call: dict[str, Any]) -> tuple:
     key = []
     for name in sorted(call):
         try:
-            key.append((name, _frozen(call[name])))
-        except _NotPlain:
+            key.append((name, frozen(call[name])))
+        except TypeError:
             raise TypeError(f"autotune: argument '{name}' ({type(call[name]).__qualname__}) is not "
                             f"hashable, so it cannot be part of the tuning key; list it in "
                             f"do_not_specialize") from None
     return tuple(key)
 
 
-def _frozen(value):
-    if isinstance(value, torch.Tensor):
-        return ("tensor",) + _tensor_signature(value)
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_frozen(v) for v in value))
-    if isinstance(value, dict):
-        return ("dict", tuple(sorted(((repr(k), _frozen(v)) for k, v in value.items()))))
-    if isinstance(value, (set, frozenset)):
-        return ("set", frozenset(_frozen(v) for v in value))
-    try:
-        hash(value)
-    except TypeError:
-        raise _NotPlain from None
-    return value
-
-
-def _tensor_signature(t: torch.Tensor) -> tuple:
-    return (str(t.dtype), tuple(t.shape), tuple(t.stride()), t.device.type)
-
-
 def plain(value):
     """``value`` as JSON-compatible data (lists, str-keyed dicts, str, int, float, bool, None)."""
     if isinstance(value, torch.Tensor):
         return {"__tensor__": [str(v) if isinstance(v, str) else list(v)
-                               for v in _tensor_signature(value)]}
+                               for v in tensor_signature(value)]}
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, str):     # str subclasses too: a str enum (PassConfigKey) is its string

@@ -31,12 +31,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
+from tilews.jit import compile_each
 from tilews.profiler import TensorSupplyType
 
 from .result import Trial
@@ -129,13 +129,8 @@ def search(configs: list[dict], compile_one: Callable[[dict], Any], profile: Pro
 
 
 def _compile_all(configs: list[dict], compile_one: Callable[[dict], Any]) -> list[Trial]:
-    """The first configuration compiles on this thread, so a backend's modules (Triton's) are
-    imported once before threads compile the rest: concurrent first imports of Triton fail."""
-    first = _compile(configs[0], compile_one)
     workers = max(1, min(len(configs) - 1, os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tilews-autotune") as pool:
-        rest = list(pool.map(lambda config: _compile(config, compile_one), configs[1:]))
-    return [first] + rest
+    return compile_each(configs, lambda config: _compile(config, compile_one), workers)
 
 
 def _compile(config: dict, compile_one: Callable[[dict], Any]) -> Trial:
