@@ -381,12 +381,12 @@ def _global(s: ir.Copy) -> ir.Buffer:
 def _check_tma(s: ir.Copy) -> None:
     g = _global(s)
     box = s.src.extents if g is s.src.buffer else s.dst.extents
-    if any(ir.as_int(d) is None for d in g.shape):
-        raise _Refuse(f"'{g.name}' has runtime dimensions; its bulk-copy descriptor needs static "
-                      f"strides (line {s.loc.line})")
-    shape = g.static_shape
-    row_bytes = shape[-1] * g.dtype.itemsize
-    if len(shape) > 1 and row_bytes % 16:
+    inner = [ir.as_int(d) for d in g.shape[1:]]
+    if None in inner:
+        raise _Refuse(f"'{g.name}' has a runtime dimension after its first; its bulk-copy "
+                      f"descriptor needs static strides (line {s.loc.line})")
+    row_bytes = (inner[-1] if inner else 1) * g.dtype.itemsize
+    if inner and row_bytes % 16:
         raise _Refuse(f"rows of '{g.name}' are {row_bytes} bytes, not a multiple of 16, so it "
                       f"cannot be a bulk-copy (TMA) operand (line {s.loc.line})")
     if any(b > 256 for b in box) or box[-1] * g.dtype.itemsize < 16:

@@ -55,7 +55,10 @@ def compile_only(source: str, kernel: ir.Kernel, store: ArtifactStore, triton_ve
 def _param_spec(p) -> dict:
     if isinstance(p, ir.Var):
         return {"kind": "scalar", "type": p.dtype.record.signature}
-    return {"kind": "buffer", "shape": list(p.static_shape), "dtype": p.dtype.record.torch}
+    # a runtime dim (only a leading one reaches a TMA descriptor) compiles with a stand-in size:
+    # a descriptor's type depends on its block and layout, never on the tensor's shape
+    shape = [ir.as_int(d) if ir.as_int(d) is not None else 1 for d in p.shape]
+    return {"kind": "buffer", "shape": shape, "dtype": p.dtype.record.torch}
 
 
 def _run_compile(source: str, spec: dict, kernel: ir.Kernel, store: ArtifactStore) -> bytes:

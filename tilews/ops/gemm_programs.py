@@ -1,0 +1,123 @@
+"""The GEMM programs ``tilews.ops.matmul`` chooses among, written in the tile language.
+
+Each is a ``tilews.jit`` factory over the problem shape and a schedule's knobs; ``matmul_schedule``
+says which program and knobs a shape gets. All compute ``C = A @ B`` for A [M, K] and B [K, N]
+(row-major) with float32 accumulation:
+
+* ``tiled``: one block per output tile (the warp-specialized TMA ring on Hopper); 64-row tiles
+  for small M, narrow tiles for small N.
+* ``persistent``: one block per SM over the output tiles in grouped order; on Hopper the next
+  tile's loads run under this tile's store.
+* ``split_k`` + ``split_k_reduce``: the K loop cut into ``splits`` slices, each block writing a
+  float32 partial tile into a workspace [M, splits, N] (M leads: it may be a runtime dim); a second kernel sums the slices in a fixed
+  order (deterministic) and casts. For shapes with too few output tiles to fill the GPU.
+* ``swap_ab``: C^T = B^T A^T for small M, so N fills the wgmma's 64-row M dimension and M becomes
+  the narrow N of the instruction; the tile is stored transposed.
+"""
+from __future__ import annotations
+
+import tilews
+import tilews.language as T
+
+
+@tilews.jit(out_idx=[-1])
+def tiled(M, N, K, block_M=128, block_N=128, block_K=64, num_stages=3, threads=128, swizzle=0,
+          dtype=T.bfloat16, out_dtype=T.bfloat16):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            if swizzle:
+                T.use_swizzle(swizzle)
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[k * block_K, bx * block_N], B_s)
+                T.gemm(A_s, B_s, C_f)
+            T.copy(C_f, C[by * block_M, bx * block_N])
+    return main
+
+
+@tilews.jit(out_idx=[-1])
+def persistent(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256,
+               num_sms=132, group_size=8, dtype=T.bfloat16, out_dtype=T.bfloat16):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(num_sms, threads=threads) as block_id:
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            for bx, by in T.Persistent([T.ceildiv(M, block_M), T.ceildiv(N, block_N)], num_sms,
+                                       block_id, group_size):
+                T.clear(C_f)
+                for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                    T.copy(A[bx * block_M, k * block_K], A_s)
+                    T.copy(B[k * block_K, by * block_N], B_s)
+                    T.gemm(A_s, B_s, C_f)
+                T.copy(C_f, C[bx * block_M, by * block_N])
+    return main
+
+
+def k_tiles_per_split(K: int, block_K: int, splits: int) -> int:
+    """How many block_K-wide k tiles each of ``splits`` slices covers (the last may cover fewer
+    real ones: its loads past K read zeros)."""
+    return -(-(-(-K // block_K)) // splits)
+
+
+@tilews.jit(out_idx=[-1])
+def split_k(M, N, K, splits=4, block_M=64, block_N=128, block_K=64, num_stages=4, threads=128,
+            dtype=T.bfloat16):
+    """Partial products: W[:, s] = A[:, Ks] @ B[Ks, :] for the s-th slice Ks of K, in float32."""
+    per = k_tiles_per_split(K, block_K, splits)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
+             W: T.Tensor((M, splits, N), T.float32)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(per, num_stages=num_stages):
+                T.copy(A[by * block_M, (bz * per + k) * block_K], A_s)
+                T.copy(B[(bz * per + k) * block_K, bx * block_N], B_s)
+                T.gemm(A_s, B_s, C_f)
+            T.copy(C_f, W[by * block_M, bz, bx * block_N])
+    return main
+
+
+@tilews.jit(out_idx=[-1])
+def split_k_reduce(M, N, splits, block_M=32, block_N=128, threads=128, out_dtype=T.bfloat16):
+    """C = sum over s of W[:, s], in slice order, cast to ``out_dtype``."""
+    @T.prim_func
+    def main(W: T.Tensor((M, splits, N), T.float32), C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            acc = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(acc)
+            for s in T.serial(splits):
+                for i, j in T.Parallel(block_M, block_N):
+                    acc[i, j] += W[by * block_M + i, s, bx * block_N + j]
+            T.copy(acc, C[by * block_M, bx * block_N])
+    return main
+
+
+@tilews.jit(out_idx=[-1])
+def swap_ab(M, N, K, block_N=128, block_M=32, block_K=64, num_stages=6, threads=128,
+            dtype=T.bfloat16, out_dtype=T.bfloat16):
+    """C^T tiles: [block_N, block_M] = B[:, n-tile]^T @ A[m-tile, :]^T, stored transposed."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            Ct_f = T.alloc_fragment((block_N, block_M), T.float32)
+            T.clear(Ct_f)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[k * block_K, bx * block_N], B_s)
+                T.gemm(B_s, A_s, Ct_f, transpose_A=True, transpose_B=True)
+            for i, j in T.Parallel(block_N, block_M):
+                C[by * block_M + j, bx * block_N + i] = Ct_f[i, j]
+    return main
