@@ -4,16 +4,20 @@ Triton, checked and timed in the same run.
     tilews-bench gemm [--shapes square,ragged,1024x1024x512] [--dtype bf16|fp16]
                       [--targets hopper,triton,interpret] [--quick] [--rounds N]
                       [--json PATH] [--csv PATH] [--plot PATH]
+    tilews-bench gemm --preset llm     (--preset is another name for --shapes)
     tilews-bench epilogue [--shapes llm,4096x4096x4096:gelu] [the same options]
     tilews-bench attention [--shapes long,4x32x4096x128:causal,8x16x2048x64] [the same options]
     tilews-bench fp8 [--shapes llm,4096x4096x4096:row-fast] [the same options]
     tilews-bench all [the same options]
+    tilews-bench launch [--dtype bf16|fp16] [--calls N] [--rounds N] [--json PATH]
 
 Shapes: MxNxK for gemm; MxNxK:relu|gelu|silu for epilogue (act(alpha * A @ B + bias)); BxHxSxD:
 causal|noncausal for attention; MxNxK:tensor|tensor-fast|row|row-fast|block for fp8 (the scales'
 granularity, and -fast for use_fast_accum). A shape without its ``:mode`` runs every mode. With
 ``all``, each ``--shapes`` entry goes to the workloads it is a preset or a shape of (``cpu``: all
-of them).
+of them). GEMM presets include ``llm`` (M 1 to 8192 at an LLM's projection shapes) and ``ragged``.
+``launch`` times one cached call of a tiny GEMM (a tilews kernel, a raw Triton launch,
+``torch.matmul``, ``tilews.ops.matmul``) in microseconds (``tilews.bench.launch``).
 
 Exit code: 0 when every row is correct, 1 when a row FAILed (wrong numbers) or raised, 2 for a bad
 command line (output paths are checked before anything is built or timed). A row whose kernel
@@ -26,7 +30,7 @@ import argparse
 import os
 from typing import Optional, Sequence
 
-from . import console, machine as machines
+from . import console, launch, machine as machines
 from .plot import write_plot
 from .report import write_csv, write_json
 from .results import Report
@@ -44,17 +48,21 @@ COMMANDS = {"gemm": "bf16/fp16 GEMM against torch.matmul (cuBLAS) and a plain Tr
                          "flash (FlashAttention-2) backends",
             "fp8": "FP8 (e4m3) scaled GEMM, per-tensor, per-row or block-wise scales, against "
                    "torch._scaled_mm (rowwise for block-wise rows) and torch's block-wise scaled_mm",
-            "all": "every workload above"}
+            "all": "every workload above",
+            "launch": "microseconds per cached call of a tiny 64x64x64 GEMM: a tilews kernel, a raw "
+                      "@triton.jit launch, torch.matmul and tilews.ops.matmul"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     for option in OUTPUTS:   # before anything is built or timed: a run must not end unwritable
-        path = getattr(args, option)
+        path = getattr(args, option, None)   # launch writes JSON only
         why = unwritable(path)
         if why:
             parser.exit(2, f"{parser.prog} {args.command}: error: --{option} {path}: {why}\n")
+    if args.command == "launch":
+        return launch.main(args)
     machine = machines.detect()
     workloads = registry()
     chosen = list(workloads) if args.command == "all" else [args.command]
@@ -82,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--shapes", help=_shapes_help())
+    options.add_argument("--shapes", "--preset", dest="shapes", help=_shapes_help())
     options.add_argument("--dtype", choices=list(DTYPES), default="bf16",
                          help="the operands' and result's dtype (fp8: the result's; its operands are "
                               "float8_e4m3fn)")
@@ -97,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_argument("--csv", metavar="PATH", help="write one line per row")
     options.add_argument("--plot", metavar="PATH", help="write a PNG of the ratios per shape")
     for name, text in COMMANDS.items():
-        sub.add_parser(name, parents=[options], help=text, description=text)
+        if name == "launch":
+            launch.add_options(sub.add_parser(name, help=text, description=text), _positive)
+        else:
+            sub.add_parser(name, parents=[options], help=text, description=text)
     return parser
 
 

@@ -1,32 +1,44 @@
 """The GEMM workload: C = A @ B, bf16/fp16 in, fp32 accumulation, same dtype out.
 
-tilews variant: ``examples.gemm.matmul`` rebuilt for each target. References: ``torch.matmul``
-(cuBLAS on a GPU) and the plain Triton ``tl.dot`` kernel of ``tilews.bench.baselines``.
+tilews variants: the user's program, ``examples.gemm.matmul`` (and on a GPU its persistent
+form), rebuilt for each target; and the ready-made op ``tilews.ops.matmul`` run by
+``tilews.ops.run`` with the schedule its heuristic picks for the shape's M bucket, as an untuned
+call does (``tilews.ops.matmul (heuristic)``), and with the one ``tilews.ops.tune`` finds on this
+shape, tuned once when the kernel is built (``tilews.ops.matmul (tuned)``; on the CPU interpreter,
+where tuning is slow, only when ``TILEWS_TUNE=1`` asks for it, else the row is N/A). The op
+compiles for the target it picks itself (``auto`` on a GPU, ``interpret`` on the CPU), so its rows
+run on that target only. References: ``torch.matmul`` (cuBLAS on a GPU) and the plain Triton
+``tl.dot`` kernel of ``tilews.bench.baselines``.
 """
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from tilews.lowering.dtypes import from_torch
 
 from .kernels import for_target
-from .machine import triton_unavailable
+from .machine import Machine, triton_unavailable
 from .shapes import Shape
-from .workload import Case, Reference, Variant, Workload, standard_preset
+from .workload import Case, Reference, Unavailable, Variant, Workload, standard_preset
 
 SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192))
 SMALL_K = ((8192, 8192, 1024),)
 LARGE_K = ((4096, 4096, 16384),)
-RAGGED = ((1000, 1100, 1234), (4095, 4097, 4099), (513, 257, 129))
+RAGGED = ((1000, 1100, 1234), (513, 257, 129), (777, 512, 4096), (4095, 4097, 4099))
+# an LLM's projections (4096 -> 4096, the MLP's 4096 -> 14336 and back) at every token count M
+LLM = tuple((M, N, K) for M in (1, 16, 32, 128, 512, 2048, 8192)
+            for N, K in ((4096, 4096), (14336, 4096), (4096, 14336)))
 PRESETS = {
     "square": SQUARE,
     "small-k": SMALL_K,
     "large-k": LARGE_K,
     "ragged": RAGGED,
+    "llm": LLM,
     "l2": ((1024, 1024, 1024), (2048, 2048, 512)),   # operands fit in L2: inputs rotate
     "bench": SQUARE + SMALL_K + LARGE_K + RAGGED,     # the GPU default (docs/measuring.md's set)
     "gpu-quick": ((4096, 4096, 4096), (1000, 1100, 1234)),
@@ -61,7 +73,7 @@ def _reference(case: Case, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # ---- tilews variants ---------------------------------------------------------------------------
 
-def _example_gemm():
+def example_gemm():
     """``examples/gemm.py``: importable from a checkout's root, else loaded from the checkout this
     bench lives in (an installed ``tilews-bench`` run from elsewhere)."""
     try:
@@ -82,7 +94,7 @@ def _example_gemm():
 def persistent_variant(block_M: int, block_N: int, block_K: int, num_stages: int, threads: int) -> Variant:
     """``examples.gemm.persistent_matmul``: one block per SM over output tiles."""
     def build(case: Case, target: str):
-        factory = for_target(_example_gemm().persistent_matmul.fn, target)
+        factory = for_target(example_gemm().persistent_matmul.fn, target)
         return factory(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
                        num_stages=num_stages, threads=threads, dtype=from_torch(case.dtype))
     return Variant(f"tilews persistent {block_M}x{block_N}x{block_K} s{num_stages} t{threads}", build)
@@ -92,11 +104,50 @@ def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
                    threads: int = 128, swizzle: int = 0) -> Variant:
     """``examples.gemm.matmul`` for each target, writing into a caller-given C (no out_idx)."""
     def build(case: Case, target: str):
-        return for_target(_example_gemm().matmul.fn, target)(
+        return for_target(example_gemm().matmul.fn, target)(
             *case.shape, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
             threads=threads, swizzle=swizzle, dtype=from_torch(case.dtype))
     suffix = ("" if threads == 128 else f" t{threads}") + (f" sw{swizzle}" if swizzle else "")
     return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build)
+
+
+def ops_variant(tuned: bool) -> Variant:
+    """``tilews.ops.run`` with the heuristic's schedule, or with ``tilews.ops.tune``'s winner."""
+    def build(case: Case, target: str):
+        try:
+            from tilews.ops import run, schedule, tune
+        except ImportError as e:
+            raise Unavailable(f"this tilews has no tilews.ops.matmul ({e})") from None
+        if tuned:
+            chosen = _tune(tune, case)
+        else:
+            import tilews
+            M, N, K = case.shape[:3]
+            chosen = schedule.heuristic(schedule.bucket(M), N, K, case.dtype, case.dtype, tilews.num_sms(),
+                                        case.machine.gpu)
+        return lambda a, b, out: run(a, b, out.dtype, chosen)
+    return Variant(f"tilews.ops.matmul ({'tuned' if tuned else 'heuristic'})", build, _ops_unavailable)
+
+
+def ops_target(machine: Machine) -> str:
+    """The target ``tilews.ops.matmul`` compiles for here: ``auto``'s on a GPU, else ``interpret``."""
+    from tilews import targets
+    return targets.resolve("auto")[0] if machine.gpu else "interpret"
+
+
+def _ops_unavailable(target: str, machine: Machine) -> Optional[str]:
+    here = ops_target(machine)
+    return None if target == here else f"tilews.ops.matmul compiles for the target it picks: '{here}' here"
+
+
+def _tune(tune, case: Case):
+    """``tune`` on inputs of this shape (the winner is also stored for the shape's bucket)."""
+    from tilews.lowering.settings import Settings
+    if not case.machine.gpu and not Settings.from_env().tune:
+        raise Unavailable("tuning runs on a GPU only: under the CPU interpreter it is slow "
+                          "(TILEWS_TUNE=1 tunes here anyway)")
+    a, b = make_inputs(case, torch.Generator(device=case.machine.device).manual_seed(1))
+    return tune(a, b, case.dtype)
 
 
 # ---- references --------------------------------------------------------------------------------
@@ -125,5 +176,6 @@ WORKLOAD = Workload(
     # consumer warp groups (on Hopper, plus the producer warp group warp specialization adds)
     variants=[tilews_variant(128, 128, 64, 3)]
     + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=16),
-        persistent_variant(128, 256, 64, 3, threads=256)] if torch.cuda.is_available() else []),
+        persistent_variant(128, 256, 64, 3, threads=256)] if torch.cuda.is_available() else [])
+    + [ops_variant(tuned=False), ops_variant(tuned=True)],
     references=[TORCH, TRITON])

@@ -52,6 +52,10 @@ def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[
             unavailable[f"target {target}"] = why
             continue
         for v in workload.variants:
+            why = v.unavailable(target, machine)
+            if why:
+                unavailable[f"{v.name} on target {target}"] = why
+                continue
             impls.append(Impl(v.name, "tilews", target, target == "interpret" or not machine.gpu,
                               lambda case, v=v, target=target: v.build(case, target)))
     for ref in workload.references:

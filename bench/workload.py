@@ -46,9 +46,12 @@ class Case:
 
 @dataclass(frozen=True)
 class Variant:
-    """A tilews kernel configuration; ``build(case, target)`` compiles it for a tilews target."""
+    """A tilews kernel configuration; ``build(case, target)`` compiles it for a tilews target.
+    ``unavailable(target, machine)`` says why it does not run on that target here, or None (a
+    ready-made op that compiles for the target it picks itself)."""
     name: str
     build: Callable[[Case, str], KernelFn]
+    unavailable: Callable[[str, Machine], Optional[str]] = lambda target, machine: None
 
 
 @dataclass(frozen=True)

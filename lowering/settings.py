@@ -30,6 +30,8 @@ SWITCHES = (
     ("TILEWS_DEBUG_FRONTEND", "re-raise the raw Python error behind a frontend `CompileError`"),
     ("TILEWS_OVERLAP_SOFTMAX", "Hopper: issue the next block's first gemm under this block's "
                                "fragment math (overlap_softmax; off: it measured slower on H100)"),
+    ("TILEWS_TUNE", "`tilews.ops.matmul` tunes each new shape bucket at its first call (winners "
+                    "kept on disk) instead of using its heuristic"),
 )
 
 
@@ -58,6 +60,7 @@ class Settings:
     poison_outputs: bool = False
     debug_frontend: bool = False
     overlap_softmax: bool = False
+    tune: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -68,4 +71,5 @@ class Settings:
                    dump_ir=_path("TILEWS_DUMP_IR", environ),
                    poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),
                    debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
-                   overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ))
+                   overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ),
+                   tune=flag("TILEWS_TUNE", environ))

@@ -25,6 +25,11 @@ RAGGED = ((1000, 1100, 1234), (513, 257, 129), (777, 512, 4096), (4095, 4097, 40
 SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192))
 
 
+SPLITS = ((64, 128, 2), (64, 128, 4), (64, 128, 8), (64, 64, 4), (128, 128, 4))
+SMALL_SPLITS = ((64, 128, 2), (64, 128, 3), (64, 128, 4), (64, 128, 8), (64, 128, 16), (64, 64, 2),
+                (64, 64, 4), (64, 64, 8), (64, 256, 2), (64, 256, 4), (128, 128, 2), (128, 128, 4))
+
+
 def candidates(N, K, M=None):
     """(name, build) pairs; build() -> callable(a, b) -> c. M None: a runtime M (LLM shapes)."""
     Mv = T.dynamic("M") if M is None else M
@@ -36,11 +41,11 @@ def candidates(N, K, M=None):
                     lambda bm=bm, bn=bn, bk=bk, st=st, th=th: hop(g.tiled)(
                         Mv, N, K, block_M=bm, block_N=bn, block_K=bk, num_stages=st, threads=th, swizzle=8)))
     out.append(("persistent 128x256x64 s3", lambda: hop(g.persistent)(Mv, N, K, num_sms=tilews.num_sms())))
-    for bm, bn, splits in ((64, 128, 2), (64, 128, 4), (64, 128, 8), (64, 64, 4), (128, 128, 4)):
+    for bm, bn, splits in SPLITS:
         def build(bm=bm, bn=bn, splits=splits):
             part = hop(g.split_k)(Mv, N, K, splits=splits, block_M=bm, block_N=bn, block_K=64,
                                   num_stages=6 if bm == 64 else 4)
-            red = tilews.jit(out_idx=[-1], target="hopper")(g.split_k_reduce.fn)(Mv, N, splits)
+            red = tilews.jit(out_idx=[-1], target="hopper")(g.split_k_reduce.fn)(Mv, N, splits, g.split_width(N, bn))
             return lambda a, b: red(part(a, b))
         out.append((f"split_k {bm}x{bn}x64 x{splits}", build))
     for bn, bm in ((128, 16), (128, 32), (64, 16), (128, 64)):
@@ -78,7 +83,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--small", action="store_true", help="the shapes where split-K matters, more splits")
     args = ap.parse_args()
+    global SPLITS, LLM_M, RAGGED, SQUARE
+    if args.small:
+        SPLITS, LLM_M, RAGGED, SQUARE = SMALL_SPLITS, (1, 16, 32, 128, 512), RAGGED[:3], ()
     t0 = time.time()
     groups = [((N, K), None, [(M, N, K) for M in LLM_M]) for N, K in LLM_NK]
     groups += [((N, K), M, [(M, N, K)]) for M, N, K in RAGGED + SQUARE]

@@ -1,12 +1,14 @@
 """The bench CLI (``tilews-bench`` / ``python -m tilews.bench``) on the CPU: argument parsing, the
 JSON and CSV it writes, the exit code when a kernel is wrong, the plot, graceful degradation
 without rich and matplotlib, the epilogue, attention and FP8 workloads (their shapes with a mode,
-FLOPs, references that cannot run here or apply to some modes only), ``all``, and a workload
-tilews has no kernels for yet.
+FLOPs, references that cannot run here or apply to some modes only), ``all``, a workload tilews
+has no kernels for yet, the GEMM presets ``llm`` and ``ragged``, the ``tilews.ops.matmul`` rows
+(heuristic and tuned) and ``launch`` (microseconds per call of a tiny kernel).
 
-Most tests run in-process on the ``interpret`` target with ``torch.matmul`` as the only reference
-(fast, and triton stays unimported). Two run ``python -m tilews.bench`` in a subprocess, one of
-them the whole default ``gemm --quick`` (both targets, both references).
+Most tests run in-process on the ``interpret`` target with the user's GEMM program as the only
+tilews GEMM variant and ``torch.matmul`` as the only reference (fast, and triton stays
+unimported). Three run ``python -m tilews.bench`` in a subprocess, one of them the whole default
+``gemm --quick`` (both targets, both references) and one ``launch``.
 """
 from __future__ import annotations
 
@@ -22,19 +24,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tilews.bench import attention, cli, epilogue, fp8, gemm, runner
+from tilews.bench import attention, cli, epilogue, fp8, gemm, launch, runner
 from tilews.bench.shapes import ShapeError, parse_shapes, shape_text
 from tilews.bench.timing import MAX_SETS, sets_needed
 from tilews.bench.workload import Case, Pending, Reference, Unavailable, Variant
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--targets", "interpret", "--shapes", "64x64x64,100x72x40", "--quick"]
+USER_PROGRAM = gemm.WORKLOAD.variants[0]          # examples.gemm.matmul, 128x128x64 tiles
+HEURISTIC, TUNED = "tilews.ops.matmul (heuristic)", "tilews.ops.matmul (tuned)"
+OPS_VARIANTS = {v.name: v for v in gemm.WORKLOAD.variants if v.name in (HEURISTIC, TUNED)}
 
 
 @pytest.fixture(autouse=True)
 def torch_only(monkeypatch):
-    """torch.matmul is the only reference: the Triton baseline would import triton."""
+    """torch.matmul is the only reference (the Triton baseline would import triton) and the user's
+    program the only tilews variant (the ``tilews.ops.matmul`` rows have their own tests)."""
     monkeypatch.setattr(gemm.WORKLOAD, "references", [gemm.TORCH])
+    monkeypatch.setattr(gemm.WORKLOAD, "variants", [USER_PROGRAM])
 
 
 def bench(capsys, *argv) -> tuple[int, str, str]:
@@ -81,7 +88,9 @@ def test_bad_shapes_are_clear_errors(text, says, capsys):
     (["gemm", "--dtype", "fp32"], "invalid choice: 'fp32'"),
     (["gemm", "--rounds", "0"], "--rounds: '0' is not a positive integer"),
     (["matmul"], "invalid choice: 'matmul'"),
-    ([], "required: {gemm,epilogue,attention,fp8,all}"),
+    ([], "required: {gemm,epilogue,attention,fp8,all,launch}"),
+    (["launch", "--calls", "0"], "--calls: '0' is not a positive integer"),
+    (["launch", "--shapes", "llm"], "unrecognized arguments: --shapes llm"),
 ])
 def test_bad_options_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
@@ -620,7 +629,128 @@ def test_python_dash_m_bench_gemm_quick(tmp_path):
     assert kernels == ({("tilews 128x128x64 s3", "triton"), ("torch.matmul", "cuBLAS"),
                         ("triton tl.dot", "triton")} if gpu else
                        {("tilews 128x128x64 s3", "interpret"), ("tilews 128x128x64 s3", "triton"),
+                        ("tilews.ops.matmul (heuristic)", "interpret"),
+                        ("tilews.ops.matmul (tuned)", "interpret"),
                         ("torch.matmul", "torch CPU"), ("triton tl.dot", "triton CPU interpreter")})
-    assert all(r["status"] == "ok" for r in data["rows"]) and len(data["rows"]) == 2 * len(kernels)
+    assert len(data["rows"]) == 2 * len(kernels)
+    # without a GPU the tuned row is N/A (tuning under the interpreter is slow); all others ok
+    assert all(r["status"] == ("unavailable" if r["impl"] == "tilews.ops.matmul (tuned)" and not gpu
+                               else "ok") for r in data["rows"])
     assert gpu or "INTERPRETER TIMINGS" in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].endswith("all rows correct.")
+
+
+# ---- GEMM presets, the tilews.ops.matmul rows, launch ------------------------------------------------
+
+def test_llm_and_ragged_presets_and_preset_is_another_name_for_shapes():
+    llm = parse_shapes("llm", gemm.PRESETS, "MNK")
+    assert len(llm) == 21 and set(llm) == {(M, N, K) for M in (1, 16, 32, 128, 512, 2048, 8192)
+                                           for N, K in ((4096, 4096), (14336, 4096), (4096, 14336))}
+    assert parse_shapes("ragged", gemm.PRESETS, "MNK") == [(1000, 1100, 1234), (513, 257, 129),
+                                                            (777, 512, 4096), (4095, 4097, 4099)]
+    assert set(gemm.RAGGED) <= set(gemm.PRESETS["bench"])
+    for argv in (["gemm", "--preset", "llm"], ["gemm", "--shapes", "llm"]):
+        args = cli.build_parser().parse_args(argv)
+        assert cli.choose_shapes(args.shapes, [gemm.WORKLOAD], cli.machines.detect(), False) == {"gemm": llm}
+
+
+def test_ops_rows_are_correct_and_tuned_is_unavailable_on_the_cpu(tmp_path, capsys, monkeypatch):
+    """The heuristic's schedule runs through tilews.ops.run on the op's own target and matches the
+    exact product; without a GPU the tuned row says why it did not run, and is no failure."""
+    if cli.machines.detect().gpu:
+        pytest.skip("the CPU's behaviour: on a GPU the tuned row tunes")
+    monkeypatch.delenv("TILEWS_TUNE", raising=False)
+    assert list(OPS_VARIANTS) == [HEURISTIC, TUNED]
+    monkeypatch.setattr(gemm.WORKLOAD, "variants", list(OPS_VARIANTS.values()))
+    path = tmp_path / "ops.json"
+    code, out, _ = bench(capsys, "gemm", "--targets", "interpret", "--shapes", "cpu", "--rounds", "1",
+                         "--quick", "--json", str(path))
+    assert code == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["shape"], r["impl"], r["target"], r["status"]) for r in rows] == [
+        (list(shape), impl, target, status) for shape in gemm.PRESETS["cpu"]
+        for impl, target, status in ((HEURISTIC, "interpret", "ok"), (TUNED, "interpret", "unavailable"),
+                                     ("torch.matmul", "torch CPU", "ok"))]
+    assert all(r["rel_err"] < 1e-2 and r["ms"] > 0 for r in rows if r["status"] == "ok")
+    assert all(r["message"] == "tuning runs on a GPU only: under the CPU interpreter it is slow "
+                               "(TILEWS_TUNE=1 tunes here anyway)" for r in rows if r["impl"] == TUNED)
+    assert "200x136x100 tilews.ops.matmul (tuned) [interpret]: unavailable (tuning runs on a GPU only" in out
+
+
+def test_tuned_row_tunes_on_the_cpu_when_asked(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TILEWS_TUNE", "1")
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gemm.WORKLOAD, "variants", [OPS_VARIANTS[TUNED]])
+    path = tmp_path / "tuned.json"
+    code, _, _ = bench(capsys, "gemm", "--targets", "interpret", "--shapes", "100x72x40", "--rounds", "1",
+                       "--quick", "--json", str(path))
+    assert code == 0
+    tuned, _ = json.loads(path.read_text())["rows"]
+    assert (tuned["impl"], tuned["status"]) == (TUNED, "ok") and tuned["rel_err"] < 1e-2
+    assert list((tmp_path / "cache" / "ops" / "matmul").glob("*.json"))   # the winner, kept for the bucket
+
+
+def test_ops_rows_run_only_on_the_target_the_op_picks():
+    machine = cli.machines.detect()
+    here = gemm.ops_target(machine)
+    assert machine.gpu or here == "interpret"
+    other = "interpret" if here != "interpret" else "triton"
+    for variant in OPS_VARIANTS.values():
+        assert variant.unavailable(here, machine) is None
+        assert variant.unavailable(other, machine) == (f"tilews.ops.matmul compiles for the target it "
+                                                       f"picks: '{here}' here")
+    assert USER_PROGRAM.unavailable(other, machine) is None
+
+
+LAUNCH_ROWS = ["tilews kernel", "raw triton launch", "torch.matmul", "tilews.ops.matmul"]
+
+
+def test_launch_times_every_kernel_and_writes_its_json(tmp_path):
+    path = tmp_path / "launch.json"
+    proc = python_m_bench("launch", "--calls", "2", "--rounds", "2", "--json", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(path.read_text())
+    assert set(data) >= {"schema", "command", "created", "device", "versions", "dtype", "shape", "timing",
+                         "rows", "failures", "exit_code"}
+    assert (data["command"], data["dtype"], data["shape"]) == ("launch", "bf16", [64, 64, 64])
+    assert (data["failures"], data["exit_code"]) == (0, 0)
+    assert (data["timing"]["calls"], data["timing"]["rounds"]) == (2, 2)
+    gpu = data["device"]["type"] == "cuda"
+    assert data["timing"]["interpreter_timings"] is not gpu
+    rows = {r["impl"]: r for r in data["rows"]}
+    assert list(rows) == LAUNCH_ROWS
+    raw = rows["raw triton launch"]
+    for name, r in rows.items():
+        assert r["status"] == "ok" and r["rel_err"] < 1e-2, r
+        assert len(r["us_runs"]) == 2 and r["us"] == pytest.approx(sum(r["us_runs"]) / 2) and r["us"] > 0
+        expected = None if name == "raw triton launch" else r["us"] - raw["us"]
+        assert r["minus_raw_triton_us"] == pytest.approx(expected)
+    assert gpu or [rows[n]["runs_on"] for n in LAUNCH_ROWS] == [
+        "tilews interpret", "triton CPU interpreter", "torch CPU", "tilews interpret"]
+    lines = proc.stdout.rstrip().splitlines()
+    assert gpu or "INTERPRETER TIMINGS" in proc.stdout
+    assert any(ln.startswith("| kernel ") and "| minus raw triton (us) |" in ln for ln in lines)
+    assert lines[-1].endswith("all rows correct.")
+
+
+def test_launch_a_wrong_kernel_fails_and_one_that_cannot_run_does_not(tmp_path, capsys, monkeypatch):
+    """In-process, with stand-ins: the raw launch is torch.matmul itself, one kernel is wrong, one
+    cannot run here."""
+    def unavailable(machine, a):
+        raise launch.Unavailable("not on this machine")
+    monkeypatch.setattr(launch, "CONTENDERS", [
+        launch.Contender(launch.RAW, lambda machine, a: (torch.matmul, "stand-in")),
+        launch.Contender("doubled", lambda machine, a: (lambda a, b: 2 * (a @ b), "stand-in")),
+        launch.Contender("absent", unavailable)])
+    path = tmp_path / "launch.json"
+    code, out, _ = bench(capsys, "launch", "--calls", "3", "--rounds", "2", "--json", str(path))
+    assert code == 1
+    data = json.loads(path.read_text())
+    assert [(r["impl"], r["status"]) for r in data["rows"]] == [
+        (launch.RAW, "ok"), ("doubled", "fail"), ("absent", "unavailable")]
+    assert data["rows"][1]["message"].endswith("exceeds the tolerance 1e-02")
+    assert data["rows"][1]["rel_err"] == pytest.approx(1.0, abs=1e-2)   # 2x the product
+    assert data["rows"][1]["us_runs"] == [] and data["rows"][2]["message"] == "not on this machine"
+    assert (data["failures"], data["exit_code"]) == (1, 1)
+    assert "FAIL doubled: rel err" in out and "UNAVAILABLE absent: not on this machine" in out
+    assert out.rstrip().splitlines()[-1].endswith("1 row(s) FAILED: exit code 1.")

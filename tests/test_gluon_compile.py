@@ -282,11 +282,11 @@ def test_source_expect_replaces_the_producer_arrival():
 
 def test_source_host_part_and_locations():
     src = program("explicit_merged_bm128").source
-    assert "TensorDescriptor.from_tensor(A, [128, 64], A_s_layout.value)" in src
+    assert "_tilews_descriptor(A, [128, 64], A_s_layout.value)" in src
     # B_s has A_s's layout (128-byte swizzle, 16 bits): one constant serves both
-    assert "TensorDescriptor.from_tensor(B, [64, 128], A_s_layout.value)" in src
+    assert "_tilews_descriptor(B, [64, 128], A_s_layout.value)" in src
     assert "B_s_layout" not in src and src.count("A_s_layout: gl.constexpr") == 1
-    assert re.search(r"TensorDescriptor\.from_tensor\(C, \[128, 128\], \w+_layout\.value\)", src)
+    assert re.search(r"_tilews_descriptor\(C, \[128, 128\], \w+_layout\.value\)", src)
     assert "def main_grid():\n    return (4, 2)" in src
     assert "gl.warp_specialize([(main_ws1_2, args), (main_ws0, args)], [1], [24])" in src
     gemm_line = _line_of(EXAMPLES / "ws_gemm.py", "T.gemm(A_s, B_s, C_f)")

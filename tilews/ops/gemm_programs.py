@@ -9,7 +9,7 @@ says which program and knobs a shape gets. All compute ``C = A @ B`` for A [M, K
 * ``persistent``: one block per SM over the output tiles in grouped order; on Hopper the next
   tile's loads run under this tile's store.
 * ``split_k`` + ``split_k_reduce``: the K loop cut into ``splits`` slices, each block writing a
-  float32 partial tile into a workspace [M, splits, N] (M leads: it may be a runtime dim); a second kernel sums the slices in a fixed
+  float32 partial tile into a workspace [M, splits * N'] (N' = N in whole tiles); a second kernel sums the slices in a fixed
   order (deterministic) and casts. For shapes with too few output tiles to fill the GPU.
 * ``swap_ab``: C^T = B^T A^T for small M, so N fills the wgmma's 64-row M dimension and M becomes
   the narrow N of the instruction; the tile is stored transposed.
@@ -66,15 +66,23 @@ def k_tiles_per_split(K: int, block_K: int, splits: int) -> int:
     return -(-(-(-K // block_K)) // splits)
 
 
+def split_width(N: int, block_N: int) -> int:
+    """Columns of one slice in the split-K workspace: N rounded up to whole tiles, so a ragged
+    last tile's bulk store stays inside its own slice."""
+    return -(-N // block_N) * block_N
+
+
 @tilews.jit(out_idx=[-1])
 def split_k(M, N, K, splits=4, block_M=64, block_N=128, block_K=64, num_stages=4, threads=128,
             dtype=T.bfloat16):
-    """Partial products: W[:, s] = A[:, Ks] @ B[Ks, :] for the s-th slice Ks of K, in float32."""
+    """Partial products in float32: W[:, s * Np : s * Np + N] = A[:, Ks] @ B[Ks, :] for the s-th
+    slice Ks of K (Np = ``split_width(N, block_N)``; columns N..Np of each slice are zeros)."""
     per = k_tiles_per_split(K, block_K, splits)
+    Np = split_width(N, block_N)
 
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
-             W: T.Tensor((M, splits, N), T.float32)):
+             W: T.Tensor((M, splits * Np), T.float32)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
             A_s = T.alloc_shared((block_M, block_K), dtype)
             B_s = T.alloc_shared((block_K, block_N), dtype)
@@ -84,21 +92,22 @@ def split_k(M, N, K, splits=4, block_M=64, block_N=128, block_K=64, num_stages=4
                 T.copy(A[by * block_M, (bz * per + k) * block_K], A_s)
                 T.copy(B[(bz * per + k) * block_K, bx * block_N], B_s)
                 T.gemm(A_s, B_s, C_f)
-            T.copy(C_f, W[by * block_M, bz, bx * block_N])
+            T.copy(C_f, W[by * block_M, bz * Np + bx * block_N])
     return main
 
 
 @tilews.jit(out_idx=[-1])
-def split_k_reduce(M, N, splits, block_M=32, block_N=128, threads=128, out_dtype=T.bfloat16):
-    """C = sum over s of W[:, s], in slice order, cast to ``out_dtype``."""
+def split_k_reduce(M, N, splits, split_N, block_M=32, block_N=128, threads=128, out_dtype=T.bfloat16):
+    """C = the sum over s of W's slice s (``split_N`` columns apart), in slice order, cast to
+    ``out_dtype``."""
     @T.prim_func
-    def main(W: T.Tensor((M, splits, N), T.float32), C: T.Tensor((M, N), out_dtype)):
+    def main(W: T.Tensor((M, splits * split_N), T.float32), C: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
             acc = T.alloc_fragment((block_M, block_N), T.float32)
             T.clear(acc)
             for s in T.serial(splits):
                 for i, j in T.Parallel(block_M, block_N):
-                    acc[i, j] += W[by * block_M + i, s, bx * block_N + j]
+                    acc[i, j] += W[by * block_M + i, s * split_N + bx * block_N + j]
             T.copy(acc, C[by * block_M, bx * block_N])
     return main
 

@@ -46,11 +46,15 @@ from .fragments import declare_fragments
 from .stmts import seq
 
 ARGS_SUFFIX = "_args"
+# the host function making each TMA descriptor: Gluon's TensorDescriptor.from_tensor, which a
+# launcher may replace on the loaded module with a cached one (triton_ext.gluon.descriptors)
+DESCRIPTOR_FN = "_tilews_descriptor"
 _IMPORTS = ["from triton.experimental import gluon",
             "from triton.experimental.gluon import language as gl",
             "from triton.experimental.gluon.language.nvidia.hopper import (",
             "    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)",
-            "from triton.experimental.gluon.nvidia.hopper import TensorDescriptor"]
+            "from triton.experimental.gluon.nvidia.hopper import TensorDescriptor", "",
+            f"{DESCRIPTOR_FN} = TensorDescriptor.from_tensor"]
 
 
 def emit(kernel: ir.Kernel, fast_math: bool = False) -> str:
@@ -159,7 +163,7 @@ def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[str, str]]:
         for (g, block), desc in ctx.descriptors.items():
             if g == p.name:
                 layout = ctx.layout(targets[(g, block)], kernel.loc)
-                out.append((desc, f"TensorDescriptor.from_tensor({name}, {list(block)}, {layout}.value)"))
+                out.append((desc, f"{DESCRIPTOR_FN}({name}, {list(block)}, {layout}.value)"))
         if p.name in ctx.pointers:
             out += zip(_pointer(ctx, p), [name] + [f"{name}.stride({d})" for d in range(len(p.shape))])
     return out

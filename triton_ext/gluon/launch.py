@@ -6,10 +6,12 @@ invalid layouts abort the process), so ``.asm`` holds ``"gluon"``, ``"ttgir"``, 
 ``"ptx"`` on any Linux machine. The result is kept in the artifact store, keyed by the source, the
 parameters' shapes and dtypes, ``num_warps``, the Triton version and our TTGIR passes.
 
-``.launch(values)`` needs a Hopper GPU: it loads the module (``triton_ext.modules``), builds the
-kernel's arguments with the module's ``<kernel>_args`` (TMA descriptors; tensors and strides for
-pointer parameters) and launches the ``@gluon.jit`` kernel on ``<kernel>_grid`` with Triton's JIT,
-on the current torch stream. Its ``rules`` ask the binder for CUDA tensors and bulk-copy
+``.launch(values)`` needs a Hopper GPU: the first call loads the module (``triton_ext.modules``)
+and gives it a cache of TMA descriptors (``descriptors``); each call builds the kernel's arguments
+with the module's ``<kernel>_args`` (TMA descriptors; tensors and strides for pointer parameters)
+and launches the ``@gluon.jit`` kernel on ``<kernel>_grid`` through a ``triton_ext.launcher``
+(Triton's JIT once per specialization, then the compiled kernel directly), on the current torch
+stream. Its ``rules`` ask the binder for CUDA tensors and bulk-copy
 alignment of the TMA operands. Triton is imported only there.
 """
 from __future__ import annotations
@@ -27,9 +29,11 @@ from tilews.lowering.backend import ArtifactStore
 from tilews.lowering.errors import CompileError, InternalError
 from tilews.lowering.plans import AsyncPlan
 
+from ..launcher import Launcher
 from ..modules import load_module
 from ..pysource import GRID_SUFFIX
-from .emit import ARGS_SUFFIX
+from .descriptors import DescriptorCache
+from .emit import ARGS_SUFFIX, DESCRIPTOR_FN
 
 TARGET = ("cuda", 90, 32)
 _COMPILE_SCRIPT = Path(__file__).with_name("compile.py")
@@ -98,7 +102,8 @@ class GluonProgram:
         built = compile_only(source, kernel, store, triton_version)
         self._stages: dict[str, str] = built["asm"]
         self.metadata: dict = built["metadata"]
-        self._module = None
+        self._scalar_at = [i for i, p in enumerate(kernel.params) if isinstance(p, ir.Var)]
+        self._host = None        # (argument function, grid function, Launcher) once loaded
 
     @property
     def asm(self) -> dict[str, str]:
@@ -108,14 +113,19 @@ class GluonProgram:
     def launch(self, values: list) -> None:
         """Run the kernel on checked ``values`` aligned with ``kernel.params`` (tensors for
         buffers, numbers for scalars), on the current torch stream."""
+        if self._host is None:
+            self._host = self._load()
+        args_fn, grid_fn, launcher = self._host
+        launcher.launch(grid_fn(*[values[i] for i in self._scalar_at]), args_fn(*values))
+
+    def _load(self):
+        """The module's host functions and a launcher of its kernel; TMA descriptors cached."""
         _require_hopper()
-        if self._module is None:
-            self._module = load_module(self.store, self.source, "tilews_gluon")
+        module = load_module(self.store, self.source, "tilews_gluon")
+        setattr(module, DESCRIPTOR_FN, DescriptorCache(getattr(module, DESCRIPTOR_FN)))
         name = self.kernel.name
-        flat = getattr(self._module, name + ARGS_SUFFIX)(*values)
-        scalars = [a for p, a in zip(self.kernel.params, values) if isinstance(p, ir.Var)]
-        grid = getattr(self._module, name + GRID_SUFFIX)(*scalars)
-        getattr(self._module, name)[grid](*flat, num_warps=self.num_warps)
+        return (getattr(module, name + ARGS_SUFFIX), getattr(module, name + GRID_SUFFIX),
+                Launcher(getattr(module, name), self.num_warps))
 
 
 def _require_hopper() -> None:

@@ -17,6 +17,7 @@ from tilews.lowering.arguments import ArgumentRules
 from tilews.lowering.backend import ArtifactStore
 from tilews.lowering.plans import StreamPlan
 
+from ..launcher import Launcher
 from ..modules import load_module
 from ..pysource import GRID_SUFFIX
 
@@ -48,13 +49,17 @@ class TlProgram:
         self.fn = triton.jit(getattr(module, kernel.name))
         self.grid_fn = getattr(module, kernel.name + GRID_SUFFIX)
         self.num_warps = kernel.plan(StreamPlan).num_warps
-        self._compiled = None
+        self.launcher = Launcher(self.fn, self.num_warps)
+        # per parameter: a buffer (passed with its strides), a float scalar or another scalar
+        self._kinds = ["buffer" if isinstance(p, ir.Buffer) else "float" if p.dtype.is_float
+                       else "scalar" for p in kernel.params]
 
     @property
     def asm(self) -> dict[str, str]:
         """Stage name -> text: ``"tl"`` (the emitted source), and Triton's stages (``"ttir"``,
         ``"ttgir"``, ``"ptx"``, ...) once Triton has compiled the kernel for a GPU."""
-        stages = getattr(self._compiled, "asm", None) or {}
+        compiled = next(iter(self.launcher.compiled.values()), None)
+        stages = getattr(compiled, "asm", None) or {}
         return {"tl": self.source, **{k: v for k, v in stages.items() if isinstance(v, str)}}
 
     def launch(self, values: list) -> None:
@@ -62,11 +67,10 @@ class TlProgram:
         buffers, numbers for scalars), on the current torch stream."""
         flat = []
         scalars = []
-        for p, a in zip(self.kernel.params, values):
-            if isinstance(p, ir.Buffer):
+        for kind, a in zip(self._kinds, values):
+            if kind == "buffer":
                 flat += [a, *a.stride()]
             else:
-                flat.append(float(a) if p.dtype.is_float else a)
+                flat.append(float(a) if kind == "float" else a)
                 scalars.append(a)
-        grid = self.grid_fn(*scalars)
-        self._compiled = self.fn[grid](*flat, num_warps=self.num_warps)
+        self.launcher.launch(self.grid_fn(*scalars), flat)

@@ -1,0 +1,345 @@
+"""The GEMM programs of ``tilews.ops.gemm_programs`` (``tiled``, ``persistent``, ``split_k`` +
+``split_k_reduce``, ``swap_ab``): numerics on the CPU targets, the interpreter oracle of their
+Hopper lowering, and compile-only sm_90a builds.
+
+1. Numerics: every program on ``"interpret"`` and ``"triton"`` (Triton's CPU interpreter, chosen
+   by ``tests/conftest.py``), fp16 and bf16, random inputs, float64 references, tolerances in
+   ``TOL``. Shapes are ragged in M, N and K. A static M writes into views of larger NaN-filled
+   buffers (a store outside the view is caught); a runtime M (``T.dynamic("M")``) is one kernel
+   called at several M values, its outputs allocated by tilews (poisoned: ``TILEWS_POISON_OUTPUTS``).
+   split_k's float32 workspace [M, splits * Np] is checked slice by slice (Np = N in whole tiles,
+   the columns past N zero) before the reduction.
+2. The oracle: each program before the passes equals it after ``lower(..., HOPPER)`` under 20
+   random schedules (``tests.test_ws_oracle.assert_same_under_schedules``), with TMA (AsyncPlan)
+   in the lowered form, and the lowered result equals the reference.
+3. Compile-only: each program at an LLM shape with a runtime M reaches the Gluon backend; its
+   TTGIR / PTX hold the warp-specialized partitions, wgmma and TMA. swap_ab's wgmma reads both
+   operands from shared memory through transposed views; split_k's grid has three dims.
+4. Refusal: a runtime K (a runtime dim after A's first) sends Hopper to ``tl`` with the reason in
+   the report, and the program still computes correctly on the CPU targets.
+"""
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+from triton.runtime.errors import InterpreterError
+
+import tilews
+import tilews.language as T
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.plans import AsyncPlan
+from tilews.ops import gemm_programs as G
+
+from .helpers import poisoned, randn
+from .test_ws_oracle import assert_same_under_schedules, run_interp
+
+CPU_TARGETS = ("interpret", "triton")
+DTYPES = {"fp16": (T.float16, torch.float16), "bf16": (T.bfloat16, torch.bfloat16)}
+
+# (atol, rtol) of the cast output against the float64 reference. Triton's interpreter converts
+# float32 to bfloat16 by truncation (a whole ulp, 2^-7 relative); fp16 rounds (2^-11).
+TOL = {"fp16": (1e-2, 2e-3), "bf16": (5e-2, 1e-2)}
+# split_k's float32 workspace: exact products, float32 sums over at most K terms
+TOL_WORKSPACE = (1e-3, 1e-5)
+
+# CPU-sized knobs of each program (blocks smaller than the shapes' M, N and K, so every edge is
+# ragged); split_k_reduce takes SPLIT_K_REDUCE
+KNOBS = {
+    "tiled": dict(block_M=64, block_N=64, block_K=32, num_stages=2),
+    "tiled_swizzled": dict(block_M=32, block_N=32, block_K=32, num_stages=3, swizzle=2),
+    "persistent": dict(block_M=64, block_N=64, block_K=32, num_stages=2, threads=128, num_sms=3,
+                       group_size=2),
+    "split_k": dict(splits=3, block_M=64, block_N=64, block_K=32, num_stages=2),
+    "swap_ab": dict(block_N=64, block_M=32, block_K=32, num_stages=2),
+}
+SPLIT_K_REDUCE = dict(block_M=32, block_N=64)
+PROGRAMS = {"tiled": G.tiled, "tiled_swizzled": G.tiled, "persistent": G.persistent,
+            "swap_ab": G.swap_ab}
+
+STATIC = (70, 136, 100)          # M, N, K: none a multiple of its block; K rows not 16-byte aligned
+DYNAMIC_N, DYNAMIC_K = 80, 96
+DYNAMIC_MS = (1, 5, 70)          # one kernel for all three
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> None:
+    """Every element within ``atol + rtol * |ref|`` (a NaN, i.e. an unwritten element, is not)."""
+    err = (out.double() - ref).abs()
+    bad = ~(err <= atol + rtol * ref.abs())
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} elements off (first at "
+                           f"{bad.nonzero()[0].tolist()}); max |err| {err.max():.3g}")
+
+
+def inputs(M, N, K, dtype, seed):
+    return randn(M, K, dtype=dtype, seed=seed), randn(K, N, dtype=dtype, seed=seed + 1)
+
+
+def workspace_ref(a, b, splits, block_K, block_N):
+    """split_k's workspace in float64: [M, splits * Np], slice s (columns s * Np ...) holding
+    ``A[:, Ks] @ B[Ks, :]`` for the s-th K slice Ks, then zeros up to Np."""
+    (M, K), N = a.shape, b.shape[1]
+    width, Np = G.k_tiles_per_split(K, block_K, splits) * block_K, G.split_width(N, block_N)
+    w = torch.zeros(M, splits, Np, dtype=torch.float64)
+    for s in range(splits):
+        w[:, s, :N] = a.double()[:, s * width:(s + 1) * width] @ b.double()[s * width:(s + 1) * width]
+    return w.reshape(M, splits * Np)
+
+
+def view_of_poisoned(rows, cols, dtype):
+    """A [rows, cols] view into a NaN buffer 8 larger in both dims, and the buffer."""
+    big = poisoned(rows + 8, cols + 8, dtype=dtype)
+    return big[:rows, :cols], big
+
+
+def assert_only_view_written(big, view):
+    rows, cols = view.shape
+    assert big[rows:].isnan().all() and big[:, cols:].isnan().all(), "stored outside the output view"
+
+
+def compiled(target, factory, *args, out=False, **kw):
+    return tilews.jit(target=target, out_idx=[-1] if out else None)(factory.fn)(*args, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. numerics on the CPU targets
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("target", CPU_TARGETS)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_program_static_m(name, target, dt):
+    (tdt, torch_dt), (M, N, K) = DTYPES[dt], STATIC
+    k = compiled(target, PROGRAMS[name], M, N, K, dtype=tdt, out_dtype=tdt, **KNOBS[name])
+    a, b = inputs(M, N, K, torch_dt, seed=1)
+    c, big = view_of_poisoned(M, N, dtype=torch_dt)
+    k(a, b, c)
+    close(c, a.double() @ b.double(), *TOL[dt])
+    assert_only_view_written(big, c)
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("target", CPU_TARGETS)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_program_runtime_m(name, target, dt):
+    tdt, torch_dt = DTYPES[dt]
+    k = compiled(target, PROGRAMS[name], T.dynamic("M"), DYNAMIC_N, DYNAMIC_K, out=True,
+                 dtype=tdt, out_dtype=tdt, **KNOBS[name])
+    for M in DYNAMIC_MS:
+        a, b = inputs(M, DYNAMIC_N, DYNAMIC_K, torch_dt, seed=M)
+        c = k(a, b)
+        assert c.shape == (M, DYNAMIC_N) and c.dtype == torch_dt
+        close(c, a.double() @ b.double(), *TOL[dt])
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("target", CPU_TARGETS)
+def test_split_k_static_m(target, dt):
+    # K = 100: 4 k tiles, 2 per slice, so the third slice lies wholly past K (reads zeros)
+    (tdt, torch_dt), (M, N, K) = DTYPES[dt], STATIC
+    knobs = KNOBS["split_k"]
+    splits, Np = knobs["splits"], G.split_width(N, knobs["block_N"])
+    partial = compiled(target, G.split_k, M, N, K, dtype=tdt, **knobs)
+    reduce = compiled(target, G.split_k_reduce, M, N, splits, Np, out_dtype=tdt, **SPLIT_K_REDUCE)
+    a, b = inputs(M, N, K, torch_dt, seed=2)
+    w, w_big = view_of_poisoned(M, splits * Np, dtype=torch.float32)
+    partial(a, b, w)
+    close(w, workspace_ref(a, b, splits, knobs["block_K"], knobs["block_N"]), *TOL_WORKSPACE)
+    assert_only_view_written(w_big, w)
+    c, big = view_of_poisoned(M, N, dtype=torch_dt)
+    reduce(w, c)
+    close(c, a.double() @ b.double(), *TOL[dt])
+    assert_only_view_written(big, c)
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("target", CPU_TARGETS)
+def test_split_k_runtime_m(target, dt):
+    # K = 96: 3 k tiles, one per slice
+    tdt, torch_dt = DTYPES[dt]
+    knobs = KNOBS["split_k"]
+    M, splits, Np = T.dynamic("M"), knobs["splits"], G.split_width(DYNAMIC_N, knobs["block_N"])
+    partial = compiled(target, G.split_k, M, DYNAMIC_N, DYNAMIC_K, out=True, dtype=tdt, **knobs)
+    reduce = compiled(target, G.split_k_reduce, M, DYNAMIC_N, splits, Np, out=True,
+                      out_dtype=tdt, **SPLIT_K_REDUCE)
+    for m in DYNAMIC_MS:
+        a, b = inputs(m, DYNAMIC_N, DYNAMIC_K, torch_dt, seed=10 + m)
+        w = partial(a, b)
+        assert w.shape == (m, splits * Np) and w.dtype == torch.float32
+        close(w, workspace_ref(a, b, splits, knobs["block_K"], knobs["block_N"]), *TOL_WORKSPACE)
+        c = reduce(w)
+        assert c.shape == (m, DYNAMIC_N) and c.dtype == torch_dt
+        close(c, a.double() @ b.double(), *TOL[dt])
+
+
+def test_split_sizes():
+    assert [G.k_tiles_per_split(K, 32, 3) for K in (1, 32, 96, 97, 100, 192, 193)] == \
+        [1, 1, 1, 2, 2, 2, 3]
+    assert G.k_tiles_per_split(168, 32, 4) == 2       # 6 tiles: the last slice covers none
+    assert [G.split_width(N, 64) for N in (1, 64, 80, 136)] == [64, 64, 128, 192]
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. the interpreter oracle of the Hopper lowering
+
+
+# name -> (M, N, K, program, knobs), fp16
+ORACLE = {
+    # K = 168: 6 k tiles (the last half past K), 2 per slice: the fourth slice reads only past K;
+    # rows of 336 bytes keep the loads TMA; N = 80: each slice's second tile is ragged
+    "split_k": (70, 80, 168, G.split_k, dict(splits=4, block_M=64, block_N=64, block_K=32,
+                                             num_stages=2)),
+    # M below block_M; N ragged against block_N
+    "swap_ab": (5, 136, 96, G.swap_ab, dict(block_N=64, block_M=32, block_K=32, num_stages=3,
+                                            out_dtype=T.float16)),
+    # 64-row tiles, ragged M and N
+    "tiled": (136, 80, 96, G.tiled, dict(block_M=64, block_N=64, block_K=32, num_stages=2,
+                                         out_dtype=T.float16)),
+    # 4 x 2 tiles over 3 blocks: uneven
+    "persistent": (200, 80, 96, G.persistent, dict(block_M=64, block_N=64, block_K=32, num_stages=2,
+                                                   threads=128, num_sms=3, group_size=2,
+                                                   out_dtype=T.float16)),
+}
+
+
+def oracle_case(name, runtime_m):
+    """(frontend IR, interpreter arguments, index of the output, float64 reference of it)."""
+    M, N, K, program, knobs = ORACLE[name]
+    prim = program.fn(T.dynamic("M") if runtime_m else M, N, K, dtype=T.float16, **knobs)
+    a, b = inputs(M, N, K, torch.float16, seed=30)
+    if name == "split_k":
+        ref = workspace_ref(a, b, knobs["splits"], knobs["block_K"], knobs["block_N"])
+        out = torch.empty(*ref.shape)
+    else:
+        out, ref = torch.empty(M, N, dtype=torch.float16), a.double() @ b.double()
+    args = ([M] if runtime_m else []) + [a, b, out]
+    return build_kernel(prim), args, len(args) - 1, ref
+
+
+@pytest.mark.parametrize("runtime_m", [False, True], ids=["static_m", "runtime_m"])
+@pytest.mark.parametrize("name", ["split_k", "swap_ab", "tiled", "persistent"])
+def test_oracle_before_equals_after_hopper_passes(name, runtime_m):
+    before, args, out_index, ref = oracle_case(name, runtime_m)
+    assert [p.name for p in before.params][:1] == (["M"] if runtime_m else ["A"])
+    after = assert_same_under_schedules(before, args, out_index)
+    plan = after.find_plan(AsyncPlan)
+    assert plan is not None, after.notes          # the TMA form, not the synchronous fallback
+    if name == "split_k":                         # the partial tile leaves by a TMA store
+        assert ("W", (64, 64)) in plan.tma_descriptors
+    got = run_interp(after, args, out_index, seed=99)
+    close(got, ref, *(TOL_WORKSPACE if name == "split_k" else TOL["fp16"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. compile-only for sm_90a (no GPU needed)
+
+
+LLM_N, LLM_K = 4096, 4096
+
+
+@functools.lru_cache(maxsize=None)
+def hopper_kernel(name):
+    """Each program at its default (GPU) knobs, bf16, with a runtime M."""
+    f = {"tiled": G.tiled, "persistent": G.persistent, "split_k": G.split_k, "swap_ab": G.swap_ab}[name]
+    knobs = dict(block_M=64) if name == "tiled" else {}           # the small-M tile
+    return compiled("hopper", f, T.dynamic("M"), LLM_N, LLM_K, out=True, **knobs)
+
+
+def wgmma_instructions(ptx):
+    """(shape, imm-trans-a, imm-trans-b) of each wgmma whose A and B are shared-memory descriptors
+    (64-bit registers; an A in registers would be a braced register list)."""
+    return re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k16)\.f32\.bf16\.bf16 \{[^}]*\}, "
+                      r"%rd\d+, %rd\d+, %p\d+, 1, 1, (\d), (\d);", ptx)
+
+
+@pytest.mark.parametrize("name", ["tiled", "persistent", "split_k", "swap_ab"])
+def test_compiles_on_gluon_with_runtime_m(name):
+    k = hopper_kernel(name)
+    assert k.report.target == "hopper", k.report.notes
+    assert not any("using tl" in n for n in k.report.notes), k.report.notes
+    ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+    assert re.search(r"@main\(%M: i32", ttgir)                     # M is a kernel argument
+    assert ttgir.count("ttg.warp_specialize(") == 1
+    assert re.search(r"ttng\.warp_group_dot .*isAsync = true", ttgir)
+    assert ttgir.count("ttng.async_tma_copy_global_to_local") == 2
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.mbarrier", ptx)) >= 2
+    assert wgmma_instructions(ptx) and len(wgmma_instructions(ptx)) == ptx.count("wgmma.mma_async")
+    # every program but swap_ab (a transposing element-wise store) stores its tile by TMA
+    stores = 0 if name == "swap_ab" else 1
+    assert ttgir.count("ttng.async_tma_copy_local_to_global") == stores
+
+
+def test_tiled_reads_a_k_major_and_b_mn_major():
+    # the baseline for swap_ab: A [M, K] row-major is K-major, B [K, N] row-major is MN-major
+    assert set(wgmma_instructions(hopper_kernel("tiled").asm["ptx"])) == {("m64n128k16", "0", "1")}
+
+
+def test_swap_ab_wgmma_reads_transposed_shared_views():
+    k = hopper_kernel("swap_ab")
+    ttgir = k.asm["ttgir"]
+    dot = re.search(r"ttng\.warp_group_dot (%\w+), (%\w+), .* : (!ttg\.memdesc<[^>]*>) \* "
+                    r"(!ttg\.memdesc<[^>]*>) -> tensor<(\d+)x(\d+)xf32", ttgir)
+    assert dot, "the wgmma does not take both operands from shared memory"
+    # C^T tile [block_N, block_M] = (B_s: [K, block_N])^T @ (A_s: [block_M, K])^T
+    assert dot.group(3).startswith("!ttg.memdesc<128x64xbf16")
+    assert dot.group(4).startswith("!ttg.memdesc<64x32xbf16")
+    assert (dot.group(5), dot.group(6)) == ("128", "32")
+    for operand, stored in ((dot.group(1), "64x128"), (dot.group(2), "32x64")):
+        assert re.search(rf"{operand} = ttg\.memdesc_trans %\w+ {{order = array<i32: 1, 0>}} : "
+                         rf"!ttg\.memdesc<{stored}xbf16", ttgir), operand
+    # PTX: the A operand (B_s^T, contiguous along the instruction's M) is read MN-major
+    # (imm-trans-a = 1), the B operand (A_s^T, contiguous along K) K-major; N = block_M = 32
+    wgmmas = wgmma_instructions(k.asm["ptx"])
+    assert set(wgmmas) == {("m64n32k16", "1", "0")}
+    assert len(wgmmas) == (128 // 64) * (64 // 16)      # row blocks x k steps per k tile
+    src = k.get_kernel_source()
+    assert re.search(r"warpgroup_mma\(B_s\.index\([^)]*\)\.permute\(\(1, 0\)\), "
+                     r"A_s\.index\([^)]*\)\.permute\(\(1, 0\)\)", src)
+
+
+def test_split_k_grid_has_three_dims():
+    k = hopper_kernel("split_k")
+    src = k.get_kernel_source()
+    grid = re.search(r"def main_grid\(M\):\n    return \((.*)\)\n", src)
+    assert grid, src
+    dims = [d.strip() for d in re.split(r",(?![^(]*\))", grid.group(1))]
+    assert len(dims) == 3 and dims[0] == str(LLM_N // 128) and dims[2] == "4", dims
+    assert "// 64" in dims[1]                             # ceildiv(M, block_M): the runtime dim
+    assert "gl.program_id(2)" in src
+    # the float32 partial tile leaves by a TMA store of [block_M, block_N]
+    assert "tensordesc<tensor<64x128xf32" in k.asm["ttgir"]
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", k.asm["ptx"])
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. a runtime dim after the first: no TMA, so Hopper falls back to tl
+
+
+def runtime_k(target, dtype=T.float16):
+    return compiled(target, G.tiled, T.dynamic("M"), DYNAMIC_N, T.dynamic("K"), out=True,
+                    dtype=dtype, out_dtype=dtype, block_M=64, block_N=64, block_K=32, num_stages=2)
+
+
+def test_runtime_k_falls_back_to_tl_on_hopper():
+    k = runtime_k("hopper", T.bfloat16)
+    assert k.report.target == "hopper -> triton", k.report.notes
+    assert any("'A' has a runtime dimension after its first" in n and "using tl" in n
+               for n in k.report.notes), k.report.notes
+
+
+# Triton's interpreter passes scalars as constexprs: the floor-division fix-up the tl emitter writes
+# for the k loop's bound ceildiv(K, 32) ("((K + 32) - 1) // 32", not known non-negative) becomes
+# tl.where on Python ints, a 1-element array tl.range cannot take.
+TL_INTERPRETER_RUNTIME_LOOP_BOUND = pytest.mark.xfail(
+    strict=True, raises=InterpreterError,
+    reason="tl emitter: a loop bound computed from a runtime dim fails under Triton's interpreter")
+
+
+@pytest.mark.parametrize("target", ["interpret",
+                                    pytest.param("triton", marks=TL_INTERPRETER_RUNTIME_LOOP_BOUND)])
+def test_runtime_k_computes_on_cpu(target):
+    k = runtime_k(target)
+    for M, K in ((5, 100), (70, 64)):
+        a, b = inputs(M, DYNAMIC_N, K, torch.float16, seed=40 + K)
+        close(k(a, b), a.double() @ b.double(), *TOL["fp16"])

@@ -1,0 +1,316 @@
+"""``tilews.ops.matmul`` and its schedules (``tilews.ops.schedule``), on the CPU (the interpreter).
+
+* ``Schedule``: text round trip, rejected texts and knobs; ``bucket``; the heuristic's program per
+  shape (table) and its invariants (split_k slices >= 4 k tiles and <= 16, stages fit shared
+  memory); ``candidates`` (heuristic first, distinct, 7-16 on the GPU, every program on the CPU).
+* Numerics vs float64 torch on the same fp16/bf16 inputs (outputs poisoned with NaN by the
+  conftest, so an unwritten element fails), relative Frobenius error:
+  float32 out 1e-5 (only float32 rounding of K <= 130 long sums: ~1e-7 measured);
+  float16 out 2e-3 (one rounding to 11 bits: ~2e-4 measured); bfloat16 out 1e-2 (8 bits: ~1.7e-3).
+  Every program through ``run`` at M in {1, 5, 70}, ragged and non-contiguous shapes, and
+  ``matmul``'s own choice.
+* One compiled kernel per schedule: a second M of a bucket adds no plan and no kernel; another
+  bucket with the same schedule adds a plan pointing at the same kernel.
+* Errors name the argument; empty products.
+* ``tune``: writes the bucket's winner to the tuning cache under ``TILEWS_CACHE_DIR`` (a tmp
+  folder here), a fresh process state reads it back (an edited entry is obeyed), a candidate with
+  wrong results is dropped, ``TILEWS_TUNE=1`` tunes at the first call.
+* ``torch.compile(fullgraph=True)`` through the ``tilews::matmul`` custom op (inductor on the CPU;
+  the graph holds the op) equals eager; ``torch.library.opcheck``.
+* Dispatch overhead of a cached call, the kernel replaced by a no-op: ~1.3 us measured on this
+  CPU (2 cores, shared); asserted < 10 us.
+
+Runtime: about 20 s on 2 cores.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import time
+
+import pytest
+import torch
+
+import tilews.ops as ops
+from tilews.ops.schedule import (MAX_SPLITS, SMEM_BYTES, SPLIT_K_MIN_K_TILES, Schedule, bucket,
+                                 candidates, heuristic)
+
+from .helpers import randn, rel_err
+
+mm = importlib.import_module("tilews.ops.matmul")     # the module (``ops.matmul`` is the function)
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+CPU_SCHEDULES = ["tiled 64x64x32 s2 t128", "tiled 32x64x32 s2 t128",
+                 "persistent 64x64x32 s2 t128 g2", "split_k 64x64x32 s2 t128 x2",
+                 "split_k 32x64x32 s1 t128 x3", "swap_ab 16x64x32 s2 t128"]
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """Empty plans, kernels and tuned winners, and a tuning cache in ``tmp_path``."""
+    monkeypatch.setattr(mm, "_plans", {})
+    monkeypatch.setattr(mm, "_kernels", {})
+    monkeypatch.setattr(mm, "_tuned", {})
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def operands(M, N, K, dtype, seed=0):
+    return randn(M, K, dtype=dtype, seed=seed), randn(K, N, dtype=dtype, seed=seed + 1)
+
+
+def assert_product(c, a, b, out_dtype):
+    assert c.shape == (a.shape[0], b.shape[1]) and c.dtype == out_dtype
+    assert rel_err(c, a.double() @ b.double()) < TOL[out_dtype]
+
+
+# --- Schedule, bucket, heuristic, candidates -------------------------------------------------------
+@pytest.mark.parametrize("text", CPU_SCHEDULES + ["persistent 128x256x64 s3 t256 g8",
+                                                  "split_k 64x128x64 s6 t128 x4 g8"])
+def test_schedule_text_round_trip(text):
+    s = Schedule.from_text(text)
+    assert str(s) == text and Schedule.from_text(str(s)) == s
+
+
+@pytest.mark.parametrize("text", ["tiled 64x64 s2 t128", "tiled 64x64x32 t128 s2", "gemm 64x64x32 s2 t128",
+                                  "tiled 64x64x32 s2 t128 x2", "persistent 64x64x32 s2 t128", ""])
+def test_schedule_rejects(text):
+    with pytest.raises(ValueError, match="Schedule"):
+        Schedule.from_text(text)
+
+
+def test_schedule_knob_errors_name_the_knob():
+    with pytest.raises(ValueError, match="block_K must be an int >= 1"):
+        Schedule("tiled", 64, 64, 0, 2, 128)
+    with pytest.raises(ValueError, match="splits=4 is split_k's knob, not swap_ab's"):
+        Schedule("swap_ab", 16, 64, 32, 2, 128, splits=4)
+
+
+@pytest.mark.parametrize("M, want", [(0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (64, 64), (65, 128),
+                                     (8192, 8192), (100000, 8192)])
+def test_bucket(M, want):
+    assert bucket(M) == want
+
+
+@pytest.mark.parametrize("M, N, K, want", [
+    (1, 4096, 4096, "swap_ab 16x128x64 s6 t128"),
+    (32, 14336, 4096, "swap_ab 32x128x64 s6 t128"),
+    (128, 4096, 4096, "split_k 64x128x64 s6 t128 x3"),    # 64 tiles of 132 SMs, K 4096
+    (777, 512, 4096, "split_k 64x128x64 s6 t128 x3"),
+    (513, 257, 129, "tiled 64x128x64 s6 t128 g8"),        # few tiles, but K too short to split
+    (512, 4096, 4096, "tiled 64x128x64 s6 t128 g8"),
+    (1024, 4096, 4096, "tiled 128x128x64 s4 t128 g8"),
+    (4096, 4096, 4096, "persistent 128x256x64 s3 t256 g8"),
+])
+def test_heuristic_table(M, N, K, want):
+    assert str(heuristic(M, N, K, torch.bfloat16, torch.bfloat16, 132, True)) == want
+
+
+def test_heuristic_on_cpu_and_with_float32_out():
+    assert str(heuristic(4096, 4096, 4096, torch.float16, torch.float16, 132, False)) == \
+        "tiled 64x64x32 s2 t128"
+    # the 128x256 float32 output tile takes shared memory from the ring
+    assert heuristic(4096, 4096, 4096, torch.bfloat16, torch.float32, 132, True).num_stages == 2
+
+
+SHAPES = [(M, N, K) for M in (1, 16, 32, 64, 128, 512, 2048, 8192)
+          for N, K in ((4096, 4096), (14336, 4096), (4096, 14336), (257, 129), (512, 4096))]
+
+
+@pytest.mark.parametrize("out", [torch.bfloat16, torch.float32])
+def test_heuristic_and_candidates_invariants(out):
+    for M, N, K in SHAPES:
+        space = candidates(M, N, K, torch.bfloat16, out, 132, True)
+        assert space[0] == heuristic(M, N, K, torch.bfloat16, out, 132, True)
+        assert len(set(space)) == len(space) and 7 <= len(space) <= 16, (M, N, K, space)
+        for s in space:
+            ring = s.num_stages * (s.block_M + s.block_N) * s.block_K * 2
+            tile = s.block_M * s.block_N * (4 if s.program == "split_k" else out.itemsize)
+            assert ring + tile <= SMEM_BYTES, s
+            if s.program == "split_k":
+                assert 2 <= s.splits <= min(MAX_SPLITS, K // (SPLIT_K_MIN_K_TILES * s.block_K)), s
+            if s.program == "swap_ab":
+                assert M <= 64
+
+
+def test_cpu_candidates_cover_every_program():
+    space = candidates(8, 80, 96, torch.float16, torch.float16, 132, False)
+    assert {s.program for s in space} == {"tiled", "persistent", "split_k", "swap_ab"}
+
+
+# --- numerics -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", CPU_SCHEDULES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_run_every_schedule(fresh, text, dtype):
+    s = Schedule.from_text(text)
+    for M in (1, 5, 70):
+        a, b = operands(M, 80, 96, dtype, seed=M)
+        assert_product(ops.run(a, b, torch.float32, s), a, b, torch.float32)
+    assert len(mm._kernels) == 1        # one kernel (or split_k's pair) served the three Ms
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out", [None, torch.float16, torch.bfloat16, torch.float32])
+def test_matmul_out_dtypes(fresh, dtype, out):
+    a, b = operands(70, 80, 96, dtype)
+    assert_product(ops.matmul(a, b, out), a, b, out or dtype)
+
+
+@pytest.mark.parametrize("M, N, K", [(5, 1, 1), (33, 130, 50), (1, 200, 161), (129, 3, 70)])
+def test_matmul_ragged_shapes(fresh, M, N, K):
+    a, b = operands(M, N, K, torch.bfloat16, seed=N)
+    assert_product(ops.matmul(a, b, torch.float32), a, b, torch.float32)
+
+
+def test_matmul_non_contiguous_inputs(fresh):
+    a, b = operands(70, 80, 96, torch.float16)
+    at, bt = a.t().contiguous().t(), b.t().contiguous().t()          # column-major views
+    assert not at.is_contiguous() and not bt.is_contiguous()
+    assert_product(ops.matmul(at, bt), a, b, torch.float16)
+    assert_product(ops.matmul(a[:, ::2], b[::2]), a[:, ::2], b[::2], torch.float16)
+
+
+def test_one_kernel_serves_every_M(fresh):
+    b = randn(96, 80, dtype=torch.bfloat16, seed=1)
+    for M in (70, 100):                                   # one bucket (128)
+        a = randn(M, 96, dtype=torch.bfloat16, seed=M)
+        assert_product(ops.matmul(a, b), a, b, torch.bfloat16)
+        assert (len(mm._plans), len(mm._kernels)) == (1, 1)
+    a = randn(5, 96, dtype=torch.bfloat16, seed=5)          # bucket 8: the same CPU schedule
+    assert_product(ops.matmul(a, b), a, b, torch.bfloat16)
+    assert (len(mm._plans), len(mm._kernels)) == (2, 1)
+    first, second = mm._plans.values()
+    assert first is second is next(iter(mm._kernels.values()))
+
+
+# --- errors and empty products -----------------------------------------------------------------
+A, B = randn(4, 8, dtype=torch.float16), randn(8, 3, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    ((A[0], B), ValueError, r"'a' must be a 2-d tensor, got 1-d \[8\]"),
+    ((A, B[None]), ValueError, r"'b' must be a 2-d tensor, got 3-d"),
+    ((A.float(), B), TypeError, r"'a' is torch.float32"),
+    ((A, B.bfloat16()), TypeError, r"'b' is torch.bfloat16; .* \(a is torch.float16\)"),
+    ((A, B[:5]), ValueError, r"a is \[4, 8\] but b is \[5, 3\]"),
+    ((A, B, torch.int32), TypeError, r"out_dtype must be .* got torch.int32"),
+    ((A.tolist(), B), TypeError, r"'a' must be a torch.Tensor, got list"),
+    ((A, B.to("meta")), ValueError, r"'b' is on meta but 'a' is on cpu"),
+])
+def test_errors_name_the_argument(args, exc, match):
+    for _ in range(2):                  # a failed call leaves nothing cached that lets it through
+        with pytest.raises(exc, match=match):
+            ops.matmul(*args)
+    with pytest.raises(exc, match=match):
+        ops.run(*args[:2], args[2] if len(args) > 2 else None, Schedule.from_text(CPU_SCHEDULES[0]))
+
+
+@pytest.mark.parametrize("M, N, K", [(0, 3, 8), (4, 0, 8), (0, 0, 0), (4, 3, 0)])
+def test_empty_products(fresh, M, N, K):
+    a, b = randn(M, K, dtype=torch.bfloat16), randn(K, N, dtype=torch.bfloat16)
+    for c in (ops.matmul(a, b, torch.float32), ops.run(a, b, torch.float32, Schedule.from_text(CPU_SCHEDULES[0]))):
+        assert c.shape == (M, N) and c.dtype == torch.float32 and bool((c == 0).all())
+    assert mm._kernels == {}
+
+
+# --- tuning -------------------------------------------------------------------------------------
+def cache_entries(root):
+    return [json.loads(p.read_text()) for p in (root / "ops" / "matmul").glob("*.json")]
+
+
+def test_tune_writes_the_winner_and_matmul_reads_it(fresh, monkeypatch):
+    a, b = operands(5, 80, 96, torch.float16)
+    winner = ops.tune(a, b, warmup=1, rep=2)
+    assert winner in candidates(bucket(5), 80, 96, torch.float16, torch.float16, 132, False)
+    [entry] = cache_entries(fresh)
+    assert entry["schedule"] == str(winner) and entry["key"][-3:] == [80, 96, 8]
+    # A new process (nothing in memory) follows the disk, even an entry edited by hand.
+    chosen = Schedule.from_text("swap_ab 16x64x32 s2 t128")
+    [path] = (fresh / "ops" / "matmul").glob("*.json")
+    path.write_text(json.dumps({**entry, "schedule": str(chosen)}))
+    monkeypatch.setattr(mm, "_tuned", {})
+    monkeypatch.setattr(mm, "_plans", {})
+    monkeypatch.setattr(mm, "_kernels", {})
+    a2 = randn(7, 96, dtype=torch.float16, seed=7)      # another M of the bucket
+    assert ops.matmul_schedule(a2, b) == chosen
+    assert_product(ops.matmul(a2, b), a2, b, torch.float16)
+    assert [k[0] for k in mm._kernels] == [chosen]
+    # another bucket is not affected
+    assert ops.matmul_schedule(randn(70, 96, dtype=torch.float16), b) == heuristic(
+        128, 80, 96, torch.float16, torch.float16, 132, False)
+
+
+def test_tune_drops_wrong_candidates(fresh, monkeypatch):
+    good, bad = Schedule.from_text(CPU_SCHEDULES[1]), Schedule.from_text(CPU_SCHEDULES[0])
+    build = mm._build
+
+    def wrong_for_bad(s, *args):
+        run = build(s, *args)
+        return (lambda a, b: run(a, b) * 1.05) if s == bad else run
+    monkeypatch.setattr(mm, "_build", wrong_for_bad)
+    monkeypatch.setattr(mm, "candidates", lambda *args: [bad, good])
+    a, b = operands(70, 80, 96, torch.bfloat16)
+    assert ops.tune(a, b, torch.float32, warmup=1, rep=2) == good
+    monkeypatch.setattr(mm, "candidates", lambda *args: [bad])
+    with pytest.raises(RuntimeError, match=r"(?s)no candidate.*tiled 64x64x32 s2 t128: AssertionError"):
+        ops.tune(a, b, torch.float32, warmup=1, rep=2)
+
+
+def test_env_switch_tunes_at_the_first_call(fresh, monkeypatch):
+    monkeypatch.setenv("TILEWS_TUNE", "1")
+    a, b = operands(20, 80, 96, torch.bfloat16)
+    assert cache_entries(fresh) == []
+    assert_product(ops.matmul(a, b), a, b, torch.bfloat16)
+    [entry] = cache_entries(fresh)
+    assert entry["key"][-1] == 32 and ops.matmul_schedule(a, b) == Schedule.from_text(entry["schedule"])
+    assert_product(ops.matmul(a, b), a, b, torch.bfloat16)   # planned now: no second tuning
+    assert len(cache_entries(fresh)) == 1
+
+
+def test_tune_rejects_empty_products():
+    with pytest.raises(ValueError, match=r"tune\(\): nothing to tune .* 0, 3, 8"):
+        ops.tune(randn(0, 8, dtype=torch.float16), randn(8, 3, dtype=torch.float16))
+
+
+# --- torch.compile and the custom op -------------------------------------------------------------
+def test_torch_compile_traces_through_the_custom_op(fresh):
+    def f(a, b):
+        return torch.relu(ops.matmul(a, b))
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm
+    a, b = operands(70, 80, 96, torch.bfloat16)
+    assert torch.equal(torch.compile(f, fullgraph=True, backend=record)(a, b), f(a, b))
+    assert "tilews.matmul" in graphs[0]
+    compiled = torch.compile(f, fullgraph=True)
+    for M in (70, 5):
+        a = randn(M, 96, dtype=torch.bfloat16, seed=M)
+        assert torch.equal(compiled(a, b), f(a, b))
+
+
+@pytest.mark.parametrize("out", [None, torch.float32])
+def test_opcheck(fresh, out):
+    a, b = operands(5, 80, 96, torch.float16)
+    result = torch.library.opcheck(torch.ops.tilews.matmul.default, (a, b, out))
+    assert set(result.values()) == {"SUCCESS"}
+
+
+# --- the hot path -------------------------------------------------------------------------------
+def test_dispatch_overhead(fresh):
+    """A cached call costs a key tuple, one dict lookup and two ``.contiguous()``: the kernel
+    replaced by a no-op, the call takes ~1.3 us on this CPU."""
+    a, b = operands(5, 80, 96, torch.float16)
+    ops.matmul(a, b)
+    [key] = mm._plans
+    mm._plans[key] = lambda a, b: a
+    n = 2000
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            ops.matmul(a, b)
+        best = min(best, (time.perf_counter() - start) / n)
+    assert best < 10e-6, f"{best * 1e6:.2f} us per call"
+    assert ops.matmul(a, b) is a                            # the call went through the plan
