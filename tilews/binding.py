@@ -57,10 +57,7 @@ class Binder:
         self.poison = poison
         self._check_outputs_resolvable()
         self.signatures: dict[tuple, BoundSignature] = {}
-        self._aligned = [i for i, p in enumerate(self.inputs) if p.name in rules.bulk_copy]
-        self._scalars = [(i, p.param) for i, p in enumerate(self.inputs) if isinstance(p.param, ir.Var)]
-        # an input the kernel writes may alias another tensor argument: checked on every call
-        self._writes_input = any(p.param in self.checker.written for p in self.inputs)
+        self._fast = self._compile_fast_bind()
 
     def _check_outputs_resolvable(self) -> None:
         known = {d for p in self.inputs if isinstance(p.param, ir.Buffer) for d in p.param.shape
@@ -81,52 +78,78 @@ class Binder:
         if len(args) != len(self.inputs):
             raise TypeError(f"kernel '{self.kernel.name}' takes {len(self.inputs)} argument(s) "
                             f"({', '.join(self.input_names)}), got {len(args)}")
-        key = tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor)
-                    else type(a) for a in args)
-        sig = self.signatures.get(key)
-        if sig is None:
-            sig = self._bind_signature(args)
-            if len(self.signatures) >= SIGNATURES:
-                self.signatures.clear()
-            self.signatures[key] = sig
-        else:
-            self._recheck(args)
-        outs = []
-        for shape, dtype in sig.outputs:
-            t = torch.empty(shape, dtype=dtype, device=sig.device)
-            if self.poison:
-                poison_(t)
-            outs.append(t)
-        return [args[i] if where == "input" else outs[i] if where == "output" else i
-                for where, i in sig.values], outs
-
-    def _recheck(self, args: Sequence) -> None:
-        """What a known signature does not fix: alignment, overlap, scalar values."""
-        if any(args[i].data_ptr() % 16 for i in self._aligned) or self._writes_input:
+        try:
+            return self._fast(*args)
+        except (AttributeError, TypeError):    # an argument of the wrong kind: say which
             self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])
-        for i, v in self._scalars:
-            check_scalar(v, args[i])
+            raise
 
-    def _bind_signature(self, args: Sequence) -> "BoundSignature":
+    def _compile_fast_bind(self):
+        """The function binding one call: the signature's key, then either the full check (a new
+        signature: ``_first_bind``) or the checks a signature leaves open, the outputs and the
+        values, spelled out for this kernel's parameters (no loops over parameters per call)."""
+        names = [f"a{i}" for i in range(len(self.inputs))]
+        key, recheck, lines = [], [], []
+        for i, p in enumerate(self.inputs):
+            a = names[i]
+            if isinstance(p.param, ir.Buffer):
+                key.append(f"{a}.dtype, {a}.shape, {a}.stride(), {a}.device")
+                if p.name in self.checker.rules.bulk_copy:
+                    recheck.append(f"{a}.data_ptr() % 16")
+            else:
+                key.append(f"type({a})")
+                lines.append(f"    check_scalar(inputs[{i}].param, {a})")
+        if any(p.param in self.checker.written for p in self.inputs):
+            recheck = ["True"]       # an input the kernel writes may alias another argument
+        call = f"({', '.join(names)}{',' if len(names) == 1 else ''})"
+        body = [f"def bind({', '.join(names)}):",
+                f"    sig = signatures.get(({', '.join(key)}{',' if len(key) == 1 else ''}))",
+                "    if sig is None:",
+                f"        return first_bind({call})"]
+        if recheck:
+            body += [f"    if {' or '.join(recheck)}:", f"        check({call})"]
+        body += lines
+        for j in range(len(self.out_positions)):
+            body.append(f"    o{j} = empty(sig.outputs[{j}], dtype=sig.dtypes[{j}], device=sig.device)")
+            if self.poison:
+                body.append(f"    poison_(o{j})")
+        where = {p.param.name: names[i] for i, p in enumerate(self.inputs)}
+        where.update({self.params[i].param.name: f"o{j}" for j, i in enumerate(self.out_positions)})
+        dims = [q for q in self.kernel.params if q.name not in where]
+        where.update({q.name: f"sig.dims[{k}]" for k, q in enumerate(dims)})
+        outs = ", ".join(f"o{j}" for j in range(len(self.out_positions)))
+        body.append(f"    return [{', '.join(where[q.name] for q in self.kernel.params)}], [{outs}]")
+        scope = {"signatures": self.signatures, "first_bind": self._first_bind, "empty": torch.empty,
+                 "poison_": poison_, "check_scalar": check_scalar, "inputs": self.inputs,
+                 "check": lambda args: self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])}
+        exec("\n".join(body), scope)
+        self._dims = dims
+        return scope["bind"]
+
+    def _first_bind(self, args: tuple) -> tuple[list, list[torch.Tensor]]:
+        """A call with a new signature: the full check, then the signature is remembered."""
         dims = self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])
         sizes = {v.name: size for v, size in dims.items()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.device("cpu")
-        outputs = []
+        shapes, dtypes = [], []
         for i in self.out_positions:
             b = self.params[i].param
-            outputs.append((tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name]
-                                  for d in b.shape), b.dtype.torch_dtype))
-        where = {p.param.name: ("input", i) for i, p in enumerate(self.inputs)}
-        where.update({self.params[i].param.name: ("output", j) for j, i in enumerate(self.out_positions)})
-        values = tuple(where.get(q.name) or ("dim", sizes[q.name]) for q in self.kernel.params)
-        return BoundSignature(tuple(outputs), device, values)
+            shapes.append(tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name] for d in b.shape))
+            dtypes.append(b.dtype.torch_dtype)
+        if len(self.signatures) >= SIGNATURES:
+            self.signatures.clear()
+        key = tuple(x for a in args for x in ((a.dtype, a.shape, a.stride(), a.device)
+                                              if isinstance(a, torch.Tensor) else (type(a),)))
+        self.signatures[key] = BoundSignature(tuple(shapes), tuple(dtypes), device,
+                                              tuple(sizes[q.name] for q in self._dims))
+        return self._fast(*args)
 
 
 @dataclass(frozen=True)
 class BoundSignature:
-    """What one call signature fixes: the outputs' (shape, dtype), their device, and for each
-    kernel parameter where its launch value comes from: ("input", position in the call),
-    ("output", position among the outputs) or ("dim", a runtime dim's value)."""
-    outputs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    """What one call signature fixes: the outputs' shapes and dtypes, their device, and the
+    values of the kernel's runtime dims that no argument passes (in parameter order)."""
+    outputs: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
     device: torch.device
-    values: tuple[tuple[str, object], ...]
+    dims: tuple[int, ...]

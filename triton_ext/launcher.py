@@ -1,19 +1,30 @@
 """Launching a ``@triton.jit`` / ``@gluon.jit`` kernel with no per-call work that can be done once.
 
 ``Launcher(fn, num_warps).launch(grid, args)`` launches through Triton's JIT the first time for
-each specialization of the arguments (Triton compiles then, or loads from its cache) and keeps the
-``CompiledKernel`` it returns; later calls with the same specialization on the same device launch that compiled
-kernel directly on the current stream, skipping the JIT's argument binding and cache-key
-computation. The specialization is what Triton's JIT specializes on, computed with Triton's own
-``native_specialize_impl`` for integers (1 becomes a constant; divisibility by 16; 32 vs 64 bits)
-and as 16-byte alignment for tensors; floats, booleans and TMA descriptors carry none (a
-descriptor's type is fixed by the kernel's emitted block shape and layout). Launch hooks
-(``triton.knobs.runtime.launch_enter_hook``, e.g. a profiler) are honoured as the JIT does.
+each specialization of the arguments on a device (Triton compiles then, or loads from its cache)
+and keeps the ``CompiledKernel`` it returns; later calls with the same specialization launch that
+kernel directly on the current stream, skipping the JIT's argument binding and cache key. The
+specialization is what Triton's JIT specializes on: Triton's own ``native_specialize_impl`` for
+integers (1 becomes a constant; divisibility by 16; 32 vs 64 bits), 16-byte alignment for tensors;
+floats, booleans and TMA descriptors carry none (a descriptor's type is fixed by the kernel's
+emitted block shape and layout).
+
+A direct launch calls the C launcher Triton built for the kernel (``DirectLaunch``). A TMA
+descriptor argument is passed as the encoded tensor map Triton's launcher wrapper would make from
+it on every call; here it is made once per descriptor object (the Gluon launcher's descriptor
+cache hands back the same object for the same tensor address, shape and strides). Where the
+kernel needs scratch memory, or a launch hook is set (``triton.knobs.runtime.launch_enter_hook``,
+e.g. a profiler), the compiled kernel's own ``run`` is used, as the JIT would.
 
 Under Triton's CPU interpreter (``TRITON_INTERPRET=1``) there is no compiled kernel: every call
 goes through the interpreter.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+_ENCODED = "_tilews_encoded"     # attribute of a TensorDescriptor holding its launcher arguments
 
 
 class Launcher:
@@ -27,7 +38,7 @@ class Launcher:
         self.fn = fn
         self.interpreted = isinstance(fn, InterpretedFunction)
         self.num_warps = num_warps
-        self.compiled: dict = {}             # specialization -> CompiledKernel
+        self.compiled: dict = {}             # (device, specialization) -> DirectLaunch
         self._tensor = torch.Tensor
         self._int_key = lambda a: native_specialize_impl(BaseBackend, a, False, True, True)[1]
         self._driver = driver
@@ -44,13 +55,62 @@ class Launcher:
         active = self._driver.active
         device = active.get_current_device()
         key = (device, self.specialization(args))
-        kernel = self.compiled.get(key)
-        if kernel is None:
-            self.compiled[key] = self.fn[grid](*args, num_warps=self.num_warps)
+        direct = self.compiled.get(key)
+        if direct is None:
+            self.compiled[key] = DirectLaunch.of(self.fn[grid](*args, num_warps=self.num_warps))
             return
-        g = tuple(grid) + (1, 1)
         stream = active.get_current_stream(device)
+        g = tuple(grid) + (1, 1)
         hooks = self._hooks
-        metadata = kernel.launch_metadata(grid, stream, *args) if hooks.launch_enter_hook else None
-        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, metadata,
-                   hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+        kernel = direct.kernel
+        if direct.raw is None or hooks.launch_enter_hook is not None:
+            metadata = kernel.launch_metadata(grid, stream, *args) if hooks.launch_enter_hook else None
+            kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, metadata,
+                       hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+            return
+        direct.raw(g[0], g[1], g[2], stream, kernel.function, direct.cooperative, direct.pdl, None,
+                   None, kernel.packed_metadata, None, None, hooks.launch_exit_hook,
+                   *direct.expand(args))
+
+
+@dataclass
+class DirectLaunch:
+    """A compiled kernel and, where it can be called directly, Triton's C launcher for it
+    (``raw``; None: use ``kernel.run``) with what that launcher takes besides the arguments,
+    and per TMA descriptor position the metadata its encoding needs."""
+    kernel: object
+    raw: Optional[Callable]
+    cooperative: bool = False
+    pdl: bool = False
+    descriptors: tuple[tuple[int, object], ...] = ()
+
+    @classmethod
+    def of(cls, kernel) -> "DirectLaunch":
+        run = kernel.run
+        if run.global_scratch_size or run.profile_scratch_size:
+            return cls(kernel, None)
+        wrapper = run.launch
+        code = getattr(wrapper, "__code__", None)
+        if code is None:                      # no descriptor arguments: the C launcher itself
+            return cls(kernel, wrapper, run.launch_cooperative_grid, run.launch_pdl)
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in wrapper.__closure__ or ())))
+        if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+            return cls(kernel, None)          # a Triton whose wrapper we do not know
+        positions = sorted(cells["tensordesc_indices"])
+        return cls(kernel, cells["launcher"], run.launch_cooperative_grid, run.launch_pdl,
+                   tuple(zip(positions, cells["tensordesc_meta"])))
+
+    def expand(self, args: list) -> list:
+        """``args`` with each TMA descriptor replaced by its encoded tensor map, shape and strides
+        (made once per descriptor object)."""
+        if not self.descriptors:
+            return args
+        out = list(args)
+        for i, meta in reversed(self.descriptors):
+            desc = args[i]
+            encoded = desc.__dict__.get(_ENCODED)
+            if encoded is None:
+                from triton.backends.nvidia.driver import make_tensordesc_arg
+                encoded = desc.__dict__[_ENCODED] = make_tensordesc_arg(desc, meta)
+            out[i:i + 1] = encoded
+        return out

@@ -63,6 +63,8 @@ Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _plans: dict[tuple, Runner] = {}
 # (schedule, N, K, dtype, out_dtype, device type) -> runner (one or two compiled kernels)
 _kernels: dict[tuple, Runner] = {}
+# (schedule, _plan_key) -> runner: ``run``'s one lookup
+_scheduled: dict[tuple, Runner] = {}
 # tuning key (see _tuning_key) -> the winner tuned in this process
 _tuned: dict[tuple, Schedule] = {}
 
@@ -128,13 +130,19 @@ def check(a, b, out_dtype, op: str = "matmul") -> tuple[int, int, int, torch.dty
 
 
 def run(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype], schedule: Schedule) -> torch.Tensor:
-    """``a @ b`` by ``schedule``, whatever ``matmul`` would pick (checked as ``matmul``'s)."""
+    """``a @ b`` by ``schedule``, whatever ``matmul`` would pick (checked as ``matmul``'s, once per
+    kind of call like ``matmul``)."""
+    try:
+        return _scheduled[(schedule, _plan_key(a, b, out_dtype))](a.contiguous(), b.contiguous())
+    except (KeyError, AttributeError, ValueError, TypeError):   # a new kind of call, or a bad one
+        pass
     if not isinstance(schedule, Schedule):
         raise TypeError(f"run(): schedule must be a tilews.ops.Schedule, got {type(schedule).__name__}")
     M, N, K, out = check(a, b, out_dtype, "run")
     if M == 0 or N == 0 or K == 0:
         return torch.zeros(M, N, dtype=out, device=a.device)
-    return _runner(schedule, N, K, a.dtype, out, a.device.type)(a.contiguous(), b.contiguous())
+    runner = _scheduled[(schedule, _plan_key(a, b, out_dtype))] = _runner(schedule, N, K, a.dtype, out, a.device.type)
+    return runner(a.contiguous(), b.contiguous())
 
 
 def matmul_schedule(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> Schedule:

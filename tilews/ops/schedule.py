@@ -82,20 +82,32 @@ def bucket(M: int) -> int:
 
 
 # --- the heuristic: its schedules, thresholds and rules -----------------------------------------
+# Measured on an H100 (scripts/explore_gemm_schedules.py, kernel time under CUDA graphs against
+# cuBLAS, bf16): at M <= 32 a 64-row tile wastes most of the wgmma but the shape is bound by
+# reading B, so what matters is enough blocks streaming it (split-K when N has few tiles); above
+# that, the largest tile whose count still fills most SMs wins (a 64x64 tile at 128x4096x4096:
+# 1.2x cuBLAS; 128x128 at 128x14336x4096 and 512x4096x4096), and split-K repairs a last wave that
+# would run mostly empty (1000x1100x1234: 0.80x -> 0.94x).
 CPU = Schedule("tiled", 64, 64, 32, 2, 128)              # the interpreters: small blocks
-SWAP_AB_16 = Schedule("swap_ab", 16, 128, 64, 6, 128)
-SWAP_AB_32 = Schedule("swap_ab", 32, 128, 64, 6, 128)
 SPLIT_K = Schedule("split_k", 64, 128, 64, 6, 128, splits=2)   # splits set per shape
 PERSISTENT = Schedule("persistent", 128, 256, 64, 3, 256, group=8)
-TILED_128 = Schedule("tiled", 128, 128, 64, 4, 128, group=8)
-TILED_64 = Schedule("tiled", 64, 128, 64, 6, 128, group=8)
+NARROW_M = (Schedule("tiled", 64, 256, 64, 4, 128, group=8),    # M <= NARROW_M_MAX, N wide
+            Schedule("tiled", 64, 128, 64, 6, 128, group=8))
+# rows not 16-byte aligned keep a tensor off TMA: the program runs as plain triton.language,
+# where transposed 128x64 tiles measured best (4095x4097x4099: 0.90x cuBLAS; persistent 0.51x)
+UNALIGNED = Schedule("swap_ab", 64, 128, 64, 6, 128)
+TILES = (Schedule("tiled", 128, 256, 64, 3, 256, group=8),       # largest first
+         Schedule("tiled", 128, 128, 64, 4, 128, group=8),
+         Schedule("tiled", 64, 256, 64, 4, 128, group=8),
+         Schedule("tiled", 64, 128, 64, 6, 128, group=8),
+         Schedule("tiled", 64, 64, 64, 8, 128, group=8))
 
-SWAP_AB_MAX_M = 32          # M at most this: swap_ab (N fills the wgmma's 64 rows)
-SPLIT_K_MAX_FILL = 0.5      # SPLIT_K's output tiles below this fraction of the SMs, and ...
-SPLIT_K_MIN_K_TILES = 4     # ... K long enough for 2+ slices of at least this many block_K tiles
+NARROW_M_MAX = 32           # M at most this: 64-row tiles over N, or split-K
+FILL = 0.75                 # a tiling "fills" the GPU with at least this many blocks per SM
+MIN_WAVE_USE = 0.8          # below this share of its SM slots busy, a tiling is split in K
+SPLIT_K_MIN_K_TILES = 6     # each K slice at least this many block_K tiles long
 MAX_SPLITS = 16
-PERSISTENT_MIN_WAVES = 1.0  # PERSISTENT's tiles fill the SMs at least this many times
-TILED_128_MIN_WAVES = 1.0   # else TILED_128's tiles fill them this many times; else TILED_64
+REBALANCE_SPLITS = 3        # at most this many slices to even out a tiling that fills the SMs
 SMEM_BYTES = 227 * 1024     # shared memory of one block on Hopper (stages are cut to fit)
 
 
@@ -103,40 +115,71 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
               gpu: bool) -> Schedule:
     """The first guess for C[M, N] = A[M, K] @ B[K, N]; the first rule that applies wins:
 
-    ========================================================  =================================
-    not on a GPU                                              CPU (tiled 64x64x32)
-    M <= SWAP_AB_MAX_M                                        swap_ab 16 (M <= 16) or 32 wide
-    SPLIT_K tiles < SPLIT_K_MAX_FILL * num_sms, K allows 2+   split_k, splits filling the SMs
-    PERSISTENT tiles >= PERSISTENT_MIN_WAVES * num_sms        persistent 128x256x64
-    TILED_128 tiles >= TILED_128_MIN_WAVES * num_sms          tiled 128x128x64
-    otherwise                                                 tiled 64x128x64
-    ========================================================  =================================
+    ==========================================================  ===============================
+    not on a GPU                                                CPU (tiled 64x64x32)
+    M <= NARROW_M_MAX, N's 64x256 (else 64x128) tiles fill      tiled 64x256 (64x128)
+    M <= NARROW_M_MAX                                           split_k 64x128, filling the SMs
+    128x256 tiles at least one per SM                           persistent 128x256x64
+    the largest of TILES whose count fills the SMs              that tile, or split_k of it
+                                                                when its last wave is mostly
+                                                                idle
+    none fills                                                  split_k 64x128 filling the SMs,
+                                                                else tiled 64x64
+    then, rows of A, B or C not a multiple of 16 bytes and a    UNALIGNED (swap_ab 64x128)
+    128-row pick
+    ==========================================================  ===============================
 
-    The pipeline stages are then cut to fit ``SMEM_BYTES`` with the dtypes' sizes."""
+    "Fills": at least ``FILL`` blocks per SM. The pipeline stages are then cut to fit
+    ``SMEM_BYTES`` with the dtypes' sizes."""
     if not gpu:
         return CPU
-    if M <= SWAP_AB_MAX_M:
-        pick = SWAP_AB_16 if M <= 16 else SWAP_AB_32
-    elif (splits := split_count(M, N, K, SPLIT_K, num_sms)) > 1:
-        pick = replace(SPLIT_K, splits=splits)
-    elif PERSISTENT.output_tiles(M, N) >= PERSISTENT_MIN_WAVES * num_sms:
+    fill = FILL * num_sms
+    if M <= NARROW_M_MAX:
+        wide = next((t for t in NARROW_M if t.output_tiles(M, N) >= 0.5 * fill), None)
+        pick = wide or _split(M, N, K, SPLIT_K, num_sms) or NARROW_M[-1]
+    elif PERSISTENT.output_tiles(M, N) >= num_sms:
         pick = PERSISTENT
-    elif TILED_128.output_tiles(M, N) >= TILED_128_MIN_WAVES * num_sms:
-        pick = TILED_128
     else:
-        pick = TILED_64
+        tile = next((t for t in TILES if t.output_tiles(M, N) >= fill), None)
+        if tile is not None:
+            uneven = wave_use(tile.output_tiles(M, N), num_sms) < MIN_WAVE_USE
+            pick = (uneven and _split(M, N, K, tile, num_sms, REBALANCE_SPLITS, strict=True)) or tile
+        else:
+            pick = _split(M, N, K, SPLIT_K, num_sms) or TILES[-1]
+    unaligned = (K * dtype.itemsize) % 16 or (N * dtype.itemsize) % 16 or (N * out_dtype.itemsize) % 16
+    if unaligned and pick.block_M == 128:
+        pick = UNALIGNED
     return fit_stages(pick, dtype, out_dtype)
 
 
-def split_count(M: int, N: int, K: int, base: Schedule, num_sms: int) -> int:
-    """Slices of K for ``base``'s tiles: enough to fill the SMs, each at least
-    ``SPLIT_K_MIN_K_TILES`` k tiles long, at most ``MAX_SPLITS``; 1 (no split) when the output
-    tiles already fill ``SPLIT_K_MAX_FILL`` of the SMs."""
+def wave_use(blocks: int, num_sms: int) -> float:
+    """The share of SM slots busy over the waves ``blocks`` take (1.0: the last wave is full)."""
+    return blocks / (-(-blocks // num_sms) * num_sms)
+
+
+def _split(M: int, N: int, K: int, tile: Schedule, num_sms: int, most: int = MAX_SPLITS,
+           strict: bool = False):
+    """split_k with ``tile``'s blocks and ``split_count`` slices, or None when K allows no split
+    (``strict``: nor when no count up to ``most`` meets the fill and wave rules)."""
+    splits = split_count(M, N, K, tile, num_sms, most, strict)
+    return None if splits < 2 else Schedule("split_k", tile.block_M, tile.block_N, tile.block_K,
+                                            tile.num_stages, 128 if tile.block_M == 64 else tile.threads,
+                                            splits=splits)
+
+
+def split_count(M: int, N: int, K: int, base: Schedule, num_sms: int, most: int = MAX_SPLITS,
+                strict: bool = False) -> int:
+    """Slices of K for ``base``'s tiles: the fewest that make the blocks fill the SMs (``FILL``)
+    with their SM slots at least ``MIN_WAVE_USE`` busy, each slice at least
+    ``SPLIT_K_MIN_K_TILES`` k tiles long, at most ``most``; failing that, enough to fill the SMs
+    as far as K allows (``strict``: 1, no split); 1 when K allows no split."""
     tiles = base.output_tiles(M, N)
-    if tiles >= SPLIT_K_MAX_FILL * num_sms:
-        return 1
-    most = K // (SPLIT_K_MIN_K_TILES * base.block_K)
-    return max(1, min(most, MAX_SPLITS, -(-num_sms // tiles)))
+    most = min(most, K // (SPLIT_K_MIN_K_TILES * base.block_K))
+    for splits in range(2, most + 1):
+        blocks = tiles * splits
+        if blocks >= FILL * num_sms and wave_use(blocks, num_sms) >= MIN_WAVE_USE:
+            return splits
+    return 1 if strict else max(1, min(most, -(-int(FILL * num_sms) // tiles)))
 
 
 def fit_stages(s: Schedule, dtype: torch.dtype, out_dtype: torch.dtype) -> Schedule:
@@ -151,7 +194,7 @@ def fit_stages(s: Schedule, dtype: torch.dtype, out_dtype: torch.dtype) -> Sched
 def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype, num_sms: int,
                gpu: bool) -> list[Schedule]:
     """The schedules ``tilews.ops.tune`` times for this shape: the heuristic's first, then the
-    tile shapes, persistent, split_k (2, 4, 8 slices where K allows) and, for M <= 64, swap_ab;
+    tile shapes, persistent, split_k (2, 3, 4, 8 slices where K allows) and, for M <= 64, swap_ab;
     each at most once. On the CPU a handful of small ones, one per program."""
     first = heuristic(M, N, K, dtype, out_dtype, num_sms, gpu)
     if not gpu:
@@ -161,12 +204,9 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
         if M <= 64:
             space.append(Schedule("swap_ab", 16, 64, 32, 2, 128))
         return list(dict.fromkeys([first, *space]))
-    space = [Schedule("tiled", bm, bn, 64, st, th, group=8) for bm, bn, st, th in
-             ((64, 64, 8, 128), (64, 128, 6, 128), (64, 256, 4, 128), (128, 128, 4, 128),
-              (128, 256, 3, 256))]
-    space += [PERSISTENT, Schedule("persistent", 128, 128, 64, 4, 128, group=8)]
-    space += [replace(SPLIT_K, splits=n) for n in (2, 4, 8) if K >= n * SPLIT_K_MIN_K_TILES * SPLIT_K.block_K]
+    space = [*TILES, PERSISTENT, Schedule("persistent", 128, 128, 64, 4, 128, group=8)]
+    space += [replace(SPLIT_K, splits=n) for n in (2, 3, 4, 8)
+              if K >= n * SPLIT_K_MIN_K_TILES * SPLIT_K.block_K]
     if M <= 64:
-        space += [SWAP_AB_16, SWAP_AB_32, Schedule("swap_ab", 16, 64, 64, 6, 128),
-                  Schedule("swap_ab", 64, 128, 64, 6, 128)]
+        space += [Schedule("swap_ab", bm, bn, 64, 6, 128) for bm, bn in ((16, 128), (32, 128), (16, 64))]
     return list(dict.fromkeys([first, *(fit_stages(s, dtype, out_dtype) for s in space)]))
