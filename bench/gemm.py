@@ -125,7 +125,10 @@ def ops_variant(tuned: bool) -> Variant:
             M, N, K = case.shape[:3]
             chosen = schedule.heuristic(schedule.bucket(M), N, K, case.dtype, case.dtype, tilews.num_sms(),
                                         case.machine.gpu)
-        return lambda a, b, out: run(a, b, out.dtype, chosen)
+        def call(a, b, out):
+            return run(a, b, out.dtype, chosen)
+        call.note = str(chosen)
+        return call
     return Variant(f"tilews.ops.matmul ({'tuned' if tuned else 'heuristic'})", build, _ops_unavailable)
 
 

@@ -12,10 +12,12 @@ The kernels, all computing C = A @ B on the same 64x64x64 operands and each retu
 
 Each is built and checked once against the float64 product (tolerance 1e-2 on the relative
 error); then every round times each kernel once, in an order rotating from round to round: a
-synchronize, ``calls`` back-to-back calls, a synchronize, wall clock (``time.perf_counter``)
-divided by ``calls``. The reported microseconds are the median over the rounds. With tiny
-kernels the GPU finishes each one before the host issues the next, so this is the host's cost
-per call. ``minus raw triton`` is a row's median minus the raw launch's: the issue's target is
+synchronize, then ``calls`` back-to-back calls timed by the wall clock (``time.perf_counter``)
+until the last call returns, divided by ``calls``; a synchronize after the timing. ``calls`` stays
+well below the GPU's queue of pending launches (about a thousand), so no call waits for the GPU:
+this is the host's cost per call, whatever each tiny kernel's time on the GPU (a one-block
+warp-specialized kernel and cuBLAS's differ). The reported microseconds are the median over the
+rounds. ``minus raw triton`` is a row's median minus the raw launch's: the issue's target is
 ``tilews`` <= raw triton + 5 us. Without a GPU the kernels run in tilews's interpreter, Triton's
 CPU interpreter and torch's CPU matmul: those are INTERPRETER TIMINGS, not launch costs.
 
@@ -45,7 +47,7 @@ SCHEMA = 1
 SIZE = 64                          # M = N = K
 BLOCK = dict(block_M=64, block_N=64, block_K=32, num_stages=2, threads=128)   # tilews's tiny tiles
 TOLERANCE = 1e-2                   # on ||C - exact|| / ||exact||
-CALLS = {True: 1000, False: 5}     # default --calls on a GPU / without one (interpreters are slow)
+CALLS = {True: 200, False: 5}     # default --calls on a GPU / without one (interpreters are slow)
 ROUNDS = {True: 7, False: 3}       # default --rounds
 RAW = "raw triton launch"          # the row the others are compared with
 FAILED = ("fail", "error")
@@ -173,13 +175,15 @@ def _check(row: LaunchRow, contender: Contender, machine: Machine, a: torch.Tens
 
 
 def per_call_us(fn: Call, a: torch.Tensor, b: torch.Tensor, calls: int, machine: Machine) -> float:
-    """Wall-clock microseconds per call over ``calls`` back-to-back calls between two synchronizes."""
+    """Host microseconds per call: ``calls`` back-to-back calls after a synchronize, timed until
+    the last one returns (the GPU's queue absorbs them: none waits for the GPU)."""
     _sync(machine)
     t0 = time.perf_counter()
     for _ in range(calls):
         fn(a, b)
+    elapsed = time.perf_counter() - t0
     _sync(machine)
-    return (time.perf_counter() - t0) / calls * 1e6
+    return elapsed / calls * 1e6
 
 
 def _sync(machine: Machine) -> None:
@@ -198,7 +202,8 @@ def minus_raw(rows: list[LaunchRow]) -> dict[str, float]:
 
 
 def timing_method(machine: Machine, calls: int, rounds: int) -> str:
-    what = (f"{calls} back-to-back calls between two synchronizes, wall clock per call; median of "
+    what = (f"{calls} back-to-back calls after a synchronize, host wall clock per call until the "
+            f"last returns; median of "
             f"{rounds} rounds, each timing every kernel once in a rotating order")
     return what if machine.gpu else what + " (interpreter timings: not launch costs)"
 

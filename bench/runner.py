@@ -115,13 +115,15 @@ def run_shape(workload: Workload, case: Case, impls: Sequence[Impl], quick: bool
 
 def _check(row: Row, impl: Impl, case: Case, inputs: tuple, exact: torch.Tensor) -> KernelFn | None:
     """Build and run once into a NaN-poisoned output (or take the tensor of the output's shape it
-    returns); the built kernel, or None if it raised or cannot run this case."""
+    returns); the built kernel, or None if it raised or cannot run this case. A built kernel's
+    ``note`` attribute, if any, becomes the row's message."""
     *args, out = inputs
     try:
         with impl.scope():
             t0 = time.perf_counter()
             fn = impl.build(case)
             row.build_s = time.perf_counter() - t0
+            row.message = getattr(fn, "note", "")    # what the kernel chose (a schedule)
             poison_(out)
             result = fn(*args, out)
             _sync(case)
