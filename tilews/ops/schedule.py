@@ -104,6 +104,8 @@ TILES = (Schedule("tiled", 128, 256, 64, 3, 256, group=8),       # largest first
 
 NARROW_M_MAX = 32           # M at most this: 64-row tiles over N, or split-K
 FILL = 0.75                 # a tiling "fills" the GPU with at least this many blocks per SM
+NARROW_FILL = 0.4           # blocks per SM split-K aims at when M <= NARROW_M_MAX (tuned: 2 of
+                            # 4096's 32 N tiles beat 4 at M 1, 16 and 32)
 MIN_WAVE_USE = 0.8          # below this share of its SM slots busy, a tiling is split in K
 SPLIT_K_MIN_K_TILES = 6     # each K slice at least this many block_K tiles long
 MAX_SPLITS = 16
@@ -118,7 +120,7 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
     ==========================================================  ===============================
     not on a GPU                                                CPU (tiled 64x64x32)
     M <= NARROW_M_MAX, N's 64x256 (else 64x128) tiles fill      tiled 64x256 (64x128)
-    M <= NARROW_M_MAX                                           split_k 64x128, filling the SMs
+    M <= NARROW_M_MAX                                           split_k 64x128, NARROW_FILL
     128x256 tiles at least one per SM                           persistent 128x256x64
     the largest of TILES whose count fills the SMs              that tile, or split_k of it
                                                                 when its last wave is mostly
@@ -136,7 +138,7 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
     fill = FILL * num_sms
     if M <= NARROW_M_MAX:
         wide = next((t for t in NARROW_M if t.output_tiles(M, N) >= 0.5 * fill), None)
-        pick = wide or _split(M, N, K, SPLIT_K, num_sms) or NARROW_M[-1]
+        pick = wide or _narrow_split(M, N, K, num_sms) or NARROW_M[-1]
     elif PERSISTENT.output_tiles(M, N) >= num_sms:
         pick = PERSISTENT
     else:
@@ -165,6 +167,15 @@ def _split(M: int, N: int, K: int, tile: Schedule, num_sms: int, most: int = MAX
     return None if splits < 2 else Schedule("split_k", tile.block_M, tile.block_N, tile.block_K,
                                             tile.num_stages, 128 if tile.block_M == 64 else tile.threads,
                                             splits=splits)
+
+
+def _narrow_split(M: int, N: int, K: int, num_sms: int):
+    """split_k 64x128 for M <= NARROW_M_MAX: enough slices for ``NARROW_FILL`` blocks per SM
+    (reading B is the bound; more slices only add partial sums), or None when K allows no split."""
+    tiles = SPLIT_K.output_tiles(M, N)
+    most = min(MAX_SPLITS, K // (SPLIT_K_MIN_K_TILES * SPLIT_K.block_K))
+    splits = min(most, -(-int(NARROW_FILL * num_sms) // tiles))
+    return replace(SPLIT_K, splits=splits) if splits >= 2 else None
 
 
 def split_count(M: int, N: int, K: int, base: Schedule, num_sms: int, most: int = MAX_SPLITS,
