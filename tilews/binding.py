@@ -81,8 +81,12 @@ class Binder:
         try:
             return self._fast(*args)
         except (AttributeError, TypeError):    # an argument of the wrong kind: say which
-            self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])
+            self._check(args)
             raise
+
+    def _check(self, args: Sequence) -> dict:
+        """The full check of one call's inputs; the runtime dims they bind."""
+        return self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])
 
     def _compile_fast_bind(self):
         """The function binding one call: the signature's key, then either the full check (a new
@@ -103,9 +107,10 @@ class Binder:
             recheck = ["True"]       # an input the kernel writes may alias another argument
         call = f"({', '.join(names)}{',' if len(names) == 1 else ''})"
         body = [f"def bind({', '.join(names)}):",
-                f"    sig = signatures.get(({', '.join(key)}{',' if len(key) == 1 else ''}))",
+                f"    key = ({', '.join(key)}{',' if len(key) == 1 else ''})",
+                "    sig = signatures.get(key)",
                 "    if sig is None:",
-                f"        return first_bind({call})"]
+                f"        return first_bind(key, {call})"]
         if recheck:
             body += [f"    if {' or '.join(recheck)}:", f"        check({call})"]
         body += lines
@@ -121,14 +126,15 @@ class Binder:
         body.append(f"    return [{', '.join(where[q.name] for q in self.kernel.params)}], [{outs}]")
         scope = {"signatures": self.signatures, "first_bind": self._first_bind, "empty": torch.empty,
                  "poison_": poison_, "check_scalar": check_scalar, "inputs": self.inputs,
-                 "check": lambda args: self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])}
+                 "check": self._check}
         exec("\n".join(body), scope)
         self._dims = dims
         return scope["bind"]
 
-    def _first_bind(self, args: tuple) -> tuple[list, list[torch.Tensor]]:
-        """A call with a new signature: the full check, then the signature is remembered."""
-        dims = self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])
+    def _first_bind(self, key: tuple, args: tuple) -> tuple[list, list[torch.Tensor]]:
+        """A call with a new signature (``key``, made by the bind function): the full check, then
+        the signature is remembered."""
+        dims = self._check(args)
         sizes = {v.name: size for v, size in dims.items()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.device("cpu")
         shapes, dtypes = [], []
@@ -138,8 +144,6 @@ class Binder:
             dtypes.append(b.dtype.torch_dtype)
         if len(self.signatures) >= SIGNATURES:
             self.signatures.clear()
-        key = tuple(x for a in args for x in ((a.dtype, a.shape, a.stride(), a.device)
-                                              if isinstance(a, torch.Tensor) else (type(a),)))
         self.signatures[key] = BoundSignature(tuple(shapes), tuple(dtypes), device,
                                               tuple(sizes[q.name] for q in self._dims))
         return self._fast(*args)
