@@ -1,8 +1,8 @@
 """``tilews-bench`` / ``python -m tilews.bench``: tilews kernels against cuBLAS, cuDNN and plain
-Triton, checked and timed in the same run.
+Triton (and, with the metal target, mlx and torch on MPS), checked and timed in the same run.
 
     tilews-bench gemm [--shapes square,ragged,1024x1024x512] [--dtype bf16|fp16]
-                      [--targets hopper,triton,interpret] [--quick] [--rounds N]
+                      [--targets hopper,triton,interpret,metal] [--quick] [--rounds N]
                       [--json PATH] [--csv PATH] [--plot PATH]
     tilews-bench gemm --preset llm     (--preset is another name for --shapes)
     tilews-bench epilogue [--shapes llm,4096x4096x4096:gelu] [the same options]
@@ -38,7 +38,7 @@ from .runner import Impl, plan, run_shape, steps
 from .shapes import Shape, ShapeError, assign_shapes, form, parse_shapes
 from .workload import DTYPES, Case, Pending, Workload, registry
 
-TARGETS = ("hopper", "triton", "interpret")
+TARGETS = ("hopper", "triton", "interpret", "metal")
 ROUNDS = {True: 5, False: 2}      # default --rounds on a GPU / without one (interpreter timings)
 OUTPUTS = ("json", "csv", "plot")  # the options that name a file to write
 COMMANDS = {"gemm": "bf16/fp16 GEMM against torch.matmul (cuBLAS) and a plain Triton tl.dot kernel",
@@ -94,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_argument("--dtype", choices=list(DTYPES), default="bf16",
                          help="the operands' and result's dtype (fp8: the result's; its operands are "
                               "float8_e4m3fn)")
-    options.add_argument("--targets", type=_targets,
-                         help="comma list of tilews targets: hopper, triton, interpret (default: "
-                              "hopper,triton on a GPU, interpret,triton without one)")
+    options.add_argument("--targets", "--target", dest="targets", type=_targets,
+                         help="comma list of tilews targets: hopper, triton, interpret, metal "
+                              "(default: hopper,triton on a GPU, interpret,triton without one)")
     options.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
     options.add_argument("--rounds", type=_positive, metavar="N",
                          help="interleaved timing rounds per shape; each ratio is the median over "

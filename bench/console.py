@@ -13,8 +13,9 @@ from .runner import Advance
 from .shapes import shape_text
 
 INTERPRETER_NOTE = (
-    "No CUDA GPU here: tilews runs in its reference interpreter (target 'interpret') or under "
-    "Triton's CPU interpreter (target 'triton'), and the torch references run on the CPU (the "
+    "No CUDA GPU here: tilews runs in its reference interpreter (target 'interpret'), under "
+    "Triton's CPU interpreter (target 'triton') or, off a Mac, on the CPU harness that runs Metal "
+    "kernels as C++ (target 'metal'), and the torch references run on the CPU (the "
     "GPU-only ones, SDPA's cuDNN and flash backends, are unavailable). These are "
     "INTERPRETER TIMINGS: they show that every kernel runs and is correct, and are NOT comparable "
     "with GPU numbers, nor with each other.")

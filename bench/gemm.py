@@ -8,21 +8,25 @@ shape, tuned once when the kernel is built (``tilews.ops.matmul (tuned)``; on th
 where tuning is slow, only when ``TILEWS_TUNE=1`` asks for it, else the row is N/A). The op
 compiles for the target it picks itself (``auto`` on a GPU, ``interpret`` on the CPU), so its rows
 run on that target only. References: ``torch.matmul`` (cuBLAS on a GPU) and the plain Triton
-``tl.dot`` kernel of ``tilews.bench.baselines``.
+``tl.dot`` kernel of ``tilews.bench.baselines``; with the metal target also ``mlx.core.matmul``
+and ``torch.mm`` on MPS (``tilews.bench.apple_gpu``; on a Mac only). Metal has 32 KB of
+threadgroup memory, too little for the CUDA-sized tiles: target metal runs a 64x64x32 variant
+of the user's program instead.
 """
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from tilews.lowering.dtypes import from_torch
 
+from . import apple_gpu
 from .kernels import for_target
-from .machine import Machine, triton_unavailable
+from .machine import Machine, mlx_unavailable, mps_unavailable, triton_unavailable
 from .shapes import Shape
 from .workload import Case, Reference, Unavailable, Variant, Workload, standard_preset
 
@@ -97,18 +101,31 @@ def persistent_variant(block_M: int, block_N: int, block_K: int, num_stages: int
         factory = for_target(example_gemm().persistent_matmul.fn, target)
         return factory(*case.shape, block_M=block_M, block_N=block_N, block_K=block_K,
                        num_stages=num_stages, threads=threads, dtype=from_torch(case.dtype))
-    return Variant(f"tilews persistent {block_M}x{block_N}x{block_K} s{num_stages} t{threads}", build)
+    return Variant(f"tilews persistent {block_M}x{block_N}x{block_K} s{num_stages} t{threads}", build,
+                   _not_on_metal)
 
 
 def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
-                   threads: int = 128, swizzle: int = 0) -> Variant:
-    """``examples.gemm.matmul`` for each target, writing into a caller-given C (no out_idx)."""
+                   threads: int = 128, swizzle: int = 0,
+                   unavailable: Optional[Callable[[str, Machine], Optional[str]]] = None) -> Variant:
+    """``examples.gemm.matmul`` for each target, writing into a caller-given C (no out_idx);
+    ``unavailable`` (default: on every target but metal) as ``Variant``'s."""
     def build(case: Case, target: str):
         return for_target(example_gemm().matmul.fn, target)(
             *case.shape, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
             threads=threads, swizzle=swizzle, dtype=from_torch(case.dtype))
     suffix = ("" if threads == 128 else f" t{threads}") + (f" sw{swizzle}" if swizzle else "")
-    return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build)
+    return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build,
+                   unavailable or _not_on_metal)
+
+
+def _not_on_metal(target: str, machine: Machine) -> Optional[str]:
+    return ("sized for a CUDA GPU: its tiles need more than Metal's 32 KB of threadgroup memory "
+            "(target metal runs the Metal-sized variant)" if target == "metal" else None)
+
+
+def _metal_only(target: str, machine: Machine) -> Optional[str]:
+    return None if target == "metal" else "sized for Metal's 32 KB of threadgroup memory: target metal only"
 
 
 def ops_variant(tuned: bool) -> Variant:
@@ -169,6 +186,12 @@ TORCH = Reference("torch.matmul", _torch_matmul,
 TRITON = Reference("triton tl.dot", _triton_matmul,
                    runs_on=lambda m: "triton" if m.gpu else "triton CPU interpreter",
                    unavailable=triton_unavailable)
+MLX = Reference("mlx.core.matmul", apple_gpu.mlx_matmul,
+                runs_on=lambda m: "mlx Metal", interpreted=lambda m: False,
+                unavailable=mlx_unavailable, targets=("metal",))
+MPS = Reference("torch.mm (MPS)", apple_gpu.mps_mm,
+                runs_on=lambda m: "torch MPS", interpreted=lambda m: False,
+                unavailable=mps_unavailable, targets=("metal",))
 
 WORKLOAD = Workload(
     name="gemm", dims="MNK", presets=PRESETS, default_preset=standard_preset,
@@ -180,5 +203,6 @@ WORKLOAD = Workload(
     variants=[tilews_variant(128, 128, 64, 3)]
     + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=16),
         persistent_variant(128, 256, 64, 3, threads=256)] if torch.cuda.is_available() else [])
+    + [tilews_variant(64, 64, 32, 2, unavailable=_metal_only)]     # 4 simdgroups, 16 KB of tiles
     + [ops_variant(tuned=False), ops_variant(tuned=True)],
-    references=[TORCH, TRITON])
+    references=[TORCH, TRITON, MLX, MPS])

@@ -43,7 +43,7 @@ def detect() -> Machine:
 def versions() -> dict[str, Optional[str]]:
     import tilews
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "triton": _dist_version("triton"), "tilews": tilews.__version__,
+            "triton": _dist_version("triton"), "mlx": _dist_version("mlx"), "tilews": tilews.__version__,
             "cuda": torch.version.cuda, "platform": platform.platform()}
 
 
@@ -59,6 +59,25 @@ def triton_unavailable(machine: Machine) -> Optional[str]:
         ensure_interpreter()
     except Exception as e:  # noqa: BLE001 - any reason is reported, never raised
         return f"Triton's CPU interpreter is not available here: {e}"
+    return None
+
+
+def mps_unavailable(machine: Machine) -> Optional[str]:
+    """Why torch cannot run on an Apple GPU (its MPS device) here, or None."""
+    mps = getattr(torch.backends, "mps", None)
+    if mps is None or not mps.is_available():
+        return "torch has no MPS device here: it needs a Mac with an Apple GPU"
+    return None
+
+
+def mlx_unavailable(machine: Machine) -> Optional[str]:
+    """Why mlx cannot run on an Apple GPU (Metal) here, or None."""
+    try:
+        import mlx.core as mx
+    except (ImportError, OSError) as e:   # plain `mlx` on Linux fails to load libmlx.so
+        return f"mlx is not importable here ({e}); on a Mac: pip install mlx"
+    if not mx.metal.is_available():
+        return "mlx has no Metal device here: it needs a Mac with an Apple GPU"
     return None
 
 

@@ -22,11 +22,12 @@ import torch
 
 from tilews.testing import poison_, rel_err
 
-from .machine import Machine, triton_unavailable
+from . import apple_gpu
+from .machine import Machine, mps_unavailable, triton_unavailable
 from .results import Row
 from .shapes import shape_text
 from .timing import median_ms, sets_needed
-from .workload import Case, KernelFn, Scope, Unavailable, Workload, dtype_name
+from .workload import Case, KernelFn, Scope, Unavailable, Variant, Workload, dtype_name
 
 Advance = Callable[[str], None]   # progress: one step done, with what comes next
 
@@ -56,9 +57,11 @@ def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[
             if why:
                 unavailable[f"{v.name} on target {target}"] = why
                 continue
-            impls.append(Impl(v.name, "tilews", target, target == "interpret" or not machine.gpu,
-                              lambda case, v=v, target=target: v.build(case, target)))
+            impls.append(Impl(v.name, "tilews", target, _interpreted(target, machine),
+                              _builder(v, target, machine)))
     for ref in workload.references:
+        if ref.targets and not set(ref.targets) & set(targets):
+            continue
         why = ref.unavailable(machine)
         if why:
             unavailable[f"reference {ref.name}"] = why
@@ -77,6 +80,22 @@ def target_unavailable(target: str, machine: Machine) -> str | None:
     if target == "hopper" and machine.capability != "9.0":
         return "needs an H100/H200 (sm_90) to run; without one tilews only compiles for it"
     return triton_unavailable(machine) if target == "triton" else None
+
+
+def _builder(variant: Variant, target: str, machine: Machine) -> Callable[[Case], KernelFn]:
+    """``variant`` built for ``target``; on a Mac, a metal kernel is given MPS copies of the bench's
+    CPU tensors (tilews runs Metal kernels where their tensors are: elsewhere, the CPU harness)."""
+    if target == "metal" and mps_unavailable(machine) is None:
+        return lambda case: apple_gpu.on_mps(variant.build(case, target))
+    return lambda case: variant.build(case, target)
+
+
+def _interpreted(target: str, machine: Machine) -> bool:
+    """Whether tilews kernels on ``target`` run on the CPU here: always on 'interpret'; Triton's
+    without a CUDA GPU (its interpreter); Metal's without an Apple GPU (the CPU harness)."""
+    if target == "metal":
+        return mps_unavailable(machine) is not None
+    return target == "interpret" or not machine.gpu
 
 
 def steps(impls: Sequence[Impl], rounds: int) -> int:

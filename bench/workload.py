@@ -59,7 +59,9 @@ class Reference:
     """What tilews is compared against. ``runs_on(machine)`` names what executes it ("cuBLAS");
     ``unavailable(machine)`` says why it cannot run here, or None; ``scope()`` is entered around
     its build, check and each timing (not each call): SDPA's backend choice; ``applies(shape)``
-    says whether it runs on a shape at all (FP8's block-wise reference: block-scaled rows only)."""
+    says whether it runs on a shape at all (FP8's block-wise reference: block-scaled rows only);
+    ``targets``: the tilews targets it is the baseline of, run only when one of them is (empty: in
+    every run; mlx's matmul: with target metal)."""
     name: str
     build: Callable[[Case], KernelFn]
     runs_on: Callable[[Machine], str]
@@ -67,6 +69,7 @@ class Reference:
     unavailable: Callable[[Machine], Optional[str]] = lambda m: None
     scope: Scope = contextlib.nullcontext
     applies: Callable[[Shape], bool] = lambda shape: True
+    targets: tuple[str, ...] = ()
 
 
 @dataclass

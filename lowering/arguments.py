@@ -36,7 +36,7 @@ class ArgumentRules:
 
 Param = Union[ir.Buffer, ir.Var]
 
-DEVICE_TYPES = ("cpu", "cuda")   # torch device types a kernel's tensors may be on (ROCm is "cuda")
+DEVICE_TYPES = ("cpu", "cuda", "mps")   # torch device types a kernel's tensors may be on (ROCm is "cuda")
 
 
 class ArgumentChecker:
@@ -82,8 +82,9 @@ class ArgumentChecker:
         if a.device.type not in DEVICE_TYPES:
             held = ("which holds no data" if a.device.type == "meta"
                     else "which tilews does not run on")
+            kinds = [t.upper() for t in DEVICE_TYPES]
             raise ValueError(f"parameter '{b.name}' is on device {a.device}, {held}; pass a "
-                             f"{' or '.join(t.upper() for t in DEVICE_TYPES)} tensor")
+                             f"{', '.join(kinds[:-1])} or {kinds[-1]} tensor")
         want = b.dtype.torch_dtype
         if a.dtype != want:
             raise TypeError(f"parameter '{b.name}' has dtype {a.dtype}, expected {want}")

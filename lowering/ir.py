@@ -330,6 +330,16 @@ class ProxyFence(Stmt):
 
 
 @dataclass(frozen=True)
+class BlockSync(Stmt):
+    """Every thread of the block waits here for all the others; their writes to shared memory (and,
+    with ``device``, to global memory) before it are visible to every thread after it. Inserted by
+    ``insert_syncs`` on targets whose backend spells the barriers itself (Metal); elsewhere a
+    whole-tile statement is one step and needs none. (A no-op in the interpreter.)"""
+    device: bool = False
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
 class Fill(Stmt):
     dst: Region
     value: Expr
@@ -494,7 +504,7 @@ class Kernel:
 
 
 NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Select, Load, Buffer, Region,
-                BarrierRef, Seq, Alloc, Copy, Gemm, GemmWait, BulkStoreWait, ProxyFence, Fill, Reduce, Store, AtomicAdd, Parallel, For,
+                BarrierRef, Seq, Alloc, Copy, Gemm, GemmWait, BulkStoreWait, ProxyFence, BlockSync, Fill, Reduce, Store, AtomicAdd, Parallel, For,
                 If, Role, WarpSpecialize, BarrierArrive, BarrierWait, Kernel)
 
 

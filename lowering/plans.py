@@ -95,3 +95,50 @@ class AsyncRefusal(Plan):
     """Why the program has no asynchronous (warp-specialized TMA/wgmma) form."""
     made_by: ClassVar[str] = "legalize_wgmma"
     reason: str
+
+
+@dataclass(frozen=True)
+class MatrixTiling:
+    """How the simdgroups of a block share an accumulator held as 8x8 simdgroup matrices: a
+    ``warps_m`` x ``warps_n`` grid of simdgroups (simdgroup ``s`` at row ``s // warps_n``, column
+    ``s % warps_n``; those from ``warps_m * warps_n`` on hold none), each owning ``tiles_m`` x
+    ``tiles_n`` matrices of the ``(8 * tiles_m * warps_m) x (8 * tiles_n * warps_n)`` tile."""
+    warps_m: int
+    warps_n: int
+    tiles_m: int
+    tiles_n: int
+
+    @property
+    def simdgroups(self) -> int:
+        return self.warps_m * self.warps_n
+
+
+@dataclass(frozen=True)
+class FragmentStoragePlan(Plan):
+    """Where each fragment and local buffer of a kernel run as one stream of SIMD threads lives
+    (targets with ``simdgroup_matrix``), by buffer name:
+
+    * ``"registers"``: element ``f`` (row-major flat index) in thread ``f % threads``, slot
+      ``f // threads``; every access is the owning thread's (whole-buffer copies and fills, and
+      ``T.Parallel`` loops over exactly the buffer's shape reading it at their own indices, whose
+      iteration ``f`` runs on thread ``f % threads``);
+    * ``"matrix"``: simdgroup matrices, tiled by ``tilings[name]`` (a gemm accumulator that is
+      otherwise only filled whole and copied out whole);
+    * ``"replicated"``: every thread holds the whole buffer and computes the same values (written
+      only by statements outside ``T.Parallel``);
+    * ``"shared"``: in the block's shared memory, readable by every thread (everything else).
+
+    ``shared_bytes``: the block's shared memory: shared buffers, spilled fragments and scratch;
+    ``scratch``: the element types of the per-simdgroup staging areas (64 elements per simdgroup
+    each) that staged matrix copies and reductions across simdgroups use."""
+    made_by: ClassVar[str] = "legalize_metal"
+    storage: tuple[tuple[str, str], ...]
+    tilings: tuple[tuple[str, MatrixTiling], ...]
+    shared_bytes: int
+    scratch: tuple = ()
+
+    def of(self, name: str) -> str:
+        return dict(self.storage)[name]
+
+    def tiling(self, name: str) -> MatrixTiling:
+        return dict(self.tilings)[name]

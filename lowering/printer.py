@@ -89,6 +89,8 @@ def _stmt_line(s: ir.Stmt) -> str:
         return f"gemm_wait outstanding={s.outstanding}"
     if isinstance(s, ir.ProxyFence):
         return "proxy_fence"
+    if isinstance(s, ir.BlockSync):
+        return "block_sync device" if s.device else "block_sync"
     if isinstance(s, ir.BulkStoreWait):
         return f"bulk_store_wait outstanding={s.outstanding}"
     if isinstance(s, ir.BarrierArrive):

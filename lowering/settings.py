@@ -32,6 +32,7 @@ SWITCHES = (
                                "fragment math (overlap_softmax; off: it measured slower on H100)"),
     ("TILEWS_TUNE", "`tilews.ops.matmul` tunes each new shape bucket at its first call (winners "
                     "kept on disk) instead of using its heuristic"),
+    ("TILEWS_CXX", "the C++17 compiler of the Metal CPU harness (default: `g++`, else `clang++`)"),
 )
 
 
@@ -44,6 +45,11 @@ def flag(name: str, environ: Mapping[str, str] = os.environ) -> bool:
         return False
     raise ValueError(f"environment variable {name}={environ[name]!r}: use one of "
                      f"{', '.join(_ON)} (on) or {', '.join(v for v in _OFF if v)} (off)")
+
+
+def _text(name: str, environ: Mapping[str, str]) -> Optional[str]:
+    value = environ.get(name, "").strip()
+    return value or None
 
 
 def _path(name: str, environ: Mapping[str, str]) -> Optional[Path]:
@@ -61,6 +67,7 @@ class Settings:
     debug_frontend: bool = False
     overlap_softmax: bool = False
     tune: bool = False
+    cxx: Optional[str] = None             # TILEWS_CXX: the Metal CPU harness's C++ compiler
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Settings":
@@ -72,4 +79,5 @@ class Settings:
                    poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),
                    debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ),
-                   tune=flag("TILEWS_TUNE", environ))
+                   tune=flag("TILEWS_TUNE", environ),
+                   cxx=_text("TILEWS_CXX", environ))

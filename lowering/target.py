@@ -21,6 +21,10 @@ class Target:
                                      # fragment math holds no gemm (FP8 promotion; opt-in)
     split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
                                     # it off to compare)
+    block_syncs: bool = False       # the backend spells block barriers between statements that
+                                    # share on-chip memory across threads (insert_syncs; Metal)
+    simdgroup_matrix: bool = False  # 8x8 matrices held by a simdgroup of 32 threads (Metal);
+                                    # legalize_metal decides where fragments live
     fast_math: bool = False         # code choice (tl.enable_fast_math): fp32 division and square
                                     # root in Triton's approximate forms, else IEEE-rounded
 
@@ -32,3 +36,5 @@ TRITON_CPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
                     smem_bytes=227 * 1024, triton_interpreter=True, power_of_two_tiles=True)
 HOPPER = Target("hopper", warp_specialization=True, tma=True, wgmma=True, smem_bytes=227 * 1024,
                 hangs_on_deadlock=True)
+METAL = Target("metal", warp_specialization=False, tma=False, wgmma=False, smem_bytes=32 * 1024,
+               block_syncs=True, simdgroup_matrix=True)

@@ -1,11 +1,12 @@
 """Goldens of generated code: every example kernel's emitted source, checked in.
 
 Each case builds one example kernel (``examples/gemm.py``, ``examples/softmax.py``,
-``examples/ws_gemm.py``) at one fixed shape with ``tilews.jit(target=...)`` and compares
-``kernel.get_kernel_source()`` with its entry in ``test_generated_source.expected``, so that a
-change in generated code shows up in review. Target ``"triton"`` gives the ``triton.language``
-source; ``"hopper"`` the warp-specialized Gluon source (compiled for sm_90a in a child process,
-no GPU needed), or, for a program the Gluon path refuses, the ``triton.language`` fallback: each
+``examples/ws_gemm.py``, the attention program of ``tilews/ops/attention.py``) at one fixed shape
+with ``tilews.jit(target=...)`` and compares ``kernel.get_kernel_source()`` with its entry in
+``test_generated_source.expected``, so that a change in generated code shows up in review. Target
+``"triton"`` gives the ``triton.language`` source; ``"metal"`` the MSL translation unit;
+``"hopper"`` the warp-specialized Gluon source (compiled for sm_90a in a child process, no GPU
+needed), or, for a program the Gluon path refuses, the ``triton.language`` fallback: each
 entry starts with the report's target (``hopper -> triton``), so the fallback itself is pinned.
 
 The journal is the one of ``tests/passes`` (``file.py:123`` normalized to ``file.py:N``);
@@ -27,6 +28,7 @@ from tilews.lowering.backend import Machine
 from examples.gemm import matmul, persistent_matmul
 from examples.softmax import softmax
 from examples.ws_gemm import pingpong_matmul_program, ws_matmul_program, ws_ring_matmul_program
+from tilews.ops.attention import mha_fwd_program
 
 from .passes.conftest import expect  # noqa: F401  (the golden-journal fixture)
 
@@ -61,6 +63,15 @@ CASES = {
     # test_no_triton_form
     "pingpong_gemm": (pingpong_matmul_program, (512, 512, 256), dict(num_sms=4),
                       {"hopper": "hopper"}),
+    # Metal (MSL): the examples at tiles that fit its 32 KB of threadgroup memory, ragged shapes
+    # (masked copies, the accumulator staged through scratch on its way out)
+    "gemm_metal": (matmul.fn, (100, 72, 48), dict(block_M=32, block_N=32, block_K=16),
+                   {"metal": "metal"}),
+    "softmax_metal": (softmax.fn, (50, 64), {}, {"metal": "metal"}),
+    "ws_gemm_metal": (ws_matmul_program, (64, 64, 48), dict(block_M=32, block_N=32, block_K=16),
+                      {"metal": "metal"}),
+    "attention_metal": (mha_fwd_program, (1, 2, 40, 32, True),
+                        dict(block_M=16, block_N=16, num_stages=1, threads=128), {"metal": "metal"}),
 }
 
 

@@ -5,7 +5,7 @@ import tilews.language as T
 from tilews.lowering import ir, printer, roles
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
-from tilews.lowering.target import HOPPER
+from tilews.lowering.target import HOPPER, METAL
 from tilews.lowering.traverse import exprs_of, subexprs, walk
 
 
@@ -47,10 +47,16 @@ def hopper_gemm():
     return lower(build_kernel(matmul.fn(128, 128, 128, block_M=64, block_N=64, block_K=32)), HOPPER)
 
 
+def metal_gemm():
+    """A GEMM after the Metal pipeline: holds its block barriers."""
+    from examples.gemm import matmul
+    return lower(build_kernel(matmul.fn(64, 64, 64, block_M=32, block_N=32, block_K=16)), METAL)
+
+
 def test_printer_is_total_and_deterministic():
     k = roles.split(build_kernel(everything()))
     seen = {type(k)}
-    for s in list(walk(k.body)) + list(walk(hopper_gemm().body)):
+    for s in list(walk(k.body)) + list(walk(hopper_gemm().body)) + list(walk(metal_gemm().body)):
         seen.add(type(s))
         for e in exprs_of(s):
             seen.update(type(x) for x in subexprs(e))
@@ -68,6 +74,7 @@ def test_printer_is_total_and_deterministic():
     assert text == printer.to_text(roles.split(build_kernel(everything())))
     hopper_text = printer.to_text(hopper_gemm())
     assert "gemm_wait outstanding=0" in hopper_text and "proxy_fence" in hopper_text
+    assert "block_sync" in printer.to_text(metal_gemm())
     for needle in ("warp_specialize:", "ws(0):", "ws(1):", "on bar[0]", "transpose_b, clear_accum",
                    "fill mx[0:+64] = -1.5:f32", "reduce_max acc -> mx dim=1 accumulate", "atomic_add C[", "select(", "cast<f32>(cnt[0])",
                    "exp(", "(not (i == j))", "swizzle=4", "m: param i32"):

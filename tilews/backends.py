@@ -9,6 +9,7 @@ only when a chain that holds them is built (the Triton ones import Triton lazily
 | interpret   | interpret                     |
 | triton      | tl (GPU, or Triton's CPU interpreter) |
 | hopper      | gluon -> tl                   |
+| metal       | metal                         |
 
 Pass configs (``tilews.pass_config``) shape a chain: without warp specialization the backends in
 ``WARP_SPECIALIZED`` are left out, and with fast math every backend builds for its target with
@@ -26,8 +27,10 @@ from .pass_config import PassOptions
 # backend name -> the module whose make(services) builds it
 BACKENDS = {"interpret": "tilews.lowering.interpreter.backend",
             "tl": "tilews.triton_ext.tl.backend",
-            "gluon": "tilews.triton_ext.gluon.backend"}
-CHAINS = {"interpret": ("interpret",), "triton": ("tl",), "hopper": ("gluon", "tl")}
+            "gluon": "tilews.triton_ext.gluon.backend",
+            "metal": "tilews.metal.backend"}
+CHAINS = {"interpret": ("interpret",), "triton": ("tl",), "hopper": ("gluon", "tl"),
+          "metal": ("metal",)}
 # the backends that warp-specialize (with TMA producers): off under tl.disable_warp_specialized
 WARP_SPECIALIZED = frozenset({"gluon"})
 

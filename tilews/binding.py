@@ -9,11 +9,13 @@ each scalar's type) and leaves a ``BoundSignature``: the runtime dims, the outpu
 where each launch value comes from. A call with a known signature only re-checks what the
 signature does not fix: bulk-copy operands' 16-byte alignment, memory overlap when the kernel
 writes an input, and the scalars' values. Signatures are kept per binder, at most
-``SIGNATURES``."""
+``SIGNATURES``. A caller that already keys its own cache on (at least) the signature takes
+``bound(args)``: the same binding with the signature's key and look-up done once, not per call."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 SIGNATURES = 256      # call signatures a binder remembers (then it starts over)
 
@@ -57,7 +59,7 @@ class Binder:
         self.poison = poison
         self._check_outputs_resolvable()
         self.signatures: dict[tuple, BoundSignature] = {}
-        self._fast = self._compile_fast_bind()
+        self._fast, self._signature, self._bind_known = self._compile_fast_bind()
 
     def _check_outputs_resolvable(self) -> None:
         known = {d for p in self.inputs if isinstance(p.param, ir.Buffer) for d in p.param.shape
@@ -84,14 +86,32 @@ class Binder:
             self._check(args)
             raise
 
+    def bound(self, args: Sequence) -> Callable[..., tuple[list, list[torch.Tensor]]]:
+        """``bind`` for calls whose arguments have ``args``'s signature (found, or fully checked
+        now): a function of the arguments returning what ``bind`` returns, that neither computes
+        nor looks up their signature; it still runs the checks a signature leaves open. The caller
+        keys it on at least the signature (each tensor's dtype, shape, strides and device, each
+        scalar's type) and calls it only with arguments of that signature."""
+        if len(args) != len(self.inputs):
+            raise TypeError(f"kernel '{self.kernel.name}' takes {len(self.inputs)} argument(s) "
+                            f"({', '.join(self.input_names)}), got {len(args)}")
+        try:
+            sig = self._signature(*args)
+        except (AttributeError, TypeError):    # an argument of the wrong kind: say which
+            self._check(args)
+            raise
+        return functools.partial(self._bind_known, sig)
+
     def _check(self, args: Sequence) -> dict:
         """The full check of one call's inputs; the runtime dims they bind."""
         return self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])
 
     def _compile_fast_bind(self):
-        """The function binding one call: the signature's key, then either the full check (a new
-        signature: ``_first_bind``) or the checks a signature leaves open, the outputs and the
-        values, spelled out for this kernel's parameters (no loops over parameters per call)."""
+        """The functions binding one call, spelled out for this kernel's parameters (no loops over
+        parameters per call): ``bind(*args)`` makes the signature's key and finds the signature
+        (a new one: the full check, ``_first_bind``), then runs the checks a signature leaves open
+        and makes the outputs and the values; ``signature(*args)`` only finds the signature;
+        ``bind_known(sig, *args)`` is ``bind`` after finding it."""
         names = [f"a{i}" for i in range(len(self.inputs))]
         key, recheck, lines = [], [], []
         for i, p in enumerate(self.inputs):
@@ -105,35 +125,37 @@ class Binder:
                 lines.append(f"    check_scalar(inputs[{i}].param, {a})")
         if any(p.param in self.checker.written for p in self.inputs):
             recheck = ["True"]       # an input the kernel writes may alias another argument
-        call = f"({', '.join(names)}{',' if len(names) == 1 else ''})"
-        body = [f"def bind({', '.join(names)}):",
-                f"    key = ({', '.join(key)}{',' if len(key) == 1 else ''})",
+        params = ", ".join(names)
+        call = f"({params}{',' if len(names) == 1 else ''})"
+        find = [f"    key = ({', '.join(key)}{',' if len(key) == 1 else ''})",
                 "    sig = signatures.get(key)",
                 "    if sig is None:",
-                f"        return first_bind(key, {call})"]
-        if recheck:
-            body += [f"    if {' or '.join(recheck)}:", f"        check({call})"]
-        body += lines
+                f"        sig = first_bind(key, {call})"]
+        known = [f"    if {' or '.join(recheck)}:", f"        check({call})"] if recheck else []
+        known += lines
         for j in range(len(self.out_positions)):
-            body.append(f"    o{j} = empty(sig.outputs[{j}], dtype=sig.dtypes[{j}], device=sig.device)")
+            known.append(f"    o{j} = empty(sig.outputs[{j}], dtype=sig.dtypes[{j}], device=sig.device)")
             if self.poison:
-                body.append(f"    poison_(o{j})")
+                known.append(f"    poison_(o{j})")
         where = {p.param.name: names[i] for i, p in enumerate(self.inputs)}
         where.update({self.params[i].param.name: f"o{j}" for j, i in enumerate(self.out_positions)})
         dims = [q for q in self.kernel.params if q.name not in where]
         where.update({q.name: f"sig.dims[{k}]" for k, q in enumerate(dims)})
         outs = ", ".join(f"o{j}" for j in range(len(self.out_positions)))
-        body.append(f"    return [{', '.join(where[q.name] for q in self.kernel.params)}], [{outs}]")
+        known.append(f"    return [{', '.join(where[q.name] for q in self.kernel.params)}], [{outs}]")
+        source = [f"def bind({params}):", *find, *known,
+                  f"def signature({params}):", *find, "    return sig",
+                  f"def bind_known(sig{', ' if names else ''}{params}):", *known]
         scope = {"signatures": self.signatures, "first_bind": self._first_bind, "empty": torch.empty,
                  "poison_": poison_, "check_scalar": check_scalar, "inputs": self.inputs,
                  "check": self._check}
-        exec("\n".join(body), scope)
+        exec("\n".join(source), scope)
         self._dims = dims
-        return scope["bind"]
+        return scope["bind"], scope["signature"], scope["bind_known"]
 
-    def _first_bind(self, key: tuple, args: tuple) -> tuple[list, list[torch.Tensor]]:
+    def _first_bind(self, key: tuple, args: tuple) -> BoundSignature:
         """A call with a new signature (``key``, made by the bind function): the full check, then
-        the signature is remembered."""
+        the signature is remembered and returned."""
         dims = self._check(args)
         sizes = {v.name: size for v, size in dims.items()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.device("cpu")
@@ -144,9 +166,9 @@ class Binder:
             dtypes.append(b.dtype.torch_dtype)
         if len(self.signatures) >= SIGNATURES:
             self.signatures.clear()
-        self.signatures[key] = BoundSignature(tuple(shapes), tuple(dtypes), device,
-                                              tuple(sizes[q.name] for q in self._dims))
-        return self._fast(*args)
+        sig = self.signatures[key] = BoundSignature(tuple(shapes), tuple(dtypes), device,
+                                                    tuple(sizes[q.name] for q in self._dims))
+        return sig
 
 
 @dataclass(frozen=True)

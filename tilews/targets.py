@@ -2,18 +2,14 @@
 machine's facts the backends are given.
 
 ``"auto"`` picks from the machine: a Hopper GPU -> ``"hopper"``, another CUDA/ROCm GPU ->
-``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``. A target whose backends this
-version does not have is reported, never silently replaced: ``auto`` falls back with a note in
-the compile report, an explicit request is an error. Which backends serve a target is
-``tilews.backends``'s business.
+``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``. Which backends serve a
+target is ``tilews.backends``'s business.
 """
 from __future__ import annotations
 
 from tilews.lowering.backend import Machine
-from tilews.lowering.errors import CompileError
 
 TARGET_NAMES = ("auto", "interpret", "triton", "hopper", "metal")
-_NOT_YET = {"metal": "the Metal backend"}
 
 
 def resolve(name: str) -> tuple[str, tuple[str, ...]]:
@@ -22,12 +18,6 @@ def resolve(name: str) -> tuple[str, tuple[str, ...]]:
         raise ValueError(f"target must be one of {', '.join(TARGET_NAMES)}; got {name!r}")
     if name == "auto":
         name = _machine_choice()
-        if name in _NOT_YET:
-            return "interpret", (f"auto: this machine suits target '{name}', but {_NOT_YET[name]} "
-                                 f"is not in this version of tilews; using 'interpret'",)
-    elif name in _NOT_YET:
-        raise CompileError(f"target '{name}': {_NOT_YET[name]} is not in this version of tilews; "
-                           f"use target='triton' or 'interpret'")
     return name, ()
 
 

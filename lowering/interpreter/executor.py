@@ -67,7 +67,7 @@ class RoleExecutor:
                           ir.AtomicAdd: self._atomic_add,
                           # gemms run synchronously here, and shared memory has one proxy
                           ir.GemmWait: _no_op, ir.BulkStoreWait: _no_op,
-                          ir.ProxyFence: _no_op}
+                          ir.ProxyFence: _no_op, ir.BlockSync: _no_op}
 
     def run(self, body: ir.Seq, env: dict) -> Iterator:
         self._resume()

@@ -11,9 +11,9 @@ from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
-from . import (check_barriers, despecialize, infer_layouts, legalize, legalize_wgmma, overlap_mma,
-               overlap_softmax, overlap_store, persist, plan_buffers, plan_pipeline, split_consumers,
-               swizzle_grid, warp_specialize)
+from . import (check_barriers, despecialize, infer_layouts, insert_syncs, legalize, legalize_metal,
+               legalize_wgmma, overlap_mma, overlap_softmax, overlap_store, persist, plan_buffers,
+               plan_pipeline, split_consumers, swizzle_grid, warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Roles first: on targets without warp specialization the program becomes one stream, so
@@ -45,6 +45,11 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     ("overlap_store", overlap_store.run),
     # Last: persist made its own panels, and legalize read block ranges from the 2-d grid.
     ("swizzle_grid", swizzle_grid.run),
+    # Metal's choices, on the final program: where each fragment lives (registers, simdgroup
+    # matrices, shared memory) ...
+    ("legalize_metal", legalize_metal.run),
+    # ... and the block barriers between statements that share memory across threads.
+    ("insert_syncs", insert_syncs.run),
 )
 
 Observer = Callable[[str, ir.Kernel], None]

@@ -14,7 +14,8 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            on-chip buffer, parallel extent or tile region that is not a power of two is a
            ``CompileError`` at its line saying what to change. On targets without warp
            specialization (one stream of ``threads`` threads) a ``StreamPlan``: ``num_warps``
-           (threads // 32 rounded down to a power of two; a note if that changed it),
+           (threads // 32, rounded down to a power of two on ``target.power_of_two_tiles``, which
+           are Triton's targets; a note if that changed it),
            ``wide_offsets`` (the global buffers that may hold 2**31 elements or more: a static
            shape that large, or any runtime dim; their offsets need 64 bits), and on
            ``target.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
@@ -61,7 +62,7 @@ def _span(extent: ir.Expr) -> Interval:
 
 def _stream_plan(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     warps = kernel.threads // 32
-    n = 1 << (warps.bit_length() - 1)
+    n = 1 << (warps.bit_length() - 1) if target.power_of_two_tiles else warps
     wide = tuple(b.name for b in kernel.buffer_params if _may_hold_2_31(b))
     kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=target.triton_interpreter,
                                          loops_as_while=target.triton_interpreter, wide_offsets=wide))

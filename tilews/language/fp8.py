@@ -142,7 +142,11 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints:
 def _tiles(target: str, out: ir.DType, promote: bool) -> dict:
     """Tile sizes per target. Hopper: 128-row tiles over two consumer warp groups, k-tiles of
     128 (one scale block); 256 columns when one accumulator holds the tile (a second, promoting
-    accumulator would not fit in registers) and the 16-bit result's staging tile fits."""
+    accumulator would not fit in registers) and the 16-bit result's staging tile fits. Metal:
+    32 x 32 tiles, so the decoded float16 operand tiles (32 x 128 each) and the float32 accumulator
+    stay inside its 32 KB of threadgroup memory."""
+    if target == "metal":
+        return dict(block_M=32, block_N=32, num_stages=1, threads=128)
     if target == "hopper":
         wide = not promote and out is not ir.DType.F32
         return dict(block_M=128, block_N=256 if wide else 128, num_stages=3 if wide else 4,

@@ -9,12 +9,25 @@ compiled with a runtime M (``T.dynamic("M")``), so every M of a bucket, and of a
 picks the same schedule, runs the same compiled kernel; split_k launches ``split_k`` then
 ``split_k_reduce``. CPU tensors run on tilews's interpreter.
 
-Calling: the first call of a (bucket, N, K, dtypes, devices) key checks the arguments (errors name
-the argument: ``TypeError`` for a dtype or a non-tensor, ``ValueError`` for shapes and devices)
-and stores the runner; later calls do one dict lookup and the kernel's own call. M == 0 or N == 0
-gives an empty result, K == 0 zeros. Non-contiguous inputs are copied (``.contiguous()``). No
-autograd. Dispatch overhead (``test_dispatch_overhead``, the kernel replaced by a no-op, CPU):
-about 1.3 us per call over calling the kernel directly.
+Calling: the first call of a kind (each operand's shape, strides, dtype, device and
+``requires_grad``, and ``out_dtype``) checks the arguments (errors name the argument:
+``TypeError`` for a dtype or a non-tensor, ``ValueError`` for shapes and devices), plans it (the
+runner of its (bucket, N, K, dtypes, devices), chosen as above) and keeps a call for that kind:
+the kernel's argument binding fixed to that signature (``Binder.bound``: no signature key or
+look-up of its own; TMA operands' alignment is still checked per call) and its launch. A later
+call of the kind is one key, one dict lookup and that call: no more than calling the kernel
+itself (``test_cached_call_costs_no_more_than_the_kernel``; the launch stubbed, this CPU: 3.1 us
+each, of which the output's allocation is 1.9 us). At most ``binding.SIGNATURES`` kinds are kept
+(then it starts over). M == 0 or N == 0 gives an empty result, K == 0 zeros. Non-contiguous inputs are
+copied (``.contiguous()``).
+
+Autograd: when ``a`` or ``b`` requires grad and grad mode is on, ``matmul`` calls the op
+``tilews::matmul`` (below), whose backward is dA = dC @ B^T and dB = A^T @ dC, each by the op
+itself (so double backward works) in the operands' dtype, computed only where
+``needs_input_grad`` asks (A is saved only for dB, B only for dA). dC is cast to the operands'
+dtype first (rounding it when ``out_dtype`` is float32); the programs take row-major operands
+only, so B^T and A^T (and a non-contiguous dC) are copied first: one pass over B for dA and over
+A for dB. Operands requiring grad under ``torch.no_grad()`` skip the op (their own cached kind).
 
 ``tune(a, b, out_dtype=None)`` compiles ``schedule.candidates`` in parallel, checks each against a
 float32 torch product of the same inputs, times each (``tilews.profiler.do_bench``: CUDA events,
@@ -24,8 +37,8 @@ uses for such inputs.
 
 Under ``torch.compile`` ``matmul`` is the custom op ``tilews::matmul(Tensor a, Tensor b,
 ScalarType? out_dtype=None) -> Tensor`` (a fake implementation gives the [M, N] result's shape,
-dtype and device); outside it the op's implementation is called directly (a custom op's dispatch
-costs microseconds).
+dtype and device; the autograd formula above); outside it, and without autograd, the op's
+implementation runs directly (a custom op's dispatch costs microseconds).
 """
 from __future__ import annotations
 
@@ -33,12 +46,14 @@ import functools
 import json
 import logging
 import warnings
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 import tilews
 import tilews.language as T
+from tilews.binding import SIGNATURES
 from tilews.cache import CacheWarning, cache_key, default_cache_dir, store_file
 from tilews.compiler import sources_digest
 from tilews.jit import compile_each
@@ -57,11 +72,14 @@ _OUTPUTS = (torch.float16, torch.bfloat16, torch.float32)
 _M = T.dynamic("M")
 _FORMAT = 1
 
-Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-# _plan_key (bucket(M), K, b.shape, dtypes, out_dtype as given, devices) -> runner: the hot
-# path's one lookup; only checked, non-empty argument kinds are stored.
+Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# the hot path's one lookup: (a's shape, strides, dtype, device, requires_grad, b's, out_dtype as
+# given) -> the call for that kind; only checked kinds are stored
+_calls: dict[tuple, Call] = {}
+# _plan_key (bucket(M), K, b.shape, dtypes, out_dtype as given, devices) -> runner: a new kind's
+# plan; only checked, non-empty argument kinds are stored
 _plans: dict[tuple, Runner] = {}
-# (schedule, N, K, dtype, out_dtype, device type) -> runner (one or two compiled kernels)
+# (schedule, N, K, dtype, out_dtype, device type) -> runner
 _kernels: dict[tuple, Runner] = {}
 # (schedule, _plan_key) -> runner: ``run``'s one lookup
 _scheduled: dict[tuple, Runner] = {}
@@ -75,33 +93,64 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = 
     docstring)."""
     if torch.compiler.is_compiling():
         return torch.ops.tilews.matmul(a, b, out_dtype)
-    return _matmul(a, b, out_dtype)
-
-
-def _matmul(a, b, out_dtype):
     try:
-        run = _plans[_plan_key(a, b, out_dtype)]
-    except (KeyError, AttributeError, ValueError, TypeError):   # a new kind of call, or a bad one
-        return _first_call(a, b, out_dtype)
-    return run(a.contiguous(), b.contiguous())
+        key = (a.shape, a.stride(), a.dtype, a.device, a.requires_grad,
+               b.shape, b.stride(), b.dtype, b.device, b.requires_grad, out_dtype)
+        call = _calls[key]
+    except KeyError:
+        return _first_call(key, a, b, out_dtype)
+    except (AttributeError, TypeError):     # not tensors: check() names the argument
+        check(a, b, out_dtype)
+        raise
+    return call(a, b)
+
+
+def _first_call(key: tuple, a, b, out_dtype) -> torch.Tensor:
+    """A new kind of call (``key``): checked, run, and its call kept for the kind."""
+    M, N, K, out = check(a, b, out_dtype)
+    if a.requires_grad or b.requires_grad:
+        call = functools.partial(_autograd, out_dtype=out_dtype)
+        result = call(a, b)
+    elif M == 0 or N == 0 or K == 0:
+        call = functools.partial(_zeros, (M, N), out)
+        result = call(a, b)
+    else:
+        result, call = _plan(a, b, out_dtype, M, N, K, out).direct(a, b)
+    if len(_calls) >= SIGNATURES:
+        _calls.clear()
+    _calls[key] = call
+    return result
+
+
+def _autograd(a, b, out_dtype) -> torch.Tensor:
+    """The product of operands at least one of which requires grad: the op (recording its
+    backward) while grad mode is on, else the plain product."""
+    if torch.is_grad_enabled():
+        return torch.ops.tilews.matmul(a, b, out_dtype)
+    return matmul(a.detach(), b.detach(), out_dtype)
+
+
+def _zeros(shape, dtype, a, b) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype, device=a.device)
+
+
+def _plan(a, b, out_dtype, M, N, K, out) -> Runner:
+    """The runner of checked, non-empty ``a`` and ``b``: chosen once per ``_plan_key`` (with
+    ``TILEWS_TUNE=1``, after tuning the bucket if nothing is stored for it)."""
+    key = _plan_key(a, b, out_dtype)
+    runner = _plans.get(key)
+    if runner is None:
+        settings = Settings.from_env()
+        if settings.tune and _stored(_tuning_key(M, N, K, a.dtype, out, a.device), settings) is None:
+            tune(a, b, out_dtype)
+        schedule = _choice(M, N, K, a.dtype, out, a.device, settings)
+        runner = _plans[key] = _runner(schedule, N, K, a.dtype, out, a.device.type)
+    return runner
 
 
 def _plan_key(a, b, out_dtype) -> tuple:
     M, K = a.shape
     return bucket(M), K, b.shape, a.dtype, b.dtype, out_dtype, a.device, b.device
-
-
-def _first_call(a, b, out_dtype) -> torch.Tensor:
-    M, N, K, out = check(a, b, out_dtype)
-    if M == 0 or N == 0 or K == 0:
-        return torch.zeros(M, N, dtype=out, device=a.device)
-    settings = Settings.from_env()
-    if settings.tune and _stored(_tuning_key(M, N, K, a.dtype, out, a.device), settings) is None:
-        tune(a, b, out_dtype)
-    schedule = _choice(M, N, K, a.dtype, out, a.device, settings)
-    run = _runner(schedule, N, K, a.dtype, out, a.device.type)
-    _plans[_plan_key(a, b, out_dtype)] = run
-    return run(a.contiguous(), b.contiguous())
 
 
 def check(a, b, out_dtype, op: str = "matmul") -> tuple[int, int, int, torch.dtype]:
@@ -159,6 +208,49 @@ def _choice(M, N, K, dtype, out, device, settings: Settings) -> Schedule:
 
 
 # --- building -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Runner:
+    """A schedule's compiled kernels as one callable (a, b) -> c: one kernel, or split_k's
+    partial product (a, b) -> w and its reduction w -> c."""
+    kernels: tuple
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = self.kernels[0](a, b)
+        for kernel in self.kernels[1:]:
+            out = kernel(out)
+        return out
+
+    def direct(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Call]:
+        """``self(a, b)``, and a call doing the same for operands of ``a`` and ``b``'s signature
+        (shapes, strides, dtypes, devices): each kernel's binding fixed to its arguments'
+        signature (``_bound``), after copying operands that are not contiguous."""
+        ca, cb = a.contiguous(), b.contiguous()
+        args, calls = (ca, cb), []
+        for kernel in self.kernels:
+            calls.append(_bound(kernel, args))
+            args = (calls[-1](*args),)
+        if len(calls) == 1:
+            call = calls[0]
+        else:
+            partial, reduce = calls
+            call = lambda a, b: reduce(partial(a, b))   # noqa: E731
+        if ca is a and cb is b:
+            return args[0], call
+        return args[0], lambda a, b: call(a.contiguous(), b.contiguous())
+
+
+def _bound(kernel, args: tuple) -> Callable[..., torch.Tensor]:
+    """``kernel(*args)`` (one output) for arguments of ``args``'s signature: its binder's binding
+    for that signature (``Binder.bound``), then its launch."""
+    bind, launch = kernel.binder.bound(args), kernel.program.launch
+
+    def call(*args):
+        values, (out,) = bind(*args)
+        launch(values)
+        return out
+    return call
+
+
 def _runner(schedule: Schedule, N: int, K: int, dtype: torch.dtype, out: torch.dtype,
             device_type: str) -> Runner:
     key = (schedule, N, K, dtype, out, device_type)
@@ -170,7 +262,7 @@ def _runner(schedule: Schedule, N: int, K: int, dtype: torch.dtype, out: torch.d
 
 
 def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
-    """The compiled kernel(s) of ``s`` with a runtime M, as one callable (a, b) -> c."""
+    """The compiled kernel(s) of ``s`` with a runtime M."""
     target = "auto" if device_type == "cuda" else "interpret"
     blocks = dict(block_M=s.block_M, block_N=s.block_N, block_K=s.block_K, num_stages=s.num_stages,
                   threads=s.threads)
@@ -178,11 +270,11 @@ def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
         partial = _program("split_k", target)(_M, N, K, splits=s.splits, dtype=dtype, **blocks)
         reduce = _program("split_k_reduce", target)(
             _M, N, s.splits, gemm_programs.split_width(N, s.block_N), out_dtype=out)
-        return lambda a, b: reduce(partial(a, b))
+        return Runner((partial, reduce))
     knobs = {"tiled": dict(swizzle=s.group),
              "persistent": dict(num_sms=tilews.num_sms(), group_size=s.group),
              "swap_ab": {}}[s.program]
-    return _program(s.program, target)(_M, N, K, dtype=dtype, out_dtype=out, **blocks, **knobs)
+    return Runner((_program(s.program, target)(_M, N, K, dtype=dtype, out_dtype=out, **blocks, **knobs),))
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,6 +322,7 @@ def tune(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = No
     _tuned[key] = best
     _save(key, best, best_ms, Settings.from_env())
     _plans.clear()          # calls planned before pick the winner up at their next call
+    _calls.clear()
     return best
 
 
@@ -286,10 +379,29 @@ def _save(key: tuple, schedule: Schedule, ms: float, settings: Settings) -> None
 @torch.library.custom_op("tilews::matmul", mutates_args=(),
                          schema="(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor")
 def _matmul_op(a, b, out_dtype=None):
-    return _matmul(a, b, out_dtype)
+    return matmul(a.detach(), b.detach(), out_dtype)
 
 
 @_matmul_op.register_fake
 def _matmul_fake(a, b, out_dtype=None):
     M, N, _, out = check(a, b, out_dtype)
     return a.new_empty((M, N), dtype=out)
+
+
+def _setup_backward(ctx, inputs, output):
+    a, b, _ = inputs
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+
+
+def _backward(ctx, grad):
+    """dA = dC @ B^T, dB = A^T @ dC in the operands' dtype, each only where needed."""
+    a, b = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    dtype = (b if need_a else a).dtype
+    grad = grad.to(dtype)
+    da = torch.ops.tilews.matmul(grad, b.t(), dtype) if need_a else None
+    db = torch.ops.tilews.matmul(a.t(), grad, dtype) if need_b else None
+    return da, db, None
+
+
+_matmul_op.register_autograd(_backward, setup_context=_setup_backward)

@@ -1,0 +1,279 @@
+"""legalize_metal: where each fragment lives on a target of SIMD threads with simdgroup matrices.
+
+Requires:  legalize has run (one stream: no roles or barriers; copy mechanisms decided); the target
+           has ``simdgroup_matrix`` (Metal). Elsewhere the kernel is returned unchanged.
+Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment and local buffer one
+           storage, decided from every access the program makes to it:
+
+           * ``matrix`` for a gemm accumulator (float32 or float16) that is otherwise only filled
+             whole and copied out whole to global or shared memory;
+           * ``registers`` for a buffer every access of which the owning thread makes: whole fills,
+             whole copies (with, on the other side, global or shared memory or a buffer of the same
+             shape held the same way), ``T.Parallel`` loops over exactly its shape that access it
+             at their own indices in order, whole-tile atomic adds from it;
+           * ``replicated`` for a small buffer (<= 256 bytes) written only outside ``T.Parallel``
+             (element stores and whole fills): every thread keeps the same copy;
+           * ``shared`` for everything else (gemm operands, reduction sources and results, buffers
+             read across threads), in the block's shared memory.
+
+           Every gemm's accumulator gets a ``MatrixTiling`` over the block's simdgroups (the most
+           simdgroups that divide its rows and columns into multiples of 8, the most square tiles
+           per simdgroup among those). Shared buffers that feed a gemm with FP8 elements become
+           float16 (every FP8 value is exact there; the copy into them decodes). The block's
+           shared bytes (shared buffers, spilled fragments, the staging areas) are checked
+           against ``target.smem_bytes``.
+Errors:    ``CompileError`` at the user's line for what Metal cannot run (the frontend already holds
+           ``threads`` to multiples of 32 up to 1024, Metal's limits too): a gemm whose tile dims are not multiples of 8, whose
+           operands are not float16/bfloat16/float32 (FP8 decoded), or whose accumulator is not
+           float32/float16; a tile-form operand that is not the last two dims of its buffer; more
+           shared memory than the target has (naming the largest buffers).
+Preserves: program meaning and every node's loc (FP8 -> float16 is exact).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from .. import ir
+from ..errors import CompileError
+from ..plans import FragmentStoragePlan, MatrixTiling, SharedMemoryPlan
+from ..target import Target
+from ..traverse import exprs_of, subexprs, substmts, transform, walk
+
+SIMD = 32
+MATRIX = 8
+REPLICATED_MAX_BYTES = 256
+GEMM_OPERANDS = (ir.DType.F16, ir.DType.BF16, ir.DType.F32)
+ACCUMULATORS = (ir.DType.F32, ir.DType.F16)
+ON_CHIP = (ir.Scope.FRAGMENT, ir.Scope.LOCAL)
+
+
+def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    if not target.simdgroup_matrix:
+        return kernel
+    kernel = _decode_fp8_operands(kernel)
+    simdgroups = kernel.threads // SIMD
+    tilings = {}
+    for s in walk(kernel.body):
+        if isinstance(s, ir.Gemm):
+            _check_gemm(s)
+            tilings.setdefault(s.c.buffer.name, _tiling(s, simdgroups))
+    uses = _Uses()
+    uses.stmt(kernel.body, None)
+    storage = _decide(uses)
+    scratch = _scratch(kernel, storage)
+    shared = kernel.plan(SharedMemoryPlan).total_bytes
+    spilled = [(b.name, b.nbytes) for b in uses.buffers.values() if storage[b.name] == "shared"]
+    total = shared + sum(n for _, n in spilled) + sum(MATRIX * MATRIX * simdgroups * t.itemsize
+                                                      for t in scratch)
+    if total > target.smem_bytes:
+        biggest = sorted(list(kernel.plan(SharedMemoryPlan).ranges) + [(n, 0, b) for n, b in spilled],
+                         key=lambda r: -r[2])[:3]
+        raise CompileError(
+            f"kernel '{kernel.name}' needs {total} bytes of threadgroup memory on target "
+            f"'{target.name}', more than its {target.smem_bytes}", kernel.loc,
+            [f"largest: {', '.join(f'{n} ({b} bytes)' for n, _, b in biggest)}",
+             "fragments that are reduced, read across threads or fed to T.gemm live in threadgroup "
+             "memory on Metal; shrink block_M/block_N/block_K"])
+    plan = FragmentStoragePlan(tuple(sorted(storage.items())), tuple(sorted(tilings.items())),
+                               total, scratch)
+    return kernel.with_plan(plan)
+
+
+# ----------------------------------------------------------------------------------------------
+# gemms
+
+
+def _check_gemm(s: ir.Gemm) -> None:
+    for name, r in (("A", s.a), ("B", s.b), ("C", s.c)):
+        dims = [d for d, e in enumerate(r.extents) if e != 1]
+        n = len(r.extents)
+        if len(r.tile_shape) != 2 or dims != [n - 2, n - 1][:len(dims)] or len(dims) != 2:
+            raise CompileError(f"T.gemm operand {name} ('{r.buffer.name}'): on Metal a gemm operand "
+                               f"is a 2-d tile over the last two dims of its buffer; got extents "
+                               f"{list(r.extents)}", s.loc)
+        if r.extents[-1] % MATRIX or r.extents[-2] % MATRIX:
+            raise CompileError(f"T.gemm operand {name} ('{r.buffer.name}') is a "
+                               f"{r.extents[-2]}x{r.extents[-1]} tile; Metal's simdgroup matrices "
+                               f"need both dims to be multiples of {MATRIX}", s.loc)
+    for name, r in (("A", s.a), ("B", s.b)):
+        if r.buffer.dtype not in GEMM_OPERANDS:
+            raise CompileError(f"T.gemm operand {name} ('{r.buffer.name}') is {r.buffer.dtype}; Metal "
+                               f"multiplies float16, bfloat16, float32 (and FP8 decoded to float16)",
+                               s.loc)
+    if s.c.buffer.dtype not in ACCUMULATORS:
+        raise CompileError(f"T.gemm accumulator '{s.c.buffer.name}' is {s.c.buffer.dtype}; Metal "
+                           f"accumulates in float32 or float16", s.loc)
+
+
+def _tiling(s: ir.Gemm, simdgroups: int) -> MatrixTiling:
+    rows, cols = s.c.extents[-2] // MATRIX, s.c.extents[-1] // MATRIX
+    best = None
+    for wm in range(1, simdgroups + 1):
+        for wn in range(1, simdgroups // wm + 1):
+            if rows % wm or cols % wn:
+                continue
+            tm, tn = rows // wm, cols // wn
+            key = (wm * wn, -abs(tm - tn), wm)
+            if best is None or key > best[0]:
+                best = (key, MatrixTiling(wm, wn, tm, tn))
+    return best[1]
+
+
+def _decode_fp8_operands(kernel: ir.Kernel) -> ir.Kernel:
+    """Shared buffers feeding a gemm with FP8 elements hold float16 instead."""
+    fp8 = {r.buffer for s in walk(kernel.body) if isinstance(s, ir.Gemm) for r in (s.a, s.b)
+           if r.buffer.scope is ir.Scope.SHARED and r.buffer.dtype.record.msl == "uchar"
+           and r.buffer.dtype.is_float}
+    if not fp8:
+        return kernel
+    wide = {b: dataclasses.replace(b, dtype=ir.DType.F16) for b in fp8}
+    body = transform(kernel.body, lambda n: wide.get(n) if isinstance(n, ir.Buffer) else None)
+    names = ", ".join(sorted(b.name for b in fp8))
+    kernel = dataclasses.replace(kernel, body=body)
+    return kernel.with_note(f"legalize_metal: shared FP8 tiles {names} hold float16 (decoded on copy)")
+
+
+# ----------------------------------------------------------------------------------------------
+# storage
+
+
+@dataclasses.dataclass
+class _Use:
+    kind: str                     # fill | copy | gemm_c | operand | reduce | par | uniform | atomic
+    whole: bool = True
+    aligned: bool = False         # par: the loop's own indices over exactly the buffer's shape
+    write: bool = False
+    other: Optional[ir.Region] = None   # copy: the other side
+
+
+class _Uses:
+    """Every access of each fragment / local buffer, in program order."""
+
+    def __init__(self):
+        self.buffers: dict[str, ir.Buffer] = {}
+        self.of: dict[str, list[_Use]] = {}
+
+    def add(self, b: ir.Buffer, use: _Use) -> None:
+        if b.scope in ON_CHIP:
+            self.buffers[b.name] = b
+            self.of.setdefault(b.name, []).append(use)
+
+    def stmt(self, s: ir.Stmt, par: Optional[ir.Parallel]) -> None:
+        if isinstance(s, ir.Seq):
+            for t in s.stmts:
+                self.stmt(t, par)
+            return
+        if isinstance(s, ir.Alloc) and s.buffer.scope in ON_CHIP:
+            self.buffers[s.buffer.name] = s.buffer
+            self.of.setdefault(s.buffer.name, [])
+        elif isinstance(s, ir.Copy):
+            self.add(s.src.buffer, _Use("copy", s.src.is_whole, other=s.dst))
+            self.add(s.dst.buffer, _Use("copy", s.dst.is_whole, write=True, other=s.src))
+        elif isinstance(s, ir.Gemm):
+            self.add(s.a.buffer, _Use("operand"))
+            self.add(s.b.buffer, _Use("operand"))
+            self.add(s.c.buffer, _Use("gemm_c", s.c.is_whole, write=True))
+        elif isinstance(s, ir.Fill):
+            self.add(s.dst.buffer, _Use("fill", s.dst.is_whole, write=True))
+        elif isinstance(s, ir.Reduce):
+            self.add(s.src, _Use("reduce"))
+            self.add(s.dst, _Use("reduce", write=True))
+        elif isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):
+            self.add(s.value.buffer, _Use("atomic", s.value.is_whole))
+        if isinstance(s, ir.Parallel):
+            par = s
+        if isinstance(s, ir.Store):
+            self._element(s.buffer, s.indices, par, write=True)
+        for e in exprs_of(s):
+            for x in subexprs(e):
+                if isinstance(x, ir.Load):
+                    self._element(x.buffer, x.indices, par, write=False)
+        for body in substmts(s):
+            self.stmt(body, par)
+
+    def _element(self, b: ir.Buffer, indices, par: Optional[ir.Parallel], write: bool) -> None:
+        if par is None:
+            self.add(b, _Use("uniform", write=write))
+            return
+        aligned = (tuple(indices) == tuple(par.vars) and b.scope in ON_CHIP
+                   and tuple(par.extents) == b.static_shape)
+        self.add(b, _Use("par", aligned=aligned, write=write))
+
+
+def _decide(uses: _Uses) -> dict[str, str]:
+    storage = {}
+    for name, b in uses.buffers.items():
+        us = uses.of[name]
+        storage[name] = ("matrix" if _matrix(b, us) else "registers" if _registers(us)
+                         else "replicated" if _replicated(b, us) else "shared")
+    changed = True
+    while changed:   # a registers copy needs the same layout on the other side
+        changed = False
+        for name, us in uses.of.items():
+            b = uses.buffers[name]
+            if storage[name] == "registers" and not all(_same_layout(b, u, storage) for u in us):
+                storage[name] = "shared"
+                changed = True
+    return storage
+
+
+def _matrix(b: ir.Buffer, us: list[_Use]) -> bool:
+    if b.dtype not in ACCUMULATORS or not any(u.kind == "gemm_c" for u in us):
+        return False
+    return all(u.whole and (u.kind in ("gemm_c", "fill") or u.kind == "copy" and not u.write
+                            and u.other.buffer.scope in (ir.Scope.GLOBAL, ir.Scope.SHARED))
+               for u in us)
+
+
+def _registers(us: list[_Use]) -> bool:
+    return all(u.whole and u.kind in ("fill", "copy", "atomic") or u.kind == "par" and u.aligned
+               for u in us)
+
+
+def _replicated(b: ir.Buffer, us: list[_Use]) -> bool:
+    return b.nbytes <= REPLICATED_MAX_BYTES and all(
+        u.kind == "uniform" or u.kind == "fill" and u.whole or u.kind == "par" and not u.write
+        or u.kind == "copy" and not u.write for u in us)
+
+
+def _same_layout(b: ir.Buffer, u: _Use, storage: dict[str, str]) -> bool:
+    """A copy between ``b`` (held in registers) and another on-chip buffer pairs the same elements
+    in the same threads: the other is in shared memory, or a whole buffer of ``b``'s shape held
+    in registers."""
+    if u.kind != "copy" or u.other.buffer.scope not in ON_CHIP:
+        return True
+    other = u.other.buffer
+    return storage[other.name] == "shared" or (storage[other.name] == "registers" and u.other.is_whole
+                                               and other.static_shape == b.static_shape)
+
+
+def staged(s: ir.Copy) -> bool:
+    """Whether a copy out of a matrix accumulator goes through the simdgroup's scratch area (it
+    masks, converts, or writes a destination whose rows are not contiguous); else it stores the
+    matrices straight to the destination."""
+    dims = [d for d, n in enumerate(s.dst.extents) if n != 1]
+    return (s.mechanism is not ir.CopyMechanism.DIRECT or s.dst.buffer.dtype != s.src.buffer.dtype
+            or dims[-1] != len(s.dst.extents) - 1)
+
+
+def _scratch(kernel: ir.Kernel, storage: dict[str, str]) -> tuple:
+    """Element types of the per-simdgroup staging areas: staged matrix copies (the accumulator's
+    type) and float reductions across simdgroups (float32)."""
+    types = set()
+    for s in walk(kernel.body):
+        if isinstance(s, ir.Copy) and storage.get(s.src.buffer.name) == "matrix" and staged(s):
+            types.add(s.src.buffer.dtype)
+        if isinstance(s, ir.Reduce) and simdgroups_per_output(s, kernel.threads // SIMD) > 1:
+            types.add(ir.DType.F32)
+    return tuple(sorted(types, key=lambda t: t.value))
+
+
+def simdgroups_per_output(s: ir.Reduce, simdgroups: int) -> int:
+    """How many simdgroups reduce each output of ``s`` together: one (each simdgroup takes whole
+    outputs) unless there are fewer outputs than simdgroups and the values are floats, then all
+    simdgroups share the outputs, combining their partials through scratch."""
+    shape = s.src.static_shape
+    outputs = math.prod(shape) // shape[s.dim]
+    return simdgroups // outputs if outputs < simdgroups and s.dst.dtype.is_float else 1

@@ -1,0 +1,245 @@
+"""Spelling Tile IR expressions and element addresses in MSL.
+
+Every buffer is row-major and contiguous (launchers pass contiguous tensors), so an element's
+offset is ``sum(index[d] * stride[d])`` with strides the products of the trailing dims (runtime
+dims are the scalar parameters' locals); offsets into the ``StreamPlan``'s ``wide_offsets`` buffers
+are computed in ``long``. A global element is read as zero and written not at all outside its
+buffer (every ``index < dim``, and ``index >= 0`` where legalize's ``mask_low`` says it may be
+negative). On-chip elements are read where their storage keeps them: shared memory at their
+offset, a registers buffer at the slot of the current ``T.Parallel`` iteration (lowering made
+every such access the owning thread's), a replicated buffer at its offset.
+
+Arithmetic follows the IR's types: operands are converted to the result type; integer ``//`` and
+``%`` follow Python's floor semantics (``tws_floordiv``/``tws_mod`` unless both operands are
+provably non-negative); math on 16-bit floats is computed in float. FP8 elements are bytes, decoded
+to half when read.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+from tilews.lowering import ir
+from tilews.lowering.errors import CompileError, InternalError
+
+from .context import Ctx, is_fp8, msl_type
+from .fp8_decode import FP8_DECODE_MSL, decoder
+
+_MATH = {ir.MathFn.EXP: "exp", ir.MathFn.EXP2: "exp2", ir.MathFn.LOG: "log",
+         ir.MathFn.LOG2: "log2", ir.MathFn.SQRT: "sqrt", ir.MathFn.RSQRT: "rsqrt",
+         ir.MathFn.ABS: "abs", ir.MathFn.MAX: "max", ir.MathFn.MIN: "min"}
+
+HELPERS = {
+    "floordiv": ("inline int tws_floordiv(int a, int b) { int q = a / b; "
+                 "return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }\n"
+                 "inline long tws_floordiv(long a, long b) { long q = a / b; "
+                 "return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }\n"),
+    "mod": ("inline int tws_mod(int a, int b) { int r = a % b; "
+            "return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"
+            "inline long tws_mod(long a, long b) { long r = a % b; "
+            "return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"),
+}
+
+
+def spell(ctx: Ctx, e: ir.Expr) -> str:
+    rule = _EXPRS.get(type(e))
+    if rule is None:
+        raise InternalError(f"metal backend: no rule for expression {type(e).__name__}",
+                            getattr(e, "loc", None))
+    return rule(ctx, e)
+
+
+def as_type(ctx: Ctx, e: ir.Expr, dtype: ir.DType, loc: ir.Loc) -> str:
+    """``e`` converted to ``dtype``."""
+    if is_fp8(dtype):
+        raise CompileError("the Metal backend reads FP8 but does not write it (no FP8 encoder); "
+                           "store a float16/float32 result", loc)
+    text = spell(ctx, e)
+    source = ir.DType.F16 if is_fp8(e.dtype) else e.dtype
+    return text if source == dtype else convert(text, dtype, loc)
+
+
+def convert(text: str, dtype: ir.DType, loc: ir.Loc) -> str:
+    if dtype is ir.DType.BOOL:
+        return f"({text} != 0)"
+    return f"static_cast<{msl_type(dtype, loc)}>({text})"
+
+
+def nonneg(e: ir.Expr) -> bool:
+    """Provably never negative."""
+    if isinstance(e, ir.Const):
+        return not isinstance(e.value, bool) and e.value >= 0
+    if isinstance(e, ir.Var):
+        return e.kind in (ir.VarKind.BLOCK, ir.VarKind.PARALLEL) or e.dtype.record.kind == "uint"
+    if isinstance(e, ir.BinOp) and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.MUL,
+                                            ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD):
+        return nonneg(e.a) and nonneg(e.b)
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# element addresses
+
+
+def strides(ctx: Ctx, b: ir.Buffer) -> list[str]:
+    """Row-major strides of ``b``, spelled (runtime dims by their locals, constants folded)."""
+    out, const, dims = [], 1, []
+    for d in reversed(b.shape):
+        out.append(" * ".join(([str(const)] if const != 1 or not dims else []) + dims))
+        n = ir.as_int(d)
+        if n is None:
+            dims.append(spell(ctx, d))
+        else:
+            const *= n
+    return out[::-1]
+
+
+def offset(ctx: Ctx, b: ir.Buffer, indices: list[str]) -> str:
+    wide = b.scope is ir.Scope.GLOBAL and b.name in ctx.wide
+    terms = []
+    for i, s in zip(indices, strides(ctx, b)):
+        if i == "0":
+            continue
+        i = f"long({i})" if wide else f"({i})"
+        terms.append(i if s == "1" else f"{i} * {s}")
+    return " + ".join(terms) or "0"
+
+
+def in_bounds(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: tuple) -> Optional[str]:
+    """The condition for a global element to lie inside its buffer, None when nothing to check."""
+    conds = []
+    low = mask_low or (True,) * len(indices)
+    for i, d, lo in zip(indices, b.shape, low):
+        if lo:
+            conds.append(f"{i} >= 0")
+        conds.append(f"{i} < {spell(ctx, d)}")
+    return " && ".join(conds) or None
+
+
+def element(ctx: Ctx, b: ir.Buffer, indices: list[str]) -> str:
+    """The lvalue of an element of ``b`` (not a registers buffer outside its T.Parallel)."""
+    where = ctx.where(b)
+    name = ctx.name(b.name)
+    if where == "registers":
+        if ctx.par is None:
+            raise InternalError(f"metal backend: registers buffer '{b.name}' read outside T.Parallel")
+        return f"{name}[{ctx.par.slot}]"
+    if where == "matrix":
+        raise InternalError(f"metal backend: element access to the matrix buffer '{b.name}'")
+    return f"{name}[{offset(ctx, b, indices)}]"
+
+
+def read(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: Optional[tuple] = (),
+         decode: bool = True) -> str:
+    """An element's value. A global element outside its buffer reads as zero unless ``mask_low``
+    is None (the access is in bounds by construction). FP8 bytes are decoded to half unless
+    ``decode`` is off (a byte-for-byte copy)."""
+    value = element(ctx, b, indices)
+    fp8 = is_fp8(b.dtype) and decode
+    if fp8:
+        ctx.helpers.add(FP8_DECODE_MSL)
+        value = f"{decoder(b.dtype)}({value})"
+    if b.scope is ir.Scope.GLOBAL and mask_low is not None:
+        cond = in_bounds(ctx, b, indices, mask_low)
+        if cond:
+            zero = "half(0)" if fp8 else f"{msl_type(b.dtype, ir.UNKNOWN_LOC)}(0)"
+            value = f"(({cond}) ? {value} : {zero})"
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# expressions
+
+
+def _const(ctx: Ctx, e: ir.Const) -> str:
+    v = e.value
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if e.dtype.is_float:
+        v = float(v)
+        if math.isnan(v):
+            text = "NAN"
+        elif math.isinf(v):
+            text = "INFINITY" if v > 0 else "(-INFINITY)"
+        else:
+            text = repr(v) + "f"
+        return text if e.dtype is ir.DType.F32 else f"{msl_type(e.dtype, e.loc)}({text})"
+    if e.dtype.bits == 64:
+        return f"{int(v)}L" if e.dtype.record.kind == "int" else f"{int(v)}UL"
+    return str(int(v)) if e.dtype.record.kind != "uint" else f"{int(v)}u"
+
+
+def _var(ctx: Ctx, e: ir.Var) -> str:
+    return ctx.name(e.name)
+
+
+def _operand(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
+    if isinstance(e, ir.Const) and not isinstance(e.value, bool):
+        return _const(ctx, ir.Const(e.value, dtype, e.loc))
+    return as_type(ctx, e, dtype, e.loc)
+
+
+def _binop(ctx: Ctx, e: ir.BinOp) -> str:
+    if e.op in (ir.BinOpKind.LAND, ir.BinOpKind.LOR):
+        sym = "&&" if e.op is ir.BinOpKind.LAND else "||"
+        return f"({spell(ctx, e.a)} {sym} {spell(ctx, e.b)})"
+    a, b = _operand(ctx, e.a, e.dtype), _operand(ctx, e.b, e.dtype)
+    if e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD):
+        if e.dtype.is_float:
+            q = f"floor({a} / {b})"
+            return q if e.op is ir.BinOpKind.FLOORDIV else f"({a} - {b} * {q})"
+        if not (nonneg(e.a) and nonneg(e.b)) and e.dtype.record.kind == "int":
+            helper = "floordiv" if e.op is ir.BinOpKind.FLOORDIV else "mod"
+            ctx.helpers.add(HELPERS[helper])
+            return f"tws_{helper}({a}, {b})"
+        return f"({a} {'/' if e.op is ir.BinOpKind.FLOORDIV else '%'} {b})"
+    return f"({a} {e.op.value} {b})"
+
+
+def _cmp(ctx: Ctx, e: ir.Cmp) -> str:
+    common = _common(e.a.dtype, e.b.dtype)
+    return f"({_operand(ctx, e.a, common)} {e.op.value} {_operand(ctx, e.b, common)})"
+
+
+def _common(a: ir.DType, b: ir.DType) -> ir.DType:
+    if a == b:
+        return a
+    if a.is_float or b.is_float:
+        return ir.DType.F32
+    return a if a.bits >= b.bits else b
+
+
+def _unop(ctx: Ctx, e: ir.UnOp) -> str:
+    a = spell(ctx, e.a)
+    if e.op is ir.UnOpKind.NOT:
+        return f"(!{a})"
+    return f"({e.op.value}{_operand(ctx, e.a, e.dtype)})"
+
+
+def _call(ctx: Ctx, e: ir.Call) -> str:
+    narrow = e.dtype.is_float and e.dtype.bits < 32
+    work = ir.DType.F32 if narrow else e.dtype
+    args = [_operand(ctx, a, work) for a in e.args]
+    fn = _MATH[e.fn]
+    out = args[0] if e.fn in (ir.MathFn.MAX, ir.MathFn.MIN) else f"{fn}({args[0]})"
+    for a in args[1:]:
+        out = f"{fn}({out}, {a})"
+    return convert(out, e.dtype, e.loc) if narrow else out
+
+
+def _cast(ctx: Ctx, e: ir.Cast) -> str:
+    return as_type(ctx, e.value, e.dtype, e.loc)
+
+
+def _select(ctx: Ctx, e: ir.Select) -> str:
+    return (f"({spell(ctx, e.cond)} ? {_operand(ctx, e.a, e.dtype)} : "
+            f"{_operand(ctx, e.b, e.dtype)})")
+
+
+def _load(ctx: Ctx, e: ir.Load) -> str:
+    return read(ctx, e.buffer, [spell(ctx, i) for i in e.indices], e.mask_low)
+
+
+_EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
+    ir.Const: _const, ir.Var: _var, ir.BinOp: _binop, ir.Cmp: _cmp, ir.UnOp: _unop,
+    ir.Call: _call, ir.Cast: _cast, ir.Select: _select, ir.Load: _load}

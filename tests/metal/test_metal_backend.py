@@ -1,0 +1,241 @@
+"""target="metal": the examples compiled to MSL and run through the CPU harness against float64.
+
+Every kernel here is emitted by the Metal backend and executed by ``tilews.metal.harness`` (the
+emitted MSL compiled as C++ with one OS thread per lane), outputs poisoned with NaN before the
+launch. Then: where lowering put each fragment (registers, simdgroup matrices, shared memory), the
+block barriers it placed (a planted bug without them is caught by the thread sanitizer), and the
+errors a program Metal cannot run gets.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tilews
+import tilews.language as T
+from tilews import CompileError
+from tilews.lowering import passes
+from tilews.lowering.plans import FragmentStoragePlan
+from tilews.metal import harness
+
+from examples.gemm import matmul
+from examples.softmax import softmax
+from examples.ws_gemm import ws_matmul_program
+from tilews.ops.attention import mha_fwd_program
+
+from ..helpers import poisoned, rel_err
+from ..test_fp8 import PAIRS, run_gemm
+
+pytestmark = pytest.mark.skipif(harness.compiler() is None, reason="needs a C++17 compiler")
+
+DTYPES = {"f16": (T.float16, torch.float16, 2e-3), "bf16": (T.bfloat16, torch.bfloat16, 1e-2),
+          "f32": (T.float32, torch.float32, 1e-5)}
+
+
+def metal(fn):
+    return tilews.jit(target="metal")(fn)
+
+
+def storage(kernel) -> dict:
+    return dict(kernel.ir_after.plan(FragmentStoragePlan).storage)
+
+
+def randn(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# the examples, through the harness
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_gemm_ragged(name):
+    """examples/gemm.py at a shape ragged in M, N and K against float64; the accumulator stays
+    in simdgroup matrices and leaves through the masked scratch path."""
+    t, dt, tol = DTYPES[name]
+    M, N, K = 100, 72, 40
+    k = metal(matmul.fn)(M, N, K, block_M=32, block_N=32, block_K=16, dtype=t)
+    assert k.report.target == "metal"
+    assert storage(k) == {"C_f": "matrix"}
+    a, b = randn(M, K, dtype=dt, seed=1), randn(K, N, dtype=dt, seed=2)
+    c = poisoned(M, N, dtype=dt)
+    k(a, b, c)
+    ref = a.double() @ b.double()
+    assert c.isfinite().all()
+    assert rel_err(c, ref) < tol
+    assert "simdgroup_multiply_accumulate" in k.get_kernel_source()
+
+
+def test_gemm_in_bounds_stores_matrices_directly():
+    """Tiles that divide the shape need no mask: the accumulator is stored with simdgroup_store
+    straight to device memory (float32 out: no conversion)."""
+    M = N = K = 64
+    k = metal(matmul.fn)(M, N, K, block_M=32, block_N=32, block_K=16, dtype=T.float32)
+    src = k.get_kernel_source()
+    assert "simdgroup_store(C_f[0], (C + " in src and "tws_scratch" not in src
+    a, b = randn(M, K, seed=3), randn(K, N, seed=4)
+    c = poisoned(M, N)
+    k(a, b, c)
+    assert rel_err(c, a.double() @ b.double()) < 1e-5
+
+
+def test_softmax():
+    """examples/softmax.py: reductions across simdgroups, row vectors read by every thread."""
+    M, N = 50, 64
+    k = metal(softmax.fn)(M, N)
+    assert storage(k) == {"x": "shared", "row_max": "shared", "row_sum": "shared"}
+    x = randn(M, N, seed=5) * 3
+    y = poisoned(M, N)
+    k(x, y)
+    assert rel_err(y, torch.softmax(x.double(), dim=1)) < 1e-5
+
+
+def test_explicit_ws_gemm_runs_as_one_role():
+    """examples/ws_gemm.py: the producer T.ws(0) and consumer T.ws(1, 2) become one stream of
+    384 threads (the barrier protocol holds in program order)."""
+    M, N, K = 64, 64, 48
+    k = metal(ws_matmul_program)(M, N, K, block_M=32, block_N=32, block_K=16)
+    assert any("despecialize" in n for n in k.report.notes)
+    a, b = randn(M, K, dtype=torch.float16, seed=6), randn(K, N, dtype=torch.float16, seed=7)
+    c = poisoned(M, N, dtype=torch.float16)
+    k(a, b, c)
+    assert rel_err(c, a.double() @ b.double()) < 2e-3
+
+
+def fp8_decode_program(n, fp8):
+    @T.prim_func
+    def main(X: T.Tensor((n,), fp8), Y: T.Tensor((n,), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            x = T.alloc_fragment((n,), T.float32)
+            T.copy(X[0], x)
+            T.copy(x, Y[0])
+    return main
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+def test_fp8_decode_every_code(fp8):
+    """Every one of the 256 codes, decoded by a tile program (FP8 global -> float32 fragment held
+    in registers), equals torch's conversion (NaN where torch has NaN)."""
+    tdt = torch.float8_e4m3fn if fp8 == "e4m3" else torch.float8_e5m2
+    k = metal(fp8_decode_program)(256, T.float8_e4m3 if fp8 == "e4m3" else T.float8_e5m2)
+    assert storage(k) == {"x": "registers"}
+    codes = torch.arange(256, dtype=torch.uint8).view(tdt)
+    y = poisoned(256)
+    k(codes, y)
+    want = codes.float()
+    assert torch.equal(y.isnan(), want.isnan())
+    assert torch.equal(y[~want.isnan()], want[~want.isnan()])
+
+
+@pytest.mark.parametrize("gran", ["tensor-1", "row-2d"])
+@pytest.mark.parametrize("pair", ["e4m3-e4m3", "e5m2-e5m2", "e4m3-e5m2"])
+def test_fp8_scaled_matmul(gran, pair):
+    """T.fp8_scaled_matmul per tensor and per row: FP8 tiles decoded to float16 in threadgroup
+    memory, half simdgroup MMA, the scales in the epilogue."""
+    c, ref = run_gemm("metal", 70, 72, 200, gran, PAIRS[pair], True, torch.float32, False, seed=9)
+    assert c.isfinite().all()
+    assert rel_err(c, ref) < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_small_tiles(causal):
+    """TileLang's attention program with 16x16 blocks and head dim 32 (it fits in 32 KB), at a
+    sequence length that is not a multiple of the block, against float64 softmax attention."""
+    B, H, S, D = 1, 2, 40, 32
+    k = metal(mha_fwd_program)(B, H, S, D, causal, block_M=16, block_N=16, num_stages=1,
+                               threads=128)
+    q, kk, v = (randn(B, H, S, D, dtype=torch.float16, seed=s) for s in (10, 11, 12))
+    o = poisoned(B, H, S, D, dtype=torch.float16)
+    k(q, kk, v, o)
+    scores = (q.double() @ kk.double().transpose(-1, -2)) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.softmax(scores, -1) @ v.double()
+    assert o.isfinite().all()
+    assert rel_err(o, ref) < 1e-2
+
+
+# ----------------------------------------------------------------------------------------------
+# where fragments live
+
+
+def elementwise_program(n, m):
+    @T.prim_func
+    def main(X: T.Tensor((n, m), T.float32), Y: T.Tensor((n, m), T.float32)):
+        with T.Kernel(1, threads=64) as bx:
+            x = T.alloc_fragment((n, m), T.float32)
+            scale = T.alloc_local((1,), T.float32)
+            scale[0] = 3.0
+            T.copy(X[0, 0], x)
+            for i, j in T.Parallel(n, m):
+                x[i, j] = x[i, j] * scale[0] + i
+            T.copy(x, Y[0, 0])
+    return main
+
+
+def test_registers_and_replicated():
+    """A fragment read and written only at a T.Parallel's own indices stays in registers (no
+    barrier needed between its statements); a small one written outside T.Parallel is replicated."""
+    k = metal(elementwise_program)(10, 12)
+    assert storage(k) == {"x": "registers", "scale": "replicated"}
+    assert "threadgroup_barrier" not in k.get_kernel_source()
+    x = randn(10, 12, seed=13)
+    y = poisoned(10, 12)
+    k(x, y)
+    assert torch.allclose(y, x * 3 + torch.arange(10).reshape(10, 1), atol=1e-6)
+
+
+def test_missing_barriers_are_caught_by_the_thread_sanitizer(monkeypatch):
+    """The planted bug: without insert_syncs, the harness under the thread sanitizer reports the
+    race between the copy into shared memory and the gemm reading it."""
+    without = tuple((n, (lambda k, t: k) if n == "insert_syncs" else run) for n, run in passes.PIPELINE)
+    monkeypatch.setattr(passes, "PIPELINE", without)
+    monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1")     # the cached kernel has its barriers
+    k = metal(matmul.fn)(32, 32, 32, block_M=32, block_N=32, block_K=16, dtype=T.float32)
+    assert "threadgroup_barrier" not in k.get_kernel_source()
+    built = harness.build(k.program.msl, sanitizer="thread")
+    a, b, c = randn(32, 32, seed=14), randn(32, 32, seed=15), poisoned(32, 32)
+    with pytest.raises(harness.HarnessError, match="(?i)data race"):
+        built.run([a, b, c], (1, 1, 1))
+
+
+# ----------------------------------------------------------------------------------------------
+# what Metal cannot run
+
+
+def gemm_program(M, N, K, block, threads=128):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             C: T.Tensor((M, N), T.float32)):
+        with T.Kernel(T.ceildiv(N, block), T.ceildiv(M, block), threads=threads) as (bx, by):
+            A_s = T.alloc_shared((block, K), T.float16)
+            B_s = T.alloc_shared((K, block), T.float16)
+            C_f = T.alloc_fragment((block, block), T.float32)
+            T.copy(A[by * block, 0], A_s)
+            T.copy(B[0, bx * block], B_s)
+            T.gemm(A_s, B_s, C_f, clear_accum=True)
+            T.copy(C_f, C[by * block, bx * block])
+    return main
+
+
+@pytest.mark.parametrize("args, match", [
+    ((64, 64, 64, 32, 100), "multiple of 32"),
+    ((64, 64, 64, 12), "multiples of 8"),
+    ((128, 128, 160, 64), "(?s)40960 bytes of shared memory.*A_s.*B_s"),
+    ((32, 32, 32, 32, 2048), "to 1024"),
+], ids=["threads-not-simd-multiple", "tile-not-multiple-of-8", "over-32KB", "too-many-threads"])
+def test_errors(args, match):
+    with pytest.raises(CompileError, match=match):
+        metal(gemm_program)(*args)
+
+
+def test_fragments_count_against_threadgroup_memory():
+    """Fragments that live in shared memory (attention's scores and output accumulator) count
+    against the 32 KB too; the error names the largest buffers."""
+    with pytest.raises(CompileError, match=r"(?s)threadgroup memory on target 'metal'.*largest: "
+                                           r"(Q_shared|O_shared|acc_s|acc_o)"):
+        metal(mha_fwd_program)(1, 2, 128, 64, False, block_M=64, block_N=32, num_stages=1,
+                               threads=128)
