@@ -3,14 +3,16 @@
 Contract (docs: metal-contract.md, "The CPU harness"):
 * ``build(kernel, sanitizer=None)`` checks the kernel against Metal's limits (at most 1024 threads
   per threadgroup; at most 32768 bytes of ``threadgroup T name[N];`` declarations, counted here from
-  the text before anything is compiled), compiles ``kernel.full_source()`` with ``msl_cpu.h`` (which
-  defines the MSL subset of the contract; read its header comment for the semantics) and a generated
-  driver, and returns a ``HarnessKernel``. Compiled files are cached under
+  the text before anything is compiled), compiles ``kernel.full_source()`` with ``msl_cpu.h`` and a
+  generated driver (``translation_unit``), and returns a ``HarnessKernel``. The header comment of
+  ``msl_cpu.h`` gives the semantics (e.g. a simdgroup_load origin ``ulong2(col, row)`` is in memory
+  coordinates, transposed or not). Compiled files are cached under
   ``default_cache_dir()/metal-harness/<sha256 of text, header, compiler and flags>``; with
   ``TILEWS_DISABLE_CACHE`` on, nothing is written there (a private temporary folder instead).
 * ``HarnessKernel.run(args, grid)``: ``args`` follow ``kernel.params``: C-contiguous numpy arrays or
   contiguous torch CPU tensors of the param's element type (half and bfloat may also come as 2-byte
-  integer storage; signed and unsigned integers of one size are interchangeable), modified in place
+  integer storage, uchar and char as fp8 tensors; signed and unsigned integers of one size are
+  interchangeable), modified in place
   for written params; scalar params take a Python number (or a 1-element buffer). ``grid`` counts
   threadgroups; they run one after another.
 * Failures are ``HarnessError``: the compiler's errors (located in ``<kernel>.metal``, the lines of
@@ -26,8 +28,9 @@ Contract (docs: metal-contract.md, "The CPU harness"):
 Lanes are fibers (``ucontext``) by default and OS threads in the sanitizer builds. Fibers: a 128-lane
 threadgroup meets a barrier or a simdgroup rendezvous dozens of times per tile, and with OS threads
 every rendezvous is a round of futex wake-ups and context switches on the machine's few shared
-cores; switching fibers costs well under a microsecond, needs no locks, and the schedule (lanes in
-order, each until it blocks) is deterministic, so diagnostics and results do not depend on timing.
+cores; switching fibers costs well under a microsecond, needs no locks, and the schedule (one
+simdgroup as far as it can go, then the next) is deterministic, so diagnostics and results do not
+depend on timing, and a missing barrier reads unwritten threadgroup memory (NaN) every time.
 ThreadSanitizer only sees races between real threads, and AddressSanitizer does not follow
 ``swapcontext`` stacks reliably, so both sanitizer builds give every lane its own thread.
 """
@@ -55,7 +58,8 @@ from tilews.lowering.settings import Settings
 
 from .source import ATTRIBUTES, MslKernel
 
-__all__ = ["HarnessError", "HarnessKernel", "HarnessUnavailable", "build", "compiler"]
+__all__ = ["HarnessError", "HarnessKernel", "HarnessUnavailable", "build", "compiler", "threadgroup_arrays",
+           "translation_unit"]
 
 HEADER = pathlib.Path(__file__).with_name("msl_cpu.h")
 MAX_THREADS = 1024
@@ -429,8 +433,9 @@ def _buffer(param, value: object, kernel: str) -> _Buffer:
                         f"{' or a number' if param.scalar else ''}, got {type(value).__name__}")
     size, expected = ELEMENT_TYPES[param.dtype]
     raw_16 = param.dtype in ("half", "bfloat") and name in ("int16", "uint16")
+    raw_8 = param.dtype in ("uchar", "char") and name.startswith("float8")   # fp8 bytes
     same_integer = expected in _INTEGERS and name in _INTEGERS and nbytes == count * size
-    if name != expected and not raw_16 and not same_integer:
+    if name != expected and not (raw_16 or raw_8 or same_integer):
         raise TypeError(f"{where}: got elements of type {name}, expected {expected}")
     if param.scalar and count != 1:
         raise TypeError(f"{where}: a scalar takes one element, got {count}")

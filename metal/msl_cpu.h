@@ -27,10 +27,13 @@
 // * math in namespace metal (exp exp2 log log2 sqrt rsqrt abs fabs max min fmax fmin floor ceil
 //   pow select as_type) and relaxed device atomics (atomic_int/uint/float fetch_add).
 //
-// Execution: by default lanes are fibers (ucontext) on the calling thread, run round-robin until
-// each blocks at a synchronization point; with MSL_CPU_THREADS defined (the sanitizer builds) each
-// lane is an OS thread and the rendezvous is a mutex/condition variable, so ThreadSanitizer sees the
-// real happens-before order of the lanes. The launch entry is msl_cpu::launch.
+// Execution: by default lanes are fibers (ucontext) on the calling thread. The first simdgroup with
+// a runnable lane runs as far as it can (its lanes in order, each until it blocks at a
+// synchronization point) before the next starts, so a missing threadgroup barrier reads memory
+// other simdgroups have not written yet (0xFF bytes: NaN). With MSL_CPU_THREADS defined (the
+// sanitizer builds) each lane is an OS thread and the rendezvous is a mutex and condition variables,
+// so ThreadSanitizer sees the lanes' real happens-before order. The launch entry is msl_cpu::launch;
+// file_main is the main() of the sanitizer executables.
 #ifndef TILEWS_MSL_CPU_H
 #define TILEWS_MSL_CPU_H
 
@@ -119,8 +122,11 @@ MSL_CPU_UNARY(floor, std::floor(v))
 MSL_CPU_UNARY(ceil, std::ceil(v))
 #undef MSL_CPU_UNARY
 
-template <class T>
-inline std::enable_if_t<std::is_arithmetic<T>::value || std::is_same<T, bfloat>::value, T> abs(T x) {
+template <class T>  // (libstdc++ 12 does not count _Float16 as arithmetic)
+inline std::enable_if_t<std::is_arithmetic<T>::value || std::is_same<T, half>::value ||
+                            std::is_same<T, bfloat>::value,
+                        T>
+abs(T x) {
   return x < T(0) ? T(-x) : x;
 }
 template <class T>
@@ -322,7 +328,7 @@ static int settle_simdgroup(Group& G, uint lo, uint hi) {
   for (uint i = lo; i < hi; ++i) {
     if (std::memcmp(G.lanes[i].args, G.lanes[first].args, sizeof G.lanes[i].args) != 0) {
       std::snprintf(what, sizeof what, "simdgroup %u: %s at line %u gets different arguments in "
-                    "lanes %u and %u (they must be uniform across the simdgroup); lanes",
+                    "lanes %u and %u (they must be uniform across the simdgroup)",
                     lo / kSimd, kOpNames[G.lanes[first].op], G.lanes[first].line, first, i);
       return fail(G, what, lo, hi);
     }
@@ -705,7 +711,8 @@ inline void simdgroup_load(simdgroup_matrix<T, 8, 8>& m, const T* src, ulong ele
   const uint64_t args[4] = {uint64_t(src), elements_per_row, origin.x, origin.y * 2 + transpose};
   msl_cpu::arrive(msl_cpu::OP_SIMDGROUP_LOAD, line, args);
   for (int r = 0; r < 8; ++r)
-    for (int c = 0; c < 8; ++c) m.e[r * 8 + c] = src[simdgroup_offset(r, c, elements_per_row, origin, transpose)];
+    for (int c = 0; c < 8; ++c)
+      m.e[r * 8 + c] = src[simdgroup_offset(r, c, elements_per_row, origin, transpose)];
 }
 
 template <class T>

@@ -331,7 +331,7 @@ MATH = MslKernel("math_and_types", "inline float twice(float v) { return v * 2.0
   r[8] = pow(v, 1.5f);
   r[9] = fmax(v, 1.0f) + fmin(v, 1.0f) + max(v, 1.0f) * min(v, 1.0f);
   r[10] = select(v, -v, v > 1.0f) + (t % 2u == 0u ? INFINITY : -INFINITY);
-  r[11] = twice(float(metal::exp(h)) + float(max(h, half(1.0f))));
+  r[11] = twice(float(metal::exp(h)) + float(max(h, half(1.0f))) + float(abs(-h)));
   for (uint i = 0; i < 12u; ++i) out[t * 12u + i] = r[i];
   threadgroup_barrier(mem_flags::mem_device);
   const int k = ks[t];
@@ -361,7 +361,7 @@ def test_math_scalars_and_a_partial_simdgroup():
     expected = np.stack([np.exp(v), np.exp2(v), np.log(v), np.log2(v), np.sqrt(v), 1 / np.sqrt(v), 2 * v,
                          np.floor(3 * x) + np.ceil(3 * x), v ** 1.5,
                          np.maximum(v, 1) + np.minimum(v, 1) + np.maximum(v, 1) * np.minimum(v, 1),
-                         np.where(v > 1, -v, v) + inf, 2 * (np.exp(h) + np.maximum(h, 1))], axis=1)
+                         np.where(v > 1, -v, v) + inf, 2 * (np.exp(h) + np.maximum(h, 1) + h)], axis=1)
     tolerance = np.full((48, 12), 1e-6)
     tolerance[:, 11] = 2 * np.exp(h) * 2.0**-11 + 1e-6    # exp of a half is a half
     finite = np.isfinite(expected)
@@ -567,7 +567,8 @@ def test_arguments_are_checked():
     kernel = harness.build(gemm_16("half", False))
     a = np.zeros((16, 16), np.float16)
     c = np.zeros((16, 16), np.float32)
-    with pytest.raises(TypeError, match="parameter B \\(half\\*\\): got elements of type float32, expected float16"):
+    with pytest.raises(TypeError, match=r"parameter B \(half\*\): got elements of type float32, "
+                                        r"expected float16"):
         kernel.run([a, np.zeros((16, 16), np.float32), c], (1, 1, 1))
     with pytest.raises(TypeError, match="parameter C \\(float\\*\\): the array must be C-contiguous"):
         kernel.run([a, a, np.zeros((16, 32), np.float32)[:, ::2]], (1, 1, 1))
@@ -575,3 +576,14 @@ def test_arguments_are_checked():
         kernel.run([a, a], (1, 1, 1))
     with pytest.raises(TypeError, match="parameter M \\(uint\\): expected an integer, got 1.5"):
         harness.build(elementwise()).run([a, c, c, 1.0, 1.5, 16], (1, 1, 1))
+
+
+@needs_cxx
+def test_fp8_tensors_pass_as_uchar_bytes():
+    body = "  out[thread_index_in_threadgroup] = uint(q[thread_index_in_threadgroup]);\n"
+    kernel = MslKernel("fp8_bytes", "", body,
+                       (MslParam("q", "uchar", False), MslParam("out", "uint", True)), (TID,), 64)
+    q = torch.randn(64).to(torch.float8_e4m3fn)
+    out = torch.zeros(64, dtype=torch.int32)       # int32 storage for a uint param
+    harness.build(kernel).run([q, out], (1, 1, 1))
+    assert torch.equal(out, q.view(torch.uint8).to(torch.int32))

@@ -19,14 +19,16 @@ from tilews import CompileError
 from tilews.lowering import passes
 from tilews.lowering.plans import FragmentStoragePlan
 from tilews.metal import harness
+from tilews.metal.source import ATTRIBUTES
 
-from examples.gemm import matmul
+from examples.gemm import matmul, persistent_matmul
 from examples.softmax import softmax
 from examples.ws_gemm import ws_matmul_program
 from tilews.ops.attention import mha_fwd_program
 
 from ..helpers import poisoned, rel_err
 from ..test_fp8 import PAIRS, run_gemm
+from .test_launchers import expected_mlx_decls, mlx_source, mx, needs_mlx, split_kernel
 
 pytestmark = pytest.mark.skipif(harness.compiler() is None, reason="needs a C++17 compiler")
 
@@ -93,6 +95,17 @@ def test_softmax():
     assert rel_err(y, torch.softmax(x.double(), dim=1)) < 1e-5
 
 
+def test_persistent_gemm():
+    """examples/gemm.py's T.Persistent GEMM: 3 blocks loop over 12 output tiles."""
+    M, N, K = 100, 72, 48
+    k = metal(persistent_matmul.fn)(M, N, K, block_M=32, block_N=32, block_K=16, threads=128,
+                                    num_sms=3)
+    a, b = randn(M, K, dtype=torch.bfloat16, seed=16), randn(K, N, dtype=torch.bfloat16, seed=17)
+    c = poisoned(M, N, dtype=torch.bfloat16)
+    k(a, b, c)
+    assert rel_err(c, a.double() @ b.double()) < 1e-2
+
+
 def test_explicit_ws_gemm_runs_as_one_role():
     """examples/ws_gemm.py: the producer T.ws(0) and consumer T.ws(1, 2) become one stream of
     384 threads (the barrier protocol holds in program order)."""
@@ -130,11 +143,12 @@ def test_fp8_decode_every_code(fp8):
     assert torch.equal(y[~want.isnan()], want[~want.isnan()])
 
 
-@pytest.mark.parametrize("gran", ["tensor-1", "row-2d"])
+@pytest.mark.parametrize("gran", ["tensor-1", "row-2d", "block"])
 @pytest.mark.parametrize("pair", ["e4m3-e4m3", "e5m2-e5m2", "e4m3-e5m2"])
 def test_fp8_scaled_matmul(gran, pair):
-    """T.fp8_scaled_matmul per tensor and per row: FP8 tiles decoded to float16 in threadgroup
-    memory, half simdgroup MMA, the scales in the epilogue."""
+    """T.fp8_scaled_matmul per tensor, per row and block-wise: FP8 tiles decoded to float16 in
+    threadgroup memory, half simdgroup MMA, the scales in the epilogue (block-wise: per 128-wide
+    k-block into the float32 accumulator)."""
     c, ref = run_gemm("metal", 70, 72, 200, gran, PAIRS[pair], True, torch.float32, False, seed=9)
     assert c.isfinite().all()
     assert rel_err(c, ref) < 1e-5
@@ -239,3 +253,18 @@ def test_fragments_count_against_threadgroup_memory():
                                            r"(Q_shared|O_shared|acc_s|acc_o)"):
         metal(mha_fwd_program)(1, 2, 128, 64, False, block_M=64, block_N=32, num_stages=1,
                                threads=128)
+
+
+@needs_mlx
+def test_mlx_accepts_an_emitted_kernel(capfd, tmp_path):
+    """The emitted gemm's body and header go to mlx's metal_kernel unchanged, and the signature
+    mlx writes (mx.export_function tracing; no Metal needed) has our parameters and the thread
+    attributes the body reads."""
+    k = metal(matmul.fn)(64, 64, 48, block_M=32, block_N=32, block_K=16)
+    msl = k.program.msl
+    args = [mx.zeros((64, 48), dtype=mx.float16), mx.zeros((48, 64), dtype=mx.float16), (64, 64)]
+    source = mlx_source(msl, args, k.program.grid([None] * 3), capfd, tmp_path)
+    _, _, decls, body = split_kernel(source)
+    assert decls[:3] == expected_mlx_decls(msl)
+    assert sorted(decls[3:]) == sorted(f"{ATTRIBUTES[a]} {a} [[{a}]]" for a in msl.attributes)
+    assert body.rstrip("\n") == msl.body.rstrip("\n")
