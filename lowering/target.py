@@ -23,6 +23,8 @@ class Target:
                                     # it off to compare)
     block_syncs: bool = False       # the backend spells block barriers between statements that
                                     # share on-chip memory across threads (insert_syncs; Metal)
+    double_buffer: bool = False     # T.Pipelined loads the next tile into a second shared buffer
+                                    # (double_buffer; targets without asynchronous copies)
     simdgroup_matrix: bool = False  # 8x8 matrices held by a simdgroup of 32 threads (Metal);
                                     # legalize_metal decides where fragments live
     fast_math: bool = False         # code choice (tl.enable_fast_math): fp32 division and square
@@ -37,4 +39,4 @@ TRITON_CPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
 HOPPER = Target("hopper", warp_specialization=True, tma=True, wgmma=True, smem_bytes=227 * 1024,
                 hangs_on_deadlock=True)
 METAL = Target("metal", warp_specialization=False, tma=False, wgmma=False, smem_bytes=32 * 1024,
-               block_syncs=True, simdgroup_matrix=True)
+               block_syncs=True, double_buffer=True, simdgroup_matrix=True)

@@ -11,7 +11,8 @@ from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
-from . import (check_barriers, despecialize, infer_layouts, insert_syncs, legalize, legalize_metal,
+from . import (check_barriers, despecialize, double_buffer, infer_layouts, insert_syncs, legalize,
+               legalize_metal,
                legalize_wgmma, overlap_mma, overlap_softmax, overlap_store, persist, plan_buffers,
                plan_pipeline, split_consumers, swizzle_grid, warp_specialize)
 
@@ -48,6 +49,8 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # Metal's choices, on the final program: where each fragment lives (registers, simdgroup
     # matrices, shared memory) ...
     ("legalize_metal", legalize_metal.run),
+    # ... a pipelined loop's next tiles loaded into second shared buffers, within the budget ...
+    ("double_buffer", double_buffer.run),
     # ... and the block barriers between statements that share memory across threads.
     ("insert_syncs", insert_syncs.run),
 )

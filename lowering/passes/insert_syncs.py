@@ -9,7 +9,9 @@ Ensures:   between any two statements A (earlier) and B of one thread stream whe
            global buffers (a sync after global writes is ``device``: it makes them visible too). Memory each thread
            keeps to itself (fragments in registers, replicated or in simdgroup matrices) needs
            none. A ``T.Parallel`` loop is one statement (its iterations are independent). Syncs are
-           placed just before B, and only where a hazard is pending since the last sync.
+           placed just before B, and only where a hazard is pending since the last sync; for what
+           is pending, an ``if`` counts as one statement (its condition is uniform), so the sync
+           stands before it rather than in one branch.
 Preserves: program meaning and every node's loc (a sync takes B's loc).
 """
 from __future__ import annotations
@@ -53,7 +55,9 @@ class _Syncs:
         if isinstance(s, ir.For):
             return self._loop(s, pending, out)
         if isinstance(s, ir.If):
-            reads, writes = self._access([s])    # the condition
+            # the condition is the same in every thread, so a sync the branch needs for what is
+            # pending goes before the `if`, where every path passes it
+            reads, writes = self._access(walk(s))
             pending = self._sync_before(s, pending, reads, writes, out)
             then, a = self.seq(s.then, pending)
             orelse, b = self.seq(s.orelse, pending)

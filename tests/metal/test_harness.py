@@ -480,7 +480,7 @@ DIVERGENT = {
   simdgroup_float8x8 m;
   simdgroup_load(m, x + thread_index_in_simdgroup % 2u, 8);
   simdgroup_store(m, x + 64, 8);
-""", r"simdgroup 0: simdgroup_load at line 11 gets different arguments in lanes 0 and 1"),
+""", r"simdgroup (0|1): simdgroup_load at line 11 gets different arguments in lanes (0 and 1|32 and 33)"),
 }
 
 
