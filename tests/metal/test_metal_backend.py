@@ -227,6 +227,14 @@ def test_registers_and_replicated():
     assert torch.allclose(y, x * 3 + torch.arange(10).reshape(10, 1), atol=1e-6)
 
 
+def test_without_a_compiler_compiling_works_and_a_call_says_what_is_missing(monkeypatch):
+    monkeypatch.setenv("TILEWS_CXX", "no-such-c++-compiler")
+    k = metal(matmul.fn)(32, 32, 32, block_M=32, block_N=32, block_K=16, dtype=T.float32)
+    assert "simdgroup_multiply_accumulate" in k.get_kernel_source()
+    with pytest.raises(harness.HarnessUnavailable, match="needs a C\\+\\+17 compiler.*TILEWS_CXX"):
+        k(randn(32, 32), randn(32, 32), poisoned(32, 32))
+
+
 def test_missing_barriers_are_caught_by_the_thread_sanitizer(monkeypatch):
     """The planted bug: without insert_syncs, the harness under the thread sanitizer reports the
     race between the copy into shared memory and the gemm reading it."""
