@@ -13,8 +13,9 @@ A direct launch calls the C launcher Triton built for the kernel (``DirectLaunch
 descriptor argument is passed as the encoded tensor map Triton's launcher wrapper would make from
 it on every call; here it is made once per descriptor object (the Gluon launcher's descriptor
 cache hands back the same object for the same tensor address, shape and strides). Where the
-kernel needs scratch memory, or a launch hook is set (``triton.knobs.runtime.launch_enter_hook``,
-e.g. a profiler), the compiled kernel's own ``run`` is used, as the JIT would.
+kernel needs scratch memory, or a launch hook listens (``triton.knobs.runtime.launch_enter_hook``
+holds one, e.g. a profiler's; Triton 3.6 keeps an empty hook chain there otherwise, which counts
+as none), the compiled kernel's own ``run`` is used, as the JIT would.
 
 Under Triton's CPU interpreter (``TRITON_INTERPRET=1``) there is no compiled kernel: every call
 goes through the interpreter.
@@ -61,16 +62,21 @@ class Launcher:
             return
         stream = active.get_current_stream(device)
         g = tuple(grid) + (1, 1)
-        hooks = self._hooks
+        enter, leave = _listening(self._hooks.launch_enter_hook), _listening(self._hooks.launch_exit_hook)
         kernel = direct.kernel
-        if direct.raw is None or hooks.launch_enter_hook is not None:
-            metadata = kernel.launch_metadata(grid, stream, *args) if hooks.launch_enter_hook else None
+        if direct.raw is None or enter is not None:
+            metadata = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
             kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, metadata,
-                       hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+                       enter, leave, *args)
             return
         direct.raw(g[0], g[1], g[2], stream, kernel.function, direct.cooperative, direct.pdl, None,
-                   None, kernel.packed_metadata, None, None, hooks.launch_exit_hook,
-                   *direct.expand(args))
+                   None, kernel.packed_metadata, None, None, leave, *direct.expand(args))
+
+
+def _listening(hook):
+    """``hook``, or None when nothing listens: Triton 3.6 keeps its launch hooks in a ``HookChain``
+    that is never None, empty unless a profiler (proton) added a hook."""
+    return None if hook is None or getattr(hook, "calls", True) == [] else hook
 
 
 @dataclass
