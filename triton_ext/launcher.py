@@ -4,10 +4,11 @@
 each specialization of the arguments on a device (Triton compiles then, or loads from its cache)
 and keeps the ``CompiledKernel`` it returns; later calls with the same specialization launch that
 kernel directly on the current stream, skipping the JIT's argument binding and cache key. The
-specialization is what Triton's JIT specializes on: Triton's own ``native_specialize_impl`` for
-integers (1 becomes a constant; divisibility by 16; 32 vs 64 bits), 16-byte alignment for tensors;
-floats, booleans and TMA descriptors carry none (a descriptor's type is fixed by the kernel's
-emitted block shape and layout).
+specialization is what Triton's JIT specializes on, computed by a function generated once per list
+of argument types: for integers the classes of Triton's ``native_specialize_impl`` (1 becomes a
+constant; divisibility by 16; i32, i64 or u64 by range), 16-byte alignment for tensors; floats,
+booleans and TMA descriptors carry none (a descriptor's type is fixed by the kernel's emitted
+block shape and layout).
 
 A direct launch calls the C launcher Triton built for the kernel (``DirectLaunch``). A TMA
 descriptor argument is passed as the encoded tensor map Triton's launcher wrapper would make from
@@ -32,8 +33,6 @@ class Launcher:
     def __init__(self, fn, num_warps: int):
         import torch
         from triton import knobs
-        from triton._C.libtriton import native_specialize_impl
-        from triton.backends.compiler import BaseBackend
         from triton.runtime import driver
         from triton.runtime.interpreter import InterpretedFunction
         self.fn = fn
@@ -41,13 +40,16 @@ class Launcher:
         self.num_warps = num_warps
         self.compiled: dict = {}             # (device, specialization) -> DirectLaunch
         self._tensor = torch.Tensor
-        self._int_key = lambda a: native_specialize_impl(BaseBackend, a, False, True, True)[1]
+        self._keys: dict = {}                # argument types -> their specialization function
         self._driver = driver
         self._hooks = knobs.runtime
 
     def specialization(self, args: list) -> tuple:
-        return tuple(a.data_ptr() % 16 == 0 if isinstance(a, self._tensor)
-                     else self._int_key(a) if type(a) is int else None for a in args)
+        types = tuple(map(type, args))
+        key = self._keys.get(types)
+        if key is None:
+            key = self._keys[types] = _specializer(types, self._tensor)
+        return key(args)
 
     def launch(self, grid: tuple, args: list) -> None:
         if self.interpreted:
@@ -71,6 +73,25 @@ class Launcher:
             return
         direct.raw(g[0], g[1], g[2], stream, kernel.function, direct.cooperative, direct.pdl, None,
                    None, kernel.packed_metadata, None, None, leave, *direct.expand(args))
+
+
+# Triton's classes of an integer argument (``native_specialize_impl``): the constant 1, divisible
+# by 16, and its type: i32 within 32 bits, i64 below 2**63, else u64
+_INT_CLASS = "({a} == 1, {a} % 16 == 0, -2147483648 <= {a} < 2147483648, {a} < 9223372036854775808)"
+
+
+def _specializer(types: tuple, tensor: type) -> Callable[[list], tuple]:
+    """A function of an argument list of these ``types`` returning its specialization: per
+    tensor its 16-byte alignment, per integer its class as Triton sees it (at least as fine as
+    Triton's, so one key never stands for two of Triton's compiled kernels); other arguments
+    (floats, booleans, TMA descriptors) carry none. Generated once per list of types."""
+    parts = []
+    for i, t in enumerate(types):
+        if issubclass(t, tensor):
+            parts.append(f"args[{i}].data_ptr() % 16 == 0")
+        elif t is int:
+            parts.append(_INT_CLASS.format(a=f"args[{i}]"))
+    return eval(f"lambda args: ({', '.join(parts)}{',' if parts else ''})")   # noqa: S307
 
 
 def _listening(hook):

@@ -81,8 +81,8 @@ _calls: dict[tuple, Call] = {}
 _plans: dict[tuple, Runner] = {}
 # (schedule, N, K, dtype, out_dtype, device type) -> runner
 _kernels: dict[tuple, Runner] = {}
-# (schedule, _plan_key) -> runner: ``run``'s one lookup
-_scheduled: dict[tuple, Runner] = {}
+# (schedule, and the operands' kind as in _calls) -> the call: ``run``'s one lookup
+_scheduled: dict[tuple, Call] = {}
 # tuning key (see _tuning_key) -> the winner tuned in this process
 _tuned: dict[tuple, Schedule] = {}
 
@@ -180,18 +180,30 @@ def check(a, b, out_dtype, op: str = "matmul") -> tuple[int, int, int, torch.dty
 
 def run(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype], schedule: Schedule) -> torch.Tensor:
     """``a @ b`` by ``schedule``, whatever ``matmul`` would pick (checked as ``matmul``'s, once per
-    kind of call like ``matmul``)."""
+    kind of call, and then called as directly as ``matmul``'s cached calls)."""
     try:
-        return _scheduled[(schedule, _plan_key(a, b, out_dtype))](a.contiguous(), b.contiguous())
-    except (KeyError, AttributeError, ValueError, TypeError):   # a new kind of call, or a bad one
+        key = (schedule, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
+               b.device, out_dtype)
+        call = _scheduled[key]
+    except KeyError:
         pass
+    except (AttributeError, TypeError):     # not tensors, or a schedule that is not hashable
+        check(a, b, out_dtype, "run")
+        raise
+    else:
+        return call(a, b)
     if not isinstance(schedule, Schedule):
         raise TypeError(f"run(): schedule must be a tilews.ops.Schedule, got {type(schedule).__name__}")
     M, N, K, out = check(a, b, out_dtype, "run")
     if M == 0 or N == 0 or K == 0:
-        return torch.zeros(M, N, dtype=out, device=a.device)
-    runner = _scheduled[(schedule, _plan_key(a, b, out_dtype))] = _runner(schedule, N, K, a.dtype, out, a.device.type)
-    return runner(a.contiguous(), b.contiguous())
+        call = functools.partial(_zeros, (M, N), out)
+        result = call(a, b)
+    else:
+        result, call = _runner(schedule, N, K, a.dtype, out, a.device.type).direct(a, b)
+    if len(_scheduled) >= SIGNATURES:
+        _scheduled.clear()
+    _scheduled[key] = call
+    return result
 
 
 def matmul_schedule(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> Schedule:
