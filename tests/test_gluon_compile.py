@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import tilews
 import tilews.language as T
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
@@ -516,3 +517,37 @@ def test_persistent_gemm_compile():
     tile_loop = default[default.index("scf.for"):]
     assert "async_tma_copy_local_to_global" in tile_loop       # the store happens per tile
     assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", prog.asm["ptx"])) == {"m64n256k16"}
+
+
+def _store_into_3d(M, N, K, S, bm=64, bn=64, bk=64):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.bfloat16), B: T.Tensor((K, N), T.bfloat16),
+             W: T.Tensor((M, S, N), T.float32)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), T.bfloat16)
+            B_s = T.alloc_shared((bk, bn), T.bfloat16)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=3):
+                T.copy(A[by * bm, k * bk], A_s)
+                T.copy(B[k * bk, bx * bn], B_s)
+                T.gemm(A_s, B_s, C_f)
+            T.copy(C_f, W[by * bm:(by + 1) * bm, 1, bx * bn:(bx + 1) * bn])
+    return main
+
+
+def test_a_2d_tile_stored_across_a_unit_middle_dim_is_a_bulk_copy():
+    """A 2-d tile stored into W[m0:m1, s, n0:n1] (a unit dim between the tile's dims) is a TMA
+    store through a 3-d descriptor whose box has a unit middle dim (checked right on an H100 by
+    tests/gpu/test_hopper_gpu.py); the triton.language form computes the same (Triton's CPU
+    interpreter). (The start-index form W[m, s, n] would place the tile on the last two dims,
+    as in TileLang.)"""
+    k = tilews.jit(target="hopper")(_store_into_3d)(128, 128, 128, 2)
+    assert k.report.target == "hopper"
+    assert "[1, 64, 64]" not in k.get_kernel_source()
+    a = torch.randn(128, 128).to(torch.bfloat16)
+    b = torch.randn(128, 128).to(torch.bfloat16)
+    w = torch.full((128, 2, 128), float("nan"))
+    tilews.jit(target="triton")(_store_into_3d)(128, 128, 128, 2)(a, b, w)
+    assert torch.allclose(w[:, 1], a.float() @ b.float(), rtol=1e-3, atol=1e-3)
+    assert w[:, 0].isnan().all()

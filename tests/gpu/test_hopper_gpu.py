@@ -146,3 +146,18 @@ def test_zz_print_table():
     print("|---|---|---|---|---|---|---|---|---|")
     for v, shape, ours, spread, ref, tfo, tfr, ratio, err in ROWS:
         print(f"| {v} | {shape} | {ours:.3f} | {spread:.1%} | {ref:.3f} | {tfo:.0f} | {tfr:.0f} | {ratio:.3f}x | {err:.1e} |")
+
+
+def test_tile_stored_across_a_unit_middle_dim():
+    """A 2-d tile stored into W[m0:m1, s, n0:n1]: a TMA store through a 3-d box with a unit
+    middle dim lands in plane s only (the other plane stays poisoned)."""
+    _hopper()
+    from tests.test_gluon_compile import _store_into_3d
+    k = tilews.jit(target="hopper")(_store_into_3d)(128, 128, 128, 2)
+    assert k.report.target == "hopper"
+    a = torch.randn(128, 128, device="cuda").to(torch.bfloat16)
+    b = torch.randn(128, 128, device="cuda").to(torch.bfloat16)
+    w = torch.full((128, 2, 128), float("nan"), device="cuda")
+    k(a, b, w)
+    assert rel_err(w[:, 1], a.double() @ b.double()) < 1e-5
+    assert w[:, 0].isnan().all()
