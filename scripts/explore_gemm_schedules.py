@@ -1,8 +1,12 @@
 """Kernel time of each GEMM schedule of ``tilews.ops.gemm_programs`` at LLM and ragged shapes,
-against torch.matmul in the same run: CUDA-graph replays (launch overhead excluded), interleaved
-rounds, median ratio per (shape, schedule). Data for ``tilews.ops``'s schedule heuristic.
+against torch.matmul in the same run: CUDA-graph replays (launch overhead excluded; operands that
+fit stay in L2 between replays), interleaved rounds, median ratio per (shape, schedule). Data for
+``tilews.ops``'s schedule heuristic. ``--cold`` times as ``tilews-bench`` does instead: CUDA-event
+medians of single calls with L2 flushed before each (``triton.testing.do_bench``), rotating input
+sets (``bench.timing``), so every call reads its operands from HBM, as a decode step reads weights.
+``--narrow``: only M = 1..128 at N = K = 4096 and N = 4096, K = 14336, with more split-K tiles.
 
-    python scripts/explore_gemm_schedules.py [--quick] [--json FILE]
+    python scripts/explore_gemm_schedules.py [--quick] [--small] [--narrow] [--cold] [--json FILE]
 """
 from __future__ import annotations
 
@@ -54,8 +58,18 @@ def candidates(N, K, M=None):
     return out
 
 
-def graph_ms(fn, reps=3, inner=20):
-    """Median ms per call of ``fn`` replayed from a CUDA graph of ``inner`` calls."""
+def cold_ms(fn, a, b):
+    """Median ms of ``fn(a', b')`` as ``tilews-bench`` times it (L2 flushed, input sets rotated)."""
+    from tilews.bench import timing
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    n = timing.sets_needed(a.nbytes + b.nbytes + a.shape[0] * b.shape[1] * 2, l2)
+    sets = [(a, b)] + [(a.clone(), b.clone()) for _ in range(n - 1)]
+    return timing.median_ms(fn, sets, a.device, quick=False)
+
+
+def graph_ms(fn, a, b, reps=3, inner=20):
+    """Median ms per call of ``fn(a, b)`` replayed from a CUDA graph of ``inner`` calls."""
+    fn = (lambda f: lambda: f(a, b))(fn)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -84,10 +98,15 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--small", action="store_true", help="the shapes where split-K matters, more splits")
+    ap.add_argument("--narrow", action="store_true", help="M = 1..128 at two LLM N, K; more splits")
+    ap.add_argument("--cold", action="store_true", help="time as tilews-bench does (L2 flushed)")
     args = ap.parse_args()
-    global SPLITS, LLM_M, RAGGED, SQUARE
+    global SPLITS, LLM_M, LLM_NK, RAGGED, SQUARE
     if args.small:
         SPLITS, LLM_M, RAGGED, SQUARE = SMALL_SPLITS, (1, 16, 32, 128, 512), RAGGED[:3], ()
+    if args.narrow:
+        SPLITS, LLM_M, LLM_NK, RAGGED, SQUARE = SMALL_SPLITS, (1, 16, 32, 128), LLM_NK[::2], (), ()
+    timer = cold_ms if args.cold else graph_ms
     t0 = time.time()
     groups = [((N, K), None, [(M, N, K) for M in LLM_M]) for N, K in LLM_NK]
     groups += [((N, K), M, [(M, N, K)]) for M, N, K in RAGGED + SQUARE]
@@ -134,8 +153,8 @@ def main():
             ratios = {name: [] for name, _ in live}
             for _ in range(3):
                 for name, k in live:
-                    t_ref = graph_ms(lambda: torch.matmul(a, b))
-                    t = graph_ms(lambda: k(a, b))
+                    t_ref = timer(torch.matmul, a, b)
+                    t = timer(k, a, b)
                     ratios[name].append((t_ref / t, t, t_ref))
             for name, r in ratios.items():
                 rows.append(dict(shape=[M, N, K], name=name, ratio=statistics.median(x[0] for x in r),
