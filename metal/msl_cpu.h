@@ -640,22 +640,24 @@ inline T simd_sum(T x, uint line = __builtin_LINE()) {
   return T(acc);
 }
 
-template <class T>
-inline T simd_max(T x, uint line = __builtin_LINE()) {
-  const uint64_t* row = msl_cpu::exchange(x, msl_cpu::OP_SIMD_MAX, line, nullptr);
+// the simdgroup's lanes' values of x folded left to right with pick(a, b) (max or min)
+template <class T, class Pick>
+inline T simd_fold(T x, msl_cpu::Op op, uint line, Pick pick) {
+  const uint64_t* row = msl_cpu::exchange(x, op, line, nullptr);
   msl_cpu::Simdgroup s = msl_cpu::my_simdgroup();
   T acc = msl_cpu::slot_value<T>(row, s.lo);
-  for (uint i = 1; i < s.size; ++i) acc = max(acc, msl_cpu::slot_value<T>(row, s.lo + i));
+  for (uint i = 1; i < s.size; ++i) acc = pick(acc, msl_cpu::slot_value<T>(row, s.lo + i));
   return acc;
 }
 
 template <class T>
+inline T simd_max(T x, uint line = __builtin_LINE()) {
+  return simd_fold(x, msl_cpu::OP_SIMD_MAX, line, [](T a, T b) { return max(a, b); });
+}
+
+template <class T>
 inline T simd_min(T x, uint line = __builtin_LINE()) {
-  const uint64_t* row = msl_cpu::exchange(x, msl_cpu::OP_SIMD_MIN, line, nullptr);
-  msl_cpu::Simdgroup s = msl_cpu::my_simdgroup();
-  T acc = msl_cpu::slot_value<T>(row, s.lo);
-  for (uint i = 1; i < s.size; ++i) acc = min(acc, msl_cpu::slot_value<T>(row, s.lo + i));
-  return acc;
+  return simd_fold(x, msl_cpu::OP_SIMD_MIN, line, [](T a, T b) { return min(a, b); });
 }
 
 template <class T>
