@@ -122,15 +122,17 @@ class FragmentStoragePlan(Plan):
       ``f // threads``; every access is the owning thread's (whole-buffer copies and fills, and
       ``T.Parallel`` loops over exactly the buffer's shape reading it at their own indices, whose
       iteration ``f`` runs on thread ``f % threads``);
-    * ``"matrix"``: simdgroup matrices, tiled by ``tilings[name]`` (a gemm accumulator that is
-      otherwise only filled whole and copied out whole);
+    * ``"matrix"``: simdgroup matrices, tiled by ``tilings[name]`` (a gemm accumulator, and the
+      fragments T.Parallel loops combine with it element for element); a T.Parallel loop over
+      matrices runs per simdgroup tile, staging each 8x8 tile through scratch;
     * ``"replicated"``: every thread holds the whole buffer and computes the same values (written
       only by statements outside ``T.Parallel``);
     * ``"shared"``: in the block's shared memory, readable by every thread (everything else).
 
     ``shared_bytes``: the block's shared memory: shared buffers, spilled fragments and scratch;
-    ``scratch``: the element types of the per-simdgroup staging areas (64 elements per simdgroup
-    each) that staged matrix copies and reductions across simdgroups use."""
+    ``scratch``: (element type, slots) of the per-simdgroup staging areas, each slot 64 elements,
+    that staged matrix copies, reductions across simdgroups and T.Parallel loops over matrices
+    (a slot per matrix buffer) use."""
     made_by: ClassVar[str] = "legalize_metal"
     storage: tuple[tuple[str, str], ...]
     tilings: tuple[tuple[str, MatrixTiling], ...]

@@ -46,6 +46,8 @@ class ParallelFrame:
     vars: tuple[ir.Var, ...]
     extents: tuple[int, ...]
     slot: str           # the slot index of this thread's iteration (registers buffers' index)
+    staged: tuple = ()  # (matrix buffer name, its element staged in scratch) when the loop runs
+                        # per simdgroup tile
 
 
 class Ctx:

@@ -37,7 +37,7 @@ from tilews.lowering.plans import MatrixTiling
 from tilews.lowering.traverse import buffers_read, buffers_written, walk
 
 from .context import LANE, SG, SIMD, TID, Ctx, ParallelFrame, is_fp8, msl_type
-from .exprs import as_type, convert, element, in_bounds, offset, read, spell, strides
+from .exprs import as_type, convert, decoded, element, in_bounds, offset, read, spell, strides
 from .source import MslKernel, MslParam
 
 MATRIX = 8
@@ -103,12 +103,19 @@ def _declarations(ctx: Ctx, kernel: ir.Kernel) -> None:
         else:
             tiling = ctx.storage.tiling(b.name)
             ctx.line(f"simdgroup_matrix<{t}, 8, 8> {name}[{tiling.tiles_m * tiling.tiles_n}];")
-    for t in ctx.storage.scratch:
-        ctx.line(f"threadgroup {msl_type(t, kernel.loc)} {_scratch(t)}[{ctx.simdgroups * SCRATCH}];")
+    for t, slots in ctx.storage.scratch:
+        ctx.line(f"threadgroup {msl_type(t, kernel.loc)} {_scratch(t)}[{ctx.simdgroups * slots * SCRATCH}];")
 
 
 def _scratch(t: ir.DType) -> str:
     return f"tws_scratch_{t.value}"
+
+
+def _slot(ctx: Ctx, t: ir.DType, k: int) -> str:
+    """This simdgroup's ``k``-th 64-element staging slot of type ``t``."""
+    slots = dict(ctx.storage.scratch)[t]
+    first = f"{SG} * {slots}" if slots > 1 else SG
+    return f"{_scratch(t)} + ({first} + {k}) * {SCRATCH}" if k else f"{_scratch(t)} + {first} * {SCRATCH}"
 
 
 def stmt(ctx: Ctx, s: ir.Stmt) -> None:
@@ -195,22 +202,16 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
     with each_element(ctx, _tile_size(src)) as (e, slot):
         if ctx.where(src.buffer) == "registers":
             value = f"{ctx.name(src.buffer.name)}[{slot}]"
+            value = value if same else decoded(ctx, value, src.buffer.dtype)
         else:
             value = read(ctx, src.buffer, region_indices(ctx, src, e), src.mask_low if masked else None,
                          decode=not same)
         if not same:
-            value = _converted(value, src.buffer.dtype, dst.buffer.dtype, s.loc)
+            value = convert(ctx, value, dst.buffer.dtype, s.loc)
         target, indices = _side(ctx, dst, e, slot)
         cond = in_bounds(ctx, dst.buffer, indices, dst.mask_low) if masked and indices and \
             dst.buffer.scope is ir.Scope.GLOBAL else None
         ctx.line(f"if ({cond}) {target} = {value};" if cond else f"{target} = {value};")
-
-
-def _converted(value: str, src: ir.DType, dst: ir.DType, loc: ir.Loc) -> str:
-    if is_fp8(dst):
-        raise CompileError(f"the Metal backend reads FP8 but does not write it (no FP8 encoder): "
-                           f"this copy converts {src} to {dst}", loc)
-    return convert(value, dst, loc)
 
 
 def _fill(ctx: Ctx, s: ir.Fill) -> None:
@@ -341,7 +342,7 @@ def _matrix_copy(ctx: Ctx, s: ir.Copy) -> None:
                     ptr = f"({ctx.name(dst.buffer.name)} + {offset(ctx, dst.buffer, idx)})"
                     ctx.line(f"simdgroup_store({tile}, {ptr}, ulong({ld}));")
                     continue
-                scratch = f"{_scratch(b.dtype)} + {SG} * {SCRATCH}"
+                scratch = _slot(ctx, b.dtype, 0)
                 ctx.line(f"simdgroup_store({tile}, {scratch}, 8);")
                 ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
                 q = ctx.fresh("q")
@@ -349,9 +350,9 @@ def _matrix_copy(ctx: Ctx, s: ir.Copy) -> None:
                     idx = list(starts)
                     idx[dims[0]] = f"({idx[dims[0]]} + {r0} + {q} / 8)"
                     idx[dims[1]] = f"({idx[dims[1]]} + {c0} + {q} % 8)"
-                    value = f"{_scratch(b.dtype)}[{SG} * {SCRATCH} + {q}]"
+                    value = f"({scratch})[{q}]"
                     if dst.buffer.dtype != b.dtype:
-                        value = _converted(value, b.dtype, dst.buffer.dtype, s.loc)
+                        value = convert(ctx, value, dst.buffer.dtype, s.loc)
                     target = element(ctx, dst.buffer, idx)
                     cond = (in_bounds(ctx, dst.buffer, idx, dst.mask_low)
                             if s.mechanism is ir.CopyMechanism.MASKED else None)
@@ -392,7 +393,7 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
     def result(o: str, v: str) -> str:
         old = f"{acc_t}({dst_name}[{o}])"
         out = v if s.clear else combine.format(old, v)
-        return f"{dst_name}[{o}] = {convert(out, dst.dtype, s.loc)};"
+        return f"{dst_name}[{o}] = {convert(ctx, out, dst.dtype, s.loc)};"
 
     per = legalize_metal.simdgroups_per_output(s, ctx.simdgroups)
     o, v, r = ctx.fresh("o"), ctx.fresh("v"), ctx.fresh("r")
@@ -459,10 +460,10 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
         src = s.value
         with each_element(ctx, _tile_size(src)) as (e, slot):
             if ctx.where(src.buffer) == "registers":
-                value = f"{ctx.name(src.buffer.name)}[{slot}]"
+                value = decoded(ctx, f"{ctx.name(src.buffer.name)}[{slot}]", src.buffer.dtype)
             else:
                 value = read(ctx, src.buffer, region_indices(ctx, src, e), src.mask_low)
-            value = _converted(value, src.buffer.dtype, b.dtype, s.loc)
+            value = convert(ctx, value, b.dtype, s.loc)
             ctx.line(_atomic(ctx, b, region_indices(ctx, s.dst, e), value, s.dst.mask_low, s.loc))
         return
     indices = [spell(ctx, i) for i in s.dst.starts]
@@ -471,6 +472,10 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
 
 
 def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
+    matrices = legalize_metal.matrix_buffers(s, dict(ctx.storage.storage))
+    if matrices:
+        _matrix_parallel(ctx, s, matrices)
+        return
     total = math.prod(s.extents)
     with each_element(ctx, total) as (e, slot):
         rest = 1
@@ -481,6 +486,36 @@ def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
             rest *= n
         with ctx.parallel(ParallelFrame(s.vars, s.extents, slot)):
             stmt(ctx, s.body)
+
+
+def _matrix_parallel(ctx: Ctx, s: ir.Parallel, matrices: list) -> None:
+    """A T.Parallel over matrix buffers, per simdgroup tile: each 8x8 tile of every matrix it
+    touches is stored to the simdgroup's scratch, each lane runs the body on two elements of it,
+    and the tiles it writes are loaded back."""
+    tiling = ctx.storage.tiling(matrices[0].name)
+    tn = tiling.tiles_n
+    written = {b.name for t in walk(s) for b in buffers_written(t)}
+    areas = [(b, _slot(ctx, b.dtype, sum(c.dtype == b.dtype for c in matrices[:k])))
+             for k, b in enumerate(matrices)]
+    with _simdgroup_tile(ctx, tiling) as (row, col):
+        t = ctx.fresh("t")
+        with ctx.block(f"for (int {t} = 0; {t} < {tiling.tiles_m * tn}; ++{t})"):
+            for b, area in areas:
+                ctx.line(f"simdgroup_store({ctx.name(b.name)}[{t}], {area}, 8);")
+            ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
+            q = ctx.fresh("q")
+            with ctx.block(f"for (int {q} = int({LANE}); {q} < {SCRATCH}; {q} += {SIMD})"):
+                i, j = s.vars
+                ctx.line(f"const int {ctx.name(i.name)} = {row} + {t} / {tn} * 8 + {q} / 8;")
+                ctx.line(f"const int {ctx.name(j.name)} = {col} + {t} % {tn} * 8 + {q} % 8;")
+                staged = tuple((b.name, f"({area})[{q}]") for b, area in areas)
+                with ctx.parallel(ParallelFrame(s.vars, s.extents, "", staged)):
+                    stmt(ctx, s.body)
+            ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
+            for b, area in areas:
+                if b.name in written:
+                    ctx.line(f"simdgroup_load({ctx.name(b.name)}[{t}], {area}, 8);")
+            ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
 
 
 def _for(ctx: Ctx, s: ir.For) -> None:

@@ -12,7 +12,7 @@ every such access the owning thread's), a replicated buffer at its offset.
 Arithmetic follows the IR's types: operands are converted to the result type; integer ``//`` and
 ``%`` follow Python's floor semantics (``tws_floordiv``/``tws_mod`` unless both operands are
 provably non-negative); math on 16-bit floats is computed in float. FP8 elements are bytes, decoded
-to half when read.
+to half when read and encoded (round to nearest even, as torch) when written.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from tilews.lowering.errors import CompileError, InternalError
 
 from .context import Ctx, is_fp8, msl_type
 from .fp8_decode import FP8_DECODE_MSL, decoder
+from .fp8_encode import FP8_ENCODE_MSL, encoder
 
 _MATH = {ir.MathFn.EXP: "exp", ir.MathFn.EXP2: "exp2", ir.MathFn.LOG: "log",
          ir.MathFn.LOG2: "log2", ir.MathFn.SQRT: "sqrt", ir.MathFn.RSQRT: "rsqrt",
@@ -50,18 +51,19 @@ def spell(ctx: Ctx, e: ir.Expr) -> str:
 
 
 def as_type(ctx: Ctx, e: ir.Expr, dtype: ir.DType, loc: ir.Loc) -> str:
-    """``e`` converted to ``dtype``."""
-    if is_fp8(dtype):
-        raise CompileError("the Metal backend reads FP8 but does not write it (no FP8 encoder); "
-                           "store a float16/float32 result", loc)
+    """``e`` converted to ``dtype`` (to an FP8 dtype: its encoded byte)."""
     text = spell(ctx, e)
     source = ir.DType.F16 if is_fp8(e.dtype) else e.dtype
-    return text if source == dtype else convert(text, dtype, loc)
+    return text if source == dtype else convert(ctx, text, dtype, loc)
 
 
-def convert(text: str, dtype: ir.DType, loc: ir.Loc) -> str:
+def convert(ctx: Ctx, text: str, dtype: ir.DType, loc: ir.Loc) -> str:
+    """A value (not FP8 bytes: decoded ones are half) converted to ``dtype``."""
     if dtype is ir.DType.BOOL:
         return f"({text} != 0)"
+    if is_fp8(dtype):
+        ctx.helpers.add(FP8_ENCODE_MSL)
+        return f"{encoder(dtype)}(static_cast<float>({text}))"
     return f"static_cast<{msl_type(dtype, loc)}>({text})"
 
 
@@ -125,8 +127,20 @@ def element(ctx: Ctx, b: ir.Buffer, indices: list[str]) -> str:
             raise InternalError(f"metal backend: registers buffer '{b.name}' read outside T.Parallel")
         return f"{name}[{ctx.par.slot}]"
     if where == "matrix":
-        raise InternalError(f"metal backend: element access to the matrix buffer '{b.name}'")
+        staged = dict(ctx.par.staged) if ctx.par is not None else {}
+        if b.name not in staged:
+            raise InternalError(f"metal backend: element access to the matrix buffer '{b.name}' "
+                                f"outside a T.Parallel run per simdgroup tile")
+        return staged[b.name]
     return f"{name}[{offset(ctx, b, indices)}]"
+
+
+def decoded(ctx: Ctx, value: str, dtype: ir.DType) -> str:
+    """An element of ``dtype`` as a value: FP8 bytes decoded to half, others as they are."""
+    if not is_fp8(dtype):
+        return value
+    ctx.helpers.add(FP8_DECODE_MSL)
+    return f"{decoder(dtype)}({value})"
 
 
 def read(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: Optional[tuple] = (),
@@ -134,11 +148,8 @@ def read(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: Optional[tuple] =
     """An element's value. A global element outside its buffer reads as zero unless ``mask_low``
     is None (the access is in bounds by construction). FP8 bytes are decoded to half unless
     ``decode`` is off (a byte-for-byte copy)."""
-    value = element(ctx, b, indices)
     fp8 = is_fp8(b.dtype) and decode
-    if fp8:
-        ctx.helpers.add(FP8_DECODE_MSL)
-        value = f"{decoder(b.dtype)}({value})"
+    value = decoded(ctx, element(ctx, b, indices), b.dtype) if decode else element(ctx, b, indices)
     if b.scope is ir.Scope.GLOBAL and mask_low is not None:
         cond = in_bounds(ctx, b, indices, mask_low)
         if cond:
@@ -224,7 +235,7 @@ def _call(ctx: Ctx, e: ir.Call) -> str:
     out = args[0] if e.fn in (ir.MathFn.MAX, ir.MathFn.MIN) else f"{fn}({args[0]})"
     for a in args[1:]:
         out = f"{fn}({out}, {a})"
-    return convert(out, e.dtype, e.loc) if narrow else out
+    return convert(ctx, out, e.dtype, e.loc) if narrow else out
 
 
 def _cast(ctx: Ctx, e: ir.Cast) -> str:

@@ -6,7 +6,10 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
            storage, decided from every access the program makes to it:
 
            * ``matrix`` for a gemm accumulator (float32 or float16) that is otherwise only filled
-             whole and copied out whole to global or shared memory;
+             whole, copied out whole to global or shared memory, and read or written by
+             ``T.Parallel`` loops at their own indices (such a loop then runs per simdgroup tile;
+             the other fragments it touches at its own indices join the matrices, with the same
+             tiling, where their uses allow, else live in shared memory);
            * ``registers`` for a buffer every access of which the owning thread makes: whole fills,
              whole copies (with, on the other side, global or shared memory or a buffer of the same
              shape held the same way), ``T.Parallel`` loops over exactly its shape that access it
@@ -19,7 +22,9 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
            Every gemm's accumulator gets a ``MatrixTiling`` over the block's simdgroups (the most
            simdgroups that divide its rows and columns into multiples of 8, the most square tiles
            per simdgroup among those). Shared buffers that feed a gemm with FP8 elements become
-           float16 (every FP8 value is exact there; the copy into them decodes). The block's
+           float16 (every FP8 value is exact there; the copy into them decodes). Staging areas
+           (``scratch``: per element type, 64-element slots per simdgroup) for staged matrix
+           copies, reductions across simdgroups and T.Parallel loops over matrices. The block's
            shared bytes (shared buffers, spilled fragments, the staging areas) are checked
            against ``target.smem_bytes``.
 Errors:    ``CompileError`` at the user's line for what Metal cannot run (the frontend already holds
@@ -39,7 +44,8 @@ from .. import ir
 from ..errors import CompileError
 from ..plans import FragmentStoragePlan, MatrixTiling, SharedMemoryPlan
 from ..target import Target
-from ..traverse import exprs_of, subexprs, substmts, transform, walk
+from . import plan_buffers
+from ..traverse import element_accesses, exprs_of, subexprs, substmts, transform, walk
 
 SIMD = 32
 MATRIX = 8
@@ -52,7 +58,9 @@ ON_CHIP = (ir.Scope.FRAGMENT, ir.Scope.LOCAL)
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if not target.simdgroup_matrix:
         return kernel
-    kernel = _decode_fp8_operands(kernel)
+    decoded = _decode_fp8_operands(kernel)
+    if decoded is not kernel:     # float16 tiles take twice the FP8 bytes: place them again
+        kernel = plan_buffers.run(decoded, target)
     simdgroups = kernel.threads // SIMD
     tilings = {}
     for s in walk(kernel.body):
@@ -61,12 +69,12 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
             tilings.setdefault(s.c.buffer.name, _tiling(s, simdgroups))
     uses = _Uses()
     uses.stmt(kernel.body, None)
-    storage = _decide(uses)
+    storage = _decide(uses, tilings)
     scratch = _scratch(kernel, storage)
     shared = kernel.plan(SharedMemoryPlan).total_bytes
     spilled = [(b.name, b.nbytes) for b in uses.buffers.values() if storage[b.name] == "shared"]
-    total = shared + sum(n for _, n in spilled) + sum(MATRIX * MATRIX * simdgroups * t.itemsize
-                                                      for t in scratch)
+    total = shared + sum(n for _, n in spilled) + sum(MATRIX * MATRIX * simdgroups * n * t.itemsize
+                                                      for t, n in scratch)
     if total > target.smem_bytes:
         biggest = sorted(list(kernel.plan(SharedMemoryPlan).ranges) + [(n, 0, b) for n, b in spilled],
                          key=lambda r: -r[2])[:3]
@@ -154,6 +162,8 @@ class _Uses:
     def __init__(self):
         self.buffers: dict[str, ir.Buffer] = {}
         self.of: dict[str, list[_Use]] = {}
+        # per T.Parallel: the fragments it touches, and whether always at its own indices
+        self.pars: dict[int, dict[str, bool]] = {}
 
     def add(self, b: ir.Buffer, use: _Use) -> None:
         if b.scope in ON_CHIP:
@@ -200,17 +210,37 @@ class _Uses:
         aligned = (tuple(indices) == tuple(par.vars) and b.scope in ON_CHIP
                    and tuple(par.extents) == b.static_shape)
         self.add(b, _Use("par", aligned=aligned, write=write))
+        if b.scope in ON_CHIP:
+            members = self.pars.setdefault(id(par), {})
+            members[b.name] = members.get(b.name, True) and aligned
 
 
-def _decide(uses: _Uses) -> dict[str, str]:
+def _decide(uses: _Uses, tilings: dict) -> dict[str, str]:
     storage = {}
     for name, b in uses.buffers.items():
         us = uses.of[name]
-        storage[name] = ("matrix" if _matrix(b, us) else "registers" if _registers(us)
+        storage[name] = ("matrix" if _matrix(b, us, tilings.get(name)) else "registers" if _registers(us)
                          else "replicated" if _replicated(b, us) else "shared")
     changed = True
-    while changed:   # a registers copy needs the same layout on the other side
+    while changed:
         changed = False
+        # a T.Parallel over a matrix buffer runs per simdgroup tile: the fragments it touches at
+        # its own indices join the matrices (same shape, so the same tiling) where they can, and
+        # move to shared memory where they cannot
+        for members in uses.pars.values():
+            tiling = next((tilings[n] for n in members if storage[n] == "matrix"), None)
+            if tiling is None:
+                continue
+            for n, aligned in members.items():
+                if storage[n] != "registers":
+                    continue
+                b = uses.buffers[n]
+                joins = aligned and _matrix(b, uses.of[n], tiling)
+                storage[n] = "matrix" if joins else "shared"
+                if joins:
+                    tilings[n] = tiling
+                changed = True
+        # a registers copy needs the same layout on the other side
         for name, us in uses.of.items():
             b = uses.buffers[name]
             if storage[name] == "registers" and not all(_same_layout(b, u, storage) for u in us):
@@ -219,11 +249,16 @@ def _decide(uses: _Uses) -> dict[str, str]:
     return storage
 
 
-def _matrix(b: ir.Buffer, us: list[_Use]) -> bool:
-    if b.dtype not in ACCUMULATORS or not any(u.kind == "gemm_c" for u in us):
+def _matrix(b: ir.Buffer, us: list[_Use], tiling: Optional[MatrixTiling]) -> bool:
+    """Whether ``b`` can be held as simdgroup matrices of ``tiling`` (its gemm's, or that of a
+    matrix buffer a T.Parallel touches with it): an accumulator type, and only whole fills,
+    gemm accumulation, whole copies out to global or shared memory, and T.Parallel accesses at
+    the loop's own indices."""
+    if tiling is None or b.dtype not in ACCUMULATORS or len(b.shape) != 2:
         return False
-    return all(u.whole and (u.kind in ("gemm_c", "fill") or u.kind == "copy" and not u.write
-                            and u.other.buffer.scope in (ir.Scope.GLOBAL, ir.Scope.SHARED))
+    return all(u.kind == "par" and u.aligned
+               or u.whole and (u.kind in ("gemm_c", "fill") or u.kind == "copy" and not u.write
+                               and u.other.buffer.scope in (ir.Scope.GLOBAL, ir.Scope.SHARED))
                for u in us)
 
 
@@ -259,15 +294,30 @@ def staged(s: ir.Copy) -> bool:
 
 
 def _scratch(kernel: ir.Kernel, storage: dict[str, str]) -> tuple:
-    """Element types of the per-simdgroup staging areas: staged matrix copies (the accumulator's
-    type) and float reductions across simdgroups (float32)."""
-    types = set()
+    """(element type, 64-element slots per simdgroup) of the staging areas: a slot of the
+    accumulator's type for a staged matrix copy, one of float32 for a reduction across
+    simdgroups, and per T.Parallel over matrix buffers one slot for each of them."""
+    slots: dict[ir.DType, int] = {}
+
+    def need(dtype: ir.DType, n: int) -> None:
+        slots[dtype] = max(slots.get(dtype, 0), n)
     for s in walk(kernel.body):
         if isinstance(s, ir.Copy) and storage.get(s.src.buffer.name) == "matrix" and staged(s):
-            types.add(s.src.buffer.dtype)
+            need(s.src.buffer.dtype, 1)
         if isinstance(s, ir.Reduce) and simdgroups_per_output(s, kernel.threads // SIMD) > 1:
-            types.add(ir.DType.F32)
-    return tuple(sorted(types, key=lambda t: t.value))
+            need(ir.DType.F32, 1)
+        if isinstance(s, ir.Parallel):
+            staged_here = matrix_buffers(s, storage)
+            for dtype in {b.dtype for b in staged_here}:
+                need(dtype, sum(b.dtype == dtype for b in staged_here))
+    return tuple(sorted(slots.items(), key=lambda kv: kv[0].value))
+
+
+def matrix_buffers(s: ir.Parallel, storage: dict[str, str]) -> list[ir.Buffer]:
+    """The matrix buffers a T.Parallel touches, in a fixed order (their scratch slots)."""
+    found = {b.name: b for t in walk(s) for b, _ in element_accesses(t)
+             if storage.get(b.name) == "matrix"}
+    return [found[n] for n in sorted(found)]
 
 
 def simdgroups_per_output(s: ir.Reduce, simdgroups: int) -> int:

@@ -168,6 +168,41 @@ def test_fp8_decode_every_code(fp8):
     assert torch.equal(y[~want.isnan()], want[~want.isnan()])
 
 
+def fp8_encode_program(n, fp8):
+    @T.prim_func
+    def main(X: T.Tensor((n,), T.float32), Y: T.Tensor((n,), fp8)):
+        with T.Kernel(T.ceildiv(n, 1024), threads=256) as bx:
+            for i in T.Parallel(1024):
+                Y[bx * 1024 + i] = X[bx * 1024 + i]
+    return main
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+def test_fp8_encode_matches_torch_bit_for_bit(fp8):
+    """float32 -> FP8 stores round as torch does, byte for byte: every FP8 value, every midpoint
+    between neighbours (ties to even) and a hair either side, the overflow boundaries, infinities,
+    NaN, signed zeros, float32 subnormals and random magnitudes across the whole range."""
+    tdt = torch.float8_e4m3fn if fp8 == "e4m3" else torch.float8_e5m2
+    values = torch.arange(256, dtype=torch.uint8).view(tdt).float()
+    finite = values[values.isfinite()].unique()
+    mids = (finite[1:] + finite[:-1]) / 2
+    g = torch.Generator().manual_seed(40)
+    x = torch.cat([finite, mids, torch.nextafter(mids, torch.full_like(mids, float("inf"))),
+                   torch.nextafter(mids, torch.full_like(mids, float("-inf"))),
+                   torch.tensor([448.0, 464.0, 479.9, 480.0, 500.0, 57344.0, 61439.0, 61440.0,
+                                 65535.0, 65536.0, 1e30, float("inf"), float("nan"), 0.0, -0.0,
+                                 1e-40, -1e-42, 2.0 ** -10, 2.0 ** -17]),
+                   torch.randn(4000, generator=g) * torch.exp2(torch.randint(-20, 17, (4000,), generator=g).float())])
+    x = torch.cat([x, -x])
+    k = metal(fp8_encode_program)(x.numel(), T.float8_e4m3 if fp8 == "e4m3" else T.float8_e5m2)
+    y = torch.full((x.numel(),), 0x55, dtype=torch.uint8).view(tdt)
+    k(x, y)
+    got, want = y.view(torch.uint8), x.to(tdt).view(torch.uint8)
+    nan = want.view(tdt).float().isnan()
+    assert torch.equal(got.view(tdt).float().isnan(), nan)
+    assert torch.equal(got[~nan], want[~nan]), x[~nan][got[~nan] != want[~nan]][:8]
+
+
 @pytest.mark.parametrize("gran", ["tensor-1", "row-2d", "block"])
 @pytest.mark.parametrize("pair", ["e4m3-e4m3", "e5m2-e5m2", "e4m3-e5m2"])
 def test_fp8_scaled_matmul(gran, pair):
@@ -233,6 +268,52 @@ def test_without_a_compiler_compiling_works_and_a_call_says_what_is_missing(monk
     assert "simdgroup_multiply_accumulate" in k.get_kernel_source()
     with pytest.raises(harness.HarnessUnavailable, match="needs a C\\+\\+17 compiler.*TILEWS_CXX"):
         k(randn(32, 32), randn(32, 32), poisoned(32, 32))
+
+
+def epilogue_program(M, N, K, reduce_rows=False, block=32):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             Bias: T.Tensor((N,), T.float32), C: T.Tensor((M, N), T.float16),
+             R: T.Tensor((M,), T.float32)):
+        with T.Kernel(T.ceildiv(N, block), T.ceildiv(M, block), threads=128) as (bx, by):
+            A_s = T.alloc_shared((block, 32), T.float16)
+            B_s = T.alloc_shared((32, block), T.float16)
+            C_f = T.alloc_fragment((block, block), T.float32)
+            D_f = T.alloc_fragment((block, block), T.float32)
+            r = T.alloc_fragment((block,), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, 32), num_stages=2):
+                T.copy(A[by * block, k * 32], A_s)
+                T.copy(B[k * 32, bx * block], B_s)
+                T.gemm(A_s, B_s, C_f)
+            for i, j in T.Parallel(block, block):
+                D_f[i, j] = T.max(C_f[i, j] * 2.0 + Bias[bx * block + j], 0.0)
+            if reduce_rows:
+                T.reduce_sum(D_f, r, dim=1)
+                for i in T.Parallel(block):
+                    T.atomic_add(R[by * block + i], r[i])
+            T.copy(D_f, C[by * block, bx * block])
+    return main
+
+
+@pytest.mark.parametrize("reduce_rows", [False, True])
+def test_fused_epilogue_on_matrices(reduce_rows):
+    """A fused epilogue (relu(2 * acc + bias)) over the gemm accumulator runs per simdgroup tile
+    through scratch; the fragment it writes joins the matrices, unless it is also reduced
+    (then it lives in shared memory). Ragged M and N."""
+    M, N, K = 70, 40, 64
+    k = metal(epilogue_program)(M, N, K, reduce_rows)
+    want = {"C_f": "matrix", "D_f": "shared" if reduce_rows else "matrix",
+            "r": "shared" if reduce_rows else "registers"}
+    assert storage(k) == want
+    a, b = randn(M, K, dtype=torch.float16, seed=30), randn(K, N, dtype=torch.float16, seed=31)
+    bias = randn(N, seed=32)
+    c, r = poisoned(M, N, dtype=torch.float16), torch.zeros(M)
+    k(a, b, bias, c, r)
+    ref = torch.relu(2 * (a.double() @ b.double()) + bias.double())
+    assert rel_err(c, ref) < 2e-3
+    if reduce_rows:
+        assert rel_err(r, ref.sum(1)) < 1e-5
 
 
 def test_missing_barriers_are_caught_by_the_thread_sanitizer(monkeypatch):

@@ -2,9 +2,10 @@
 
 Each module holds the programs of one or more TileLang examples, written against the surface the
 example uses (``import tilews as tilelang``-style), and checks them with the example's own
-reference and tolerances. A test takes the ``target`` fixture to run on both CPU targets: the
-reference interpreter and Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
-``tests/conftest.py``); ``targets.SLOW_ON_TRITON`` instead marks the triton case slow. The examples
+reference and tolerances. A test takes the ``target`` fixture to run on every CPU target: the
+reference interpreter, Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
+``tests/conftest.py``) and Metal through its CPU harness (``targets.CPU_TARGETS``);
+``targets.SLOW_ON_TRITON`` instead runs a test on the first two and marks the triton case slow. The examples
 leave the target to ``"auto"``; here each program is built by a cached ``*_for(target)`` function
 that passes ``target=`` to ``tilews.jit``, so the tests on one target share its compiled kernels.
 """

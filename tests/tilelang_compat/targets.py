@@ -1,7 +1,10 @@
-"""The CPU targets these tests run on, as ``target`` parameters."""
+"""The CPU targets these tests run on, as ``target`` parameters: the reference interpreter,
+Triton's CPU interpreter and Metal (its MSL run by the CPU harness; needs a C++17 compiler)."""
 import pytest
 
-CPU_TARGETS = ("interpret", "triton")
+from tilews.metal.harness import compiler
+
+CPU_TARGETS = ("interpret", "triton") + (("metal",) if compiler() else ())
 
 # Triton's CPU interpreter runs every program instance in Python: a test that launches a large
 # grid (a persistent kernel's one block per SM) or launches many times (tuning, benchmarking)
