@@ -44,8 +44,13 @@ _DECODERS = {DType.F8E4M3: "fp8_e4m3fn_to_half", DType.F8E5M2: "fp8_e5m2_to_half
 
 def decoder(dtype: DType) -> str:
     """The name of the ``FP8_DECODE_MSL`` function that decodes one byte of ``dtype`` to half."""
+    return fp8_function(_DECODERS, dtype, "decoder")
+
+
+def fp8_function(names: dict, dtype, what: str) -> str:
+    """``names[dtype]`` (an MSL helper per FP8 dtype), or a ValueError naming the FP8 dtypes."""
     try:
-        return _DECODERS[DType(dtype)]
-    except KeyError:
-        raise ValueError(f"no MSL fp8 decoder for dtype {dtype!r}; the fp8 dtypes are "
-                         f"{', '.join(repr(d) for d in _DECODERS)}") from None
+        return names[DType(dtype)]
+    except (KeyError, ValueError):
+        raise ValueError(f"no MSL fp8 {what} for dtype {dtype!r}; the fp8 dtypes are "
+                         f"{', '.join(repr(d) for d in names)}") from None

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from tilews.lowering.dtypes import DType
 
+from .fp8_decode import fp8_function
+
 FP8_ENCODE_MSL = """\
 inline uchar fp8_e4m3fn_from_float(float f) {
     uint bits = as_type<uint>(f);
@@ -61,8 +63,4 @@ _ENCODERS = {DType.F8E4M3: "fp8_e4m3fn_from_float", DType.F8E5M2: "fp8_e5m2_from
 
 def encoder(dtype: DType) -> str:
     """The name of the ``FP8_ENCODE_MSL`` function that encodes a float as one byte of ``dtype``."""
-    try:
-        return _ENCODERS[DType(dtype)]
-    except KeyError:
-        raise ValueError(f"no MSL fp8 encoder for dtype {dtype!r}; the fp8 dtypes are "
-                         f"{', '.join(repr(d) for d in _ENCODERS)}") from None
+    return fp8_function(_ENCODERS, dtype, "encoder")
