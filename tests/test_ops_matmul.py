@@ -117,7 +117,8 @@ def test_bucket(M, want):
     (777, 512, 4096, "tiled 64x64x64 s8 t128 g8"),
     (1000, 1100, 1234, "split_k 64x128x64 s6 t128 x3"),   # 144 tiles would leave a wave idle
     (513, 257, 129, "tiled 64x64x64 s8 t128 g8"),         # few tiles, but K too short to split
-    (4095, 4097, 4099, "swap_ab 64x128x64 s6 t128"),      # unaligned rows: no 128-row tile
+    (4095, 4097, 4099, "split_k 64x128x64 s6 t128 x2"),   # unaligned rows: no 128-row tile
+    (4095, 4097, 255, "swap_ab 64x128x64 s6 t128"),       # ... and K too short to split
     (4096, 4096, 4096, "persistent 128x256x64 s3 t256 g8"),
 ])
 def test_heuristic_table(M, N, K, want):

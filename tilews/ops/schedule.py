@@ -93,9 +93,11 @@ SPLIT_K = Schedule("split_k", 64, 128, 64, 6, 128, splits=2)   # splits set per 
 PERSISTENT = Schedule("persistent", 128, 256, 64, 3, 256, group=8)
 NARROW_M = (Schedule("tiled", 64, 256, 64, 4, 128, group=8),    # M <= NARROW_M_MAX, N wide
             Schedule("tiled", 64, 128, 64, 6, 128, group=8))
-# rows not 16-byte aligned keep a tensor off TMA: the program runs as plain triton.language,
-# where transposed 128x64 tiles measured best (4095x4097x4099: 0.90x cuBLAS; persistent 0.51x)
-UNALIGNED = Schedule("swap_ab", 64, 128, 64, 6, 128)
+# rows not 16-byte aligned keep a tensor off TMA: the program runs as plain triton.language.
+# With L2 flushed before each call (tilews-bench, ops.tune), K split in two measured best
+# (4095x4097x4099 on an H100: split_k 64x128 x2 0.93 ms, transposed 128x64 tiles 1.09 ms,
+# tiled 64x128 1.07 ms, cuBLAS 0.85 ms); transposed tiles stay where K is too short to split
+UNALIGNED = (replace(SPLIT_K, splits=2), Schedule("swap_ab", 64, 128, 64, 6, 128))
 TILES = (Schedule("tiled", 128, 256, 64, 3, 256, group=8),       # largest first
          Schedule("tiled", 128, 128, 64, 4, 128, group=8),
          Schedule("tiled", 64, 256, 64, 4, 128, group=8),
@@ -127,8 +129,8 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
                                                                 idle
     none fills                                                  split_k 64x128 filling the SMs,
                                                                 else tiled 64x64
-    then, rows of A, B or C not a multiple of 16 bytes and a    UNALIGNED (swap_ab 64x128)
-    128-row pick
+    then, rows of A, B or C not a multiple of 16 bytes and a    UNALIGNED: split_k 64x128 x2,
+    128-row pick                                                swap_ab 64x128 if K is short
     ==========================================================  ===============================
 
     "Fills": at least ``FILL`` blocks per SM. The pipeline stages are then cut to fit
@@ -150,7 +152,8 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
             pick = _split(M, N, K, SPLIT_K, num_sms) or TILES[-1]
     unaligned = (K * dtype.itemsize) % 16 or (N * dtype.itemsize) % 16 or (N * out_dtype.itemsize) % 16
     if unaligned and pick.block_M == 128:
-        pick = UNALIGNED
+        splits, transposed = UNALIGNED
+        pick = splits if K >= splits.splits * SPLIT_K_MIN_K_TILES * splits.block_K else transposed
     return fit_stages(pick, dtype, out_dtype)
 
 
