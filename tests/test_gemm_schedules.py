@@ -25,7 +25,6 @@ import re
 
 import pytest
 import torch
-from triton.runtime.errors import InterpreterError
 
 import tilews
 import tilews.language as T
@@ -328,16 +327,7 @@ def test_runtime_k_falls_back_to_tl_on_hopper():
                for n in k.report.notes), k.report.notes
 
 
-# Triton's interpreter passes scalars as constexprs: the floor-division fix-up the tl emitter writes
-# for the k loop's bound ceildiv(K, 32) ("((K + 32) - 1) // 32", not known non-negative) becomes
-# tl.where on Python ints, a 1-element array tl.range cannot take.
-TL_INTERPRETER_RUNTIME_LOOP_BOUND = pytest.mark.xfail(
-    strict=True, raises=InterpreterError,
-    reason="tl emitter: a loop bound computed from a runtime dim fails under Triton's interpreter")
-
-
-@pytest.mark.parametrize("target", ["interpret",
-                                    pytest.param("triton", marks=TL_INTERPRETER_RUNTIME_LOOP_BOUND)])
+@pytest.mark.parametrize("target", ["interpret", "triton"])
 def test_runtime_k_computes_on_cpu(target):
     k = runtime_k(target)
     for M, K in ((5, 100), (70, 64)):

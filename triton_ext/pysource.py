@@ -92,9 +92,27 @@ def nonneg(w: SourceWriter, e: ir.Expr) -> bool:
         return e in w.nonneg
     if isinstance(e, ir.BinOp) and e.op in NONNEG_OPS:
         return nonneg(w, e.a) and nonneg(w, e.b)
+    if isinstance(e, ir.BinOp) and e.op is ir.BinOpKind.SUB:    # e.g. ceildiv's (K + 31) - ... - 1
+        low = _lower_bound(w, e)
+        return low is not None and low >= 0
     if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.ABS):
         return e.fn is ir.MathFn.ABS or all(nonneg(w, a) for a in e.args)
     return False
+
+
+def _lower_bound(w: SourceWriter, e: ir.Expr):
+    """A lower bound of an integer sum or difference whose terms are constants or known to be
+    non-negative (0 for those), or None."""
+    if isinstance(e, ir.Const) and not isinstance(e.value, bool) and isinstance(e.value, int):
+        return e.value
+    if isinstance(e, ir.BinOp) and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.SUB):
+        a = _lower_bound(w, e.a)
+        if e.op is ir.BinOpKind.ADD:
+            b = _lower_bound(w, e.b)
+            return None if a is None or b is None else a + b
+        b = ir.as_int(e.b)
+        return None if a is None or b is None else a - b
+    return 0 if nonneg(w, e) else None
 
 
 def atom(text: str) -> str:
