@@ -1,9 +1,13 @@
-"""Integer evaluation and constant folding of Tile IR expressions: the one home of both.
+"""Integer evaluation, constant folding and sign analysis of Tile IR expressions: the one home of
+each.
 
 ``evaluate(e, env)`` is the value of an expression whose variables are all bound in ``env``
 (despecialize walks loops with it); ``fold_binop`` drops one operation where that is exact, as the
 frontend's operators build it; ``fold`` rewrites a whole expression built by a pass
-(``(3 - 0) - 1`` -> ``2``). Integer semantics are Python's (``//`` and ``%`` floor); a division
+(``(3 - 0) - 1`` -> ``2``); ``nonneg(e, known)`` says whether an integer expression is never
+negative (emitters spell ``//`` and ``%`` natively then, and skip ``>= 0`` masks), from the
+variables ``known`` to be (``never_negative(kernel)``: block indices, their definitions and
+runtime dims; emitters add loop and parallel indices as they enter them). Integer semantics are Python's (``//`` and ``%`` floor); a division
 by zero is never folded, and only integer constants (not bools, not floats) are fold operands.
 """
 from __future__ import annotations
@@ -135,3 +139,45 @@ def _linear(e: ir.Expr) -> Optional[dict]:
             out[t] = out.get(t, 0) + sign * v
         return out
     return {e: 1, None: 0}
+
+
+NONNEG_OPS = (_B.ADD, _B.MUL, _B.FLOORDIV, _B.MOD, _B.AND, _B.OR, _B.SHR)
+
+
+def never_negative(kernel: ir.Kernel) -> set:
+    """The variables of ``kernel`` that are never negative wherever they are bound: block indices,
+    their definitions (tile coordinates) and runtime dims."""
+    return (set(kernel.block_vars) | {v for v, _ in kernel.block_defs}
+            | {d for p in kernel.buffer_params for d in p.shape if isinstance(d, ir.Var)})
+
+
+def nonneg(e: ir.Expr, known) -> bool:
+    """Whether an integer expression is >= 0 by construction, given the variables ``known`` to be
+    (unsigned variables are too)."""
+    if isinstance(e, ir.Const):
+        return e.value >= 0
+    if isinstance(e, ir.Var):
+        return e in known or e.dtype.record.kind == "uint"
+    if isinstance(e, ir.BinOp) and e.op in NONNEG_OPS:
+        return nonneg(e.a, known) and nonneg(e.b, known)
+    if isinstance(e, ir.BinOp) and e.op is _B.SUB:    # e.g. ceildiv's (K + 31) - ... - 1
+        low = _lower_bound(e, known)
+        return low is not None and low >= 0
+    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.ABS):
+        return e.fn is ir.MathFn.ABS or all(nonneg(a, known) for a in e.args)
+    return False
+
+
+def _lower_bound(e: ir.Expr, known) -> Optional[int]:
+    """A lower bound of an integer sum or difference whose terms are constants or never negative
+    (0 for those), or None."""
+    if isinstance(e, ir.Const) and not isinstance(e.value, bool) and isinstance(e.value, int):
+        return e.value
+    if isinstance(e, ir.BinOp) and e.op in (_B.ADD, _B.SUB):
+        a = _lower_bound(e.a, known)
+        if e.op is _B.ADD:
+            b = _lower_bound(e.b, known)
+            return None if a is None or b is None else a + b
+        b = ir.as_int(e.b)
+        return None if a is None or b is None else a - b
+    return 0 if nonneg(e, known) else None

@@ -223,3 +223,15 @@ def async_shared_reads(s: ir.Stmt) -> set:
     if isinstance(s, ir.Gemm) and s.instr is ir.GemmInstr.WGMMA:
         return {s.a.buffer, s.b.buffer}
     return set()
+
+
+def fresh_name(kernel: ir.Kernel, name: str) -> str:
+    """``name``, or ``name_<n>`` if a variable or buffer of the kernel already has it."""
+    used = {v.name for v in kernel.block_vars} | {p.name for p in kernel.params}
+    named = (ir.Var, ir.Buffer)
+    transform(kernel.body, lambda n: used.add(n.name) if isinstance(n, named) else None)
+    fresh, n = name, 0
+    while fresh in used:
+        n += 1
+        fresh = f"{name}_{n}"
+    return fresh

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from tilews.lowering import ir
+from tilews.lowering import ir, simplify
 from tilews.lowering.errors import CompileError
 from tilews.lowering.plans import FragmentStoragePlan, StreamPlan
 
@@ -37,10 +37,6 @@ def msl_type(dt: ir.DType, loc: ir.Loc) -> str:
     return name
 
 
-def is_fp8(dt: ir.DType) -> bool:
-    return dt.is_fp8
-
-
 @dataclass(frozen=True)
 class ParallelFrame:
     vars: tuple[ir.Var, ...]
@@ -60,6 +56,7 @@ class Ctx:
         self.lines: list[str] = []
         self.helpers: set[str] = set()      # header snippets the body needs
         self.par: Optional[ParallelFrame] = None
+        self.nonneg: set[ir.Var] = simplify.never_negative(kernel)   # grows with loop indices
         self._depth = 1
         self._names: dict[str, str] = {}
         self._taken: set[str] = {TID, SG, LANE}

@@ -34,9 +34,10 @@ from tilews.lowering import ir
 from tilews.lowering.errors import CompileError, InternalError
 from tilews.lowering.passes import legalize_metal
 from tilews.lowering.plans import MatrixTiling
+from tilews.lowering.simplify import nonneg
 from tilews.lowering.traverse import buffers_read, buffers_written, walk
 
-from .context import LANE, SG, SIMD, TID, Ctx, ParallelFrame, is_fp8, msl_type
+from .context import LANE, SG, SIMD, TID, Ctx, ParallelFrame, msl_type
 from .exprs import as_type, convert, decoded, element, in_bounds, offset, read, spell, strides
 from .source import MslKernel, MslParam
 
@@ -174,6 +175,15 @@ def _side(ctx: Ctx, r: ir.Region, flat: str, slot: str) -> tuple[str, list[str]]
     return element(ctx, r.buffer, indices), indices
 
 
+def _source(ctx: Ctx, r: ir.Region, flat: str, slot: str, mask_low, decode: bool) -> str:
+    """The value of a copy source's element at flat tile index ``flat`` (this thread's ``slot``):
+    ``read``'s, with ``mask_low`` and ``decode`` as there; a registers buffer's own slot."""
+    if ctx.where(r.buffer) == "registers":
+        value = f"{ctx.name(r.buffer.name)}[{slot}]"
+        return decoded(ctx, value, r.buffer.dtype) if decode else value
+    return read(ctx, r.buffer, region_indices(ctx, r, flat), mask_low, decode=decode)
+
+
 def _tile_size(r: ir.Region) -> int:
     return math.prod(r.tile_shape)
 
@@ -200,12 +210,7 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
     masked = s.mechanism is ir.CopyMechanism.MASKED
     same = src.buffer.dtype == dst.buffer.dtype
     with each_element(ctx, _tile_size(src)) as (e, slot):
-        if ctx.where(src.buffer) == "registers":
-            value = f"{ctx.name(src.buffer.name)}[{slot}]"
-            value = value if same else decoded(ctx, value, src.buffer.dtype)
-        else:
-            value = read(ctx, src.buffer, region_indices(ctx, src, e), src.mask_low if masked else None,
-                         decode=not same)
+        value = _source(ctx, src, e, slot, src.mask_low if masked else None, decode=not same)
         if not same:
             value = convert(ctx, value, dst.buffer.dtype, s.loc)
         target, indices = _side(ctx, dst, e, slot)
@@ -221,10 +226,7 @@ def _fill(ctx: Ctx, s: ir.Fill) -> None:
     name = ctx.name(b.name)
     if where == "matrix":
         t = ctx.storage.tiling(b.name)
-        n = ctx.fresh("t")
-        with ctx.block(f"for (int {n} = 0; {n} < {t.tiles_m * t.tiles_n}; ++{n})"):
-            ctx.line(f"{name}[{n}] = make_filled_simdgroup_matrix<{msl_type(b.dtype, s.loc)}, 8, 8>"
-                     f"({value});")
+        _fill_matrix(ctx, name, t.tiles_m * t.tiles_n, msl_type(b.dtype, s.loc), value)
         return
     if where in ("registers", "replicated"):
         n = ctx.fresh("i")
@@ -276,13 +278,13 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
         if in_matrix:
             acc = ctx.name(c.name)
             if s.clear_accum:
-                _fill_matrix(ctx, acc, tm * tn, acc_t)
+                _fill_matrix(ctx, acc, tm * tn, acc_t, f"{acc_t}(0)")
         else:
             acc = ctx.fresh("acc")
             c_ptr, ldc = _operand_ptr(ctx, s.c)
             ctx.line(f"simdgroup_matrix<{acc_t}, 8, 8> {acc}[{tm * tn}];")
             if s.clear_accum:
-                _fill_matrix(ctx, acc, tm * tn, acc_t)
+                _fill_matrix(ctx, acc, tm * tn, acc_t, f"{acc_t}(0)")
             else:
                 for i in range(tm):
                     for j in range(tn):
@@ -314,10 +316,12 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
                              f"ulong2({col} + {8 * j}, {row} + {8 * i}));")
 
 
-def _fill_matrix(ctx: Ctx, name: str, count: int, t: str) -> None:
+def _fill_matrix(ctx: Ctx, name: str, count: int, t: str, value: str) -> None:
+    """Each of the ``count`` simdgroup matrices ``name[...]`` of element type ``t`` set to
+    ``value``."""
     n = ctx.fresh("t")
     with ctx.block(f"for (int {n} = 0; {n} < {count}; ++{n})"):
-        ctx.line(f"{name}[{n}] = make_filled_simdgroup_matrix<{t}, 8, 8>({t}(0));")
+        ctx.line(f"{name}[{n}] = make_filled_simdgroup_matrix<{t}, 8, 8>({value});")
 
 
 def _matrix_copy(ctx: Ctx, s: ir.Copy) -> None:
@@ -459,11 +463,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     if isinstance(s.value, ir.Region):
         src = s.value
         with each_element(ctx, _tile_size(src)) as (e, slot):
-            if ctx.where(src.buffer) == "registers":
-                value = decoded(ctx, f"{ctx.name(src.buffer.name)}[{slot}]", src.buffer.dtype)
-            else:
-                value = read(ctx, src.buffer, region_indices(ctx, src, e), src.mask_low)
-            value = convert(ctx, value, b.dtype, s.loc)
+            value = convert(ctx, _source(ctx, src, e, slot, src.mask_low, decode=True), b.dtype, s.loc)
             ctx.line(_atomic(ctx, b, region_indices(ctx, s.dst, e), value, s.dst.mask_low, s.loc))
         return
     indices = [spell(ctx, i) for i in s.dst.starts]
@@ -478,6 +478,7 @@ def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
         return
     total = math.prod(s.extents)
     with each_element(ctx, total) as (e, slot):
+        ctx.nonneg.update(s.vars)
         rest = 1
         for k, (v, n) in reversed(list(enumerate(zip(s.vars, s.extents)))):
             idx = e if rest == 1 else f"{e} / {rest}"
@@ -506,6 +507,7 @@ def _matrix_parallel(ctx: Ctx, s: ir.Parallel, matrices: list) -> None:
             q = ctx.fresh("q")
             with ctx.block(f"for (int {q} = int({LANE}); {q} < {SCRATCH}; {q} += {SIMD})"):
                 i, j = s.vars
+                ctx.nonneg.update(s.vars)
                 ctx.line(f"const int {ctx.name(i.name)} = {row} + {t} / {tn} * 8 + {q} / 8;")
                 ctx.line(f"const int {ctx.name(j.name)} = {col} + {t} % {tn} * 8 + {q} % 8;")
                 staged = tuple((b.name, f"({area})[{q}]") for b, area in areas)
@@ -523,6 +525,8 @@ def _for(ctx: Ctx, s: ir.For) -> None:
     start, stop, step = (spell(ctx, x) for x in (s.start, s.stop, s.step))
     n = ir.as_int(s.step)
     cmp = ">" if n is not None and n < 0 else "<"
+    if nonneg(s.start, ctx.nonneg) and (n or 0) > 0:
+        ctx.nonneg.add(s.var)
     if s.kind is ir.ForKind.UNROLL:
         ctx.line("#pragma unroll")
     with ctx.block(f"for (int {var} = {start}; {var} {cmp} {stop}; {var} += {step})"):

@@ -20,9 +20,10 @@ import math
 from typing import Callable, Optional
 
 from tilews.lowering import ir
-from tilews.lowering.errors import CompileError, InternalError
+from tilews.lowering.errors import InternalError
+from tilews.lowering.simplify import nonneg
 
-from .context import Ctx, is_fp8, msl_type
+from .context import Ctx, msl_type
 from .fp8_decode import FP8_DECODE_MSL, decoder
 from .fp8_encode import FP8_ENCODE_MSL, encoder
 
@@ -53,7 +54,7 @@ def spell(ctx: Ctx, e: ir.Expr) -> str:
 def as_type(ctx: Ctx, e: ir.Expr, dtype: ir.DType, loc: ir.Loc) -> str:
     """``e`` converted to ``dtype`` (to an FP8 dtype: its encoded byte)."""
     text = spell(ctx, e)
-    source = ir.DType.F16 if is_fp8(e.dtype) else e.dtype
+    source = ir.DType.F16 if e.dtype.is_fp8 else e.dtype
     return text if source == dtype else convert(ctx, text, dtype, loc)
 
 
@@ -61,22 +62,10 @@ def convert(ctx: Ctx, text: str, dtype: ir.DType, loc: ir.Loc) -> str:
     """A value (not FP8 bytes: decoded ones are half) converted to ``dtype``."""
     if dtype is ir.DType.BOOL:
         return f"({text} != 0)"
-    if is_fp8(dtype):
+    if dtype.is_fp8:
         ctx.helpers.add(FP8_ENCODE_MSL)
         return f"{encoder(dtype)}(static_cast<float>({text}))"
     return f"static_cast<{msl_type(dtype, loc)}>({text})"
-
-
-def nonneg(e: ir.Expr) -> bool:
-    """Provably never negative."""
-    if isinstance(e, ir.Const):
-        return not isinstance(e.value, bool) and e.value >= 0
-    if isinstance(e, ir.Var):
-        return e.kind in (ir.VarKind.BLOCK, ir.VarKind.PARALLEL) or e.dtype.record.kind == "uint"
-    if isinstance(e, ir.BinOp) and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.MUL,
-                                            ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD):
-        return nonneg(e.a) and nonneg(e.b)
-    return False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,7 +126,7 @@ def element(ctx: Ctx, b: ir.Buffer, indices: list[str]) -> str:
 
 def decoded(ctx: Ctx, value: str, dtype: ir.DType) -> str:
     """An element of ``dtype`` as a value: FP8 bytes decoded to half, others as they are."""
-    if not is_fp8(dtype):
+    if not dtype.is_fp8:
         return value
     ctx.helpers.add(FP8_DECODE_MSL)
     return f"{decoder(dtype)}({value})"
@@ -148,7 +137,7 @@ def read(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: Optional[tuple] =
     """An element's value. A global element outside its buffer reads as zero unless ``mask_low``
     is None (the access is in bounds by construction). FP8 bytes are decoded to half unless
     ``decode`` is off (a byte-for-byte copy)."""
-    fp8 = is_fp8(b.dtype) and decode
+    fp8 = b.dtype.is_fp8 and decode
     value = decoded(ctx, element(ctx, b, indices), b.dtype) if decode else element(ctx, b, indices)
     if b.scope is ir.Scope.GLOBAL and mask_low is not None:
         cond = in_bounds(ctx, b, indices, mask_low)
@@ -199,7 +188,7 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
         if e.dtype.is_float:
             q = f"floor({a} / {b})"
             return q if e.op is ir.BinOpKind.FLOORDIV else f"({a} - {b} * {q})"
-        if not (nonneg(e.a) and nonneg(e.b)) and e.dtype.record.kind == "int":
+        if not (nonneg(e.a, ctx.nonneg) and nonneg(e.b, ctx.nonneg)) and e.dtype.record.kind == "int":
             helper = "floordiv" if e.op is ir.BinOpKind.FLOORDIV else "mod"
             ctx.helpers.add(HELPERS[helper])
             return f"tws_{helper}({a}, {b})"

@@ -12,14 +12,12 @@ the kernel's grid evaluated on the call's scalar values.
 """
 from __future__ import annotations
 
-import torch
-
 from tilews.lowering import ir
 from tilews.lowering.arguments import ArgumentRules
 from tilews.lowering.errors import InternalError
 from tilews.lowering.simplify import evaluate
 
-from .source import MslKernel
+from .source import MslKernel, MslParam
 
 
 class MetalProgram:
@@ -56,7 +54,7 @@ class MetalProgram:
         grid = self.grid(values)
         if any(n <= 0 for n in grid):
             return
-        args, copies = _contiguous(self.kernel, values)
+        args, copies = _contiguous(self.msl.params, values)
         if any(getattr(a, "device", None) is not None and a.device.type == "mps" for a in args):
             if self._mps is None:
                 from .mps_launch import MpsLauncher
@@ -71,19 +69,15 @@ class MetalProgram:
             original.copy_(copy)
 
 
-def _contiguous(kernel: ir.Kernel, values: list) -> tuple[list, list]:
-    """The arguments with every tensor contiguous (FP8 ones viewed as the bytes MSL holds them
-    in), and (original, copy) for the written ones that had to be copied."""
-    from tilews.lowering.traverse import buffers_written, walk
-    written = {b.name for s in walk(kernel.body) for b in buffers_written(s)}
+def _contiguous(params: tuple[MslParam, ...], values: list) -> tuple[list, list]:
+    """The arguments with every tensor contiguous, and (original, copy) for the written ones that
+    had to be copied."""
     args, copies = [], []
-    for p, v in zip(kernel.params, values):
-        if isinstance(p, ir.Buffer) and not v.is_contiguous():
+    for p, v in zip(params, values):
+        if not p.scalar and not v.is_contiguous():
             c = v.contiguous()
-            if p.name in written:
+            if p.written:
                 copies.append((v, c))
             v = c
-        if isinstance(p, ir.Buffer) and p.dtype.is_fp8:
-            v = v.view(torch.uint8)
         args.append(v)
     return args, copies

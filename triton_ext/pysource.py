@@ -16,12 +16,10 @@ import os
 import re
 from contextlib import contextmanager
 
-from tilews.lowering import ir
+from tilews.lowering import ir, simplify
 from tilews.lowering.errors import InternalError
 
 GRID_SUFFIX = "_grid"
-NONNEG_OPS = (ir.BinOpKind.ADD, ir.BinOpKind.MUL, ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD,
-              ir.BinOpKind.AND, ir.BinOpKind.OR, ir.BinOpKind.SHR)
 
 
 class SourceWriter:
@@ -32,9 +30,7 @@ class SourceWriter:
         self.depth = 0
         self._names: dict[str, str] = {}
         self._used = set(keyword.kwlist) | reserved
-        # block indices, their definitions (tile coordinates) and runtime dims are never negative
-        self.nonneg: set[ir.Var] = set(kernel.block_vars) | {v for v, _ in kernel.block_defs} | {
-            d for p in kernel.buffer_params for d in p.shape if isinstance(d, ir.Var)}
+        self.nonneg: set[ir.Var] = simplify.never_negative(kernel)
 
     def ieee_rounded(self, dtype: ir.DType) -> bool:
         """Whether a division or square root computed in ``dtype`` is spelled in its IEEE-rounded
@@ -85,34 +81,9 @@ class SourceWriter:
 
 
 def nonneg(w: SourceWriter, e: ir.Expr) -> bool:
-    """Whether an integer expression is >= 0 by construction."""
-    if isinstance(e, ir.Const):
-        return e.value >= 0
-    if isinstance(e, ir.Var):
-        return e in w.nonneg
-    if isinstance(e, ir.BinOp) and e.op in NONNEG_OPS:
-        return nonneg(w, e.a) and nonneg(w, e.b)
-    if isinstance(e, ir.BinOp) and e.op is ir.BinOpKind.SUB:    # e.g. ceildiv's (K + 31) - ... - 1
-        low = _lower_bound(w, e)
-        return low is not None and low >= 0
-    if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.ABS):
-        return e.fn is ir.MathFn.ABS or all(nonneg(w, a) for a in e.args)
-    return False
-
-
-def _lower_bound(w: SourceWriter, e: ir.Expr):
-    """A lower bound of an integer sum or difference whose terms are constants or known to be
-    non-negative (0 for those), or None."""
-    if isinstance(e, ir.Const) and not isinstance(e.value, bool) and isinstance(e.value, int):
-        return e.value
-    if isinstance(e, ir.BinOp) and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.SUB):
-        a = _lower_bound(w, e.a)
-        if e.op is ir.BinOpKind.ADD:
-            b = _lower_bound(w, e.b)
-            return None if a is None or b is None else a + b
-        b = ir.as_int(e.b)
-        return None if a is None or b is None else a - b
-    return 0 if nonneg(w, e) else None
+    """Whether an integer expression is >= 0 by construction (``simplify.nonneg`` with the
+    variables this writer knows to be)."""
+    return simplify.nonneg(e, w.nonneg)
 
 
 def atom(text: str) -> str:

@@ -33,7 +33,7 @@ from typing import Optional
 from .. import ir
 from ..plans import FragmentStoragePlan, SharedMemoryPlan
 from ..target import Target
-from ..traverse import buffers_read, buffers_written, rewrite_loops, transform, walk
+from ..traverse import buffers_read, buffers_written, fresh_name, rewrite_loops, transform, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -88,7 +88,7 @@ def _rewrite(loop: ir.For, state: dict, target: Target) -> Optional[list]:
                               f"a second copy of {', '.join(b.name for b in buffers)} ({extra} bytes) "
                               f"does not fit the {target.smem_bytes} bytes of shared memory")
         return None
-    second = {b: dataclasses.replace(b, name=_fresh(kernel, b.name + "_1")) for b in buffers}
+    second = {b: dataclasses.replace(b, name=fresh_name(kernel, b.name + "_1")) for b in buffers}
     shared = kernel.plan(SharedMemoryPlan)
     ranges, top = list(shared.ranges), shared.total_bytes
     for b in second.values():
@@ -131,13 +131,3 @@ def _rewrite(loop: ir.For, state: dict, target: Target) -> Optional[list]:
     doubled = dataclasses.replace(loop, step=two, kind=ir.ForKind.SERIAL, num_stages=0,
                                   body=ir.Seq(tuple(body), loop.body.loc))
     return allocs + [prologue, doubled]
-
-
-def _fresh(kernel: ir.Kernel, name: str) -> str:
-    used = {b.name for s in walk(kernel.body) if isinstance(s, ir.Alloc) for b in [s.buffer]}
-    used |= {p.name for p in kernel.params}
-    fresh, n = name, 1
-    while fresh in used:
-        n += 1
-        fresh = f"{name[:-2]}_{n}"
-    return fresh

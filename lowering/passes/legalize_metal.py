@@ -97,7 +97,7 @@ def _check_gemm(s: ir.Gemm) -> None:
     for name, r in (("A", s.a), ("B", s.b), ("C", s.c)):
         dims = [d for d, e in enumerate(r.extents) if e != 1]
         n = len(r.extents)
-        if len(r.tile_shape) != 2 or dims != [n - 2, n - 1][:len(dims)] or len(dims) != 2:
+        if dims != [n - 2, n - 1]:
             raise CompileError(f"T.gemm operand {name} ('{r.buffer.name}'): on Metal a gemm operand "
                                f"is a 2-d tile over the last two dims of its buffer; got extents "
                                f"{list(r.extents)}", s.loc)
@@ -132,8 +132,7 @@ def _tiling(s: ir.Gemm, simdgroups: int) -> MatrixTiling:
 def _decode_fp8_operands(kernel: ir.Kernel) -> ir.Kernel:
     """Shared buffers feeding a gemm with FP8 elements hold float16 instead."""
     fp8 = {r.buffer for s in walk(kernel.body) if isinstance(s, ir.Gemm) for r in (s.a, s.b)
-           if r.buffer.scope is ir.Scope.SHARED and r.buffer.dtype.record.msl == "uchar"
-           and r.buffer.dtype.is_float}
+           if r.buffer.scope is ir.Scope.SHARED and r.buffer.dtype.is_fp8}
     if not fp8:
         return kernel
     wide = {b: dataclasses.replace(b, dtype=ir.DType.F16) for b in fp8}

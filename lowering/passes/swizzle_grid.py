@@ -20,7 +20,7 @@ import dataclasses
 from .. import ir, schedule
 from ..simplify import fold
 from ..target import Target
-from ..traverse import transform
+from ..traverse import fresh_name
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -30,20 +30,8 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         return dataclasses.replace(kernel, swizzle_panel=0)
     loc = kernel.loc
     (gx, gy, *more_grid), (bx, by, *more_vars) = kernel.grid, kernel.block_vars
-    block = ir.Var(_fresh_name(kernel, "block_id"), ir.DType.I32, ir.VarKind.BLOCK, loc)
+    block = ir.Var(fresh_name(kernel, "block_id"), ir.DType.I32, ir.VarKind.BLOCK, loc)
     y, x = schedule.grouped_tile(block, gy, gx, kernel.swizzle_panel, loc)
     blocks = fold(ir.BinOp(ir.BinOpKind.MUL, gx, gy, ir.DType.I32, loc))
     return dataclasses.replace(kernel, grid=(blocks, *more_grid), block_vars=(block, *more_vars),
                                swizzle_panel=0, block_defs=((by, y), (bx, x)) + kernel.block_defs)
-
-
-def _fresh_name(kernel: ir.Kernel, name: str) -> str:
-    """``name``, or ``name_<n>`` if a variable or buffer of the kernel already has it."""
-    used = {v.name for v in kernel.block_vars} | {p.name for p in kernel.params}
-    named = (ir.Var, ir.Buffer)
-    transform(kernel.body, lambda n: used.add(n.name) if isinstance(n, named) else None)
-    fresh, n = name, 0
-    while fresh in used:
-        n += 1
-        fresh = f"{name}_{n}"
-    return fresh

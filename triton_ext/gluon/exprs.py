@@ -19,10 +19,10 @@ from typing import Callable
 
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
-
 from tilews.lowering.layouts import RowSlice
+from tilews.lowering.simplify import NONNEG_OPS
 
-from ..pysource import NONNEG_OPS, atom, nonneg
+from ..pysource import atom, nonneg
 from .context import GL_DTYPE, Ctx
 
 _MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
