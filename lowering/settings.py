@@ -28,8 +28,8 @@ SWITCHES = (
     ("TILEWS_DUMP_IR", "write the IR after every pass to this folder"),
     ("TILEWS_POISON_OUTPUTS", "outputs tilews allocates (`out_idx`) start as NaN (the tests set it)"),
     ("TILEWS_DEBUG_FRONTEND", "re-raise the raw Python error behind a frontend `CompileError`"),
-    ("TILEWS_OVERLAP_SOFTMAX", "Hopper: issue the next block's first gemm under this block's "
-                               "fragment math (overlap_softmax; off: it measured slower on H100)"),
+    ("TILEWS_OVERLAP_SOFTMAX", "Hopper: keep a block's P V gemm in flight under the next block's "
+                               "softmax (overlap_softmax; on unless set to an off value)"),
     ("TILEWS_TUNE", "`tilews.ops.matmul` tunes each new shape bucket at its first call (winners "
                     "kept on disk) instead of using its heuristic"),
     ("TILEWS_CXX", "the C++17 compiler of the Metal CPU harness (default: `g++`, else `clang++`)"),
@@ -65,7 +65,7 @@ class Settings:
     dump_ir: Optional[Path] = None
     poison_outputs: bool = False
     debug_frontend: bool = False
-    overlap_softmax: bool = False
+    overlap_softmax: bool = True
     tune: bool = False
     cxx: Optional[str] = None             # TILEWS_CXX: the Metal CPU harness's C++ compiler
 
@@ -78,6 +78,7 @@ class Settings:
                    dump_ir=_path("TILEWS_DUMP_IR", environ),
                    poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),
                    debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
-                   overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ),
+                   overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ)
+                   if _text("TILEWS_OVERLAP_SOFTMAX", environ) else True,
                    tune=flag("TILEWS_TUNE", environ),
                    cxx=_text("TILEWS_CXX", environ))

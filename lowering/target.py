@@ -16,7 +16,7 @@ class Target:
     power_of_two_tiles: bool = False  # tile extents must be powers of two (tl.arange)
     num_sms: int = 0                # multiprocessors, when known (persistent grids); 0: unknown
     hangs_on_deadlock: bool = False  # a barrier deadlock hangs it: check_barriers refuses one
-    overlap_softmax: bool = False   # schedule choice: overlap_softmax applies (Hopper, opt-in)
+    overlap_softmax: bool = False   # schedule choice: overlap_softmax's deferred form applies
     overlap_promotion: bool = False  # schedule choice: overlap_softmax's form for loops whose
                                      # fragment math holds no gemm (FP8 promotion; opt-in)
     split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
@@ -37,6 +37,6 @@ TRITON_GPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
 TRITON_CPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
                     smem_bytes=227 * 1024, triton_interpreter=True, power_of_two_tiles=True)
 HOPPER = Target("hopper", warp_specialization=True, tma=True, wgmma=True, smem_bytes=227 * 1024,
-                hangs_on_deadlock=True)
+                hangs_on_deadlock=True, overlap_softmax=True)
 METAL = Target("metal", warp_specialization=False, tma=False, wgmma=False, smem_bytes=32 * 1024,
                block_syncs=True, double_buffer=True, simdgroup_matrix=True)

@@ -57,10 +57,8 @@ def attention_rows(rounds, quick):
             prim = mha_fwd_program(B, H, S, D, causal, block_M=128, block_N=bn, num_stages=stages,
                                    threads=256)
             cands = {"auto": hop(lambda: prim)()}
-            merged = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, split_consumers=False))
-            cands["auto, merged consumer"] = lambda q, k, v, p=merged: _launch(p, q, k, v)
-            overlapped = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, overlap_softmax=True))
-            cands["auto + overlap_softmax"] = lambda q, k, v, p=overlapped: _launch(p, q, k, v)
+            waited = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, overlap_softmax=False))
+            cands["auto, P V waited in its block"] = lambda q, k, v, p=waited: _launch(p, q, k, v)
             if D <= 128:
                 cands["explicit T.ws"] = hop(ws_mha_fwd_program)(B, H, S, D, causal, block_N=bn, stages=stages)
             checks = {}

@@ -21,8 +21,8 @@
 The structure and compile checks find S, P and O by what the gemms do with them (S = Q K^T
 reads two shared operands, P V reads P from registers); the wrong-lowering tests find the
 automatic program's fragments by name: a pass that splits the consumer renames them (``acc_s`` ->
-``acc_s_0``, ``acc_s_1``), one that overlaps the softmax adds copies (``_cur``); ``base`` strips
-those suffixes.
+``acc_s_0``, ``acc_s_1``); ``base`` strips that suffix (and ``_cur``, the copies of the FP8
+promotion form of overlap_softmax).
 """
 from __future__ import annotations
 
@@ -56,11 +56,13 @@ from .test_ws_oracle import run_interp
 SEEDS = range(20)
 _T_DTYPES = {torch.float16: T.float16, torch.bfloat16: T.bfloat16}
 
-# The consumer schedules of the Hopper target: its default; the consumer kept as one role of
-# two warp groups (the schedule of docs/ws-semantics.md #2); that role with the next block's
-# Q K^T issued under this block's softmax.
+# The consumer schedules of the Hopper target: its default (one role per warp group, P V of
+# block k - 1 in flight under the softmax of block k); the split roles waiting for each P V in
+# its own iteration; the consumer kept as one role of two warp groups (the schedule of
+# docs/ws-semantics.md #2); that role with P V deferred.
 SCHEDULES = {
     "default": HOPPER,
+    "split": dataclasses.replace(HOPPER, overlap_softmax=False),
     "merged": dataclasses.replace(HOPPER, split_consumers=False, overlap_softmax=False),
     "overlap": dataclasses.replace(HOPPER, split_consumers=False, overlap_softmax=True),
 }
@@ -208,6 +210,8 @@ ORACLE_CASES = [
     (Att(200, 64, True, stages=1), range(8)),
     (Att(328, 64, False, stages=3), range(8)),        # 6 K/V blocks: the 3-deep ring wraps
     # the other consumer schedules
+    (Att(200, 64, True, schedule="split"), SEEDS),
+    (Att(328, 64, False, stages=3, schedule="split"), range(8)),
     (Att(200, 64, True, schedule="merged"), SEEDS),
     (Att(200, 64, False, schedule="merged"), SEEDS),
     (Att(200, 64, True, schedule="overlap"), SEEDS),
@@ -240,6 +244,7 @@ def test_oracle_before_equals_after(case, seeds):
 STRUCTURE = [Att(200, 64, True), Att(200, 128, False, block_N=128), Att(200, 64, True, "bshd", B=2),
              Att(200, 64, False, stages=1), Att(200, 64, True, schedule="merged"),
              Att(200, 128, False, block_N=128, schedule="merged"), Att(200, 64, True, schedule="overlap"),
+             Att(200, 64, True, schedule="split"), Att(200, 64, False, stages=1, schedule="split"),
              Att(200, 64, True, explicit=True), Att(200, 64, True, explicit=True, schedule="overlap")]
 
 
@@ -275,7 +280,11 @@ def test_lowered_structure(case):
     assert q_loads[0].dst.extents == (case.block_M, case.D)
     loop_loads = [s for s in walk(p_loop) if isinstance(s, ir.Copy)]
     assert sorted(s.src.buffer.name for s in loop_loads) == ["K", "V"]
-    assert all(s.mechanism is ir.CopyMechanism.TMA and s.barrier.buffer.name == "full" for s in loop_loads)
+    # explicit: the program's one K/V ring; automatic: K and V on rings of their own (the
+    # consumer waits for K before Q K^T and for V before P V, and releases each after its gemm)
+    ring_bar = {"K": "full", "V": "full"} if case.explicit else {"K": "full_K_shared", "V": "full_V_shared"}
+    assert all(s.mechanism is ir.CopyMechanism.TMA and s.barrier.buffer.name == ring_bar[s.src.buffer.name]
+               for s in loop_loads)
     if not case.explicit:
         pipe = k.plan(PipelinePlan)
         assert pipe.preloads and set(pipe.ring_buffers) == {"K_shared", "V_shared"} and pipe.stages == case.stages
@@ -291,9 +300,22 @@ def test_lowered_structure(case):
     # barriers: one arrival (the TMA's expect) per phase of Q's and `full`; `empty` completes
     # when both consumer warp groups (256 threads: every consumer role) have released a stage
     counts = dict(plan.barrier_counts)
-    assert counts == {q_bar: (1,), "full": (1,) * case.stages, "empty": (len(cons),) * case.stages}
+    rings = [""] if case.explicit else ["_K_shared", "_V_shared"]
+    assert counts == {q_bar: (1,), **{f"full{r}": (1,) * case.stages for r in rings},
+                      **{f"empty{r}": (len(cons),) * case.stages for r in rings}}
     allocs = {s.buffer.name: s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc)}
-    assert allocs["empty"].arrive_counts == (256,) * case.stages
+    assert all(allocs[f"empty{r}"].arrive_counts == (256,) * case.stages for r in rings)
+    if not case.explicit:           # each ring is waited for right before its gemm, released after
+        for r in cons:              # a wait that covers it
+            body = main_loop(r).body.stmts
+            waits = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierWait)]
+            assert [body[i].barrier.buffer.name for i in waits] == ["full_K_shared", "full_V_shared"]
+            for i in waits:
+                g = body[i + 1]
+                assert isinstance(g, ir.Gemm) and g.b.buffer.name == body[i].barrier.buffer.name[5:]
+            arrives = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierArrive)]
+            assert sorted(body[i].barrier.buffer.name for i in arrives) == ["empty_K_shared", "empty_V_shared"]
+            assert all(isinstance(body[i - 1], ir.GemmWait) for i in arrives)
     # the gemms of each consumer: S = Q K^T from shared memory, O += P V with P in registers, as
     # many of one as of the other (an overlapping schedule peels an iteration), all wgmma
     for r in cons:
@@ -319,8 +341,8 @@ def test_lowered_structure(case):
         qk, pv = qk_gemms(r), pv_gemms(r)
         s_lay = layouts.WgmmaAccumulator((4 * G, 1), (16, case.block_N, 16))     # M over the groups
         o_lay = layouts.WgmmaAccumulator((4 * G, 1), (16, case.D, 16))
-        # S, P, O and five row vectors (+ the copy of S an overlapped softmax reads)
-        assert len(frags) == 8 + (1 if SCHEDULES[case.schedule].overlap_softmax else 0)
+        # S, P, O and five row vectors
+        assert len(frags) == 8
         for name, b in frags.items():
             assert b.static_shape[0] == rows, name             # each role holds its own rows
             shape, f32 = b.static_shape, b.dtype is ir.DType.F32
@@ -363,7 +385,9 @@ def test_lowered_structure(case):
     # shared memory: Q, the K/V ring, O and the barriers, disjoint, within the budget
     smem = k.plan(SharedMemoryPlan)
     row = case.D * 2
-    assert smem.total_bytes == (2 * case.block_M + 2 * case.stages * case.block_N) * row + 8 * (1 + 2 * case.stages)
+    pairs = 1 if case.explicit else 2                # full/empty pairs: one ring, or K's and V's
+    assert smem.total_bytes == (2 * case.block_M + 2 * case.stages * case.block_N) * row + \
+        8 * (1 + 2 * pairs * case.stages)
     spans = sorted((off, off + n) for _, off, n in smem.ranges)
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 
@@ -427,10 +451,16 @@ def test_compiled_attention(name):
     load = r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.mbarrier::complete_tx::bytes"
     # a 128-byte swizzle caps a box row at 128 bytes: Triton splits wider tiles (D = 128) in two
     assert count(load, ptx) == 3 * max(1, D * 2 // 128)
-    # expect bytes: Q's tile on its barrier, K's and V's together on `full`
+    # expect bytes: Q's tile on its barrier; K's and V's together on the explicit program's
+    # `full`, each on its own ring's in the automatic one
+    rings = [2 * bn * D * 2] if c.explicit else [bn * D * 2, bn * D * 2]
     assert sorted(int(b) for b in re.findall(r"ttng\.barrier_expect %\w+, (\d+)", ttgir)) == \
-        sorted([bm * D * 2, 2 * bn * D * 2])
-    assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 1 + 2 * c.stages
+        sorted([bm * D * 2, *rings])
+    assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 1 + 2 * len(rings) * c.stages
+    # the deferred P V (overlap_softmax): Q K^T of block k completes while P V of block k - 1 is
+    # still in flight (wait for all but one), then P V (wait for none)
+    deferred = SCHEDULES[c.schedule].overlap_softmax and not c.explicit
+    assert bool(re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)) == deferred
     # wgmma: a consumer role of G warp groups computes its R rows as R / (64 G) 64-row slabs per
     # warp group, and the PTX holds one program text per role (every warp group of the role runs
     # it). So per role, for each gemm statement of the lowered IR (a schedule may peel an
@@ -475,7 +505,7 @@ def test_compiled_attention(name):
                      rf"tensor<\d+x{bn}x{t}, #ttg\.dot_op<\{{opIdx = 0", ttgir)
     smem_allocs = [s for s in walk(k.body) if isinstance(s, ir.Alloc)
                    and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.BARRIER)]
-    assert len(smem_allocs) == 7                # Q, K, V, O tiles; Q's, full and empty barriers
+    assert len(smem_allocs) == 5 + 2 * len(rings)   # Q, K, V, O tiles; Q's barrier; full/empty pairs
     assert count(r"ttg\.local_alloc", ttgir) == len(smem_allocs)
     epilogues = [s for s in walk(k.body) if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT
                  and s.dst.buffer.scope is ir.Scope.SHARED]

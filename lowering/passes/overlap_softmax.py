@@ -1,41 +1,50 @@
-"""overlap_softmax: issue the next iteration's first gemm before this iteration's fragment math
-(FlashAttention-3's intra-warp-group overlap: Q K^T of block k + 1 runs on the tensor cores while
-the softmax of block k runs on the ALUs).
+"""overlap_softmax: keep a block's gemms on the tensor cores while the warp group does fragment
+math — FlashAttention-3's intra-warp-group overlap.
 
-Requires:  legalize_wgmma made an ``AsyncPlan``. Loops whose tail holds a gemm (attention) are
-           rewritten only when ``target.overlap_softmax`` (the ``TILEWS_OVERLAP_SOFTMAX`` switch)
-           is on: it is off by default, on an H100 it measured 0-10% slower than waiting for
-           Q K^T before the softmax (attention D 64/128, docs/measuring.md), the P V gemm still
-           being waited in its own iteration. Loops whose tail holds none (an FP8 promotion:
-           the partial product scaled into the accumulator) are rewritten when
-           ``target.overlap_promotion`` is on; off by default, as on an H100 it measured 10-20%
-           slower for block-scaled FP8 GEMMs than waiting for each k-block's product
-           (scripts/tune_fp8.py, not persistent, split consumers).
-Ensures:   a role loop ``for k in serial(start, stop, step)`` (step a positive constant) whose
-           body is
+Requires:  legalize_wgmma made an ``AsyncPlan``; warp_specialize gave each group of ring buffers
+           its own full/empty pair, waited right before its first reader and released right after
+           its last (attention: K before Q K^T, V before P V).
+Ensures:   (1) the *deferred* form, when ``target.overlap_softmax`` (on for Hopper; the
+           ``TILEWS_OVERLAP_SOFTMAX=off`` switch turns it off). A role loop
+           ``for k in serial(start, stop, step)`` (step a positive constant) whose body is
 
-               barrier_wait R[i(k)] p(k); H(k); gemm A, B -> X [wgmma]; gemm_wait 0; T(k);
-               barrier_arrive E[i(k)]
+               H(k); barrier_wait R[k]; gemm -> X [wgmma]; gemm_wait 0; barrier_arrive E[k];
+               M(k);
+               barrier_wait R2[k]; gemm G2 [wgmma]; gemm_wait 0; barrier_arrive E2[k]
 
-           where ``R`` holds >= 2 barriers (so waiting for block k + 1 never needs block k's
-           release), ``H`` (the head: e.g. the causal mask into X) writes only X, the gemm's A is
-           in shared memory, ``T`` (the tail) holds another gemm followed by a ``gemm_wait 0``
-           (or no gemm: then ``gemm_wait 0`` is added after the arrival, below),
-           nothing in ``T`` writes what the head or the first gemm read other than X, and X is
-           touched nowhere else in the role, becomes (the last iteration peeled, so every
-           issued gemm is waited for in the iteration that issued it: Gluon carries only
-           completed accumulators through loops and branches)
+           where ``H`` (the head: a mask into X) holds no barrier or gemm, X is not among what G2
+           reads or writes, H and the first gemm read nothing G2 writes, and M = M1 M2 with M1 the
+           longest prefix of M touching nothing G2 reads or writes (the softmax statistics) and
+           M2 the rest (P = cast S, the output's rescale), becomes
 
-               [if start < stop:] barrier_wait R[i(start)] p(start); H(start); gemm -> X; gemm_wait 0
+               [if start < stop:] H(start) ... barrier_arrive E[start]; M(start)
+               for k in serial(start, stop - step, step):       # k: the previous block
+                   H(k + step); barrier_wait R[k + step]; gemm -> X
+                   barrier_wait R2[k]; G2(k)
+                   gemm_wait 1; barrier_arrive E[k + step]; M1(k + step)
+                   gemm_wait 0; barrier_arrive E2[k]; M2(k + step)
+               [if start < stop:] barrier_wait R2[last]; G2(last); gemm_wait 0; barrier_arrive E2[last]
+
+           In program order this only moves G2 of block k - 1 after the head and first gemm of
+           block k, which touch nothing it touches; on the GPU, P V of block k - 1 runs while M1
+           (the softmax of block k) runs, and M2 (which rewrites P and rescales the output) waits
+           for it. wgmma groups complete in order, so ``gemm_wait 1`` completes the first gemm.
+           Every gemm issued in an iteration is waited for in it (Gluon carries only completed
+           accumulators through loops); the loop carries P and the output.
+           (2) the *promotion* form, when ``target.overlap_promotion`` (opt-in: on an H100 it
+           measured 10-20% slower for block-scaled FP8 GEMMs, scripts/tune_fp8.py): a loop
+           ``barrier_wait R[i(k)] p(k); H(k); gemm A, B -> X [wgmma]; gemm_wait 0; T(k);
+           barrier_arrive E[i(k)]`` whose tail ``T`` holds no gemm, ``R`` holding >= 2
+           barriers, H writing only X, T writing nothing H or the gemm read other than X, and X
+           touched nowhere else in the role, issues the next block's gemm before this block's
+           tail, which reads a copy X_cur (a new fragment with X's layout):
+
+               [if start < stop:] barrier_wait R[i(start)] ...; H(start); gemm -> X; gemm_wait 0
                for k in serial(start, stop - step, step):
                    copy X -> X_cur
-                   barrier_wait R[i(k + step)] p(k + step); H(k + step); gemm -> X
-                   T(k) with X read and written as X_cur; barrier_arrive E[i(k)]
+                   barrier_wait R[i(k + step)] ...; H(k + step); gemm -> X
+                   T(k) with X read and written as X_cur; barrier_arrive E[i(k)]; gemm_wait 0
                [if start < stop:] copy X -> X_cur; T(last); barrier_arrive E[i(last)]
-
-           X_cur is a new fragment with X's layout (added to the ``LayoutPlan``). The tail's own
-           ``gemm_wait 0`` completes the next block's gemm too (wgmma groups complete in order);
-           a tail without a gemm is followed by ``gemm_wait 0`` in the loop body.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -55,35 +64,127 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         return kernel
     layouts = dict(kernel.plan(LayoutPlan).layouts)
     allocs: list[ir.Alloc] = []
+    deferred: list[ir.For] = []
     stmts = []
     for s in kernel.body.stmts:
         if isinstance(s, ir.WarpSpecialize):
-            s = dataclasses.replace(s, roles=tuple(_role(r, layouts, allocs, target) for r in s.roles))
+            s = dataclasses.replace(s, roles=tuple(_role(r, layouts, allocs, deferred, target)
+                                                   for r in s.roles))
         stmts.append(s)
-    if not allocs:
+    if not allocs and not deferred:
         return kernel
-    body = ir.Seq(tuple(allocs) + tuple(stmts), kernel.body.loc)
     plan = kernel.plan(LayoutPlan)
-    out = dataclasses.replace(kernel, body=body).with_plan(
+    out = dataclasses.replace(kernel, body=ir.Seq(tuple(allocs) + tuple(stmts), kernel.body.loc)).with_plan(
         LayoutPlan(tuple(sorted(layouts.items())), plan.frames))
-    names = ", ".join(a.buffer.name.removesuffix("_cur") for a in allocs)
-    return out.with_note(f"overlap_softmax: the next block's gemm into {names} is issued before "
-                         f"this block's fragment math, which reads a copy")
+    if deferred:
+        out = out.with_note(f"overlap_softmax: in the loop at line {deferred[0].loc.line}, block k's "
+                            f"first gemm and block k - 1's second are issued together; block k's "
+                            f"fragment math runs while the second is in flight")
+    if allocs:
+        names = ", ".join(a.buffer.name.removesuffix("_cur") for a in allocs)
+        out = out.with_note(f"overlap_softmax: the next block's gemm into {names} is issued before "
+                            f"this block's fragment math, which reads a copy")
+    return out
 
 
-def _role(role: ir.Role, layouts: dict, allocs: list, target: Target) -> ir.Role:
+def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, target: Target) -> ir.Role:
     out = []
-    for k, s in enumerate(role.body.stmts):
-        rest = role.body.stmts[:k] + role.body.stmts[k + 1:]
-        split = _match(s, rest) if isinstance(s, ir.For) else None
-        if split is not None and not (target.overlap_softmax if _tail_gemm(split[2])
-                                      else target.overlap_promotion):
-            split = None
-        if split is None:
+    for s in role.body.stmts:
+        if not isinstance(s, ir.For):
             out.append(s)
             continue
-        out += _overlap(s, *split, layouts, allocs)
+        rest = [t for t in role.body.stmts if t is not s]
+        parts = _match_deferred(s) if target.overlap_softmax else None
+        promoted = _match(s, rest) if target.overlap_promotion and parts is None else None
+        if parts is not None:
+            out += _defer(s, *parts)
+            deferred.append(s)
+        elif promoted is not None and not _tail_gemm(promoted[2]):
+            out += _overlap(s, *promoted, layouts, allocs)
+        else:
+            out.append(s)
     return dataclasses.replace(role, body=ir.Seq(tuple(out), role.body.loc))
+
+
+def _match_deferred(loop: ir.For) -> Optional[tuple]:
+    """(head, first issue, middle 1, middle 2, second issue) of a loop of the deferred form (module
+    docstring), else None. The issues are (barrier_wait, gemm, gemm_wait 0, barrier_arrive)."""
+    b = loop.body.stmts
+    if (ir.as_int(loop.step) or 0) <= 0:
+        return None
+    gemms = [k for k, s in enumerate(b) if isinstance(s, ir.Gemm)]
+    if len(gemms) != 2 or gemms[0] < 1 or gemms[1] != len(b) - 3:
+        return None
+    g1, g2 = gemms
+    first, second = b[g1 - 1:g1 + 3], b[g2 - 1:g2 + 3]
+    if not all(_issue(x) for x in (first, second)) or g1 + 3 > g2 - 1:
+        return None
+    head, middle = b[:g1 - 1], b[g1 + 3:g2 - 1]
+    if any(isinstance(t, (ir.BarrierWait, ir.BarrierArrive, ir.Gemm, ir.GemmWait))
+           for s in head + middle for t in walk(s)):
+        return None
+    g2_reads, g2_writes = _footprint([second[1]])
+    h_reads, h_writes = _footprint(head + (first[1],))
+    if (h_writes & (g2_reads | g2_writes)) or (h_reads & g2_writes):
+        return None
+    cut = next((k for k, s in enumerate(middle) if set().union(*_footprint([s])) & (g2_reads | g2_writes)),
+               len(middle))
+    return head, first, middle[:cut], middle[cut:], second
+
+
+def _issue(stmts) -> bool:
+    """barrier_wait R[..]; gemm [wgmma]; gemm_wait 0; barrier_arrive E[..] — one ring's use."""
+    return (len(stmts) == 4 and isinstance(stmts[0], ir.BarrierWait) and isinstance(stmts[1], ir.Gemm)
+            and stmts[1].instr is ir.GemmInstr.WGMMA and isinstance(stmts[2], ir.GemmWait)
+            and stmts[2].outstanding == 0 and isinstance(stmts[3], ir.BarrierArrive))
+
+
+def _footprint(stmts) -> tuple[set, set]:
+    """(buffers read, buffers written) by ``stmts``."""
+    reads = {r for s in stmts for t in walk(s) for r in buffers_read(t)}
+    writes = {w for s in stmts for t in walk(s) for w in buffers_written(t)}
+    return reads, writes
+
+
+def _defer(loop: ir.For, head, first, middle1, middle2, second) -> list:
+    """The loop runs over the previous block ``k`` (from start to stop - step), the current one
+    being ``k + step``: every index stays a non-negative expression of ``k``."""
+    loc = loop.loc
+    k, step = loop.var, loop.step
+    nxt = ir.BinOp(ir.BinOpKind.ADD, k, step, ir.DType.I32, loc)
+    wait_s, gemm_s, _, arrive_s = first
+    wait_p, gemm_p, _, arrive_p = second
+    body = (*_at(head + (wait_s, gemm_s), k, nxt), wait_p, gemm_p,
+            ir.GemmWait(1, gemm_s.loc), *_at((arrive_s, *middle1), k, nxt),
+            ir.GemmWait(0, gemm_p.loc), arrive_p, *_at(middle2, k, nxt))
+    stop = fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc))
+    last = fold(schedule.last_index(loop, loc))
+    return [*_guarded(loop, _at(head + first + middle1 + middle2, k, loop.start)),
+            dataclasses.replace(loop, stop=stop, body=ir.Seq(body, loop.body.loc)),
+            *_guarded(loop, _at(second, k, last))]
+
+
+def _at(stmts, var: ir.Var, value: ir.Expr) -> tuple:
+    """``stmts`` with ``var`` replaced by ``value`` (folded); an ``if`` whose condition folds to
+    a constant becomes the branch it takes."""
+    out: list[ir.Stmt] = []
+    for t in stmts:
+        t = transform(transform(t, lambda n: value if n == var else None),
+                      lambda n: fold(n) if isinstance(n, ir.Expr) else None)
+        if isinstance(t, ir.If) and isinstance(t.cond, ir.Const):
+            out += (t.then if t.cond.value else t.orelse).stmts
+        else:
+            out.append(t)
+    return tuple(out)
+
+
+def _guarded(loop: ir.For, stmts) -> list:
+    """``stmts`` under ``if start < stop`` unless the loop is known to run."""
+    loc = loop.loc
+    ran = fold(ir.Cmp(ir.CmpKind.LT, loop.start, loop.stop, loc))
+    if ran == ir.Const(True, ir.DType.BOOL):
+        return list(stmts)
+    return [ir.If(ran, ir.Seq(tuple(stmts), loc), ir.Seq((), loc), loc)]
 
 
 def _match(loop: ir.For, others) -> Optional[tuple]:
@@ -132,27 +233,16 @@ def _overlap(loop: ir.For, head, gemm: ir.Gemm, tail, layouts: dict, allocs: lis
     layouts[cur.name] = layouts[x.name]
     wait, arrive = loop.body.stmts[0], loop.body.stmts[-1]
 
-    def at(stmts, value: ir.Expr) -> tuple:
-        return tuple(transform(s, lambda n: fold(n) if isinstance(n, ir.Expr) else None)
-                     for s in (transform(t, lambda n: value if n == k else None) for t in stmts))
-
     def region(b):
         return ir.Region(b, tuple(ir.Const(0, ir.DType.I32, loc) for _ in b.shape), b.static_shape, loc)
-
-    def guarded(stmts) -> list:
-        ran = fold(ir.Cmp(ir.CmpKind.LT, loop.start, loop.stop, loc))
-        if ran == ir.Const(True, ir.DType.BOOL):
-            return list(stmts)
-        return [ir.If(ran, ir.Seq(tuple(stmts), loc), ir.Seq((), loc), loc)]
 
     take = ir.Copy(region(x), region(cur), mechanism=ir.CopyMechanism.DIRECT, loc=gemm.loc)
     issue = (wait, *head, gemm)
     finish = (*(transform(s, lambda n: cur if n == x else None) for s in tail), arrive)
     nxt = ir.BinOp(ir.BinOpKind.ADD, k, step, ir.DType.I32, loc)
-    complete = () if _tail_gemm(tail) else (ir.GemmWait(0, gemm.loc),)
-    body = (take, *at(issue, nxt), *finish, *complete)
+    body = (take, *_at(issue, k, nxt), *finish, ir.GemmWait(0, gemm.loc))
     last = fold(schedule.last_index(loop, loc))
-    return [*guarded(at(issue, loop.start) + (ir.GemmWait(0, gemm.loc),)),
+    return [*_guarded(loop, _at(issue, k, loop.start) + (ir.GemmWait(0, gemm.loc),)),
             dataclasses.replace(loop, stop=fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc)),
                                 body=ir.Seq(body, loop.body.loc)),
-            *guarded((take,) + at(finish, last))]
+            *_guarded(loop, (take,) + _at(finish, k, last))]

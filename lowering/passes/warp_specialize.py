@@ -32,7 +32,7 @@ import dataclasses
 from .. import ir, roles, schedule
 from ..target import Target
 from ..simplify import fold
-from ..traverse import rewrite, transform
+from ..traverse import buffers_read, buffers_written, rewrite, transform, walk
 from ..plans import PipelinePlan
 
 
@@ -60,8 +60,6 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
 
     rings = {s.buffer: dataclasses.replace(s.buffer, shape=(c(S),) + s.buffer.shape)
              for s in top if isinstance(s, ir.Alloc) and s.buffer.name in plan.ring_buffers}
-    full = ir.Buffer("full", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128,) * S, loc)
-    empty = ir.Buffer("empty", (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128 * consumers,) * S, loc)
 
     guard = loop.body.stmts[0] if plan.guarded else None
     inner = guard.then.stmts if guard is not None else loop.body.stmts
@@ -92,20 +90,33 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
 
     producers = [inner[k] for k in plan.producers]
     consuming = [s for k, s in enumerate(inner) if k not in plan.producers]
+    groups = _ring_groups(producers, consuming)
+
+    def pair(suffix: str) -> tuple[ir.Buffer, ir.Buffer]:
+        return (ir.Buffer("full" + suffix, (c(S),), ir.DType.I64, ir.Scope.BARRIER, (128,) * S, loc),
+                ir.Buffer("empty" + suffix, (c(S),), ir.DType.I64, ir.Scope.BARRIER,
+                          (128 * consumers,) * S, loc))
+    bars = [pair("" if len(groups) == 1 else f"_{g.copies[0].dst.buffer.name}") for g in groups]
 
     def produce(stage, phase):
         restage = _restager(rings, stage, loc)
         bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
-        return (ir.BarrierWait(bar(empty), ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc), loc),
-                *(dataclasses.replace(restage(p), barrier=bar(full)) for p in producers),
-                ir.BarrierArrive(bar(full), loc))
+        out = []
+        for g, (full, empty) in zip(groups, bars):
+            out += [ir.BarrierWait(bar(empty), ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc), loc),
+                    *(dataclasses.replace(restage(p), barrier=bar(full)) for p in g.copies),
+                    ir.BarrierArrive(bar(full), loc)]
+        return tuple(out)
 
     def consume(stage, phase):
         restage = _restager(rings, stage, loc)
         bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
-        return (ir.BarrierWait(bar(full), phase, loc),
-                *(restage(s) for s in consuming),
-                ir.BarrierArrive(bar(empty), loc))
+        out = []
+        for k, s in enumerate(consuming):
+            out += [ir.BarrierWait(bar(full), phase, loc) for g, (full, _) in zip(groups, bars) if g.first == k]
+            out.append(restage(s))
+            out += [ir.BarrierArrive(bar(empty), loc) for g, (_, empty) in zip(groups, bars) if g.last == k]
+        return tuple(out)
 
     def per_tile(stmts: list[ir.Stmt]) -> list[ir.Stmt]:
         return stmts if tile_loop is None else [dataclasses.replace(tile_loop, body=ir.Seq(tuple(stmts), loc))]
@@ -117,7 +128,7 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     p_init, p_loop = role_loop("produced", produce)
     c_init, c_loop = role_loop("consumed", consume)
     allocs = [ir.Alloc(rings.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
-    allocs += new_allocs + counters + [ir.Alloc(full, loc), ir.Alloc(empty, loc)]
+    allocs += new_allocs + counters + [ir.Alloc(b, loc) for p in bars for b in p]
     producer = ir.Role((0,), ir.Seq(tuple(preloads + p_init + per_tile([p_loop])), loc), loc=loc)
     consumer = ir.Role(tuple(range(1, consumers + 1)),
                        ir.Seq(tuple(c_init + per_tile([*prelude, c_loop, *epilogue])), loc), loc=loc)
@@ -129,6 +140,37 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
                          f"{roles.describe(producer.warpgroups)} + "
                          f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "
                          f"{', '.join(plan.ring_buffers)}{shape}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _RingGroup:
+    """Copies whose buffers the consumer first reads at statement ``first`` and last touches at
+    ``last`` (indices into the consuming statements): they share one full/empty barrier pair."""
+    copies: tuple
+    first: int
+    last: int
+
+
+def _ring_groups(producers: list, consuming: list) -> list[_RingGroup]:
+    """One group for all copies (the consumer waits before its first statement and releases
+    after its last: a GEMM's A and B) unless the consumer first reads some buffers later than
+    others (attention's V after Q K^T): then one group per first reader, whose wait goes right
+    before that reader and whose release right after the group's last reader, so Q K^T waits
+    only for K, K's stage is released as soon as Q K^T is done, and a later schedule may keep
+    P V of one block in flight across the next block's Q K^T (overlap_softmax)."""
+    whole = [_RingGroup(tuple(producers), 0, len(consuming) - 1)]
+    span = {}
+    for p in producers:
+        uses = [k for k, s in enumerate(consuming)
+                if any(p.dst.buffer in buffers_read(t) + buffers_written(t) for t in walk(s))]
+        if not uses:
+            return whole
+        span[id(p)] = (uses[0], uses[-1])
+    firsts = sorted({span[id(p)][0] for p in producers})
+    if len(firsts) == 1:
+        return whole
+    return [_RingGroup(tuple(p for p in producers if span[id(p)][0] == f), f,
+                       max(span[id(p)][1] for p in producers if span[id(p)][0] == f)) for f in firsts]
 
 
 def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list,

@@ -109,33 +109,54 @@ def test_plain_gemm_keeps_one_merged_consumer():
     assert any("no fragment math to overlap" in n for n in k.notes)
 
 
-def test_overlap_issues_the_next_scores_before_the_softmax():
+def _loop(k):
+    body = roles(k)[(1,)].body.stmts
+    return body, next(s for s in body if isinstance(s, ir.For))
+
+
+def test_overlap_defers_p_v_under_the_next_softmax():
     k = lowered(False, split=True, overlap=True)
     assert any(n.startswith("overlap_softmax:") for n in k.notes)
-    body = roles(k)[(1,)].body.stmts
-    loop = next(s for s in body if isinstance(s, ir.For))
-    first_gemm = next(i for i, s in enumerate(loop.body.stmts) if isinstance(s, ir.Gemm))
-    first_math = next(i for i, s in enumerate(loop.body.stmts) if isinstance(s, ir.Reduce))
-    assert first_gemm < first_math
-    assert loop.body.stmts[0] == ir.Copy(loop.body.stmts[0].src, loop.body.stmts[0].dst,
-                                         mechanism=ir.CopyMechanism.DIRECT)
-    assert loop.body.stmts[0].dst.buffer.name.endswith("_cur")
-    # the next block's barrier wait (k + 1) comes before this block's release
-    waits = [s for s in loop.body.stmts if isinstance(s, ir.BarrierWait)]
+    body, loop = _loop(k)
+    stmts = loop.body.stmts
+    kinds = [type(s).__name__ for s in stmts]
+    gemms = [i for i, s in enumerate(stmts) if isinstance(s, ir.Gemm)]
+    waits = [i for i, s in enumerate(stmts) if isinstance(s, ir.GemmWait)]
+    # Q K^T of block k + 1, then P V of block k (the loop variable is the previous block), then
+    # wait(1): S is complete, P V still in flight; the softmax; wait(0); P and O's rescale
+    qk, pv = (stmts[i] for i in gemms)
+    assert qk.a.buffer.name == "Q_shared" and pv.a.buffer.name.startswith("acc_s_cast")
+    assert [stmts[i].outstanding for i in waits] == [1, 0] and gemms[1] < waits[0]
+    first_reduce = kinds.index("Reduce")
+    cast = next(i for i, s in enumerate(stmts) if isinstance(s, ir.Copy)
+                and s.dst.buffer.name.startswith("acc_s_cast"))
+    assert waits[0] < first_reduce < waits[1] < cast
     i32 = ir.DType.I32
     nxt = ir.BinOp(ir.BinOpKind.ADD, loop.var, ir.Const(1, i32), i32)
-    assert waits[0].barrier.index == ir.BinOp(ir.BinOpKind.MOD, nxt, ir.Const(2, i32), i32)
+    assert qk.b.starts[0] == ir.BinOp(ir.BinOpKind.MOD, nxt, ir.Const(2, i32), i32)
+    assert pv.b.starts[0] == ir.BinOp(ir.BinOpKind.MOD, loop.var, ir.Const(2, i32), i32)
+    # K's stage is released after wait(1), V's after wait(0)
+    arrives = {s.barrier.buffer.name: i for i, s in enumerate(stmts) if isinstance(s, ir.BarrierArrive)}
+    assert waits[0] < arrives["empty_K_shared"] < first_reduce and waits[1] < arrives["empty_V_shared"] < cast
+    # the first block's Q K^T before the loop, the last block's P V after it
+    outside = [s for s in body if s is not loop for t in walk(s) if isinstance(t, ir.Gemm)]
+    assert len(outside) == 2
 
 
-def test_overlap_without_the_copy_of_scores_is_caught():
-    """Reading S itself (not the copy) after the next block's gemm was issued into it: the
-    asynchronous-gemm check refuses the program."""
+@pytest.mark.parametrize("wrong", ["softmax_before_its_wait", "p_rewritten_in_flight"])
+def test_deferred_p_v_without_its_waits_is_caught(wrong):
+    """The asynchronous-gemm check refuses the program when the softmax reads S before the wait
+    that completes Q K^T, or when P (the in-flight P V's register operand) is rewritten before
+    the wait that completes P V."""
     k = lowered(False, split=True, overlap=True)
-
-    def uncopied(n):
-        if isinstance(n, ir.Buffer) and n.name.endswith("_cur"):
-            return dataclasses.replace(n, name=n.name[:-len("_cur")])
-        return None
-    wrong = transform(k, uncopied)
+    body, loop = _loop(k)
+    stmts = list(loop.body.stmts)
+    waits = [i for i, s in enumerate(stmts) if isinstance(s, ir.GemmWait)]
+    if wrong == "softmax_before_its_wait":      # wait(1) dropped: wait(0) comes after the softmax
+        del stmts[waits[0]]
+    else:                                       # wait(0) moved below P's cast and O's rescale
+        stmts.append(stmts.pop(waits[1]))
+    new_loop = dataclasses.replace(loop, body=ir.Seq(tuple(stmts), loop.body.loc))
+    wrong_k = transform(k, lambda n: new_loop if n is loop else None)
     with pytest.raises(CompileError, match="before|in flight|wait"):
-        verify_async.run(wrong)
+        verify_async.run(wrong_k)
