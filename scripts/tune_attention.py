@@ -3,7 +3,10 @@ against SDPA with the cuDNN and flash backends, interleaved over several rounds,
 GEMM epilogue against torch.matmul followed by the same epilogue; median ratio per row with its
 spread. Writes JSON to $OUT/attention.json when $OUT is set.
 
-    python scripts/tune_attention.py [--rounds N] [--quick]
+    python scripts/tune_attention.py [--rounds N] [--quick] [--auto-only]
+
+--quick: the D=128 shapes and one epilogue shape; --auto-only: only tilews.ops.attention's
+program (the default schedule) against the references, no epilogue rows.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def sdpa(backend):
     return run
 
 
-def attention_rows(rounds, quick):
+def attention_rows(rounds, quick, auto_only=False):
     rows = []
     for B, H, S, D in SHAPES[:2] if quick else SHAPES:
         for causal in (False, True):
@@ -57,9 +60,10 @@ def attention_rows(rounds, quick):
             prim = mha_fwd_program(B, H, S, D, causal, block_M=128, block_N=bn, num_stages=stages,
                                    threads=256)
             cands = {"auto": hop(lambda: prim)()}
-            waited = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, overlap_softmax=False))
-            cands["auto, P V waited in its block"] = lambda q, k, v, p=waited: _launch(p, q, k, v)
-            if D <= 128:
+            if not auto_only:
+                waited = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, overlap_softmax=False))
+                cands["auto, P V waited in its block"] = lambda q, k, v, p=waited: _launch(p, q, k, v)
+            if D <= 128 and not auto_only:
                 cands["explicit T.ws"] = hop(ws_mha_fwd_program)(B, H, S, D, causal, block_N=bn, stages=stages)
             checks = {}
             for name, kern in cands.items():
@@ -117,7 +121,8 @@ def main(argv) -> int:
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 5
     quick = "--quick" in argv
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    rows = attention_rows(rounds, quick) + epilogue_rows(rounds, quick)
+    auto_only = "--auto-only" in argv
+    rows = attention_rows(rounds, quick, auto_only) + ([] if auto_only else epilogue_rows(rounds, quick))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "attention.json"), "w") as f:
             json.dump(rows, f, indent=1)
