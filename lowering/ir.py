@@ -293,8 +293,7 @@ class GemmInstr(enum.Enum):
 
 @dataclass(frozen=True)
 class Gemm(Stmt):
-    """C (+)= op(A) @ op(B). ``accumulate_if`` (set by passes, never with ``clear_accum``): a
-    runtime condition; where it is false the gemm writes C without reading it."""
+    """C (+)= op(A) @ op(B)."""
     a: Region
     b: Region
     c: Region
@@ -303,7 +302,6 @@ class Gemm(Stmt):
     clear_accum: bool = False
     instr: GemmInstr = GemmInstr.UNDECIDED
     loc: Loc = _loc()
-    accumulate_if: Optional[Expr] = None
 
 
 @dataclass(frozen=True)

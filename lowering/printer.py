@@ -70,8 +70,6 @@ def _stmt_line(s: ir.Stmt) -> str:
     if isinstance(s, ir.Gemm):
         flags = [n for n, v in (("transpose_a", s.transpose_a), ("transpose_b", s.transpose_b),
                                ("clear_accum", s.clear_accum)) if v]
-        if s.accumulate_if is not None:
-            flags.append(f"accumulate_if={expr(s.accumulate_if)}")
         if s.instr is not ir.GemmInstr.UNDECIDED:
             flags.append(f"instr={s.instr.value}")
         tail = f" [{', '.join(flags)}]" if flags else ""

@@ -11,8 +11,8 @@ from typing import Callable, Optional
 
 from .. import ir, printer, verify
 from ..target import Target
-from . import (check_barriers, despecialize, double_buffer, fold_zero_fill, infer_layouts,
-               insert_syncs, legalize, legalize_metal,
+from . import (check_barriers, despecialize, double_buffer, infer_layouts, insert_syncs, legalize,
+               legalize_metal,
                legalize_wgmma, overlap_mma, overlap_softmax, overlap_store, persist, plan_buffers,
                plan_pipeline, split_consumers, swizzle_grid, warp_specialize)
 
@@ -37,9 +37,6 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     ("legalize", legalize.run),
     # Hopper's choices (TMA, wgmma, register budgets) or the reason to use triton.language.
     ("legalize_wgmma", legalize_wgmma.run),
-    # A wgmma accumulator zeroed on one side of a branch (attention's masked S) is not zeroed:
-    # the gemm decides at run time whether to add into it.
-    ("fold_zero_fill", fold_zero_fill.run),
     # After the instruction choice: the next block's first gemm under this block's fragment
     # math (attention's Q K^T under the softmax) ...
     ("overlap_softmax", overlap_softmax.run),

@@ -5,8 +5,8 @@ row maximum and sum and rescales the running output.
 
 On Hopper the compiler splits the program into a TMA producer (Q once, then K and V rings) and
 one consumer role per warp group; S = Q K^T, the softmax and P (S cast to 16 bits) stay in
-registers, P V reads P as the wgmma's register operand, P V of one block runs while the softmax
-of the next is computed, and S is never zeroed (the gemm adds into S only in blocks that mask). Causal or not, BHSD or BSHD tensors, any
+registers, P V reads P as the wgmma's register operand, and P V of one block runs while the
+softmax of the next is computed. Causal or not, BHSD or BSHD tensors, any
 sequence length (keys past the end are masked, rows past the end are not stored).
 
 ``attention(q, k, v, is_causal=False, layout="bhsd")`` checks its arguments (the parameter named
@@ -76,24 +76,28 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
                     T.copy(K[bz, by, k * block_N, 0], K_shared)
                 else:
                     T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_shared)
-                # -inf where a key is past the end (or, causal, after the query); a block
-                # without such keys needs only a cleared accumulator
+                # -inf where a key is past the end (or, causal, after the query), only in the
+                # blocks that hold such keys. Causal: S starts as 0 / -inf and Q K^T
+                # accumulates into it (TileLang's form: the mask is ready before the gemm is
+                # issued). Otherwise the mask is rare (a ragged end), so S = Q K^T is written
+                # whole and masked after, which spares every block the zeroing of S.
+                # (Measured on an H100 in one run, 9 rounds: each form is 1.5-4% faster
+                # where it is used than the other would be.)
                 if is_causal:
-                    unmasked = (k + 1) * block_N <= T.min(seq_len, bx * block_M + 1)
-                else:
-                    unmasked = (k + 1) * block_N <= seq_len
-                if unmasked:
-                    T.clear(acc_s)
-                else:
-                    for i, j in T.Parallel(block_M, block_N):
-                        if is_causal:
+                    if (k + 1) * block_N <= T.min(seq_len, bx * block_M + 1):
+                        T.clear(acc_s)
+                    else:
+                        for i, j in T.Parallel(block_M, block_N):
                             acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j)
                                                          and (k * block_N + j < seq_len), 0,
                                                          -T.infinity(accum))
-                        else:
-                            acc_s[i, j] = T.if_then_else(k * block_N + j < seq_len, 0,
+                    T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
+                else:
+                    T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, clear_accum=True)
+                    if (k + 1) * block_N > seq_len:
+                        for i, j in T.Parallel(block_M, block_N):
+                            acc_s[i, j] = T.if_then_else(k * block_N + j < seq_len, acc_s[i, j],
                                                          -T.infinity(accum))
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
                 if layout == "bhsd":
                     T.copy(V[bz, by, k * block_N, 0], V_shared)
                 else:

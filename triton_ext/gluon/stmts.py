@@ -154,8 +154,7 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
             a = f"gl.convert_layout({a}, {ctx.layout_const(want, 'operand_layout')})"
     else:
         a = _smem(ctx, s.a, s.loc) + (".permute((1, 0))" if s.transpose_a else "")
-    use = ", use_acc=False" if s.clear_accum else (
-        "" if s.accumulate_if is None else f", use_acc={spell(ctx, s.accumulate_if)}")
+    use = ", use_acc=False" if s.clear_accum else ""
     ctx.line(f"{c} = warpgroup_mma({a}, {b}, {c}{use}, is_async=True)")
     ctx.defined.add(s.c.buffer.name)
 
