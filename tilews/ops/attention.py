@@ -80,9 +80,10 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
                 # blocks that hold such keys. Causal: S starts as 0 / -inf and Q K^T
                 # accumulates into it (TileLang's form: the mask is ready before the gemm is
                 # issued). Otherwise the mask is rare (a ragged end), so S = Q K^T is written
-                # whole and masked after, which spares every block the zeroing of S.
-                # (Measured on an H100 in one run, 9 rounds: each form is 1.5-4% faster
-                # where it is used than the other would be.)
+                # whole and masked after, with no branch before the gemm. (Measured on an H100
+                # in one run, 9 rounds: each form is 0-4% faster where it is used than the other
+                # would be. Neither zeroes S: Triton turns the cleared accumulator into the
+                # wgmma's run-time use_acc.)
                 if is_causal:
                     if (k + 1) * block_N <= T.min(seq_len, bx * block_M + 1):
                         T.clear(acc_s)
