@@ -9,7 +9,11 @@ Hopper passes should produce. One kernel, schedule switches as constexprs:
   are issued together, the softmax of block k runs while P V is in flight (needs ``split_kv``);
 * ``pingpong``: the two consumer warp groups take turns issuing their gemms (mbarriers), so one's
   softmax runs under the other's gemms;
-* ``stages``: ring depth (3 fits at D=128 because the output tile reuses Q's shared memory).
+* ``stages``: ring depth (3 fits at D=128 because the output tile reuses Q's shared memory);
+* ``bn``: K/V block rows (256 tried at D=64).
+
+Measured on an H100 (docs/measuring.md): the deferred P V with split rings gains 5-10% over
+the schedule without it; explicit ping-pong, 3 stages and 256-row K/V blocks do not help.
 
     python scripts/probe_attention_gluon.py [--rounds N] [--compile-only]
 """
@@ -68,6 +72,19 @@ def _qk(q, K_smem, k, row0, row_lo, seq_len, fullK, s_layout: gl.constexpr):
 
 
 @gluon.jit
+def _block(seq_len):
+    """This block's query tile (causal: the longest rows first), head, batch, and K/V blocks."""
+    bm = gl.program_id(0)
+    if CAUSAL:
+        bx = gl.cdiv(seq_len, 128) - 1 - bm
+        n = gl.minimum(gl.cdiv(seq_len, BN), gl.cdiv((bx + 1) * 128, BN))
+    else:
+        bx = bm
+        n = gl.cdiv(seq_len, BN)
+    return bx, gl.program_id(1), gl.program_id(2), n
+
+
+@gluon.jit
 def _consumer(Q_smem, K_smem, V_smem, out_desc, preloaded, fullK, emptyK, fullV, emptyV, turn,
               seq_len, qk_scale, WG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -77,16 +94,7 @@ def _consumer(Q_smem, K_smem, V_smem, out_desc, preloaded, fullK, emptyK, fullV,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    nq = gl.cdiv(seq_len, 128)
-    bm = gl.program_id(0)
-    by = gl.program_id(1)
-    bz = gl.program_id(2)
-    if CAUSAL:
-        bx = nq - 1 - bm
-        n = gl.minimum(gl.cdiv(seq_len, BN), gl.cdiv((bx + 1) * 128, BN))
-    else:
-        bx = bm
-        n = gl.cdiv(seq_len, BN)
+    bx, by, bz, n = _block(seq_len)
     row0 = bx * 128 + WG * 64
     row_lo = bx * 128
     q = Q_smem.slice(WG * 64, 64)
@@ -166,16 +174,7 @@ def _consumer(Q_smem, K_smem, V_smem, out_desc, preloaded, fullK, emptyK, fullV,
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, Q_smem, K_smem, V_smem, preloaded, fullK, emptyK, fullV,
               emptyV, seq_len):
-    nq = gl.cdiv(seq_len, 128)
-    bm = gl.program_id(0)
-    by = gl.program_id(1)
-    bz = gl.program_id(2)
-    if CAUSAL:
-        bx = nq - 1 - bm
-        n = gl.minimum(gl.cdiv(seq_len, BN), gl.cdiv((bx + 1) * 128, BN))
-    else:
-        bx = bm
-        n = gl.cdiv(seq_len, BN)
+    bx, by, bz, n = _block(seq_len)
     mbarrier.expect(preloaded.index(0), q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [bz, by, bx * 128, 0], preloaded.index(0), Q_smem)
     for k in range(0, n):
@@ -303,7 +302,8 @@ SHAPES = [(4, 16, 4096, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (4, 32, 409
 
 
 def compile_only() -> int:
-    """Compile every variant for sm_90a on this machine (no GPU), print registers and spills."""
+    """Compile every variant for sm_90a on this machine (no GPU); print its wgmma count and
+    shared memory."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as tcompile
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -323,7 +323,7 @@ def compile_only() -> int:
                              options={"num_warps": 4})
                 ptx = k.asm["ptx"]
                 print(f"D{D} causal={causal} {name}: wgmma={ptx.count('wgmma.mma_async')} "
-                      f"smem={k.metadata.shared} spills={'spill' in k.asm.get('ptx', '')}", flush=True)
+                      f"shared bytes={k.metadata.shared}", flush=True)
     return 0
 
 

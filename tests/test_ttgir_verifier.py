@@ -12,7 +12,6 @@ alone compiles.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
