@@ -5,9 +5,11 @@
   ``T.Pipelined`` loop; the compiler finds the schedule (a TMA producer, a consumer of two warp
   groups, P @ V with P in registers).
 * ``ws_mha_fwd``: the same computation with the schedule written out (``T.ws``): the producer
-  ``T.ws(0)`` loads Q once and fills a ``stages``-deep K/V ring guarded by full/empty barriers;
-  consumers ``T.ws(1)`` and ``T.ws(2)`` each take half of the query rows (the schedule the
-  compiler picks for ``mha_fwd``).
+  ``T.ws(0)`` loads Q once and fills ``stages``-deep K and V rings, each guarded by its own
+  full/empty barriers; consumers ``T.ws(1)`` and ``T.ws(2)`` each take half of the query rows,
+  wait for K right before Q K^T and for V right before P V, and release each right after (the
+  schedule the compiler picks for ``mha_fwd``). On Hopper the compiler then keeps P V of one
+  block in flight under the next block's softmax, as it does for ``mha_fwd``.
 
 ``python examples/attention.py`` runs both on the best target here (the reference interpreter on
 a CPU) and checks them against ``torch.nn.functional.scaled_dot_product_attention`` in float32.
@@ -51,8 +53,10 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
             O_s = T.alloc_shared([block_M, dim], dtype)
             frags = [consumer_fragments(), consumer_fragments()]
             q_ready = T.alloc_barrier(arrive_count=128)          # the producer warp group
-            full = T.alloc_barrier([128] * stages)
-            empty = T.alloc_barrier([256] * stages)              # both consumer warp groups
+            k_full = T.alloc_barrier([128] * stages)
+            k_empty = T.alloc_barrier([256] * stages)            # both consumer warp groups
+            v_full = T.alloc_barrier([128] * stages)
+            v_empty = T.alloc_barrier([256] * stages)
             if is_causal:
                 blocks = T.min(T.ceildiv(seq_len, block_N), T.ceildiv((bx + 1) * block_M, block_N))
             else:
@@ -61,10 +65,12 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
                 T.copy(Q[bz, by, bx * block_M, 0], Q_s)
                 T.barrier_arrive(q_ready)
                 for k in range(blocks):
-                    T.barrier_wait(empty[k % stages], ((k // stages) & 1) ^ 1)
+                    T.barrier_wait(k_empty[k % stages], ((k // stages) & 1) ^ 1)
                     T.copy(K[bz, by, k * block_N, 0], K_s[k % stages, :, :])
+                    T.barrier_arrive(k_full[k % stages])
+                    T.barrier_wait(v_empty[k % stages], ((k // stages) & 1) ^ 1)
                     T.copy(V[bz, by, k * block_N, 0], V_s[k % stages, :, :])
-                    T.barrier_arrive(full[k % stages])
+                    T.barrier_arrive(v_full[k % stages])
             for c, (S, P, O, m, m_prev, alpha, row_sum, l) in enumerate(frags):  # noqa: E741
                 row0 = bx * block_M + c * half                   # this consumer's first query row
                 with T.ws(1 + c):
@@ -73,14 +79,15 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
                     T.fill(m, -T.infinity(accum))
                     T.barrier_wait(q_ready, 0)
                     for k in range(blocks):
-                        T.barrier_wait(full[k % stages], (k // stages) & 1)
                         for i, j in T.Parallel(half, block_N):
                             if is_causal:
                                 S[i, j] = T.if_then_else((row0 + i >= k * block_N + j)
                                                          and (k * block_N + j < seq_len), 0, -T.infinity(accum))
                             else:
                                 S[i, j] = T.if_then_else(k * block_N + j < seq_len, 0, -T.infinity(accum))
+                        T.barrier_wait(k_full[k % stages], (k // stages) & 1)
                         T.gemm(Q_s[c * half:(c + 1) * half, :], K_s[k % stages, :, :], S, transpose_B=True)
+                        T.barrier_arrive(k_empty[k % stages])
                         T.copy(m, m_prev)
                         T.reduce_max(S, m, dim=1, clear=False)
                         for i in T.Parallel(half):
@@ -93,8 +100,9 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
                         T.copy(S, P)
                         for i, j in T.Parallel(half, dim):
                             O[i, j] *= alpha[i]
+                        T.barrier_wait(v_full[k % stages], (k // stages) & 1)
                         T.gemm(P, V_s[k % stages, :, :], O)
-                        T.barrier_arrive(empty[k % stages])
+                        T.barrier_arrive(v_empty[k % stages])
                     for i, j in T.Parallel(half, dim):
                         O[i, j] /= l[i]
                     T.copy(O, O_s[c * half:(c + 1) * half, :])

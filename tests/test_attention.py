@@ -280,10 +280,12 @@ def test_lowered_structure(case):
     assert q_loads[0].dst.extents == (case.block_M, case.D)
     loop_loads = [s for s in walk(p_loop) if isinstance(s, ir.Copy)]
     assert sorted(s.src.buffer.name for s in loop_loads) == ["K", "V"]
-    # explicit: the program's one K/V ring; automatic: K and V on rings of their own (the
-    # consumer waits for K before Q K^T and for V before P V, and releases each after its gemm)
-    ring_bar = {"K": "full", "V": "full"} if case.explicit else {"K": "full_K_shared", "V": "full_V_shared"}
-    assert all(s.mechanism is ir.CopyMechanism.TMA and s.barrier.buffer.name == ring_bar[s.src.buffer.name]
+    # K and V on rings of their own — the explicit program's barriers, or warp_specialize's:
+    # the consumer waits for K right before Q K^T and for V right before P V, and releases each
+    # after a wait that covers its gemm
+    full = {"K": "k_full", "V": "v_full"} if case.explicit else {"K": "full_K_shared", "V": "full_V_shared"}
+    empty = {"K": "k_empty", "V": "v_empty"} if case.explicit else {"K": "empty_K_shared", "V": "empty_V_shared"}
+    assert all(s.mechanism is ir.CopyMechanism.TMA and s.barrier.buffer.name == full[s.src.buffer.name]
                for s in loop_loads)
     if not case.explicit:
         pipe = k.plan(PipelinePlan)
@@ -297,25 +299,24 @@ def test_lowered_structure(case):
         assert first_wait in r.body.stmts
         assert not any(reads(s, q_shared) for s in r.body.stmts[:r.body.stmts.index(first_wait)])
     assert not any(isinstance(s, ir.BarrierWait) and s.barrier.buffer.name == q_bar for s in walk(producer))
-    # barriers: one arrival (the TMA's expect) per phase of Q's and `full`; `empty` completes
-    # when both consumer warp groups (256 threads: every consumer role) have released a stage
+    # barriers: one arrival (the TMA's expect) per phase of Q's and the full ones; an empty one
+    # completes when both consumer warp groups (256 threads: every consumer role) released a stage
     counts = dict(plan.barrier_counts)
-    rings = [""] if case.explicit else ["_K_shared", "_V_shared"]
-    assert counts == {q_bar: (1,), **{f"full{r}": (1,) * case.stages for r in rings},
-                      **{f"empty{r}": (len(cons),) * case.stages for r in rings}}
+    assert counts == {q_bar: (1,), **{full[x]: (1,) * case.stages for x in "KV"},
+                      **{empty[x]: (len(cons),) * case.stages for x in "KV"}}
     allocs = {s.buffer.name: s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc)}
-    assert all(allocs[f"empty{r}"].arrive_counts == (256,) * case.stages for r in rings)
-    if not case.explicit:           # each ring is waited for right before its gemm, released after
-        for r in cons:              # a wait that covers it
-            body = main_loop(r).body.stmts
-            waits = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierWait)]
-            assert [body[i].barrier.buffer.name for i in waits] == ["full_K_shared", "full_V_shared"]
-            for i in waits:
-                g = body[i + 1]
-                assert isinstance(g, ir.Gemm) and g.b.buffer.name == body[i].barrier.buffer.name[5:]
-            arrives = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierArrive)]
-            assert sorted(body[i].barrier.buffer.name for i in arrives) == ["empty_K_shared", "empty_V_shared"]
-            assert all(isinstance(body[i - 1], ir.GemmWait) for i in arrives)
+    assert all(allocs[empty[x]].arrive_counts == (256,) * case.stages for x in "KV")
+    ring_of = {v: x for x, v in full.items()}
+    for r in cons:
+        body = main_loop(r).body.stmts
+        waits = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierWait)]
+        assert [body[i].barrier.buffer.name for i in waits] == [full["K"], full["V"]]
+        for i in waits:
+            g = body[i + 1]
+            assert isinstance(g, ir.Gemm) and g.b.buffer.name.startswith(ring_of[body[i].barrier.buffer.name])
+        arrives = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierArrive)]
+        assert sorted(body[i].barrier.buffer.name for i in arrives) == [empty["K"], empty["V"]]
+        assert all(isinstance(body[i - 1], ir.GemmWait) for i in arrives)
     # the gemms of each consumer: S = Q K^T from shared memory, O += P V with P in registers, as
     # many of one as of the other (an overlapping schedule peels an iteration), all wgmma
     for r in cons:
@@ -385,9 +386,8 @@ def test_lowered_structure(case):
     # shared memory: Q, the K/V ring, O and the barriers, disjoint, within the budget
     smem = k.plan(SharedMemoryPlan)
     row = case.D * 2
-    pairs = 1 if case.explicit else 2                # full/empty pairs: one ring, or K's and V's
     assert smem.total_bytes == (2 * case.block_M + 2 * case.stages * case.block_N) * row + \
-        8 * (1 + 2 * pairs * case.stages)
+        8 * (1 + 4 * case.stages)                    # Q's barrier; K's and V's full/empty pairs
     spans = sorted((off, off + n) for _, off, n in smem.ranges)
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 
@@ -451,15 +451,14 @@ def test_compiled_attention(name):
     load = r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.mbarrier::complete_tx::bytes"
     # a 128-byte swizzle caps a box row at 128 bytes: Triton splits wider tiles (D = 128) in two
     assert count(load, ptx) == 3 * max(1, D * 2 // 128)
-    # expect bytes: Q's tile on its barrier; K's and V's together on the explicit program's
-    # `full`, each on its own ring's in the automatic one
-    rings = [2 * bn * D * 2] if c.explicit else [bn * D * 2, bn * D * 2]
+    # expect bytes: Q's tile on its barrier, K's and V's each on its own ring's
+    rings = [bn * D * 2, bn * D * 2]
     assert sorted(int(b) for b in re.findall(r"ttng\.barrier_expect %\w+, (\d+)", ttgir)) == \
         sorted([bm * D * 2, *rings])
     assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 1 + 2 * len(rings) * c.stages
     # the deferred P V (overlap_softmax): Q K^T of block k completes while P V of block k - 1 is
     # still in flight (wait for all but one), then P V (wait for none)
-    deferred = SCHEDULES[c.schedule].overlap_softmax and not c.explicit
+    deferred = SCHEDULES[c.schedule].overlap_softmax
     assert bool(re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)) == deferred
     # wgmma: a consumer role of G warp groups computes its R rows as R / (64 G) 64-row slabs per
     # warp group, and the PTX holds one program text per role (every warp group of the role runs
