@@ -100,6 +100,9 @@ def _roles(s: ir.Stmt):
     if isinstance(s, ir.Role):
         yield s
         return
+    if isinstance(s, ir.WarpSpecialize):
+        yield from s.roles
+        return
     for body in substmts(s):
         for t in body.stmts:
             yield from _roles(t)

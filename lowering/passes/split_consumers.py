@@ -20,8 +20,9 @@ Ensures:   when the consumer role ``ws(1, 2)`` does fragment math (a ``T.Paralle
            fragments ``<name>_h`` of BM / 2 rows, reads and writes rows [h BM / 2, (h + 1) BM / 2)
            of those shared buffers and of the global tile they are stored to, and its parallel
            loops run over BM / 2 rows with the row index shifted by h BM / 2 outside fragment
-           accesses (masks read the true row). Barrier arrivals are counted in threads, so the
-           two roles together arrive as the one did. Anything else is unchanged, with a note.
+           accesses (masks read the true row); each role has its own copy of the consumer's
+           local buffers (a guarded loop's iteration counter). Barrier arrivals are counted in
+           threads, so the two roles together arrive as the one did. Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -48,20 +49,22 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     rows, why = _rows(kernel, consumer)
     if rows is None:
         return kernel.with_note(f"split_consumers: the consumer keeps both warp groups in one role: {why}")
-    fragments = {s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)
-                 and s.buffer.scope is ir.Scope.FRAGMENT and _touches(consumer, s.buffer)}
+    # registers: fragments (split by rows) and locals (a guarded loop's iteration counter: each
+    # role keeps its own copy)
+    owned = {s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)
+             and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and _touches(consumer, s.buffer)}
     shared = _row_shared(consumer)
     halves, allocs = [], []
     for h in range(_HALVES):
-        renamed = {b: dataclasses.replace(b, name=f"{b.name}_{h}",
-                                          shape=(ir.Const(rows // _HALVES, ir.DType.I32, b.loc),) + b.shape[1:])
-                   for b in fragments}
+        renamed = {b: dataclasses.replace(b, name=f"{b.name}_{h}", shape=(
+            (ir.Const(rows // _HALVES, ir.DType.I32, b.loc),) + b.shape[1:] if b.scope is ir.Scope.FRAGMENT
+            else b.shape)) for b in owned}
         allocs += [ir.Alloc(b, b.loc) for b in renamed.values()]
         body = _half(consumer.body, h * rows // _HALVES, rows // _HALVES, renamed, shared)
         halves.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body))
     top = []
     for s in kernel.body.stmts:
-        if isinstance(s, ir.Alloc) and s.buffer in fragments:
+        if isinstance(s, ir.Alloc) and s.buffer in owned:
             continue
         if isinstance(s, ir.WarpSpecialize):
             roles = tuple(r for c in s.roles for r in (halves if c is consumer else [c]))
