@@ -5,8 +5,9 @@ object) and the result is passed to whatever needs it: the frontend, the pass pi
 artifact store, the backends. No other module reads a ``TILEWS_*`` variable.
 
 Truth rule for on/off switches: "1", "true", "yes" and "on" (any case, surrounding blanks ignored)
-are on; unset, empty, "0", "false", "no" and "off" are off; any other value is a ``ValueError``
-naming the variable (a typo never silently means "off").
+are on; "0", "false", "no" and "off" are off; unset or empty is the switch's default (off,
+except ``TILEWS_OVERLAP_SOFTMAX``); any other value is a ``ValueError`` naming the variable (a
+typo never silently means "off").
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 _ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
+_OFF = ("0", "false", "no", "off")
 
 # (variable, what it does): the README's table of switches is checked against this.
 SWITCHES = (
@@ -36,15 +37,17 @@ SWITCHES = (
 )
 
 
-def flag(name: str, environ: Mapping[str, str] = os.environ) -> bool:
-    """The on/off switch ``name`` under the truth rule above."""
+def flag(name: str, environ: Mapping[str, str] = os.environ, default: bool = False) -> bool:
+    """The on/off switch ``name`` under the truth rule above; ``default`` when it is unset or empty."""
     value = environ.get(name, "").strip().lower()
+    if not value:
+        return default
     if value in _ON:
         return True
     if value in _OFF:
         return False
     raise ValueError(f"environment variable {name}={environ[name]!r}: use one of "
-                     f"{', '.join(_ON)} (on) or {', '.join(v for v in _OFF if v)} (off)")
+                     f"{', '.join(_ON)} (on) or {', '.join(_OFF)} (off)")
 
 
 def _text(name: str, environ: Mapping[str, str]) -> Optional[str]:
@@ -78,7 +81,6 @@ class Settings:
                    dump_ir=_path("TILEWS_DUMP_IR", environ),
                    poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),
                    debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
-                   overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ)
-                   if _text("TILEWS_OVERLAP_SOFTMAX", environ) else True,
+                   overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    cxx=_text("TILEWS_CXX", environ))

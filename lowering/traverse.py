@@ -181,6 +181,23 @@ def buffers_written(s: ir.Stmt) -> list[ir.Buffer]:
     return []
 
 
+def footprint(*stmts: ir.Stmt) -> tuple[set, set]:
+    """(buffers read, buffers written) by ``stmts`` and every statement nested in them."""
+    reads: set = set()
+    writes: set = set()
+    for s in stmts:
+        for t in walk(s):
+            reads.update(buffers_read(t))
+            writes.update(buffers_written(t))
+    return reads, writes
+
+
+def touched(*stmts: ir.Stmt) -> set:
+    """Buffers ``stmts`` (nested statements included) read or write."""
+    reads, writes = footprint(*stmts)
+    return reads | writes
+
+
 def transform(node, fn: Callable):
     """Rebuild any IR node bottom-up: its IR-valued fields first (nested tuples included), then
     ``fn(node)``, which returns a replacement or None to keep the node. Buffers are leaves (``fn``

@@ -33,7 +33,7 @@ from typing import Optional
 from .. import ir
 from ..plans import FragmentStoragePlan, SharedMemoryPlan
 from ..target import Target
-from ..traverse import buffers_read, buffers_written, fresh_name, rewrite_loops, transform, walk
+from ..traverse import buffers_read, buffers_written, footprint, fresh_name, rewrite_loops, transform, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -59,7 +59,7 @@ def _split(loop: ir.For, kernel: ir.Kernel) -> Optional[tuple[list, list]]:
     filled = [p.dst.buffer for p in producers]
     if not producers or not consumers or len(set(filled)) != len(filled):
         return None
-    if any(b in filled for s in consumers for t in walk(s) for b in buffers_written(t)):
+    if set(filled) & footprint(*consumers)[1]:
         return None
     inside = {id(t) for s in stmts for t in walk(s)}
     for t in walk(kernel.body):

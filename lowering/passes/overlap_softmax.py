@@ -56,7 +56,7 @@ from .. import ir, schedule
 from ..plans import AsyncPlan, LayoutPlan
 from ..simplify import fold
 from ..target import Target
-from ..traverse import buffers_read, buffers_written, transform, walk
+from ..traverse import footprint, touched, transform, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -93,13 +93,13 @@ def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, target: Ta
         if not isinstance(s, ir.For):
             out.append(s)
             continue
-        rest = [t for t in role.body.stmts if t is not s]
         parts = _match_deferred(s) if target.overlap_softmax else None
-        promoted = _match(s, rest) if target.overlap_promotion and parts is None else None
+        promoted = _match_promotion(s, [t for t in role.body.stmts if t is not s]) \
+            if target.overlap_promotion and parts is None else None
         if parts is not None:
             out += _defer(s, *parts)
             deferred.append(s)
-        elif promoted is not None and not _tail_gemm(promoted[2]):
+        elif promoted is not None:
             out += _overlap(s, *promoted, layouts, allocs)
         else:
             out.append(s)
@@ -123,12 +123,11 @@ def _match_deferred(loop: ir.For) -> Optional[tuple]:
     if any(isinstance(t, (ir.BarrierWait, ir.BarrierArrive, ir.Gemm, ir.GemmWait))
            for s in head + middle for t in walk(s)):
         return None
-    g2_reads, g2_writes = _footprint([second[1]])
-    h_reads, h_writes = _footprint(head + (first[1],))
+    g2_reads, g2_writes = footprint(second[1])
+    h_reads, h_writes = footprint(*head, first[1])
     if (h_writes & (g2_reads | g2_writes)) or (h_reads & g2_writes):
         return None
-    cut = next((k for k, s in enumerate(middle) if set().union(*_footprint([s])) & (g2_reads | g2_writes)),
-               len(middle))
+    cut = next((k for k, s in enumerate(middle) if touched(s) & (g2_reads | g2_writes)), len(middle))
     return head, first, middle[:cut], middle[cut:], second
 
 
@@ -137,13 +136,6 @@ def _issue(stmts) -> bool:
     return (len(stmts) == 4 and isinstance(stmts[0], ir.BarrierWait) and isinstance(stmts[1], ir.Gemm)
             and stmts[1].instr is ir.GemmInstr.WGMMA and isinstance(stmts[2], ir.GemmWait)
             and stmts[2].outstanding == 0 and isinstance(stmts[3], ir.BarrierArrive))
-
-
-def _footprint(stmts) -> tuple[set, set]:
-    """(buffers read, buffers written) by ``stmts``."""
-    reads = {r for s in stmts for t in walk(s) for r in buffers_read(t)}
-    writes = {w for s in stmts for t in walk(s) for w in buffers_written(t)}
-    return reads, writes
 
 
 def _defer(loop: ir.For, head, first, middle1, middle2, second) -> list:
@@ -187,8 +179,8 @@ def _guarded(loop: ir.For, stmts) -> list:
     return [ir.If(ran, ir.Seq(tuple(stmts), loc), ir.Seq((), loc), loc)]
 
 
-def _match(loop: ir.For, others) -> Optional[tuple]:
-    """(head, first gemm, tail) of a loop of the form in the module docstring, else None."""
+def _match_promotion(loop: ir.For, others) -> Optional[tuple]:
+    """(head, gemm, tail) of a loop of the promotion form (module docstring), else None."""
     b = loop.body.stmts
     if (ir.as_int(loop.step) or 0) <= 0 or len(b) < 5:
         return None
@@ -205,23 +197,19 @@ def _match(loop: ir.For, others) -> Optional[tuple]:
         return None
     x = gemm.c.buffer
     head, tail = b[1:g], b[g + 2:-1]
-    if not tail:
+    if not tail or any(isinstance(t, ir.Gemm) for s in tail for t in walk(s)):
         return None
-    head_writes = {w for s in head for t in walk(s) for w in buffers_written(t)}
+    head_writes = footprint(*head)[1]
     if head_writes - {x} or any(isinstance(t, (ir.BarrierWait, ir.BarrierArrive, ir.Gemm, ir.GemmWait))
                                 for s in head for t in walk(s)):
         return None
-    needs = {r for s in head + (gemm,) for t in walk(s) for r in buffers_read(t)} - {x}
-    tail_writes = {w for s in tail for t in walk(s) for w in buffers_written(t)}
+    needs = footprint(*head, gemm)[0] - {x}
+    tail_writes = footprint(*tail)[1]
     if needs & tail_writes:
         return None
-    if any(x in buffers_read(t) + buffers_written(t) for s in others for t in walk(s)):
+    if x in touched(*others):
         return None
     return head, gemm, tail
-
-
-def _tail_gemm(tail) -> bool:
-    return any(isinstance(t, ir.Gemm) for s in tail for t in walk(s))
 
 
 def _overlap(loop: ir.For, head, gemm: ir.Gemm, tail, layouts: dict, allocs: list) -> list:

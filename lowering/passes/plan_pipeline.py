@@ -24,7 +24,7 @@ from .. import ir
 from ..plans import PipelinePlan
 from ..roles import role_sets
 from ..target import Target
-from ..traverse import buffers_read, buffers_written, subexprs, walk
+from ..traverse import buffers_read, buffers_written, subexprs, touched, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -71,7 +71,7 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
         return None, "two copies in the loop fill the same shared buffer"
     position = {id(p): stmts.index(p) for p in producers}
     for k, s in enumerate(stmts):
-        later = [p for p in producers if position[id(p)] > k and p.dst.buffer in _touched(s)]
+        later = [p for p in producers if position[id(p)] > k and p.dst.buffer in touched(s)]
         if later:
             return None, (f"line {s.loc.line} uses '{later[0].dst.buffer.name}' before the copy "
                           f"that fills it in the same iteration (line {later[0].loc.line})")
@@ -86,7 +86,7 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
     for s in body[:loop_pos] + body[loop_pos + 1:]:
         if tile_loop is not None and isinstance(s, ir.Alloc):
             return None, f"allocation inside the T.Persistent loop (line {s.loc.line})"
-        if not isinstance(s, ir.Alloc) and ring & set(_touched(s)):
+        if not isinstance(s, ir.Alloc) and ring & touched(s):
             return None, f"line {s.loc.line} uses a pipelined buffer outside the loop"
     if not any(ring & set(buffers_read(s)) for s in stmts if id(s) not in position):
         return None, "nothing in the loop reads what the copies load"
@@ -105,7 +105,7 @@ def _preloads(kernel: ir.Kernel, prelude) -> tuple[int, ...]:
             continue
         dst = s.dst.buffer
         writers = [t for t in walk(kernel.body) if t is not s and dst in buffers_written(t)]
-        if not writers and not any(dst in _touched(t) for t in prelude[:k]):
+        if not writers and not any(dst in touched(t) for t in prelude[:k]):
             out.append(k)
     return tuple(out)
 
@@ -116,10 +116,3 @@ def _is_producer(s: ir.Stmt) -> bool:
         return False
     no_loads = not any(isinstance(x, ir.Load) for e in s.src.starts for x in subexprs(e))
     return s.dst.is_whole and no_loads
-
-
-def _touched(s: ir.Stmt) -> list[ir.Buffer]:
-    out = []
-    for t in walk(s):
-        out += buffers_read(t) + buffers_written(t)
-    return out

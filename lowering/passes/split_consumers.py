@@ -33,7 +33,7 @@ from typing import Optional
 from .. import ir
 from ..plans import PipelinePlan
 from ..target import Target
-from ..traverse import buffers_read, buffers_written, element_accesses, transform, walk
+from ..traverse import buffers_read, buffers_written, element_accesses, touched, transform, walk
 
 _HALVES = 2
 
@@ -51,8 +51,9 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         return kernel.with_note(f"split_consumers: the consumer keeps both warp groups in one role: {why}")
     # registers: fragments (split by rows) and locals (a guarded loop's iteration counter: each
     # role keeps its own copy)
+    used = touched(consumer.body)
     owned = {s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)
-             and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and _touches(consumer, s.buffer)}
+             and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and s.buffer in used}
     shared = _row_shared(consumer)
     halves, allocs = [], []
     for h in range(_HALVES):
@@ -75,10 +76,6 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     return dataclasses.replace(kernel, body=body).with_note(
         f"split_consumers: the consumer's {rows} rows are split between roles ws(1) and ws(2), "
         f"{rows // _HALVES} each, so one warp group's fragment math runs under the other's gemms")
-
-
-def _touches(role: ir.Role, b: ir.Buffer) -> bool:
-    return any(b in buffers_read(t) + buffers_written(t) for t in walk(role.body))
 
 
 def _row_dim(b: ir.Buffer) -> int:

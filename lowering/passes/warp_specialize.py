@@ -32,7 +32,7 @@ import dataclasses
 from .. import ir, roles, schedule
 from ..target import Target
 from ..simplify import fold
-from ..traverse import buffers_read, buffers_written, rewrite, transform, walk
+from ..traverse import rewrite, touched, transform
 from ..plans import PipelinePlan
 
 
@@ -159,10 +159,10 @@ def _ring_groups(producers: list, consuming: list) -> list[_RingGroup]:
     only for K, K's stage is released as soon as Q K^T is done, and a later schedule may keep
     P V of one block in flight across the next block's Q K^T (overlap_softmax)."""
     whole = [_RingGroup(tuple(producers), 0, len(consuming) - 1)]
+    used = [touched(s) for s in consuming]
     span = {}
     for p in producers:
-        uses = [k for k, s in enumerate(consuming)
-                if any(p.dst.buffer in buffers_read(t) + buffers_written(t) for t in walk(s))]
+        uses = [k for k, bufs in enumerate(used) if p.dst.buffer in bufs]
         if not uses:
             return whole
         span[id(p)] = (uses[0], uses[-1])

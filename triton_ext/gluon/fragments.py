@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 from tilews.lowering.layouts import RowSlice
-from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, subexprs, walk
+from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, subexprs, touched, walk
 
 from ..pysource import atom
 from .context import GL_DTYPE, Ctx
@@ -68,16 +68,15 @@ def declare_fragments(ctx: Ctx, role: ir.Role) -> None:
 
 
 def _touched(s: ir.Stmt) -> set[str]:
-    return {b.name for t in walk(s) for b in buffers_read(t) + buffers_written(t)
-            if b.scope is ir.Scope.FRAGMENT}
+    return {b.name for b in touched(s) if b.scope is ir.Scope.FRAGMENT}
 
 
 def _local_fragments(body: ir.Seq) -> set[str]:
     """Fragments whose first touch in their innermost enclosing statement list defines them."""
     out: set[str] = set()
-    touched = [_touched(s) for s in body.stmts]
-    for name in set().union(*touched) if touched else ():
-        users = [s for s, t in zip(body.stmts, touched) if name in t]
+    per_stmt = [_touched(s) for s in body.stmts]
+    for name in set().union(*per_stmt) if per_stmt else ():
+        users = [s for s, t in zip(body.stmts, per_stmt) if name in t]
         if len(users) == 1 and isinstance(users[0], ir.For):
             continue                                  # decided inside the loop
         if _defines(users[0], name):
@@ -85,7 +84,7 @@ def _local_fragments(body: ir.Seq) -> set[str]:
     for s in body.stmts:
         if isinstance(s, ir.For):
             inner = _local_fragments(s.body)
-            out |= {n for n in inner if sum(n in t for t in touched) == 1}
+            out |= {n for n in inner if sum(n in t for t in per_stmt) == 1}
     return out
 
 
