@@ -52,8 +52,8 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     # registers: fragments (split by rows) and locals (a guarded loop's iteration counter: each
     # role keeps its own copy)
     used = touched(consumer.body)
-    owned = {s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)
-             and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and s.buffer in used}
+    owned = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)       # in allocation
+             and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and s.buffer in used]  # order
     shared = _row_shared(consumer)
     halves, allocs = [], []
     for h in range(_HALVES):
