@@ -8,10 +8,9 @@ one warp group's softmax runs under the other's gemms (the ping-pong FlashAttent
 with named barriers).
 
 Requires:  warp_specialize has run; applies on targets with ``wgmma`` (and ``split_consumers``)
-           to kernels with a
-           ``PipelinePlan`` (the automatic schedule) and no tile loop.
+           to kernels with a ``PipelinePlan`` (the automatic schedule), persistent ones included.
 Ensures:   when the consumer role ``ws(1, 2)`` does fragment math (a ``T.Parallel`` or a
-           reduction) inside its loop, keeps all its fragments with BM rows in dim 0 (BM a
+           reduction) inside its innermost loop (not only in a persistent tile's epilogue), keeps all its fragments with BM rows in dim 0 (BM a
            multiple of 128), reads shared tiles of BM rows (dim 0; dim 1 of a ring buffer, whose
            dim 0 is the slot) only as the A operand of its gemms
            (and writes / stores such buffers only whole, through fragment -> shared copies and
@@ -40,7 +39,7 @@ _HALVES = 2
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     plan = kernel.find_plan(PipelinePlan)
-    if not (target.wgmma and target.split_consumers) or plan is None or plan.tile_loop_index is not None:
+    if not (target.wgmma and target.split_consumers) or plan is None:
         return kernel
     wss = [s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)]
     consumer = next((r for ws in wss for r in ws.roles if r.warpgroups == (1, 2)), None)
@@ -100,8 +99,9 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
     gemms = [s for s in walk(role.body) if isinstance(s, ir.Gemm)]
     if not gemms:
         return None, "it computes no gemm"
-    loops = [s for s in walk(role.body) if isinstance(s, ir.For)]
-    if not any(isinstance(t, (ir.Parallel, ir.Reduce)) for lp in loops for t in walk(lp.body)):
+    inner = [s for s in walk(role.body) if isinstance(s, ir.For)
+             and not any(isinstance(t, ir.For) for t in walk(s.body))]      # not a tile loop
+    if not any(isinstance(t, (ir.Parallel, ir.Reduce)) for lp in inner for t in walk(lp.body)):
         return None, "its loop does no fragment math to overlap (a plain GEMM keeps one merged role)"
     rows = gemms[0].c.tile_shape[0]
     if rows % (64 * _HALVES):

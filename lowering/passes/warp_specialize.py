@@ -152,23 +152,20 @@ class _RingGroup:
 
 
 def _ring_groups(producers: list, consuming: list) -> list[_RingGroup]:
-    """One group for all copies (the consumer waits before its first statement and releases
-    after its last: a GEMM's A and B) unless the consumer first reads some buffers later than
-    others (attention's V after Q K^T): then one group per first reader, whose wait goes right
-    before that reader and whose release right after the group's last reader, so Q K^T waits
-    only for K, K's stage is released as soon as Q K^T is done, and a later schedule may keep
-    P V of one block in flight across the next block's Q K^T (overlap_softmax)."""
-    whole = [_RingGroup(tuple(producers), 0, len(consuming) - 1)]
+    """One group for all copies (a GEMM's A and B) when the consumer first reads them at one
+    statement, else one group per first reader (attention's V after Q K^T). A group's wait goes
+    right before its first reader and its release right after its last reader, so fragment math
+    after the last reader (an FP8 k-block's promotion) runs with the stage already released, Q K^T
+    waits only for K, and a later schedule may keep P V of one block in flight across the next
+    block's Q K^T (overlap_softmax)."""
     used = [touched(s) for s in consuming]
     span = {}
     for p in producers:
         uses = [k for k, bufs in enumerate(used) if p.dst.buffer in bufs]
         if not uses:
-            return whole
+            return [_RingGroup(tuple(producers), 0, len(consuming) - 1)]
         span[id(p)] = (uses[0], uses[-1])
     firsts = sorted({span[id(p)][0] for p in producers})
-    if len(firsts) == 1:
-        return whole
     return [_RingGroup(tuple(p for p in producers if span[id(p)][0] == f), f,
                        max(span[id(p)][1] for p in producers if span[id(p)][0] == f)) for f in firsts]
 
