@@ -287,13 +287,13 @@ def run_probe(a, w, sa, sb, num_sms, **kw):
 
 VARIANTS = {
     "fast bn256": dict(mode="fast", bn=256, stages=3),
+    "row merged": dict(mode="row"),
     "row split 5st": dict(mode="row", split=True, stages=5),
     "row split x2 5st": dict(mode="row", split=True, unroll=2, stages=5),
     "row split wide 3st": dict(mode="row", split=True, wide=True, stages=3),
-    "row merged wide 3st": dict(mode="row", wide=True, stages=3),
+    "block merged": dict(mode="block"),
     "block split early 5st": dict(mode="block", split=True, early=True, stages=5),
     "block split wide 3st": dict(mode="block", split=True, wide=True, stages=3),
-    "block merged wide 3st": dict(mode="block", wide=True, stages=3),
 }
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
 
