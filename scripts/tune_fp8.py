@@ -6,7 +6,7 @@ median ratio per row with its spread. Writes JSON to $OUT/fp8.json when $OUT is 
 
 Rows: per granularity (tensor, row, block) and accumulation (fast: one accumulator over all of K;
 promoted: FP8 partial sums added into fp32 every 128 of K), the op as users call it and variants
-(tile widths, stages, persistent or not, the consumer split) launched directly. References: the
+(tile widths and stages, one merged consumer role) launched directly. References: the
 rowwise / tensorwise ``_scaled_mm`` with the same ``use_fast_accum``; block-wise rows compare with
 rowwise non-fast ``_scaled_mm`` (the issue's yardstick).
 """
@@ -84,20 +84,16 @@ def rows_for(M, N, K, gran, fast, rounds, quick):
                                       use_fast_accum=torch_fast)
     cands = {"op": lambda: fp8_scaled_mm(a, w.t(), sa, sb, use_fast_accum=fast)}
     isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else (sa, sb.t() if gran == "block" else sb)
-    variants = {"not persistent": (dict(), dataclasses.replace(HOPPER, num_sms=0))}
+    # name: (tile hints, Target fields)
+    variants = {}
     if gran == "block" or not fast:     # the promotion is fragment math: consumers split
-        variants["not persistent, merged"] = (dict(), dataclasses.replace(HOPPER, num_sms=0,
-                                                                          split_consumers=False))
-        variants["not persistent, no overlap"] = (dict(), dataclasses.replace(HOPPER, num_sms=0,
-                                                                              overlap_promotion=False))
-    if not quick:
-        if fast and gran != "block":
-            variants["BN 128, 4 stages"] = (dict(block_N=128, num_stages=4), None)
-        else:
-            variants["5 stages"] = (dict(num_stages=5), None)
-            variants["BN 256, 2 stages"] = (dict(block_N=256, num_stages=2), None)
-    for name, (hints, target) in variants.items():
-        target = target or dataclasses.replace(HOPPER, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+        variants["merged"] = (dict(), dict(split_consumers=False))
+        variants["BN 128, 5 stages"] = (dict(block_N=128, num_stages=5), dict())
+    if not quick and fast and gran != "block":
+        variants["BN 128, 4 stages"] = (dict(block_N=128, num_stages=4), dict())
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name, (hints, fields) in variants.items():
+        target = dataclasses.replace(HOPPER, **{"num_sms": sms, **fields})
         try:
             run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast, **hints), target)
         except Exception as e:  # a variant that does not compile is reported, not fatal

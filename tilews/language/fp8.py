@@ -135,21 +135,20 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints:
         raise _value_error(f"unknown tile hint(s) {', '.join(sorted(unknown))}; known: "
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
-    tiles = {**_tiles(builder().target, C.dtype, gran.block_wise), **hints}
+    tiles = {**_tiles(builder().target, C.dtype), **hints}
     _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, promote, M, N, K, **tiles)
 
 
-def _tiles(target: str, out: ir.DType, block_wise: bool) -> dict:
-    """Tile sizes per target. Hopper: 128-row tiles over two consumer warp groups, k-tiles of
-    128 (one scale block); 256 columns when one accumulator holds the tile (a second, promoting
-    accumulator would not fit in registers) and the 16-bit result's staging tile fits, else
-    128 columns over 5 stages (2-3% faster than 4 in scripts/probe_fp8_gluon.py). Metal:
-    32 x 32 tiles, so the decoded float16 operand tiles (32 x 128 each) and the float32 accumulator
-    stay inside its 32 KB of threadgroup memory."""
+def _tiles(target: str, out: ir.DType) -> dict:
+    """Tile sizes per target. Hopper: 128 x 256 tiles over two consumer warp groups with k-tiles
+    of 128 (one scale block) and 3 stages, when the 16-bit result's staging tile fits (a
+    promoting tile is held as two accumulators of 128 columns: ``_part_width``); 128 x 128 over
+    5 stages for float32 results. Metal: 32 x 32 tiles, so the decoded float16 operand tiles
+    (32 x 128 each) and the float32 accumulator stay inside its 32 KB of threadgroup memory."""
     if target == "metal":
         return dict(block_M=32, block_N=32, num_stages=1, threads=128)
     if target == "hopper":
-        wide = out is not ir.DType.F32 and not block_wise
+        wide = out is not ir.DType.F32
         return dict(block_M=128, block_N=256 if wide else 128, num_stages=3 if wide else 5,
                     threads=256)
     return dict(block_M=64, block_N=64, num_stages=2, threads=128)
@@ -167,14 +166,14 @@ def _b_scale(gran: scales.Granularity, SB, col):
     return SB[(0,) * (len(SB.shape) - 1) + (col,)]
 
 
-def _part_width(block_N: int, promote: bool, block_wise: bool) -> int:
-    """Columns per accumulator. A promoting tile wider than 128 columns (per-tensor/row scales)
-    is held as accumulators of 128 columns that take turns with one product fragment: three
-    fragments of 128 columns fit in registers where two of 256 would not, and the wider tile reads
-    fewer bytes per FLOP (scripts/probe_fp8_gluon.py: 1.00-1.06x ``_scaled_mm`` where 128-column
-    tiles reach 0.93-0.98x)."""
+def _part_width(block_N: int, promote: bool) -> int:
+    """Columns per accumulator. On Hopper a promoting tile wider than 128 columns is held as
+    accumulators of 128 columns that take turns with one product fragment: three fragments of
+    128 columns fit in a warp group's registers where two of 256 would not, and the wider tile
+    reads fewer bytes per FLOP (scripts/probe_fp8_gluon.py: 1.00-1.06x ``_scaled_mm`` rowwise where
+    128-column tiles reach 0.93-0.98x)."""
     part = scales.SCALE_BLOCK
-    if promote and not block_wise and block_N > part and block_N % part == 0:
+    if builder().target == "hopper" and promote and block_N > part and block_N % part == 0:
         return part
     return block_N
 
@@ -183,7 +182,7 @@ def _part_width(block_N: int, promote: bool, block_wise: bool) -> int:
 def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, block_N,
                  num_stages, threads):
     block_K = scales.SCALE_BLOCK
-    part_N = _part_width(block_N, promote, gran.block_wise)
+    part_N = _part_width(block_N, promote)
     parts = _indices(block_N // part_N)
     with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), threads=threads) as (bx, by):
         A_s = alloc_shared((block_M, block_K), A.dtype)
@@ -191,8 +190,10 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
         accs = []
         for _ in parts:
             accs.append(_accumulator(block_M, part_N))
+        sas = []
         if gran.block_wise:
-            sa = alloc_fragment((block_M,), "float32")
+            for _ in parts:
+                sas.append(_row_scales(block_M))
         if promote:
             partial = _partial(block_M, part_N)
         for acc in accs:
@@ -204,11 +205,14 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
             else:
                 tile_copy(B[k * block_K, bx * block_N], B_s)
             if gran.block_wise:
-                # scales first: their loads are in flight while the product is computed
-                _block_scales(SA, SB, sa, by, bx, k, block_M, block_N)
-                _product(A_s, B_s, transpose_B, partial)
-                _promote(accs[0], partial, _scale_vector("A_scale", sa, block_M),
-                         _b_column_scale(SB, bx, k, block_N), block_M, block_N)
+                for q in parts:
+                    # scales first: their loads are in flight while the product is computed
+                    _block_scales(SA, SB, sas[q], by, bx * block_N + q * part_N, k, block_M, part_N)
+                    _product(A_s, _columns(B_s, q * part_N, part_N, transpose_B), transpose_B,
+                             partial)
+                    _promote(accs[q], partial, _scale_vector("A_scale", sas[q], block_M),
+                             _b_column_scale(SB, bx * block_N + q * part_N, k, part_N), block_M,
+                             part_N)
             elif promote:
                 for q in parts:
                     _product(A_s, _columns(B_s, q * part_N, part_N, transpose_B), transpose_B,
@@ -229,6 +233,10 @@ def _accumulator(block_M: int, width: int) -> BufferRef:
     return semantic.alloc((block_M, width), ir.DType.F32, ir.Scope.FRAGMENT, "C_f")
 
 
+def _row_scales(block_M: int) -> BufferRef:
+    return semantic.alloc((block_M,), ir.DType.F32, ir.Scope.FRAGMENT, "sa")
+
+
 def _indices(n: int) -> list:
     """0 .. n - 1 as build-time integers (a kernel's ``range`` is a loop)."""
     return list(range(n))
@@ -242,30 +250,31 @@ def _columns(B_s, start: int, width: int, transpose_B: bool):
 
 
 @_library_macro
-def _block_scales(SA, SB, sa, by, bx, k, block_M, block_N):
-    """sa[i]: the tile's row i's A scale for k-block k, times B's scale when the tile's columns
-    lie in one 128-column block (then the promotion multiplies once per element)."""
+def _block_scales(SA, SB, sa, by, col0, k, block_M, width):
+    """sa[i]: the tile's row i's A scale for k-block k, times B's scale when the columns
+    [col0, col0 + width) lie in one 128-column block (then the promotion multiplies once per
+    element)."""
     for i in Parallel(block_M):
-        if scales.SCALE_BLOCK % block_N == 0:
-            sa[i] = SA[by * block_M + i, k] * SB[bx * block_N // scales.SCALE_BLOCK, k]
+        if scales.SCALE_BLOCK % width == 0:
+            sa[i] = SA[by * block_M + i, k] * SB[col0 // scales.SCALE_BLOCK, k]
         else:
             sa[i] = SA[by * block_M + i, k]
 
 
-def _b_column_scale(SB, bx, k, block_N: int):
-    """None when ``_block_scales`` folded B's scale into the row scales, else each column's
-    block scale (a [block_N] fragment) as a function of the column."""
-    if scales.SCALE_BLOCK % block_N == 0:
+def _b_column_scale(SB, col0, k, width: int):
+    """None when ``_block_scales`` folded B's scale into the row scales, else the block scale
+    of each column in [col0, col0 + width) (a fragment) as a function of the column."""
+    if scales.SCALE_BLOCK % width == 0:
         return None
-    sb = semantic.alloc((block_N,), ir.DType.F32, ir.Scope.FRAGMENT, "sb", hoist=True)
-    _fill_columns(SB, sb, bx, k, block_N)
-    return _scale_vector("B_scale", sb, block_N)
+    sb = semantic.alloc((width,), ir.DType.F32, ir.Scope.FRAGMENT, "sb", hoist=True)
+    _fill_columns(SB, sb, col0, k, width)
+    return _scale_vector("B_scale", sb, width)
 
 
 @_library_macro
-def _fill_columns(SB, sb, bx, k, block_N):
-    for j in Parallel(block_N):
-        sb[j] = SB[(bx * block_N + j) // scales.SCALE_BLOCK, k]
+def _fill_columns(SB, sb, col0, k, width):
+    for j in Parallel(width):
+        sb[j] = SB[(col0 + j) // scales.SCALE_BLOCK, k]
 
 
 # ---- the tile operation ----------------------------------------------------------------------
