@@ -62,7 +62,7 @@ from tilews.ops import fp8_scaled_mm
 from tilews.triton_ext.gluon import emit as gluon_emit
 from tilews.triton_ext.passes.fp8_verifier import verify_fp8
 
-from .helpers import gluon_program, marked_line, poisoned, rel_err
+from .helpers import gluon_program, load, marked_line, poisoned, rel_err
 from .test_ws_oracle import run_interp
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -742,6 +742,37 @@ def test_compiled_fp8_gemm(name):
             verify_fp8(ttgir, name, 128)
 
 
+@pytest.mark.parametrize("name", sorted(COMPILED))
+def test_compiled_fp8_gemm_keeps_wgmma_pipelined(name, tmp_path):
+    """ptxas neither serializes the wgmmas (C7514: registers of an in-flight wgmma read by other
+    instructions) nor spills; a promoting kernel runs one consumer role per warp group, each
+    with 128-column accumulators (the probe's fast schedule: scripts/probe_fp8_gluon.py)."""
+    import os
+    import subprocess
+    import triton
+    gran, _, fast = COMPILED[name]
+    k, p = compiled(name)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("this triton has no bundled ptxas")
+    path = tmp_path / "kernel.ptx"
+    path.write_text(p.asm["ptx"])
+    report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(path), "-o",
+                             str(tmp_path / "kernel.cubin")], capture_output=True, text=True,
+                            check=True).stderr
+    assert "C7514" not in report, report
+    assert "0 bytes spill stores" in report, report
+    consumers = [r for ws in walk(k.body) if isinstance(ws, ir.WarpSpecialize)
+                 for r in ws.roles if r.warpgroups != (0,)]
+    promotes = gran == "block" or not fast
+    assert [r.warpgroups for r in consumers] == ([(1,), (2,)] if promotes else [(1, 2)])
+    if promotes:
+        accs = {a.buffer.name: [ir.as_int(d) for d in a.buffer.shape] for a in walk(k.body)
+                if isinstance(a, ir.Alloc) and a.buffer.scope is ir.Scope.FRAGMENT
+                and a.buffer.name.startswith("C_f")}
+        assert sorted(accs.values()) == [[64, 128]] * 4, accs      # 2 halves x 2 column parts
+
+
 # ----------------------------------------------------------------------------------------------
 # 9. T.macro
 
@@ -924,3 +955,22 @@ def test_macro_statements_carry_the_macro_lines():
     par = [s for s in walk(k.body) if isinstance(s, ir.Parallel)]
     want = marked_line(axpy.fn, "for i in T.Parallel(n):")
     assert [s.loc.line for s in par] == [want] and par[0].loc.file == __file__
+
+
+@pytest.mark.parametrize("N, K", [(264, 300), (257, 256)], ids=["K-rows-300-bytes", "C-rows-514-bytes"])
+def test_hopper_program_off_the_wgmma_path_reads_tiles_whole(N, K):
+    """A promoting program built for Hopper whose rows are not whole 16-byte units leaves the
+    Gluon path; its wide tile is then one accumulator (the triton.language fallback reads shared
+    tiles whole) and it computes the same product."""
+    M, pair, out = 64, (torch.float8_e4m3fn, torch.float8_e4m3fn), torch.bfloat16
+    sas, sbs = GRANS["row-2d"](M, N, K)
+    prim = scaled_gemm(M, N, K, sas, sbs, True, False, _T[pair[0]], _T[pair[1]], _T[out])
+    before = build_kernel(prim, target="hopper")
+    assert lower(before, HOPPER).find_plan(AsyncRefusal) is not None
+    accs = [s.buffer for s in walk(before.body) if isinstance(s, ir.Alloc) and s.buffer.name == "C_f"]
+    assert [ir.as_int(d) for d in accs[0].shape] == [128, 256] and len(accs) == 1
+    a, b = fp8((M, K), pair[0], 11), fp8((N, K), pair[1], 12)
+    sa, sb = positive(sas, 13), positive(sbs, 14)
+    c = poisoned(M, N, dtype=out)
+    load(before, "tl").launch([a, sa, b, sb, c])
+    assert rel_err(c, reference(a, sa, b, sb, False)) < TOL[out]

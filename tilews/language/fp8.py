@@ -135,20 +135,21 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints:
         raise _value_error(f"unknown tile hint(s) {', '.join(sorted(unknown))}; known: "
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
-    tiles = {**_tiles(builder().target, C.dtype), **hints}
+    tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B), **hints}
     _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, promote, M, N, K, **tiles)
 
 
-def _tiles(target: str, out: ir.DType) -> dict:
+def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool) -> dict:
     """Tile sizes per target. Hopper: 128 x 256 tiles over two consumer warp groups with k-tiles
-    of 128 (one scale block) and 3 stages, when the 16-bit result's staging tile fits (a
-    promoting tile is held as two accumulators of 128 columns: ``_part_width``); 128 x 128 over
-    5 stages for float32 results. Metal: 32 x 32 tiles, so the decoded float16 operand tiles
-    (32 x 128 each) and the float32 accumulator stay inside its 32 KB of threadgroup memory."""
+    of 128 (one scale block) and 3 stages, when the 16-bit result's staging tile fits and either
+    one accumulator holds the tile or B is K-major (then a promoting tile is two accumulators of
+    128 columns: ``_part_width``); else 128 x 128 over 5 stages. Metal: 32 x 32 tiles, so the
+    decoded float16 operand tiles (32 x 128 each) and the float32 accumulator stay inside its
+    32 KB of threadgroup memory."""
     if target == "metal":
         return dict(block_M=32, block_N=32, num_stages=1, threads=128)
     if target == "hopper":
-        wide = out is not ir.DType.F32
+        wide = out is not ir.DType.F32 and (transpose_B or not promote)
         return dict(block_M=128, block_N=256 if wide else 128, num_stages=3 if wide else 5,
                     threads=256)
     return dict(block_M=64, block_N=64, num_stages=2, threads=128)
@@ -166,14 +167,19 @@ def _b_scale(gran: scales.Granularity, SB, col):
     return SB[(0,) * (len(SB.shape) - 1) + (col,)]
 
 
-def _part_width(block_N: int, promote: bool) -> int:
-    """Columns per accumulator. On Hopper a promoting tile wider than 128 columns is held as
-    accumulators of 128 columns that take turns with one product fragment: three fragments of
-    128 columns fit in a warp group's registers where two of 256 would not, and the wider tile
-    reads fewer bytes per FLOP (scripts/probe_fp8_gluon.py: 1.00-1.06x ``_scaled_mm`` rowwise where
-    128-column tiles reach 0.93-0.98x)."""
+def _part_width(block_N: int, promote: bool, transpose_B: bool, N: int, K: int,
+                out: ir.DType) -> int:
+    """Columns per accumulator. On Hopper's wgmma path a promoting tile wider than 128 columns is
+    held as accumulators of 128 columns that take turns with one product fragment: three
+    fragments of 128 columns fit in a warp group's registers where two of 256 would not, and the
+    wider tile reads fewer bytes per FLOP (scripts/probe_fp8_gluon.py: 1.00-1.06x ``_scaled_mm``
+    rowwise where 128-column tiles reach 0.93-0.98x). Only where that path takes the program: B
+    K-major and every row a whole number of 16-byte units (A and B: K bytes; C: N elements), as
+    TMA needs; the ``triton.language`` fallback reads shared tiles whole."""
     part = scales.SCALE_BLOCK
-    if builder().target == "hopper" and promote and block_N > part and block_N % part == 0:
+    wgmma_path = builder().target == "hopper" and transpose_B and K % 16 == 0 \
+        and N * out.itemsize % 16 == 0
+    if wgmma_path and promote and block_N > part and block_N % part == 0:
         return part
     return block_N
 
@@ -182,7 +188,7 @@ def _part_width(block_N: int, promote: bool) -> int:
 def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, block_N,
                  num_stages, threads):
     block_K = scales.SCALE_BLOCK
-    part_N = _part_width(block_N, promote)
+    part_N = _part_width(block_N, promote, transpose_B, N, K, C.dtype)
     parts = _indices(block_N // part_N)
     with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), threads=threads) as (bx, by):
         A_s = alloc_shared((block_M, block_K), A.dtype)
