@@ -29,6 +29,8 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from gluon_probes import probe_module
+
 LOG2E = 1.4426950408889634
 
 
@@ -244,32 +246,11 @@ def attention_probe(q_desc, k_desc, v_desc, out_desc, seq_len, qk_scale):
 '''
 
 
-HEADER = """from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-"""
-_MODULES: dict = {}
-
-
 def variant(D, causal, bn=128, stages=2, split_kv=False, fa3=False, pingpong=False, regs=232):
-    """The probe kernel with these switches as module-level constexprs (Gluon's warp_specialize
-    passes no constexprs to partitions), written to a file so Triton can read its source."""
-    import importlib.util
-    import tempfile
+    """The probe kernel with these switches (``gluon_probes.probe_module``)."""
     knobs = dict(BN=bn, D=D, STAGES=stages, CAUSAL=causal, SPLIT_KV=split_kv or fa3, FA3=fa3,
                  PINGPONG=pingpong, CONSUMER_REGS=regs)
-    key = tuple(sorted(knobs.items()))
-    if key not in _MODULES:
-        text = HEADER + "".join(f"{k}: gl.constexpr = gl.constexpr({v!r})\n" for k, v in knobs.items())
-        path = os.path.join(tempfile.mkdtemp(prefix="probe_attn_"), f"probe_{len(_MODULES)}.py")
-        with open(path, "w") as fh:
-            fh.write(text + "\n\n" + KERNEL)
-        spec = importlib.util.spec_from_file_location(f"probe_attn_{len(_MODULES)}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _MODULES[key] = mod
-    return _MODULES[key].attention_probe
+    return probe_module(KERNEL, knobs, "probe_attn").attention_probe
 
 
 def run_probe(q, k, v, causal, bn=128, **kw):

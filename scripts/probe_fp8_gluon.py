@@ -24,7 +24,6 @@ switches as constexprs:
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
@@ -34,6 +33,8 @@ import tempfile
 import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from gluon_probes import probe_module
 
 KERNEL = '''
 @gluon.jit
@@ -241,29 +242,10 @@ def fp8_probe(a_desc, b_desc, c_desc, SA, SB, M, N, K):
         gl.warp_specialize([(_wg0, args), (_load, args)], [1], [24])
 '''
 
-HEADER = """from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-"""
-_MODULES: dict = {}
-
-
 def variant(mode="row", split=False, unroll=1, early=False, wide=False, bn=128, stages=4, regs=232):
-    """The probe kernel with these switches as module-level constexprs (Gluon's warp_specialize
-    passes no constexprs to partitions), written to a file so Triton can read its source."""
+    """The probe kernel with these switches (``gluon_probes.probe_module``)."""
     knobs = dict(MODE=mode, SPLIT=split, UNROLL=unroll, EARLY=early, WIDE=wide, BN=bn, STAGES=stages, REGS=regs)
-    key = tuple(sorted(knobs.items()))
-    if key not in _MODULES:
-        text = HEADER + "".join(f"{k}: gl.constexpr = gl.constexpr({v!r})\n" for k, v in knobs.items())
-        path = os.path.join(tempfile.mkdtemp(prefix="probe_fp8_"), f"probe_{len(_MODULES)}.py")
-        with open(path, "w") as fh:
-            fh.write(text + "\n\n" + KERNEL)
-        spec = importlib.util.spec_from_file_location(f"probe_fp8_{len(_MODULES)}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _MODULES[key] = mod
-    return _MODULES[key].fp8_probe
+    return probe_module(KERNEL, knobs, "probe_fp8").fp8_probe
 
 
 def _descs(a, w, c, bn, split, wide=False):
