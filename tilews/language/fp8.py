@@ -210,20 +210,18 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
                 tile_copy(B[bx * block_N, k * block_K], B_s)
             else:
                 tile_copy(B[k * block_K, bx * block_N], B_s)
-            if gran.block_wise:
+            if promote:
                 for q in parts:
-                    # scales first: their loads are in flight while the product is computed
-                    _block_scales(SA, SB, sas[q], by, bx * block_N + q * part_N, k, block_M, part_N)
+                    row_scale = col_scale = None    # per-tensor/row scales: in the epilogue
+                    if gran.block_wise:
+                        # scales first: their loads are in flight while the product is computed
+                        col0 = bx * block_N + q * part_N
+                        _block_scales(SA, SB, sas[q], by, col0, k, block_M, part_N)
+                        row_scale = _scale_vector("A_scale", sas[q], block_M)
+                        col_scale = _b_column_scale(SB, col0, k, part_N)
                     _product(A_s, _columns(B_s, q * part_N, part_N, transpose_B), transpose_B,
                              partial)
-                    _promote(accs[q], partial, _scale_vector("A_scale", sas[q], block_M),
-                             _b_column_scale(SB, bx * block_N + q * part_N, k, part_N), block_M,
-                             part_N)
-            elif promote:
-                for q in parts:
-                    _product(A_s, _columns(B_s, q * part_N, part_N, transpose_B), transpose_B,
-                             partial)
-                    _promote(accs[q], partial, None, None, block_M, part_N)
+                    _promote(accs[q], partial, row_scale, col_scale, block_M, part_N)
             else:
                 gemm(A_s, B_s, accs[0], transpose_B=transpose_B)
         for p in parts:
