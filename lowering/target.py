@@ -31,6 +31,12 @@ class Target:
                                     # root in Triton's approximate forms, else IEEE-rounded
 
 
+def bulk_copy_rows(row_bytes: int) -> bool:
+    """Whether a global tensor with rows of ``row_bytes`` can be a bulk-copy (TMA) operand: its
+    row pitch must be a whole number of 16-byte units."""
+    return row_bytes % 16 == 0
+
+
 INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)
 TRITON_GPU = Target("triton", warp_specialization=False, tma=False, wgmma=False,
                     smem_bytes=227 * 1024, power_of_two_tiles=True)

@@ -53,7 +53,7 @@ from .. import ir, protocol, roles
 from ..errors import CompileError
 from ..layouts import WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
-from ..target import Target
+from ..target import Target, bulk_copy_rows
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
 
@@ -386,7 +386,7 @@ def _check_tma(s: ir.Copy) -> None:
         raise _Refuse(f"'{g.name}' has a runtime dimension after its first; its bulk-copy "
                       f"descriptor needs static strides (line {s.loc.line})")
     row_bytes = (inner[-1] if inner else 1) * g.dtype.itemsize
-    if inner and row_bytes % 16:
+    if inner and not bulk_copy_rows(row_bytes):
         raise _Refuse(f"rows of '{g.name}' are {row_bytes} bytes, not a multiple of 16, so it "
                       f"cannot be a bulk-copy (TMA) operand (line {s.loc.line})")
     if any(b > 256 for b in box) or box[-1] * g.dtype.itemsize < 16:

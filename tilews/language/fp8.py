@@ -26,6 +26,7 @@ from tilews.lowering.errors import CompileTypeError, CompileValueError
 from tilews.lowering.frontend import Macro, semantic
 from tilews.lowering.frontend.context import builder, current_loc
 from tilews.lowering.frontend.values import BufferRef, RegionRef, Scalar
+from tilews.lowering.target import bulk_copy_rows
 
 from .copy import copy as tile_copy
 from .elementwise import ceildiv, clear
@@ -177,8 +178,8 @@ def _part_width(block_N: int, promote: bool, transpose_B: bool, N: int, K: int,
     K-major and every row a whole number of 16-byte units (A and B: K bytes; C: N elements), as
     TMA needs; the ``triton.language`` fallback reads shared tiles whole."""
     part = scales.SCALE_BLOCK
-    wgmma_path = builder().target == "hopper" and transpose_B and K % 16 == 0 \
-        and N * out.itemsize % 16 == 0
+    wgmma_path = builder().target == "hopper" and transpose_B and bulk_copy_rows(K) \
+        and bulk_copy_rows(N * out.itemsize)
     if wgmma_path and promote and block_N > part and block_N % part == 0:
         return part
     return block_N

@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from tilews.lowering.target import bulk_copy_rows
+
 PROGRAMS = ("tiled", "persistent", "split_k", "swap_ab")
 MAX_BUCKET = 8192
 
@@ -150,7 +152,8 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
             pick = (uneven and _split(M, N, K, tile, num_sms, REBALANCE_SPLITS, strict=True)) or tile
         else:
             pick = _split(M, N, K, SPLIT_K, num_sms) or TILES[-1]
-    unaligned = (K * dtype.itemsize) % 16 or (N * dtype.itemsize) % 16 or (N * out_dtype.itemsize) % 16
+    unaligned = not all(bulk_copy_rows(n) for n in (K * dtype.itemsize, N * dtype.itemsize,
+                                                    N * out_dtype.itemsize))
     if unaligned and pick.block_M == 128:
         splits, transposed = UNALIGNED
         pick = splits if K >= splits.splits * SPLIT_K_MIN_K_TILES * splits.block_K else transposed
