@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 
 import torch
 from triton.experimental.gluon import language as gl
@@ -283,14 +282,11 @@ SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
 def compile_only() -> int:
     """Compile every variant for sm_90a on this machine (no GPU); print its wgmma waits, shared
     memory, and what ptxas says of it (spills; C7514: serialized wgmma)."""
-    import subprocess
-    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as tcompile
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    work = tempfile.mkdtemp(prefix="probe_fp8_ptx_")
+    from tilews.triton_ext.toolchain import ptxas_report
     M = N = K = 512
     a = torch.empty(M, K, dtype=torch.float8_e4m3fn)
     for name, kw in VARIANTS.items():
@@ -302,11 +298,7 @@ def compile_only() -> int:
         k = tcompile(GluonASTSource(variant(**kw), sig, constexprs={}), target=GPUTarget("cuda", 90, 32),
                      options={"num_warps": 4 if kw.get("split") else 8})
         ptx = k.asm["ptx"]
-        path = os.path.join(work, "probe.ptx")
-        with open(path, "w") as fh:
-            fh.write(ptx)
-        report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", path + ".cubin"],
-                                capture_output=True, text=True).stderr
+        report = ptxas_report(ptx) or "(no bundled ptxas)"
         spills = [line.strip() for line in report.splitlines() if "spill stores" in line]
         print(f"{name}: wgmma={ptx.count('wgmma.mma_async')} wait1={ptx.count('wgmma.wait_group.sync.aligned 1')} "
               f"wait0={ptx.count('wgmma.wait_group.sync.aligned 0')} shared={k.metadata.shared} "

@@ -10,9 +10,10 @@ with named barriers).
 Requires:  warp_specialize has run; applies on targets with ``wgmma`` (and ``split_consumers``)
            to kernels with a ``PipelinePlan`` (the automatic schedule), persistent ones included.
 Ensures:   when the consumer role ``ws(1, 2)`` does fragment math (a ``T.Parallel`` or a
-           reduction) inside its innermost loop (not only in a persistent tile's epilogue), keeps all its fragments with BM rows in dim 0 (BM a
-           multiple of 128), reads shared tiles of BM rows (dim 0; dim 1 of a ring buffer, whose
-           dim 0 is the slot) only as the A operand of its gemms
+           reduction) inside its innermost loop (not only in a persistent tile's epilogue),
+           keeps all its fragments with BM rows in dim 0 (BM a multiple of 128), reads shared
+           tiles of BM rows (dim 0; dim 1 of a ring buffer, whose dim 0 is the slot) only as the
+           A operand of its gemms
            (and writes / stores such buffers only whole, through fragment -> shared copies and
            shared -> global copies; other roles may only fill them from global memory), indexes every fragment inside a ``T.Parallel`` with the
            loop's first variable in dim 0 — it becomes roles ``ws(1)`` and ``ws(2)``: role h has
