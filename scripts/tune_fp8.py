@@ -85,8 +85,8 @@ def rows_for(M, N, K, gran, fast, rounds, quick):
     cands = {"op": lambda: fp8_scaled_mm(a, w.t(), sa, sb, use_fast_accum=fast)}
     isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else (sa, sb.t() if gran == "block" else sb)
     # name: (tile hints, Target fields)
-    variants = {}
-    if gran == "block" or not fast:     # the promotion is fragment math: consumers split
+    variants = {"panel 8": (dict(panel=8), dict())}
+    if not quick and (gran == "block" or not fast):  # the promotion is fragment math: roles split
         variants["merged"] = (dict(), dict(split_consumers=False))
         variants["BN 128, 5 stages"] = (dict(block_N=128, num_stages=5), dict())
     if not quick and fast and gran != "block":
