@@ -149,9 +149,13 @@ def store(ctx: Ctx, s: ir.Store) -> None:
     f, b = ctx.par, s.buffer
     x = ctx.name(b.name)
     value = _spell_once(ctx, s.value)
-    if not set(f.vars) <= {v for v in subexprs(s.value) if isinstance(v, ir.Var)}:
-        # broadcast to the loop's shape (a scalar, or a vector along one axis)
-        value = f"gl.full({list(f.extents)}, 0, {GL_DTYPE[s.value.dtype]}, layout={f.const}) + {atom(value)}"
+    used = set(f.vars) & {v for v in subexprs(s.value) if isinstance(v, ir.Var)}
+    if len(used) < len(f.vars):
+        # broadcast to the loop's shape: a scalar splat, a vector along one axis broadcast
+        # (not added to zeros: 0.0 + x is no identity, so ptxas kept an FADD per element)
+        full = f"gl.full({list(f.extents)}, {{}}, {GL_DTYPE[s.value.dtype]}, layout={f.const})"
+        value = full.format(value) if not used else \
+            f"gl.broadcast({atom(value)}, {full.format(0)})[0]"
     if b.scope is ir.Scope.GLOBAL:
         ptr, inside = element_address(ctx, b, s.indices, s.loc)
         mask = inside + f.masks
