@@ -2,7 +2,7 @@
 ``T.fp8_scaled_matmul`` program) against ``torch._scaled_mm``, interleaved over several rounds;
 median ratio per row with its spread. Writes JSON to $OUT/fp8.json when $OUT is set.
 
-    python scripts/tune_fp8.py [--rounds N] [--quick]
+    python scripts/tune_fp8.py [--rounds N] [--quick] [--modes row,row-fast,tensor,block]
 
 Rows: per granularity (tensor, row, block) and accumulation (fast: one accumulator over all of K;
 promoted: FP8 partial sums added into fp32 every 128 of K), the op as users call it and variants
@@ -85,7 +85,9 @@ def rows_for(M, N, K, gran, fast, rounds, quick):
     cands = {"op": lambda: fp8_scaled_mm(a, w.t(), sa, sb, use_fast_accum=fast)}
     isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else (sa, sb.t() if gran == "block" else sb)
     # name: (tile hints, Target fields)
-    variants = {"panel 8": (dict(panel=8), dict())}
+    variants = {}
+    if not quick:
+        variants["panel 8"] = (dict(panel=8), dict())
     if not quick and (gran == "block" or not fast):  # the promotion is fragment math: roles split
         variants["merged"] = (dict(), dict(split_consumers=False))
         variants["BN 128, 5 stages"] = (dict(block_N=128, num_stages=5), dict())
@@ -130,8 +132,10 @@ def main(argv) -> int:
     quick = "--quick" in argv
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows = []
-    cases = [(s, g, f) for s in (SHAPES[:2] if quick else SHAPES) for g, f in
-             (("row", False), ("row", True), ("tensor", False), ("block", False))]
+    modes = {"row": ("row", False), "row-fast": ("row", True), "tensor": ("tensor", False),
+             "block": ("block", False)}
+    chosen = argv[argv.index("--modes") + 1].split(",") if "--modes" in argv else list(modes)
+    cases = [(s, *modes[m]) for s in (SHAPES[:2] if quick else SHAPES) for m in chosen]
     for (M, N, K), gran, fast in cases:
         rows += rows_for(M, N, K, gran, fast, rounds, quick)
     if os.environ.get("OUT"):
