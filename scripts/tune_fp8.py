@@ -74,6 +74,24 @@ def exact(a, w, sa, sb, gran):
     return (A @ B) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
 
 
+def torch_block_wise(a, w, sa, sa_m, sb):
+    """torch's own block-wise scaled matmul (1x128 blocks of a, 128x128 of b), if this torch and
+    GPU have one, with the first scale layouts it accepts; else None (the reason printed)."""
+    for name, scale_a in (("row-major", sa), ("M-major", sa_m)):
+        for sb_name, scale_b in (("row-major", sb), ("transposed", sb.t().contiguous().t())):
+            call = lambda scale_a=scale_a, scale_b=scale_b: torch._scaled_mm(  # noqa: E731
+                a, w.t(), scale_a, scale_b, out_dtype=torch.bfloat16)
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001  (unsupported layouts are tried in turn)
+                print(f"torch block-wise, scale_a {name}, scale_b {sb_name}: "
+                      f"{type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            print(f"torch block-wise runs with scale_a {name}, scale_b {sb_name}", flush=True)
+            return call
+    return None
+
+
 def rows_for(M, N, K, gran, fast, rounds, quick):
     a, w, sa, sb = inputs(M, N, K, gran)
     ref = exact(a, w, sa, sb, gran)
@@ -83,6 +101,12 @@ def rows_for(M, N, K, gran, fast, rounds, quick):
     theirs = lambda: torch._scaled_mm(ta, tw.t(), tsa, tsb, out_dtype=torch.bfloat16,  # noqa: E731
                                       use_fast_accum=torch_fast)
     cands = {"op": lambda: fp8_scaled_mm(a, w.t(), sa, sb, use_fast_accum=fast)}
+    if gran == "block":
+        sa_m = sa.t().contiguous().t()          # the same scales stored M-major (cuBLAS's layout)
+        cands["op, M-major scale_a"] = lambda: fp8_scaled_mm(a, w.t(), sa_m, sb)
+        theirs_block = torch_block_wise(a, w, sa, sa_m, sb)
+        if theirs_block is not None:
+            cands["torch block-wise"] = theirs_block
     isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else (sa, sb.t() if gran == "block" else sb)
     # name: (tile hints, Target fields)
     variants = {}
