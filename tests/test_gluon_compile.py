@@ -551,3 +551,44 @@ def test_a_2d_tile_stored_across_a_unit_middle_dim_is_a_bulk_copy():
     tilews.jit(target="triton")(_store_into_3d)(128, 128, 128, 2)(a, b, w)
     assert torch.allclose(w[:, 1], a.float() @ b.float(), rtol=1e-3, atol=1e-3)
     assert w[:, 0].isnan().all()
+
+
+def test_a_stored_broadcast_adds_no_zero():
+    """A ``T.Parallel`` store whose value misses a loop index is spelled as a splat (a scalar) or
+    ``gl.broadcast`` (a vector along one axis), not ``gl.full(0) + value``: 0.0 + x is no
+    identity (-0.0), so that add stayed an FADD per element in SASS, and for a loaded block scale
+    ptxas routed the value through a uniform register, waiting on the load between wgmma issues."""
+    M = N = K = 256
+    bm, bn, bk = 128, 128, 64
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             bias: T.Tensor((N,), T.float32), s: T.Tensor((1,), T.float32),
+             C: T.Tensor((M, N), T.float16)):
+        with T.Kernel(N // bn, M // bm, threads=128) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), T.float16)
+            B_s = T.alloc_shared((bk, bn), T.float16)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            D_f = T.alloc_fragment((bm, bn), T.float32)
+            E_f = T.alloc_fragment((bm, bn), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(K // bk, num_stages=2):
+                T.copy(A[by * bm, k * bk], A_s)
+                T.copy(B[k * bk, bx * bn], B_s)
+                T.gemm(A_s, B_s, C_f)
+            for i, j in T.Parallel(bm, bn):
+                D_f[i, j] = bias[bx * bn + j]           # a vector along j, broadcast over i
+            for i, j in T.Parallel(bm, bn):
+                E_f[i, j] = s[0]                        # a scalar, splat
+            for i, j in T.Parallel(bm, bn):
+                C_f[i, j] = C_f[i, j] * E_f[i, j] + D_f[i, j]
+            T.copy(C_f, C[by * bm, bx * bn])
+
+    kernel = lower(build_kernel(main), HOPPER)
+    assert kernel.find_plan(AsyncPlan) is not None
+    src = emit(kernel)
+    assert re.search(r"D_f = gl\.broadcast\(.*gl\.load\(bias", src), src
+    assert re.search(r"E_f = gl\.full\(\[\d+, \d+\], gl\.load\(s", src), src
+    assert not re.search(r"gl\.full\([^)]*\) \+", src), src
+    ptx = gluon_program(kernel).asm["ptx"]
+    assert not re.search(r"add(\.rn)?\.f32\s+%r\d+, %r\d+, 0f00000000;", ptx)
