@@ -300,8 +300,9 @@ def test_whole_gemm_triton(gran, pair, transpose_B, out, fast, shape):
 
 
 @pytest.mark.parametrize("target", ["interpret", "triton"])
-@pytest.mark.parametrize("block_M, block_N", [(32, 32), (64, 256)])   # 256: B's block scales per column
-def test_whole_gemm_hints_never_change_results(block_M, block_N, target):
+@pytest.mark.parametrize("block_M, block_N, panel", [(32, 32, 0), (64, 256, 0), (32, 64, 2)])
+def test_whole_gemm_hints_never_change_results(block_M, block_N, panel, target):
+    """256 columns: B's block scales per column; panel 2: tiles visited in panels of 2 rows."""
     M, N, K = 100, 300, 300
     sas, sbs = GRANS["block"](M, N, K)
 
@@ -310,8 +311,9 @@ def test_whole_gemm_hints_never_change_results(block_M, block_N, target):
              B: T.Tensor((N, K), T.float8_e4m3), B_scale: T.Tensor(sbs, T.float32),
              C: T.Tensor((M, N), T.float32)):
         T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B=True, block_M=block_M,
-                            block_N=block_N, num_stages=1, threads=128)
+                            block_N=block_N, num_stages=1, threads=128, panel=panel)
     k = tilews.jit(target=target)(main)
+    assert build_kernel(main).swizzle_panel == panel
     a, b = fp8((M, K), E4M3, 5), fp8((N, K), E4M3, 6)
     sa, sb = positive(sas, 7), positive(sbs, 8)
     c = poisoned(M, N)
