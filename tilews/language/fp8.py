@@ -413,8 +413,8 @@ def _promote(C, partial, sa, sb, bm, bn):
 
 
 def _scaled(x, sa, sb, i, j):
-    """x times its scales, the scales multiplied first (as ``_block_scales`` folds them, so the
-    rounding does not depend on the tile width)."""
+    """x times its scales, the scales multiplied first (as ``_BlockScales`` folds B's block
+    scale into the row scales, so the rounding does not depend on the tile width)."""
     if sa is not None and sb is not None:
         return x * (sa(i) * sb(j))
     if sa is not None:
