@@ -138,7 +138,7 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints:
         raise _value_error(f"unknown tile hint(s) {', '.join(sorted(unknown))}; known: "
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
-    tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B), **hints}
+    tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B), "panel": 0, **hints}
     _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, promote, M, N, K, **tiles)
 
 
@@ -150,12 +150,12 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool) -> dict
     decoded float16 operand tiles (32 x 128 each) and the float32 accumulator stay inside its
     32 KB of threadgroup memory."""
     if target == "metal":
-        return dict(block_M=32, block_N=32, num_stages=1, threads=128, panel=0)
+        return dict(block_M=32, block_N=32, num_stages=1, threads=128)
     if target == "hopper":
         wide = out is not ir.DType.F32 and (transpose_B or not promote)
         return dict(block_M=128, block_N=256 if wide else 128, num_stages=3 if wide else 5,
-                    threads=256, panel=0)
-    return dict(block_M=64, block_N=64, num_stages=2, threads=128, panel=0)
+                    threads=256)
+    return dict(block_M=64, block_N=64, num_stages=2, threads=128)
 
 
 def _a_scale(gran: scales.Granularity, SA, row):
