@@ -374,12 +374,24 @@ class Store(Stmt):
     mask_low: tuple[bool, ...] = ()
 
 
+MEMORY_ORDERS = ("relaxed", "acquire", "release", "acq_rel")
+
+
 @dataclass(frozen=True)
 class AtomicAdd(Stmt):
-    """``dst += value`` atomically; value is an Expr (element form) or a Region (tile form)."""
+    """``dst += value`` atomically; value is an Expr (element form) or a Region (tile form).
+
+    Element form outside ``T.Parallel``: one add per block. ``prev`` (that form only): a local
+    one-element buffer receiving the value ``dst`` held before the add. ``order`` (one of
+    ``MEMORY_ORDERS``) orders the *block's* other global accesses around the add, at device
+    scope: ``release``, every write the block made before it is visible to a block that
+    ``acquire``s this element after it; ``acquire``, the block's later reads see what the
+    releasing blocks wrote; ``acq_rel`` both; ``relaxed`` neither (only the add is atomic)."""
     dst: Region
     value: Union[Expr, Region]
     loc: Loc = _loc()
+    prev: Optional[Buffer] = None
+    order: str = "relaxed"
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,9 @@ def _stmt_line(s: ir.Stmt) -> str:
                 f"{expr(s.value)}")
     if isinstance(s, ir.AtomicAdd):
         v = region(s.value) if isinstance(s.value, ir.Region) else expr(s.value)
-        return f"atomic_add {region(s.dst)} += {v}"
+        prev = f"{s.prev.name} = " if s.prev is not None else ""
+        order = f" {s.order}" if s.order != "relaxed" else ""
+        return f"{prev}atomic_add{order} {region(s.dst)} += {v}"
     if isinstance(s, ir.GemmWait):
         return f"gemm_wait outstanding={s.outstanding}"
     if isinstance(s, ir.ProxyFence):

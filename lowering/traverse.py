@@ -172,8 +172,10 @@ def buffers_written(s: ir.Stmt) -> list[ir.Buffer]:
         return [s.dst.buffer]
     if isinstance(s, ir.Gemm):
         return [s.c.buffer]
-    if isinstance(s, ir.Fill) or isinstance(s, ir.AtomicAdd):
+    if isinstance(s, ir.Fill):
         return [s.dst.buffer]
+    if isinstance(s, ir.AtomicAdd):
+        return [s.dst.buffer] + ([s.prev] if s.prev is not None else [])
     if isinstance(s, ir.Reduce):
         return [s.dst]
     if isinstance(s, ir.Store):

@@ -460,6 +460,10 @@ def _atomic(ctx: Ctx, b: ir.Buffer, indices: list[str], value: str, mask_low, lo
 
 def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     b = s.dst.buffer
+    if s.prev is not None or s.order != "relaxed":
+        what = "return_prev=True" if s.prev is not None else f"memory_order={s.order!r}"
+        raise CompileError(f"T.atomic_add into '{b.name}' with {what}: the Metal backend spells "
+                           f"relaxed adds that return nothing", s.loc)
     if isinstance(s.value, ir.Region):
         src = s.value
         with each_element(ctx, _tile_size(src)) as (e, slot):

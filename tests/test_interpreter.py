@@ -394,3 +394,45 @@ def test_wait_nobody_completes_is_a_deadlock(check):
         run(build_kernel(lonely_wait()), [torch.zeros(4)], check=check)
     assert f"test_interpreter.py:{line_of('lonely-wait')}:" in str(e.value)
     assert "'bar'[0]" in str(e.value)
+
+
+def test_a_returning_atomic_add_is_one_add_per_block_and_the_last_block_sums():
+    # T.atomic_add(..., return_prev=True): each block sees the count before its own add (one add
+    # per block, not per thread); the block that sees G - 1 arrived last and sums every partial
+    from .test_tl_backend import last_block_sum
+    G, N = 6, 64
+    torch.manual_seed(7)
+    X = torch.randn(G, N)
+    P, Y = torch.full((G, N), float("nan")), torch.full((N,), float("nan"))
+    count, order = torch.zeros(1, dtype=torch.int32), torch.full((G,), -1, dtype=torch.int32)
+    kernel = last_block_sum(G, N)
+    for _ in range(2):
+        run(kernel, [X, P, count, order, Y])
+        assert int(count) == 0 and order.tolist() == list(range(G))   # blocks run in grid order
+        torch.testing.assert_close(Y.double(), 2 * X.double().sum(0), rtol=1e-6, atol=1e-6)
+
+
+def returning_atomic(where):
+    @T.prim_func
+    def main(C: T.Tensor((4,), T.int32), D: T.Tensor((4,), T.int32)):
+        with T.Kernel(1, threads=128) as bx:
+            if where == "parallel":
+                for i in T.Parallel(4):
+                    T.atomic_add(C[i], 1, return_prev=True)
+            elif where == "tile":
+                T.atomic_add(C[0:4], D, return_prev=True)
+            else:
+                T.atomic_add(C[0], 1, memory_order="strongest")
+    return main
+
+
+@pytest.mark.parametrize("where, words", [
+    ("parallel", "return_prev=True\\) inside T.Parallel is not supported"),
+    ("tile", "return_prev=True\\) needs an element destination"),
+    ("order", "memory_order='strongest'\\): must be one of 'relaxed', 'consume', 'acquire'"),
+])
+def test_returning_and_ordered_atomics_refuse_what_they_cannot_mean(where, words):
+    import tilews
+    with pytest.raises(tilews.CompileError, match=words) as e:
+        build_kernel(returning_atomic(where))
+    assert "test_interpreter.py" in str(e.value)

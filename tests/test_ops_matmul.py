@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import time
 import warnings
 
@@ -47,8 +48,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tilews.ops as ops
-from tilews.ops.schedule import (MAX_SPLITS, SMEM_BYTES, SPLIT_K_MIN_K_TILES, Schedule, bucket,
-                                 candidates, heuristic)
+from tilews.ops.schedule import (FUSED_MIN_K_TILES, MAX_SPLITS, PROGRAMS, SMEM_BYTES,
+                                 SPLIT_K_MIN_K_TILES, SPLITTING, Schedule, bucket, candidates,
+                                 heuristic)
 
 from .helpers import randn, rel_err
 
@@ -99,7 +101,7 @@ def test_schedule_rejects(text):
 def test_schedule_knob_errors_name_the_knob():
     with pytest.raises(ValueError, match="block_K must be an int >= 1"):
         Schedule("tiled", 64, 64, 0, 2, 128)
-    with pytest.raises(ValueError, match="splits=4 is split_k's knob, not swap_ab's"):
+    with pytest.raises(ValueError, match="splits=4 is a knob of split_k and split_k_fused, not of swap_ab"):
         Schedule("swap_ab", 16, 64, 32, 2, 128, splits=4)
 
 
@@ -110,7 +112,8 @@ def test_bucket(M, want):
 
 
 @pytest.mark.parametrize("M, N, K, want", [     # the picks measured best on an H100 (schedule.py)
-    (1, 4096, 4096, "split_k 64x128x64 s6 t128 x2"),     # 32 tiles: K split 2 ways
+    (1, 4096, 4096, "split_k_fused 16x64x128 s4 t128 x2"),   # 64 tiles: K split 2 ways, summed
+    (32, 4096, 14336, "split_k_fused 32x64x128 s4 t128 x2"),  # in the same kernel
     (16, 14336, 4096, "tiled 64x256x64 s4 t128 g8"),      # N alone has enough tiles
     (128, 4096, 4096, "tiled 64x64x64 s8 t128 g8"),       # the largest tile filling the SMs
     (128, 14336, 4096, "tiled 128x128x64 s4 t128 g8"),
@@ -141,20 +144,21 @@ def test_heuristic_and_candidates_invariants(out):
     for M, N, K in SHAPES:
         space = candidates(M, N, K, torch.bfloat16, out, 132, True)
         assert space[0] == heuristic(M, N, K, torch.bfloat16, out, 132, True)
-        assert len(set(space)) == len(space) and 7 <= len(space) <= 16, (M, N, K, space)
+        assert len(set(space)) == len(space) and 7 <= len(space) <= 20, (M, N, K, space)
         for s in space:
             ring = s.num_stages * (s.block_M + s.block_N) * s.block_K * 2
-            tile = s.block_M * s.block_N * (4 if s.program == "split_k" else out.itemsize)
+            tile = s.block_M * s.block_N * (4 if s.program in SPLITTING else out.itemsize)
             assert ring + tile <= SMEM_BYTES, s
-            if s.program == "split_k":
-                assert 2 <= s.splits <= min(MAX_SPLITS, K // (SPLIT_K_MIN_K_TILES * s.block_K)), s
+            if s.program in SPLITTING:
+                least = SPLIT_K_MIN_K_TILES if s.program == "split_k" else FUSED_MIN_K_TILES
+                assert 2 <= s.splits <= min(MAX_SPLITS, K // (least * s.block_K)), s
             if s.program == "swap_ab":          # the small-M space, or the unaligned pick
                 assert M <= 64 or s == space[0], (M, N, K, s)
 
 
 def test_cpu_candidates_cover_every_program():
     space = candidates(8, 80, 96, torch.float16, torch.float16, 132, False)
-    assert {s.program for s in space} == {"tiled", "persistent", "split_k", "swap_ab"}
+    assert {s.program for s in space} == set(PROGRAMS)
 
 
 # --- numerics -----------------------------------------------------------------------------------
@@ -243,10 +247,14 @@ def cache_entries(root):
     return [json.loads(p.read_text()) for p in (root / "ops" / "matmul").glob("*.json")]
 
 
-def test_tune_writes_the_winner_and_matmul_reads_it(fresh, monkeypatch):
+def test_tune_writes_the_winner_and_matmul_reads_it(fresh, monkeypatch, caplog):
     a, b = operands(5, 80, 96, torch.float16)
-    winner = ops.tune(a, b, warmup=1, rep=2)
-    assert winner in candidates(bucket(5), 80, 96, torch.float16, torch.float16, 132, False)
+    with caplog.at_level(logging.INFO, logger="tilews.ops"):
+        winner = ops.tune(a, b, warmup=1, rep=2)
+    space = candidates(bucket(5), 80, 96, torch.float16, torch.float16, 132, False)
+    assert winner in space
+    timed = [r.getMessage() for r in caplog.records if " ms" in r.getMessage()]
+    assert len(timed) == len(space), [r.getMessage() for r in caplog.records]   # none dropped
     [entry] = cache_entries(fresh)
     assert entry["schedule"] == str(winner) and entry["key"][-3:] == [80, 96, 8]
     # A new process (nothing in memory) follows the disk, even an entry edited by hand.

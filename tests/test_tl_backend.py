@@ -122,6 +122,31 @@ def split_k(M, N, K, splits, bm=32, bn=32, bk=32):
                                "C": T.Tensor((M, N), T.float32)})
 
 
+def last_block_sum(G, N=64):
+    """Each of G blocks stores its partial row and counts itself (acq_rel, return_prev); the block
+    that arrives last sums the partials in block order into Y and puts the count back to 0.
+    Order[b] is the count block b saw."""
+    @T.prim_func
+    def main(X, P, Count, Order, Y):
+        with T.Kernel(G, threads=128) as bx:
+            for j in T.Parallel(N):
+                P[bx, j] = X[bx, j] * 2.0
+            seen = T.atomic_add(Count[0], 1, memory_order="acq_rel", return_prev=True)
+            for j in T.Parallel(1):
+                Order[bx + j] = seen
+            if seen == G - 1:
+                acc = T.alloc_fragment((N,), T.float32)
+                T.clear(acc)
+                for g in T.serial(G):
+                    for j in T.Parallel(N):
+                        acc[j] += P[g, j]
+                T.copy(acc, Y[0])
+                T.atomic_add(Count[0], -G)
+    return build_kernel(main, {"X": T.Tensor((G, N), T.float32), "P": T.Tensor((G, N), T.float32),
+                               "Count": T.Tensor((1,), T.int32), "Order": T.Tensor((G,), T.int32),
+                               "Y": T.Tensor((N,), T.float32)})
+
+
 def misc(G=4):
     """Element-wise forms: a transposing (permuted) parallel load, a broadcast subset load, masked
     parallel stores, local scalars and arrays, a loop bound held at run time, an unrolled loop, a
@@ -272,6 +297,22 @@ def case_split_k_atomic(device=None):
     return _close(c, ref, 1e-3, 1e-5)
 
 
+def case_last_block_sum(device=None):
+    G, N = 24, 64
+    kernel = last_block_sum(G, N)
+    if device is None:
+        return kernel
+    import torch
+    x = randn(G, N, device=device, seed=14)
+    p, y = poisoned(G, N, device=device), poisoned(N, device=device)
+    count = torch.zeros(1, dtype=torch.int32, device=device)
+    order = torch.full((G,), -1, dtype=torch.int32, device=device)
+    for _ in range(3):                  # the count is back at 0 after each launch
+        _run(kernel, [x, p, count, order, y], device)
+        assert int(count) == 0 and sorted(order.tolist()) == list(range(G)), (count, order)
+    return _close(y, 2 * x.double().sum(0), 1e-5, 1e-6)
+
+
 def case_misc(device=None):
     G = 4
     kernel = misc(G)
@@ -316,6 +357,7 @@ CASES = {
     "axpy_dynamic": case_axpy_dynamic,
     "split_k_atomic": case_split_k_atomic,
     "misc_elementwise": case_misc,
+    "last_block_sum": case_last_block_sum,
     "huge_uint8_tail": case_huge_uint8_tail,
 }
 
@@ -466,6 +508,10 @@ def main(argv: list[str]) -> None:
             assert ".entry main" in ptx
             if "gemm" in n or "split_k" in n:
                 assert "mma" in ptx, f"{n}: no tensor-core instruction in the PTX"
+            if n == "last_block_sum":       # the count: acq_rel at device scope, after a bar.sync
+                before, add, after = ptx.partition("atom.global.gpu.acq_rel.add")
+                assert add and "bar.sync" in before.rsplit(".entry", 1)[-1], ptx[-3000:]
+                assert "atom.global.gpu.relaxed.add" in after, "the reset is a relaxed add"
     elif mode == "gpu":
         import torch
         print(f"{'case':28} {'max |err|':>10} {'first (s)':>10} {'again (s)':>10}")

@@ -7,22 +7,23 @@ outputs on the inputs' device (returned in ``out_idx`` order), and lists the val
 The full check runs once per call signature (each tensor's dtype, shape, strides and device;
 each scalar's type) and leaves a ``BoundSignature``: the runtime dims, the outputs' shapes and
 where each launch value comes from. A call with a known signature only re-checks what the
-signature does not fix: bulk-copy operands' 16-byte alignment, memory overlap when the kernel
-writes an input, and the scalars' values. Signatures are kept per binder, at most
+signature does not fix: bulk-copy operands' 16-byte alignment, memory overlap of an input the
+kernel writes with the other tensor arguments (their addresses against spans the signature fixes;
+the full check, to name them, only when two overlap), and the scalars' values. Signatures are kept per binder, at most
 ``SIGNATURES``. A caller that already keys its own cache on (at least) the signature takes
 ``bound(args)``: the same binding with the signature's key and look-up done once, not per call."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 SIGNATURES = 256      # call signatures a binder remembers (then it starts over)
 
 import torch
 
 from tilews.lowering import ir
-from tilews.lowering.arguments import ArgumentChecker, ArgumentRules, check_scalar
+from tilews.lowering.arguments import ArgumentChecker, ArgumentRules, check_scalar, span
 from tilews.testing import poison_
 
 
@@ -123,8 +124,12 @@ class Binder:
             else:
                 key.append(f"type({a})")
                 lines.append(f"    check_scalar(inputs[{i}].param, {a})")
-        if any(p.param in self.checker.written for p in self.inputs):
-            recheck = ["True"]       # an input the kernel writes may alias another argument
+        # an input the kernel writes may alias another tensor argument (outputs are fresh): its
+        # span against theirs, the spans' offsets from data_ptr() fixed by the signature
+        tensors = [i for i, p in enumerate(self.inputs) if isinstance(p.param, ir.Buffer)]
+        written = [i for i in tensors if self.inputs[i].param in self.checker.written]
+        recheck += [f"overlap({names[i]}.data_ptr(), sig.spans[{i}], {names[j]}.data_ptr(), sig.spans[{j}])"
+                    for i in written for j in tensors if j != i and not (j in written and j < i)]
         params = ", ".join(names)
         call = f"({params}{',' if len(names) == 1 else ''})"
         find = [f"    key = ({', '.join(key)}{',' if len(key) == 1 else ''})",
@@ -148,7 +153,7 @@ class Binder:
                   f"def bind_known(sig{', ' if names else ''}{params}):", *known]
         scope = {"signatures": self.signatures, "first_bind": self._first_bind, "empty": torch.empty,
                  "poison_": poison_, "check_scalar": check_scalar, "inputs": self.inputs,
-                 "check": self._check}
+                 "check": self._check, "overlap": _overlap}
         exec("\n".join(source), scope)
         self._dims = dims
         return scope["bind"], scope["signature"], scope["bind_known"]
@@ -166,16 +171,34 @@ class Binder:
             dtypes.append(b.dtype.torch_dtype)
         if len(self.signatures) >= SIGNATURES:
             self.signatures.clear()
+        spans = tuple(_offsets(a) for a in args)
         sig = self.signatures[key] = BoundSignature(tuple(shapes), tuple(dtypes), device,
-                                                    tuple(sizes[q.name] for q in self._dims))
+                                                    tuple(sizes[q.name] for q in self._dims), spans)
         return sig
+
+
+def _offsets(a) -> Optional[tuple[int, int]]:
+    """Where a non-empty tensor's elements lie, as (first, one past the last) byte offsets from
+    its ``data_ptr()``; None for an empty tensor or a scalar."""
+    if not isinstance(a, torch.Tensor) or a.numel() == 0:
+        return None
+    ptr = a.data_ptr()
+    lo, hi = span(a)
+    return lo - ptr, hi - ptr
+
+
+def _overlap(p: int, s: Optional[tuple[int, int]], q: int, t: Optional[tuple[int, int]]) -> bool:
+    """Whether tensors at ``p`` and ``q`` with span offsets ``s`` and ``t`` share a byte."""
+    return s is not None and t is not None and p + s[0] < q + t[1] and q + t[0] < p + s[1]
 
 
 @dataclass(frozen=True)
 class BoundSignature:
     """What one call signature fixes: the outputs' shapes and dtypes, their device, and the
-    values of the kernel's runtime dims that no argument passes (in parameter order)."""
+    values of the kernel's runtime dims that no argument passes (in parameter order), and per
+    input its span's byte offsets from ``data_ptr()`` (``_offsets``; None: empty or a scalar)."""
     outputs: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
     device: torch.device
     dims: tuple[int, ...]
+    spans: tuple = ()

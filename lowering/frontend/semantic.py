@@ -536,10 +536,14 @@ def store(target, value) -> None:
     builder().emit(ir.Store(buf, target.indices, to_expr(value, buf.dtype), current_loc()))
 
 
-def atomic_add(dst, value) -> None:
-    """Tile form: value is a buffer or region; element form: value is a scalar."""
+def atomic_add(dst, value, order: str = "relaxed", return_prev: bool = False) -> Optional[Scalar]:
+    """Tile form: value is a buffer or region; element form: value is a scalar. ``return_prev``
+    (element form outside T.Parallel): the previous value, through a local of dst's type."""
     if isinstance(value, (BufferRef, RegionRef)):
         _tile_op("T.atomic_add of a tile")
+        if return_prev:
+            raise err("T.atomic_add(return_prev=True) needs an element destination and a scalar "
+                      "value; a tile add returns nothing")
         v, r = _pair(value, dst, "T.atomic_add")
         payload: object = v
     else:
@@ -549,7 +553,15 @@ def atomic_add(dst, value) -> None:
         payload = to_expr(value, dst.buffer.dtype)
     if r.buffer.scope is not ir.Scope.GLOBAL:
         raise err(f"T.atomic_add targets global memory, not {r.buffer.scope.value} '{r.buffer.name}'")
-    builder().emit(ir.AtomicAdd(r, payload, current_loc()))
+    prev = None
+    if return_prev:
+        if builder().parallel_vars:
+            raise err("T.atomic_add(return_prev=True) inside T.Parallel is not supported: outside "
+                      "it the add is one per block and its previous value one scalar")
+        prev = alloc((1,), r.buffer.dtype, ir.Scope.LOCAL, "prev").buffer
+    builder().emit(ir.AtomicAdd(r, payload, current_loc(), prev, order))
+    return None if prev is None else Scalar(ir.Load(prev, (ir.Const(0, ir.DType.I32, current_loc()),),
+                                                   current_loc()))
 
 
 def barrier_arrive(bar) -> None:

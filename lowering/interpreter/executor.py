@@ -10,7 +10,8 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
   point chosen by the scheduler, decrementing the transaction count.
 * ``Gemm``: C (+)= op(A) @ op(B), accumulated in C's value dtype (``values.Numerics``).
 * ``Fill``, ``Reduce`` (``clear=False`` combines with dst), ``Store``, ``AtomicAdd`` (element
-  and tile forms, bounds-masked; lanes hitting one element all add).
+  and tile forms, bounds-masked; lanes hitting one element all add; ``prev`` receives the value
+  before the add; every ``order`` holds, since blocks run one statement at a time).
 * ``Parallel`` runs vectorized over its extents: ``If`` inside is a lane mask; global loads and
   stores out of bounds read 0 / are dropped.
 * ``For`` of every kind runs sequentially; ``If`` outside ``Parallel`` takes one branch.
@@ -216,6 +217,8 @@ class RoleExecutor:
         else:
             values = self.ev.eval(s.value, env, mask)
             idx = [self.ev.eval(x, env, mask) for x in dst.starts]
+        if s.prev is not None:      # one add per block: a block runs one statement at a time
+            self.mem.scatter(s.prev, [0], self.mem.gather(dst.buffer, idx, None, s.loc), None, s.loc)
         self.mem.atomic_add(dst.buffer, idx, values, mask, s.loc)
 
     # -- element-wise ----------------------------------------------------------------------------

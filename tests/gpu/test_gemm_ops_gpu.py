@@ -17,7 +17,8 @@ pytestmark = pytest.mark.gpu
 
 SCHEDULES = ["tiled 64x128x64 s6 t128 g8", "tiled 128x128x64 s4 t128 g8",
              "persistent 128x256x64 s3 t256 g8", "split_k 64x128x64 s6 t128 x4",
-             "split_k 64x64x64 s8 t128 x3", "swap_ab 16x128x64 s6 t128", "swap_ab 32x128x64 s6 t128"]
+             "split_k 64x64x64 s8 t128 x3", "split_k_fused 16x64x128 s4 t128 x2",
+             "split_k_fused 64x128x64 s4 t128 x3", "swap_ab 16x128x64 s6 t128", "swap_ab 32x128x64 s6 t128"]
 
 
 def _hopper():
@@ -90,16 +91,48 @@ def test_descriptors_are_cached_per_address_and_follow_a_new_one():
 def test_matmul_under_a_cuda_graph():
     _hopper()
     a, b = _inputs(64, 1024, 2048)
-    for s in ("split_k 64x128x64 s6 t128 x4", "tiled 64x128x64 s6 t128 g8"):
+    for s in ("split_k 64x128x64 s6 t128 x4", "tiled 64x128x64 s6 t128 g8",
+              "split_k_fused 64x128x64 s4 t128 x4"):
         schedule = Schedule.from_text(s)
         run(a, b, None, schedule)              # compiled and launched once outside the graph
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             c = run(a, b, None, schedule)
-        a.copy_(torch.randn_like(a))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert rel_err(c, a.double() @ b.double()) < 1e-2, s
+        for _ in range(3):                     # replays: split_k_fused's counters stay at zero
+            a.copy_(torch.randn_like(a))
+            c.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel_err(c, a.double() @ b.double()) < 1e-2, s
+
+
+def test_split_k_fused_is_deterministic_and_keeps_streams_apart():
+    """The last-arriving block sums the slices in slice order: the same bits on every call, with
+    blocks finishing in any order; the arrival counts come back to zero; two streams running it
+    at once each count on their own counters."""
+    _hopper()
+    from tilews.ops.arrivals import _counters
+    schedule = Schedule.from_text("split_k_fused 16x64x128 s4 t128 x4")
+    a, b = _inputs(16, 4096, 4096)
+    first = run(a, b, None, schedule)
+    assert rel_err(first, a.double() @ b.double()) < 1e-2
+    for _ in range(30):
+        assert torch.equal(run(a, b, None, schedule), first)
+    torch.cuda.synchronize()
+    assert all(int(c.abs().sum()) == 0 for c in _counters.values())
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    inputs = [_inputs(16, 4096, 4096, seed=s) for s in (1, 2)]
+    torch.cuda.synchronize()
+    outs = [[], []]
+    for _ in range(20):                        # interleaved launches, both streams busy at once
+        for stream, (x, y), out in zip(streams, inputs, outs):
+            with torch.cuda.stream(stream):
+                out.append(run(x, y, None, schedule))
+    torch.cuda.synchronize()
+    for (x, y), out in zip(inputs, outs):
+        assert rel_err(out[0], x.double() @ y.double()) < 1e-2
+        assert all(torch.equal(c, out[0]) for c in out)
+    assert all(int(c.abs().sum()) == 0 for c in _counters.values())
 
 
 def test_launch_hooks_are_called_when_set_and_cost_nothing_when_empty(monkeypatch):

@@ -382,3 +382,12 @@ def test_mlx_accepts_an_emitted_kernel(capfd, tmp_path):
     assert decls[:3] == expected_mlx_decls(msl)
     assert sorted(decls[3:]) == sorted(f"{ATTRIBUTES[a]} {a} [[{a}]]" for a in msl.attributes)
     assert body.rstrip("\n") == msl.body.rstrip("\n")
+
+
+def test_returning_or_ordered_atomics_are_refused_by_name():
+    from ..test_tl_backend import last_block_sum
+    from tilews.lowering.target import METAL
+    with pytest.raises(CompileError, match="T.atomic_add into 'Count' with return_prev=True: the "
+                                           "Metal backend spells relaxed adds"):
+        from tilews.metal.emit import emit
+        emit(passes.lower(last_block_sum(4), METAL))

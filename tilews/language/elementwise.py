@@ -53,14 +53,29 @@ def infinity(dtype):
     return semantic.infinity(dtype)
 
 
-_MEMORY_ORDERS = (None, "relaxed", "consume", "acquire", "release", "acq_rel", "seq_cst")
+# TileLang's C++ memory orders -> the orders tilews spells (ir.MEMORY_ORDERS): "consume" is an
+# acquire, and "seq_cst" an acq_rel (Triton has nothing stronger; one atomic per block orders
+# the same way under both)
+_MEMORY_ORDERS = {None: "relaxed", "relaxed": "relaxed", "consume": "acquire", "acquire": "acquire",
+                  "release": "release", "acq_rel": "acq_rel", "seq_cst": "acq_rel"}
 
 
-def atomic_add(dst, value, memory_order=None):
+def atomic_add(dst, value, memory_order=None, return_prev=False):
     """``dst += value`` atomically in global memory (an element, or a tile from a buffer).
-    ``memory_order`` (TileLang's C++ orders) only orders the thread's other memory accesses around
-    the add, which blocks never synchronize on in tilews; the sum is the same for every order."""
+
+    An element add outside ``T.Parallel`` is one add per block (as every statement there), and
+    ``return_prev=True`` (that form only) returns the value ``dst`` held before it, the same for
+    every thread. ``memory_order`` orders the block's other global accesses around the add, at
+    device scope: ``"release"`` makes everything the block wrote before it visible to a block
+    that reads this add's result with ``"acquire"`` (then its later reads see those writes);
+    ``"acq_rel"`` is both, ``"relaxed"`` (the default) neither. The last-arriving-block pattern::
+
+        T.copy(partial, W[...])                       # this block's share
+        n = T.atomic_add(Arrivals[tile], 1, memory_order="acq_rel", return_prev=True)
+        if n == parts - 1:                            # every other share is visible here
+            ...                                       # read W, finish the tile
+    """
     if memory_order not in _MEMORY_ORDERS:
         raise semantic.err(f"T.atomic_add(memory_order={memory_order!r}): must be one of "
-                           f"{', '.join(repr(o) for o in _MEMORY_ORDERS[1:])}")
-    semantic.atomic_add(dst, value)
+                           f"{', '.join(repr(o) for o in list(_MEMORY_ORDERS)[1:])}")
+    return semantic.atomic_add(dst, value, _MEMORY_ORDERS[memory_order], bool(return_prev))

@@ -11,6 +11,11 @@ says which program and knobs a shape gets. All compute ``C = A @ B`` for A [M, K
 * ``split_k`` + ``split_k_reduce``: the K loop cut into ``splits`` slices, each block writing a
   float32 partial tile into a workspace [M, splits * N'] (N' = N in whole tiles); a second kernel sums the slices in a fixed
   order (deterministic) and casts. For shapes with too few output tiles to fill the GPU.
+* ``split_k_fused``: split-K in one kernel: each block stores its float32 partial tile as
+  ``split_k`` does, then counts itself in a per-tile arrival counter; the block arriving last
+  sums the slices (in slice order: deterministic) and stores C. Saves the reduction kernel's
+  launch and ramp, which is most of the time at M <= 32. Its atomics keep it off the
+  warp-specialized path: it is a ``triton.language`` kernel (cp.async ring, mma).
 * ``swap_ab``: C^T = B^T A^T for small M, so N fills the wgmma's 64-row M dimension and M becomes
   the narrow N of the instruction; the tile is stored transposed.
 """
@@ -109,6 +114,51 @@ def split_k_reduce(M, N, splits, split_N, block_M=32, block_N=128, threads=128, 
                 for i, j in T.Parallel(block_M, block_N):
                     acc[i, j] += W[by * block_M + i, s * split_N + bx * block_N + j]
             T.copy(acc, C[by * block_M, bx * block_N])
+    return main
+
+
+ARRIVAL_SLOTS = T.dynamic("arrival_slots")
+
+
+@tilews.jit(out_idx=[-2, -1])
+def split_k_fused(M, N, K, splits=2, block_M=16, block_N=64, block_K=128, num_stages=4, threads=128,
+                  dtype=T.bfloat16, out_dtype=T.bfloat16):
+    """C = A @ B, K cut into ``splits`` slices, one block per (output tile, slice), summed in the
+    same kernel. Each block stores its float32 partial into W (``split_k``'s layout), then adds 1
+    to ``Arrivals[tile]`` (acq_rel, tiles numbered row by row); the block that sees
+    ``splits - 1`` there arrived last: every other partial is visible to it. It sums the partials
+    in slice order (the same bits whichever block is last), stores C and puts the count back to 0.
+
+    Contract: ``Arrivals`` holds zeros at launch, at least ``ceildiv(M, block_M) *
+    ceildiv(N, block_N)`` of them, and no other launch uses it meanwhile (one per stream). W is
+    scratch; it is returned only because outputs are how a kernel gets fresh memory."""
+    per = k_tiles_per_split(K, block_K, splits)
+    Np = split_width(N, block_N)
+    n_tiles = -(-N // block_N)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
+             Arrivals: T.Tensor((ARRIVAL_SLOTS,), T.int32), W: T.Tensor((M, splits * Np), T.float32),
+             C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(n_tiles, T.ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(per, num_stages=num_stages):
+                T.copy(A[by * block_M, (bz * per + k) * block_K], A_s)
+                T.copy(B[(bz * per + k) * block_K, bx * block_N], B_s)
+                T.gemm(A_s, B_s, C_f)
+            T.copy(C_f, W[by * block_M, bz * Np + bx * block_N])
+            tile = by * n_tiles + bx
+            arrived = T.atomic_add(Arrivals[tile], 1, memory_order="acq_rel", return_prev=True)
+            if arrived == splits - 1:
+                T.clear(C_f)
+                for s in T.serial(splits):
+                    for i, j in T.Parallel(block_M, block_N):
+                        C_f[i, j] += W[by * block_M + i, s * Np + bx * block_N + j]
+                T.copy(C_f, C[by * block_M, bx * block_N])
+                T.atomic_add(Arrivals[tile], -splits)
     return main
 
 

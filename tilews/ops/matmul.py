@@ -7,7 +7,8 @@ the device name, tilews's source digest, dtypes, N, K and the bucket), else, wit
 ``TILEWS_TUNE=1``, ``tune`` on this call's inputs, else ``schedule.heuristic``. The program is
 compiled with a runtime M (``T.dynamic("M")``), so every M of a bucket, and of any bucket that
 picks the same schedule, runs the same compiled kernel; split_k launches ``split_k`` then
-``split_k_reduce``. CPU tensors run on tilews's interpreter.
+``split_k_reduce``; split_k_fused is one ``triton.language`` kernel given this stream's arrival
+counters (``arrivals``). CPU tensors run on tilews's interpreter.
 
 Calling: the first call of a kind (each operand's shape, strides, dtype, device and
 ``requires_grad``, and ``out_dtype``) checks the arguments (errors name the argument:
@@ -63,6 +64,7 @@ from tilews.profiler import do_bench
 from tilews.profiler.compare import assert_outputs_close
 
 from . import gemm_programs
+from .arrivals import arrival_counters
 from .schedule import Schedule, bucket, candidates, heuristic
 
 logger = logging.getLogger("tilews.ops")
@@ -223,25 +225,40 @@ def _choice(M, N, K, dtype, out, device, settings: Settings) -> Schedule:
 @dataclass(frozen=True)
 class Runner:
     """A schedule's compiled kernels as one callable (a, b) -> c: one kernel, or split_k's
-    partial product (a, b) -> w and its reduction w -> c."""
+    partial product (a, b) -> w and its reduction w -> c. ``arrivals``: split_k_fused's
+    (block_M, block_N); its kernel takes (a, b, arrival counters) and returns (w, c)."""
     kernels: tuple
+    arrivals: tuple = ()
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out = self.kernels[0](a, b)
+        out = self.kernels[0](a, b, *self._counters(a, b))
+        if self.arrivals:           # (w, c)
+            out = out[-1]
         for kernel in self.kernels[1:]:
             out = kernel(out)
         return out
+
+    def _counters(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        if not self.arrivals:
+            return ()
+        block_M, block_N = self.arrivals
+        tiles = -(-a.shape[0] // block_M) * -(-b.shape[1] // block_N)
+        return (arrival_counters(a.device, tiles),)
 
     def direct(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Call]:
         """``self(a, b)``, and a call doing the same for operands of ``a`` and ``b``'s signature
         (shapes, strides, dtypes, devices): each kernel's binding fixed to its arguments'
         signature (``_bound``), after copying operands that are not contiguous."""
         ca, cb = a.contiguous(), b.contiguous()
-        args, calls = (ca, cb), []
+        counters = self._counters(ca, cb)
+        args, calls = (ca, cb, *counters), []
         for kernel in self.kernels:
             calls.append(_bound(kernel, args))
             args = (calls[-1](*args),)
-        if len(calls) == 1:
+        if counters:
+            (fused,), tiles, device = calls, counters[0].numel(), ca.device
+            call = lambda a, b: fused(a, b, arrival_counters(device, tiles))   # noqa: E731
+        elif len(calls) == 1:
             call = calls[0]
         else:
             partial, reduce = calls
@@ -252,14 +269,14 @@ class Runner:
 
 
 def _bound(kernel, args: tuple) -> Callable[..., torch.Tensor]:
-    """``kernel(*args)`` (one output) for arguments of ``args``'s signature: its binder's binding
-    for that signature (``Binder.bound``), then its launch."""
+    """``kernel(*args)`` (its last output) for arguments of ``args``'s signature: its binder's
+    binding for that signature (``Binder.bound``), then its launch."""
     bind, launch = kernel.binder.bound(args), kernel.program.launch
 
     def call(*args):
-        values, (out,) = bind(*args)
+        values, outs = bind(*args)
         launch(values)
-        return out
+        return outs[-1]
     return call
 
 
@@ -283,6 +300,10 @@ def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
         reduce = _program("split_k_reduce", target)(
             _M, N, s.splits, gemm_programs.split_width(N, s.block_N), out_dtype=out)
         return Runner((partial, reduce))
+    if s.program == "split_k_fused":     # atomics: a triton.language kernel, never Gluon
+        fused = _program("split_k_fused", "triton" if device_type == "cuda" else target)(
+            _M, N, K, splits=s.splits, dtype=dtype, out_dtype=out, **blocks)
+        return Runner((fused,), (s.block_M, s.block_N))
     knobs = {"tiled": dict(swizzle=s.group),
              "persistent": dict(num_sms=tilews.num_sms(), group_size=s.group),
              "swap_ab": {}}[s.program]
@@ -293,7 +314,7 @@ def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
 def _program(name: str, target: str):
     """The ``gemm_programs`` factory ``name`` compiling for ``target``."""
     factory = getattr(gemm_programs, name)
-    return factory if target == factory.target else tilews.jit(out_idx=[-1], target=target)(factory.fn)
+    return factory if target == factory.target else tilews.jit(out_idx=factory.out_idx, target=target)(factory.fn)
 
 
 # --- tuning ---------------------------------------------------------------------------------------

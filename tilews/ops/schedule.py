@@ -21,13 +21,15 @@ import torch
 
 from tilews.lowering.target import bulk_copy_rows
 
-PROGRAMS = ("tiled", "persistent", "split_k", "swap_ab")
+PROGRAMS = ("tiled", "persistent", "split_k", "split_k_fused", "swap_ab")
+SPLITTING = ("split_k", "split_k_fused")
 MAX_BUCKET = 8192
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """A GEMM program and its knobs. ``splits``: split_k's number of K slices (1 elsewhere);
+    """A GEMM program and its knobs. ``splits``: the number of K slices of split_k and
+    split_k_fused (1 elsewhere);
     ``group``: tiled's block swizzle panel (0: none) or persistent's tile group size (>= 1)."""
     program: str
     block_M: int
@@ -46,15 +48,16 @@ class Schedule:
             value, least = getattr(self, f.name), 0 if f.name == "group" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"Schedule: {f.name} must be an int >= {least}, got {value!r}")
-        if self.splits != 1 and self.program != "split_k":
-            raise ValueError(f"Schedule: splits={self.splits} is split_k's knob, not {self.program}'s")
+        if self.splits != 1 and self.program not in SPLITTING:
+            raise ValueError(f"Schedule: splits={self.splits} is a knob of {' and '.join(SPLITTING)}, "
+                             f"not of {self.program}")
         if self.program == "persistent" and self.group < 1:
             raise ValueError("Schedule: persistent needs group >= 1 (its tile group size)")
 
     def __str__(self) -> str:
         text = (f"{self.program} {self.block_M}x{self.block_N}x{self.block_K} s{self.num_stages} "
                 f"t{self.threads}")
-        if self.program == "split_k":
+        if self.program in SPLITTING:
             text += f" x{self.splits}"
         return text + (f" g{self.group}" if self.group else "")
 
@@ -89,12 +92,17 @@ def bucket(M: int) -> int:
 # reading B, so what matters is enough blocks streaming it (split-K when N has few tiles); above
 # that, the largest tile whose count still fills most SMs wins (a 64x64 tile at 128x4096x4096:
 # 1.2x cuBLAS; 128x128 at 128x14336x4096 and 512x4096x4096), and split-K repairs a last wave that
-# would run mostly empty (1000x1100x1234: 0.80x -> 0.94x).
+# would run mostly empty (1000x1100x1234: 0.80x -> 0.94x). With L2 flushed (as tilews-bench times),
+# split-K's second kernel costs ~3 us of a ~22 us product at M <= 32, N = K = 4096; summing in the
+# same kernel (split_k_fused, scripts/probe_narrow_gemm.py, H100) is worth 0.87 / 0.92 / 0.85x ->
+# 0.96 / 1.05 / 0.94x at M = 1 / 16 / 32 there and 0.96x -> 1.01x at K = 14336, with 16- or 32-row
+# blocks of 64 columns, 128-deep k tiles, and about one block per SM.
 CPU = Schedule("tiled", 64, 64, 32, 2, 128)              # the interpreters: small blocks
 SPLIT_K = Schedule("split_k", 64, 128, 64, 6, 128, splits=2)   # splits set per shape
 PERSISTENT = Schedule("persistent", 128, 256, 64, 3, 256, group=8)
 NARROW_M = (Schedule("tiled", 64, 256, 64, 4, 128, group=8),    # M <= NARROW_M_MAX, N wide
             Schedule("tiled", 64, 128, 64, 6, 128, group=8))
+NARROW_SPLIT = Schedule("split_k_fused", 16, 64, 128, 4, 128, splits=2)   # block_M, splits per shape
 # rows not 16-byte aligned keep a tensor off TMA: the program runs as plain triton.language.
 # With L2 flushed before each call (tilews-bench, ops.tune), K split in two measured best
 # (4095x4097x4099 on an H100: split_k 64x128 x2 0.93 ms, transposed 128x64 tiles 1.09 ms,
@@ -108,8 +116,8 @@ TILES = (Schedule("tiled", 128, 256, 64, 3, 256, group=8),       # largest first
 
 NARROW_M_MAX = 32           # M at most this: 64-row tiles over N, or split-K
 FILL = 0.75                 # a tiling "fills" the GPU with at least this many blocks per SM
-NARROW_FILL = 0.4           # blocks per SM split-K aims at when M <= NARROW_M_MAX (tuned: 2 of
-                            # 4096's 32 N tiles beat 4 at M 1, 16 and 32)
+NARROW_FILL = 1.0           # blocks per SM split_k_fused aims at when M <= NARROW_M_MAX
+FUSED_MIN_K_TILES = 4       # each K slice of split_k_fused at least this many block_K tiles long
 MIN_WAVE_USE = 0.8          # below this share of its SM slots busy, a tiling is split in K
 SPLIT_K_MIN_K_TILES = 6     # each K slice at least this many block_K tiles long
 MAX_SPLITS = 16
@@ -124,7 +132,8 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
     ==========================================================  ===============================
     not on a GPU                                                CPU (tiled 64x64x32)
     M <= NARROW_M_MAX, N's 64x256 (else 64x128) tiles fill      tiled 64x256 (64x128)
-    M <= NARROW_M_MAX                                           split_k 64x128, NARROW_FILL
+    M <= NARROW_M_MAX                                           split_k_fused 16 (32) x 64 x 128,
+                                                                NARROW_FILL blocks per SM
     128x256 tiles at least one per SM                           persistent 128x256x64
     the largest of TILES whose count fills the SMs              that tile, or split_k of it
                                                                 when its last wave is mostly
@@ -176,12 +185,14 @@ def _split(M: int, N: int, K: int, tile: Schedule, num_sms: int, most: int = MAX
 
 
 def _narrow_split(M: int, N: int, K: int, num_sms: int):
-    """split_k 64x128 for M <= NARROW_M_MAX: enough slices for ``NARROW_FILL`` blocks per SM
-    (reading B is the bound; more slices only add partial sums), or None when K allows no split."""
-    tiles = SPLIT_K.output_tiles(M, N)
-    most = min(MAX_SPLITS, K // (SPLIT_K_MIN_K_TILES * SPLIT_K.block_K))
-    splits = min(most, -(-int(NARROW_FILL * num_sms) // tiles))
-    return replace(SPLIT_K, splits=splits) if splits >= 2 else None
+    """split_k_fused for M <= NARROW_M_MAX (16-row blocks up to M = 16, else 32): the slice count
+    nearest ``NARROW_FILL`` blocks per SM (reading B is the bound; more slices only add partial
+    sums), or None when K allows no split."""
+    base = replace(NARROW_SPLIT, block_M=16 if M <= 16 else 32)
+    tiles = base.output_tiles(M, N)
+    most = min(MAX_SPLITS, K // (FUSED_MIN_K_TILES * base.block_K))
+    splits = min(most, max(2, round(NARROW_FILL * num_sms / tiles)))
+    return replace(base, splits=splits) if splits >= 2 else None
 
 
 def split_count(M: int, N: int, K: int, base: Schedule, num_sms: int, most: int = MAX_SPLITS,
@@ -201,8 +212,8 @@ def split_count(M: int, N: int, K: int, base: Schedule, num_sms: int, most: int 
 
 def fit_stages(s: Schedule, dtype: torch.dtype, out_dtype: torch.dtype) -> Schedule:
     """``s`` with at most as many stages as fit ``SMEM_BYTES`` (an estimate: the A and B ring,
-    plus one output tile in ``out_dtype``, float32 for split_k's partials), at least 1."""
-    out_size = 4 if s.program == "split_k" else out_dtype.itemsize
+    plus one output tile in ``out_dtype``, float32 for split-K's partials), at least 1."""
+    out_size = 4 if s.program in SPLITTING else out_dtype.itemsize
     stage = (s.block_M + s.block_N) * s.block_K * dtype.itemsize
     room = (SMEM_BYTES - s.block_M * s.block_N * out_size) // stage
     return replace(s, num_stages=max(1, min(s.num_stages, room)))
@@ -211,19 +222,27 @@ def fit_stages(s: Schedule, dtype: torch.dtype, out_dtype: torch.dtype) -> Sched
 def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype, num_sms: int,
                gpu: bool) -> list[Schedule]:
     """The schedules ``tilews.ops.tune`` times for this shape: the heuristic's first, then the
-    tile shapes, persistent, split_k (2, 3, 4, 8 slices where K allows) and, for M <= 64, swap_ab;
-    each at most once. On the CPU a handful of small ones, one per program."""
+    tile shapes, persistent, split_k (2, 3, 4, 8 slices where K allows), split_k_fused (64x128
+    blocks in 2 and 4 slices; for M <= 64 also blocks of M's height: 64x128 in 2 and 4 slices,
+    128x64 in 4) and, for M <= 64, swap_ab; each at most once. On the CPU a handful of small ones, one per
+    program."""
     first = heuristic(M, N, K, dtype, out_dtype, num_sms, gpu)
     if not gpu:
         space = [Schedule("tiled", 32, 64, 32, 2, 128), Schedule("persistent", 64, 64, 32, 2, 128, group=2)]
         if K > CPU.block_K:
-            space.append(Schedule("split_k", 64, 64, 32, 2, 128, splits=2))
+            space += [Schedule("split_k", 64, 64, 32, 2, 128, splits=2),
+                      Schedule("split_k_fused", 16, 64, 32, 2, 128, splits=2)]
         if M <= 64:
             space.append(Schedule("swap_ab", 16, 64, 32, 2, 128))
         return list(dict.fromkeys([first, *space]))
     space = [*TILES, PERSISTENT, Schedule("persistent", 128, 128, 64, 4, 128, group=8)]
     space += [replace(SPLIT_K, splits=n) for n in (2, 3, 4, 8)
               if K >= n * SPLIT_K_MIN_K_TILES * SPLIT_K.block_K]
+    fused = [Schedule("split_k_fused", 64, 128, 64, 4, 128, splits=n) for n in (2, 4)]
     if M <= 64:
+        height = 16 if M <= 16 else 32 if M <= 32 else 64
+        fused += [Schedule("split_k_fused", height, bn, bk, 4, 128, splits=n)
+                  for bn, bk, n in ((64, 128, 2), (64, 128, 4), (128, 64, 4))]
         space += [Schedule("swap_ab", bm, bn, 64, 6, 128) for bm, bn in ((16, 128), (32, 128), (16, 64))]
+    space += [f for f in fused if K >= f.splits * FUSED_MIN_K_TILES * f.block_K]
     return list(dict.fromkeys([first, *(fit_stages(s, dtype, out_dtype) for s in space)]))

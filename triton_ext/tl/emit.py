@@ -218,17 +218,26 @@ def _require_covered(ctx: Ctx, s: ir.Stmt, indices, values) -> None:
 
 
 def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
+    """The add at device scope with ``s.order`` as Triton's ``sem``; a block barrier before a
+    release (the block's earlier writes, made by all its threads, precede the add) and after an
+    acquire (no thread reads before the add has returned)."""
     b = s.dst.buffer
+    order = f", sem='{s.order}', scope='gpu'"
+    if s.order in ("release", "acq_rel"):
+        ctx.line("tl.debug_barrier()")
     if isinstance(s.value, ir.Region):
         ptr, mask, _ = tiles.region_ptr(ctx, s.dst, masked=True)
         value = tiles.tile_value(ctx, s.value, s.loc)
         to = "" if s.value.buffer.dtype == b.dtype else f".to({TL_DTYPE[b.dtype]})"
-        ctx.line(f"tl.atomic_add({ptr}, {value}{to}, mask={mask})")
-        return
-    ptr, mask = element_ptr(ctx, b, s.dst.starts, s.dst.mask_low, s.loc)
-    if ctx.par is not None:
-        ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.extents)})"
-    ctx.line(f"tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)})")
+        ctx.line(f"tl.atomic_add({ptr}, {value}{to}, mask={mask}{order})")
+    else:
+        ptr, mask = element_ptr(ctx, b, s.dst.starts, s.dst.mask_low, s.loc)
+        if ctx.par is not None:
+            ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.extents)})"
+        prev = f"{ctx.name(s.prev.name)} = " if s.prev is not None else ""
+        ctx.line(f"{prev}tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)}{order})")
+    if s.order in ("acquire", "acq_rel"):
+        ctx.line("tl.debug_barrier()")
 
 
 def _parallel(ctx: Ctx, s: ir.Parallel) -> None:

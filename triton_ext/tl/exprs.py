@@ -211,7 +211,8 @@ def bounds(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: tuple[bool, ...
     for i, dim, low in zip(indices, b.shape, mask_low):
         if low:
             conds.append(f"({i} >= 0)")
-        conds.append(f"({i} < {spell(ctx, dim)})")
+        if not (i.isdigit() and ir.as_int(dim) is not None and int(i) < ir.as_int(dim)):
+            conds.append(f"({i} < {spell(ctx, dim)})")      # (a constant inside needs none)
     return conds
 
 
