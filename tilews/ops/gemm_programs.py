@@ -89,16 +89,24 @@ def split_k(M, N, K, splits=4, block_M=64, block_N=128, block_K=64, num_stages=4
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
              W: T.Tensor((M, splits * Np), T.float32)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
-            A_s = T.alloc_shared((block_M, block_K), dtype)
-            B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
-            T.clear(C_f)
-            for k in T.Pipelined(per, num_stages=num_stages):
-                T.copy(A[by * block_M, (bz * per + k) * block_K], A_s)
-                T.copy(B[(bz * per + k) * block_K, bx * block_N], B_s)
-                T.gemm(A_s, B_s, C_f)
+            _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages)
             T.copy(C_f, W[by * block_M, bz * Np + bx * block_N])
     return main
+
+
+@T.macro
+def _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages):
+    """C_f = the product of A's row tile ``by`` and B's column tile ``bx`` (C_f's shape) over
+    the ``per`` k tiles of K slice ``bz``, through a ``num_stages`` ring."""
+    block_M, block_N = C_f.shape
+    A_s = T.alloc_shared((block_M, block_K), A.dtype)
+    B_s = T.alloc_shared((block_K, block_N), B.dtype)
+    T.clear(C_f)
+    for k in T.Pipelined(per, num_stages=num_stages):
+        T.copy(A[by * block_M, (bz * per + k) * block_K], A_s)
+        T.copy(B[(bz * per + k) * block_K, bx * block_N], B_s)
+        T.gemm(A_s, B_s, C_f)
 
 
 @tilews.jit(out_idx=[-1])
@@ -141,14 +149,8 @@ def split_k_fused(M, N, K, splits=2, block_M=16, block_N=64, block_K=128, num_st
              Arrivals: T.Tensor((ARRIVAL_SLOTS,), T.int32), W: T.Tensor((M, splits * Np), T.float32),
              C: T.Tensor((M, N), out_dtype)):
         with T.Kernel(n_tiles, T.ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
-            A_s = T.alloc_shared((block_M, block_K), dtype)
-            B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
-            T.clear(C_f)
-            for k in T.Pipelined(per, num_stages=num_stages):
-                T.copy(A[by * block_M, (bz * per + k) * block_K], A_s)
-                T.copy(B[(bz * per + k) * block_K, bx * block_N], B_s)
-                T.gemm(A_s, B_s, C_f)
+            _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages)
             T.copy(C_f, W[by * block_M, bz * Np + bx * block_N])
             tile = by * n_tiles + bx
             arrived = T.atomic_add(Arrivals[tile], 1, memory_order="acq_rel", return_prev=True)
