@@ -553,6 +553,8 @@ def atomic_add(dst, value, order: str = "relaxed", return_prev: bool = False) ->
         payload = to_expr(value, dst.buffer.dtype)
     if r.buffer.scope is not ir.Scope.GLOBAL:
         raise err(f"T.atomic_add targets global memory, not {r.buffer.scope.value} '{r.buffer.name}'")
+    if order not in ir.MEMORY_ORDERS:
+        raise err(f"T.atomic_add: memory order {order!r} is not one of {', '.join(ir.MEMORY_ORDERS)}")
     prev = None
     if return_prev:
         if builder().parallel_vars:
