@@ -28,6 +28,7 @@ import torch
 
 import tilews
 import tilews.language as T
+from tilews.lowering import interpreter
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.plans import AsyncPlan
 from tilews.ops import gemm_programs as G
@@ -170,6 +171,37 @@ def test_split_k_runtime_m(target, dt):
         c = reduce(w)
         assert c.shape == (m, DYNAMIC_N) and c.dtype == torch_dt
         close(c, a.double() @ b.double(), *TOL[dt])
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("target", CPU_TARGETS)
+def test_split_k_fused(target, dt):
+    # the workspace as split_k's, C summed by the last block of each tile, the counts back at 0;
+    # one kernel for every M (K = 100: the third slice lies wholly past K)
+    tdt, torch_dt = DTYPES[dt]
+    (_, N, K), knobs = STATIC, dict(KNOBS["split_k"], block_M=16)
+    splits, Np = knobs["splits"], G.split_width(N, knobs["block_N"])
+    k = tilews.jit(target=target, out_idx=[-2, -1])(G.split_k_fused.fn)(
+        T.dynamic("M"), N, K, dtype=tdt, out_dtype=tdt, **knobs)
+    arrivals = torch.zeros(64, dtype=torch.int32)
+    for m in (1, 5, 70):
+        a, b = inputs(m, N, K, torch_dt, seed=20 + m)
+        for _ in range(2):
+            w, c = k(a, b, arrivals)
+            close(w, workspace_ref(a, b, splits, knobs["block_K"], knobs["block_N"]), *TOL_WORKSPACE)
+            close(c, a.double() @ b.double(), *TOL[dt])
+            assert int(arrivals.abs().sum()) == 0
+    if target == "interpret":       # blocks finishing in any order: the same bits
+        a, b = inputs(70, N, K, torch_dt, seed=30)
+        want = None
+        for order in range(4):
+            c = poisoned(70, N, dtype=torch_dt)
+            w = poisoned(70, splits * Np, dtype=torch.float32)
+            named = dict(A=a, B=b, Arrivals=arrivals, W=w, C=c, M=70, arrival_slots=64)
+            interpreter.run(k.ir_before, [named[p.name] for p in k.ir_before.params], block_order=order)
+            want = c if want is None else want
+            assert torch.equal(c, want) and int(arrivals.abs().sum()) == 0
+        close(want, a.double() @ b.double(), *TOL[dt])
 
 
 def test_split_sizes():

@@ -412,6 +412,30 @@ def test_a_returning_atomic_add_is_one_add_per_block_and_the_last_block_sums():
         torch.testing.assert_close(Y.double(), 2 * X.double().sum(0), rtol=1e-6, atol=1e-6)
 
 
+def test_shuffled_block_orders_find_a_program_counting_on_the_grid_order():
+    from .test_tl_backend import last_block_sum
+    G, N = 6, 64
+    torch.manual_seed(8)
+    X = torch.randn(G, N)
+    want = 2 * X.double().sum(0)
+    kernel, wrong = last_block_sum(G, N), last_block_sum(G, N, grid_order=True)
+    orders, failures = set(), 0
+    for seed in range(8):
+        P, Y = torch.full((G, N), float("nan")), torch.full((N,), float("nan"))
+        count, order = torch.zeros(1, dtype=torch.int32), torch.full((G,), -1, dtype=torch.int32)
+        run(kernel, [X, P, count, order, Y], block_order=seed)
+        torch.testing.assert_close(Y.double(), want, rtol=1e-6, atol=1e-6)
+        assert int(count) == 0 and sorted(order.tolist()) == list(range(G))
+        orders.add(tuple(order.tolist()))
+        P, Y = torch.full((G, N), float("nan")), torch.full((N,), float("nan"))
+        run(wrong, [X, P, count, order, Y], block_order=seed, check=False)
+        failures += not torch.allclose(Y.double(), want)     # read partials not yet written
+    assert len(orders) > 1 and failures > 0
+    P, Y = torch.full((G, N), float("nan")), torch.full((N,), float("nan"))
+    run(wrong, [X, P, count, order, Y])           # the grid's order hides it
+    torch.testing.assert_close(Y.double(), want, rtol=1e-6, atol=1e-6)
+
+
 def returning_atomic(where):
     @T.prim_func
     def main(C: T.Tensor((4,), T.int32), D: T.Tensor((4,), T.int32)):

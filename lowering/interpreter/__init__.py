@@ -19,17 +19,21 @@ masks), ``expressions`` (vectorized Expr evaluation), ``barriers`` (mbarriers, c
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from .. import arguments, ir
 from .program import execute
 
 
 def run(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: bool = False,
-        check: bool = True) -> None:
+        check: bool = True, block_order: Optional[int] = None) -> None:
     """Execute ``kernel`` on ``args`` (aligned with ``kernel.params``: a torch tensor per buffer,
     a number per runtime scalar), after checking them (``lowering.arguments.check``). Results land
-    in the argument tensors."""
+    in the argument tensors. ``block_order``: a seed shuffling the order blocks run in (else the
+    grid's order; ``program``)."""
     arguments.check(kernel, args)
-    execute(kernel, args, seed=seed, accumulate_f64=accumulate_f64, check=check)
+    execute(kernel, args, seed=seed, accumulate_f64=accumulate_f64, check=check,
+            block_order=block_order)
 
 
 __all__ = ["run"]

@@ -7,12 +7,16 @@ so tests and tools can see which interleaving a seed produced.
   allocations plus one ``WarpSpecialize``; each role then runs with ``128 * len(warpgroups)``
   threads. A kernel without roles is one role of ``kernel.threads`` threads.
 * Blocks run one after another (``kernel.block_vars[0]`` fastest), each with fresh on-chip memory,
-  barriers, clocks and its own scheduler, all drawing from one ``random.Random(seed)``.
+  barriers, clocks and its own scheduler, all drawing from one ``random.Random(seed)``. With
+  ``block_order`` (a seed) they run in a shuffled order instead, as a GPU may start and finish
+  them: a program that counts on the grid's order (the last block to arrive being the last in the
+  grid) shows it.
 """
 from __future__ import annotations
 
 import itertools
 import random
+from typing import Optional
 
 import numpy as np
 
@@ -29,17 +33,19 @@ from .values import Numerics
 
 
 def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: bool = False,
-            check: bool = True) -> list[str]:
+            check: bool = True, block_order: Optional[int] = None) -> list[str]:
     numerics = Numerics(accumulate_f64)
     arrays, env, finish = bind(kernel, args, numerics)
     allocs, roles = streams(kernel)
     grid = [Evaluator(None, numerics).index(g, env) for g in kernel.grid]
     rng = random.Random(seed)
     trace: list[str] = []
+    blocks = [c[::-1] for c in itertools.product(*(range(n) for n in reversed(grid)))]
+    if block_order is not None:
+        random.Random(block_order).shuffle(blocks)
     try:
         with np.errstate(all="ignore"):
-            for coords in itertools.product(*(range(n) for n in reversed(grid))):
-                coords = coords[::-1]
+            for coords in blocks:
                 block_env = dict(env)
                 block_env.update((v, np.int64(c)) for v, c in zip(kernel.block_vars, coords))
                 for v, e in kernel.block_defs:
