@@ -59,7 +59,8 @@ mm = importlib.import_module("tilews.ops.matmul")     # the module (``ops.matmul
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 CPU_SCHEDULES = ["tiled 64x64x32 s2 t128", "tiled 32x64x32 s2 t128",
                  "persistent 64x64x32 s2 t128 g2", "split_k 64x64x32 s2 t128 x2",
-                 "split_k 32x64x32 s1 t128 x3", "swap_ab 16x64x32 s2 t128"]
+                 "split_k 32x64x32 s1 t128 x3", "split_k_fused 16x64x32 s2 t128 x2",
+                 "swap_ab 16x64x32 s2 t128"]
 
 
 @pytest.fixture
@@ -81,6 +82,21 @@ def operands(M, N, K, dtype, seed=0):
 def assert_product(c, a, b, out_dtype):
     assert c.shape == (a.shape[0], b.shape[1]) and c.dtype == out_dtype
     assert rel_err(c, a.double() @ b.double()) < TOL[out_dtype]
+
+
+def test_split_k_fused_counters_grow_and_come_back_to_zero(fresh, monkeypatch):
+    # the counters are the stream's, grown for a kind with more tiles; a call bound before the
+    # growth gets the larger tensor and stays right
+    from tilews.ops import arrivals
+    monkeypatch.setattr(arrivals, "MIN_COUNTERS", 2)
+    monkeypatch.setattr(arrivals, "_counters", {})
+    fused = Schedule.from_text("split_k_fused 16x64x32 s2 t128 x2")
+    small, large = operands(5, 64, 96, torch.bfloat16, seed=3), operands(40, 192, 96, torch.bfloat16, seed=5)
+    for a, b in (small, large, small, large):
+        assert_product(ops.run(a, b, None, fused), a, b, torch.bfloat16)
+        [counters] = arrivals._counters.values()
+        assert int(counters.abs().sum()) == 0
+    assert counters.numel() == 9                       # 3 x 3 tiles of the large kind
 
 
 # --- Schedule, bucket, heuristic, candidates -------------------------------------------------------

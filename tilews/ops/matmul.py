@@ -256,8 +256,10 @@ class Runner:
             calls.append(_bound(kernel, args))
             args = (calls[-1](*args),)
         if counters:
-            (fused,), tiles, device = calls, counters[0].numel(), ca.device
-            call = lambda a, b: fused(a, b, arrival_counters(device, tiles))   # noqa: E731
+            # the current stream's counters, at least as many as bound here: a larger tensor
+            # (grown since for another kind) keeps this binding's count, which covers the tiles
+            (fused,), count, device = calls, counters[0].numel(), ca.device
+            call = lambda a, b: fused(a, b, arrival_counters(device, count))   # noqa: E731
         elif len(calls) == 1:
             call = calls[0]
         else:
