@@ -66,9 +66,9 @@ class ArgumentChecker:
     def _overlaps(self, tensors: list) -> None:
         """A written tensor must not share memory with any other tensor argument."""
         spans = [(b, span(a)) for b, a in tensors if a.numel() > 0]
-        for i, (b, (lo, hi)) in enumerate(spans):
-            for c, (lo2, hi2) in spans[:i]:
-                if (b in self.written or c in self.written) and lo < hi2 and lo2 < hi:
+        for i, (b, here) in enumerate(spans):
+            for c, there in spans[:i]:
+                if (b in self.written or c in self.written) and spans_overlap(here, there):
                     written = [x.name for x in (c, b) if x in self.written]
                     what = "both" if len(written) == 2 else f"'{written[0]}'"
                     raise ValueError(f"parameters '{c.name}' and '{b.name}' overlap in memory, and "
@@ -154,6 +154,11 @@ def check_scalar(p: ir.Var, a) -> None:
         if abs(value) >= limit:
             raise ValueError(f"parameter '{p.name}' is {a!r}, outside the finite range of "
                              f"{p.dtype!r} (magnitude at most {big!r}); it would overflow")
+
+
+def spans_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two (first byte, one past the last byte) spans share a byte."""
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def span(t) -> tuple[int, int]:

@@ -23,7 +23,7 @@ SIGNATURES = 256      # call signatures a binder remembers (then it starts over)
 import torch
 
 from tilews.lowering import ir
-from tilews.lowering.arguments import ArgumentChecker, ArgumentRules, check_scalar, span
+from tilews.lowering.arguments import ArgumentChecker, ArgumentRules, check_scalar, span, spans_overlap
 from tilews.testing import poison_
 
 
@@ -189,7 +189,7 @@ def _offsets(a) -> Optional[tuple[int, int]]:
 
 def _overlap(p: int, s: Optional[tuple[int, int]], q: int, t: Optional[tuple[int, int]]) -> bool:
     """Whether tensors at ``p`` and ``q`` with span offsets ``s`` and ``t`` share a byte."""
-    return s is not None and t is not None and p + s[0] < q + t[1] and q + t[0] < p + s[1]
+    return s is not None and t is not None and spans_overlap((p + s[0], p + s[1]), (q + t[0], q + t[1]))
 
 
 @dataclass(frozen=True)
@@ -201,4 +201,4 @@ class BoundSignature:
     dtypes: tuple[torch.dtype, ...]
     device: torch.device
     dims: tuple[int, ...]
-    spans: tuple = ()
+    spans: tuple[Optional[tuple[int, int]], ...]

@@ -178,7 +178,7 @@ _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
 def element_ptr(ctx: Ctx, b: ir.Buffer, indices, mask_low: tuple[bool, ...],
                 loc: ir.Loc) -> tuple[str, Optional[str]]:
     """Pointer and mask (in bounds, and the enclosing parallel `if`s) of global elements; None
-    when nothing needs masking (the one element of a 0-dim tensor)."""
+    when nothing needs masking (every index a constant inside its static dimension)."""
     idx = [spell(ctx, i) for i in indices]
     ptr = " + ".join([ctx.name(b.name)] + [offset(ctx, b, d, atom(i)) for d, i in enumerate(idx)])
     conds = bounds(ctx, b, idx, mask_low, loc)
