@@ -393,6 +393,16 @@ class AtomicAdd(Stmt):
     prev: Optional[Buffer] = None
     order: str = "relaxed"
 
+    @property
+    def releases(self) -> bool:
+        """The block's earlier writes must precede the add (every thread's: a block barrier)."""
+        return self.order in ("release", "acq_rel")
+
+    @property
+    def acquires(self) -> bool:
+        """The block's later reads must follow the add (no thread reads before it returned)."""
+        return self.order in ("acquire", "acq_rel")
+
 
 @dataclass(frozen=True)
 class Parallel(Stmt):

@@ -8,11 +8,12 @@ output tile sums the slices in slice order (deterministic) in the same kernel: e
 float32 partial, then increments the tile's counter (acq_rel); the block that sees ``splits - 1``
 reads the partials, writes C and resets the counter.
 
-    python scripts/probe_narrow_gemm.py [--rounds N] [--tilews]
+    python scripts/probe_narrow_gemm.py [--rounds N] [--tilews | --wide]
 
 ``--tilews``: the same timing of what became of it, ``tilews.ops.matmul`` (the heuristic) and
 the split-K schedules of ``tilews.ops``'s tuning space (``split_k_fused``, and ``split_k`` in 2), at
-M = 1..512 and the ragged shapes.
+M = 1..512 and the ragged shapes. ``--wide``: every schedule of the tuning space at M = 128 and 512
+and two ragged shapes (where the warp-specialized split_k_fused competes with tiles).
 """
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def schedules(M, N, K, a, b, sms):
     space through tilews.ops.run."""
     cands = {f"ops.matmul ({matmul_schedule(a, b)})": tilews.ops.matmul}
     for s in candidates(bucket(M), N, K, a.dtype, a.dtype, sms, True):
-        if s.program == "split_k_fused" or s.program == "split_k" and s.splits == 2:
+        if s.program == "split_k_fused" or s.program == "split_k" and s.splits == 2 or M > 64:
             cands[str(s)] = lambda x, y, s=s: run(x, y, None, s)
     return cands
 
@@ -128,17 +129,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tilews", action="store_true",
                     help="time tilews.ops's split-K schedules instead of the hand-written kernel")
+    ap.add_argument("--wide", action="store_true",
+                    help="tilews only, at M >= 128: every schedule of the tuning space")
     args = ap.parse_args()
     sms = tilews.num_sms()
     shapes = [(M, N, K) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336)) for M in (1, 16, 32)]
-    if args.tilews:
+    if args.wide:
+        shapes = [(M, N, K) for M in (128, 512) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336))]
+        shapes += [(1000, 1100, 1234), (777, 512, 4096)]
+    elif args.tilews:
         shapes += [(M, 4096, 4096) for M in (128, 512)] + [(512, 4096, 14336), (1000, 1100, 1234),
                                                           (777, 512, 4096), (4095, 4097, 4099)]
     rows, work = [], []
     for M, N, K in shapes:
         a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         b = torch.randn(K, N, device="cuda").to(torch.bfloat16)
-        work.append((M, N, K, a, b, (schedules if args.tilews else handwritten)(M, N, K, a, b, sms)))
+        work.append((M, N, K, a, b, (schedules if args.tilews or args.wide else handwritten)(M, N, K, a, b, sms)))
     # compile everything first, threads overlapping the compiles (Gluon's are child processes)
     jobs = [(name, fn, a, b) for *_, a, b, cands in work for name, fn in cands.items()]
     first = [_attempt(*jobs[0][1:])]

@@ -227,6 +227,9 @@ ORACLE = {
     # 64-row tiles, ragged M and N
     "tiled": (136, 80, 96, G.tiled, dict(block_M=64, block_N=64, block_K=32, num_stages=2,
                                          out_dtype=T.float16)),
+    # split_k's shape, summed in the kernel by the last block of each tile
+    "split_k_fused": (70, 80, 168, G.split_k_fused, dict(splits=4, block_M=64, block_N=64, block_K=32,
+                                                         num_stages=2, out_dtype=T.float16)),
     # 4 x 2 tiles over 3 blocks: uneven
     "persistent": (200, 80, 96, G.persistent, dict(block_M=64, block_N=64, block_K=32, num_stages=2,
                                                    threads=128, num_sms=3, group_size=2,
@@ -239,17 +242,23 @@ def oracle_case(name, runtime_m):
     M, N, K, program, knobs = ORACLE[name]
     prim = program.fn(T.dynamic("M") if runtime_m else M, N, K, dtype=T.float16, **knobs)
     a, b = inputs(M, N, K, torch.float16, seed=30)
+    kernel = build_kernel(prim)
     if name == "split_k":
         ref = workspace_ref(a, b, knobs["splits"], knobs["block_K"], knobs["block_N"])
         out = torch.empty(*ref.shape)
     else:
         out, ref = torch.empty(M, N, dtype=torch.float16), a.double() @ b.double()
-    args = ([M] if runtime_m else []) + [a, b, out]
-    return build_kernel(prim), args, len(args) - 1, ref
+    named = dict(M=M, A=a, B=b, C=out, arrival_slots=8, Arrivals=torch.zeros(8, dtype=torch.int32))
+    if name == "split_k_fused":
+        named["W"] = torch.empty(M, knobs["splits"] * G.split_width(N, knobs["block_N"]))
+    else:
+        named["W" if name == "split_k" else "C"] = out
+    args = [named[p.name] for p in kernel.params]
+    return kernel, args, len(args) - 1, ref
 
 
 @pytest.mark.parametrize("runtime_m", [False, True], ids=["static_m", "runtime_m"])
-@pytest.mark.parametrize("name", ["split_k", "swap_ab", "tiled", "persistent"])
+@pytest.mark.parametrize("name", ["split_k", "split_k_fused", "swap_ab", "tiled", "persistent"])
 def test_oracle_before_equals_after_hopper_passes(name, runtime_m):
     before, args, out_index, ref = oracle_case(name, runtime_m)
     assert [p.name for p in before.params][:1] == (["M"] if runtime_m else ["A"])
@@ -258,6 +267,9 @@ def test_oracle_before_equals_after_hopper_passes(name, runtime_m):
     assert plan is not None, after.notes          # the TMA form, not the synchronous fallback
     if name == "split_k":                         # the partial tile leaves by a TMA store
         assert ("W", (64, 64)) in plan.tma_descriptors
+    if name == "split_k_fused":                   # ... but not before a release: from registers
+        assert plan.tma_buffers == {"A", "B"} and plan.pointer_buffers == {"Arrivals", "W", "C"}
+        assert int(args[[p.name for p in before.params].index("Arrivals")].abs().sum()) == 0
     got = run_interp(after, args, out_index, seed=99)
     close(got, ref, *(TOL_WORKSPACE if name == "split_k" else TOL["fp16"]))
 
@@ -272,8 +284,10 @@ LLM_N, LLM_K = 4096, 4096
 @functools.lru_cache(maxsize=None)
 def hopper_kernel(name):
     """Each program at its default (GPU) knobs, bf16, with a runtime M."""
-    f = {"tiled": G.tiled, "persistent": G.persistent, "split_k": G.split_k, "swap_ab": G.swap_ab}[name]
-    knobs = dict(block_M=64) if name == "tiled" else {}           # the small-M tile
+    f = {"tiled": G.tiled, "persistent": G.persistent, "split_k": G.split_k, "swap_ab": G.swap_ab,
+         "split_k_fused": G.split_k_fused}[name]
+    knobs = {"tiled": dict(block_M=64),                          # the small-M tile
+             "split_k_fused": dict(block_M=64, block_N=128, block_K=64, splits=4)}.get(name, {})
     return compiled("hopper", f, T.dynamic("M"), LLM_N, LLM_K, out=True, **knobs)
 
 
@@ -327,6 +341,28 @@ def test_swap_ab_wgmma_reads_transposed_shared_views():
     src = k.get_kernel_source()
     assert re.search(r"warpgroup_mma\(B_s\.index\([^)]*\)\.permute\(\(1, 0\)\), "
                      r"A_s\.index\([^)]*\)\.permute\(\(1, 0\)\)", src)
+
+
+def test_split_k_fused_is_warp_specialized_and_releases_after_its_stores():
+    """The partial leaves from registers (a bulk store's wait covers only its reads), every
+    thread of the consumer has stored before one adds with acq_rel, and all wait for the add
+    before reading the other partials."""
+    k = hopper_kernel("split_k_fused")
+    assert k.report.target == "hopper", k.report.notes
+    ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+    assert ttgir.count("ttg.warp_specialize(") == 1
+    assert re.search(r"ttng\.warp_group_dot .*isAsync = true", ttgir)
+    assert "ttng.async_tma_copy_local_to_global" not in ttgir and "tensordesc<tensor<64x128xf32" not in ttgir
+    default = ttgir[ttgir.index("default {"):ttgir.index("partition0(")]
+    release = re.search(r"gpu\.barrier[^\n]*\n(?:.*\n){0,6}?.*tt\.atomic_rmw add, acq_rel, gpu, .*\n"
+                        r"(?:.*\n){0,3}?.*gpu\.barrier", default)
+    assert release, "no barrier on each side of the acq_rel add"
+    assert default.index("tt.store") < release.start()      # the partial, before the release
+    assert re.search(r"tt\.atomic_rmw add, relaxed, gpu", default)   # the reset
+    # PTX: the partial in 8-byte vectors, the consumer's named barrier, then one thread's add
+    add = ptx.index("atom.global.gpu.acq_rel.add")
+    assert "bar.sync \t0, 128;" in ptx[ptx.rindex("st.global.v2.b32", 0, add):add]
+    assert len(re.findall(r"st\.global\.v2\.b32", ptx)) == 64 * 128 // 128 // 2
 
 
 def test_split_k_grid_has_three_dims():

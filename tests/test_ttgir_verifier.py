@@ -28,6 +28,7 @@ from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
 from tilews.lowering.target import HOPPER
+from tilews.ops import gemm_programs
 from tilews.ops.attention import mha_fwd_program
 from tilews.triton_ext import passes
 from tilews.lowering.plans import AsyncPlan
@@ -96,6 +97,10 @@ KERNELS = {
     # the peeled first and last iterations and the loop reuse SSA names in sibling regions
     "attention": lambda: mha_fwd_program(1, 2, 1000, 64, True, block_M=128, block_N=128,
                                          num_stages=2, threads=256),
+    # the last block's sum over the slices is a loop inside an `if`, whose SSA names repeat the
+    # k loop's (sibling regions): a use must resolve to its own region's definition
+    "split_k_fused": lambda: gemm_programs.split_k_fused.fn(T.dynamic("M"), 512, 1024, splits=4,
+                                                            block_M=64, block_N=128, block_K=64),
 }
 
 

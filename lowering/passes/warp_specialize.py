@@ -10,7 +10,8 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              on it; and one consumer role of ``threads / 128`` warp groups ``ws(1..n)`` that holds
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
              ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
-             through shared memory (a proxy fence between). The plan's ``preloads`` (copies
+             through shared memory (a proxy fence between) unless the epilogue releases its
+             writes to other blocks (an atomic with a release order: they stay register stores). The plan's ``preloads`` (copies
              before the loop, e.g. attention's Q tile) are issued by the producer before its loop
              on a ``preloaded`` barrier the consumer waits on (parity 0) where the first of them
              was. ``threads`` grows by one warp group.
@@ -32,7 +33,7 @@ import dataclasses
 from .. import ir, roles, schedule
 from ..target import Target
 from ..simplify import fold
-from ..traverse import rewrite, touched, transform
+from ..traverse import rewrite, touched, transform, walk
 from ..plans import PipelinePlan
 
 
@@ -123,8 +124,8 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
 
     new_allocs: list[ir.Alloc] = []
     prelude, preloads = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc)
-    epilogue = [t for s in body[plan.loop_index + 1:] if not isinstance(s, ir.Alloc)
-                for t in _stage_store(s, new_allocs)]
+    epilogue = list(_staged(ir.Seq(tuple(s for s in body[plan.loop_index + 1:]
+                                         if not isinstance(s, ir.Alloc)), loc), new_allocs).stmts)
     p_init, p_loop = role_loop("produced", produce)
     c_init, c_loop = role_loop("consumed", consume)
     allocs = [ir.Alloc(rings.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
@@ -194,8 +195,7 @@ def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list,
 def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:
     """Explicit programs: stage each role's fragment -> global copies through shared memory."""
     new_allocs: list[ir.Alloc] = []
-    body = rewrite(kernel.body, lambda s: ir.Seq(tuple(_stage_store(s, new_allocs)), s.loc)
-                   if isinstance(s, ir.Copy) else None)
+    body = _staged(kernel.body, new_allocs)
     allocs = tuple(s for s in body.stmts if isinstance(s, ir.Alloc))
     rest = tuple(s for s in body.stmts if not isinstance(s, ir.Alloc))
     return dataclasses.replace(kernel, body=ir.Seq(allocs + tuple(new_allocs) + rest, body.loc))
@@ -218,6 +218,18 @@ def _restager(rings: dict, stage: ir.Expr, loc: ir.Loc):
             return ir.Load(rings[node.buffer], (stage,) + node.indices, node.loc)
         return None
     return lambda s: transform(s, fn)
+
+
+def _staged(body: ir.Seq, new_allocs: list) -> ir.Seq:
+    """``body`` with each fragment -> global copy in it, inside loops and branches too, staged;
+    none when ``body`` releases its writes with an ordered atomic. A bulk store is complete for
+    its source's reads only (``cp.async.bulk.wait_group.read``, the one wait Gluon spells) and
+    writes through the async proxy, so no release could make it visible to another block:
+    its tiles are stored from registers."""
+    if any(isinstance(s, ir.AtomicAdd) and s.releases for s in walk(body)):
+        return body
+    return rewrite(body, lambda s: ir.Seq(tuple(_stage_store(s, new_allocs)), s.loc)
+                   if isinstance(s, ir.Copy) else None)
 
 
 def _stage_store(s: ir.Stmt, new_allocs: list) -> list[ir.Stmt]:

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.gpu
 SCHEDULES = ["tiled 64x128x64 s6 t128 g8", "tiled 128x128x64 s4 t128 g8",
              "persistent 128x256x64 s3 t256 g8", "split_k 64x128x64 s6 t128 x4",
              "split_k 64x64x64 s8 t128 x3", "split_k_fused 16x64x128 s4 t128 x2",
-             "split_k_fused 64x128x64 s4 t128 x3", "swap_ab 16x128x64 s6 t128", "swap_ab 32x128x64 s6 t128"]
+             "split_k_fused 64x128x64 s4 t128 x3", "split_k_fused 128x128x64 s4 t128 x2",
+             "split_k_fused 128x256x64 s3 t256 x2", "swap_ab 16x128x64 s6 t128",
+             "swap_ab 32x128x64 s6 t128"]
 
 
 def _hopper():
@@ -106,14 +108,20 @@ def test_matmul_under_a_cuda_graph():
             assert rel_err(c, a.double() @ b.double()) < 1e-2, s
 
 
-def test_split_k_fused_is_deterministic_and_keeps_streams_apart():
+@pytest.mark.parametrize("text, M, backend", [("split_k_fused 16x64x128 s4 t128 x4", 16, "tl"),
+                                              ("split_k_fused 64x128x64 s4 t128 x4", 100, "gluon")])
+def test_split_k_fused_is_deterministic_and_keeps_streams_apart(text, M, backend):
     """The last-arriving block sums the slices in slice order: the same bits on every call, with
     blocks finishing in any order; the arrival counts come back to zero; two streams running it
-    at once each count on their own counters."""
+    at once each count on their own counters. 16-row blocks run as triton.language, 64-row ones
+    warp-specialized (partials stored from registers before the release)."""
     _hopper()
     from tilews.ops.arrivals import _counters
-    schedule = Schedule.from_text("split_k_fused 16x64x128 s4 t128 x4")
-    a, b = _inputs(16, 4096, 4096)
+    from tilews.ops.matmul import _runner
+    schedule = Schedule.from_text(text)
+    assert _runner(schedule, 4096, 4096, torch.bfloat16, torch.bfloat16, "cuda").kernels[0] \
+        .report.backend == backend
+    a, b = _inputs(M, 4096, 4096)
     first = run(a, b, None, schedule)
     assert rel_err(first, a.double() @ b.double()) < 1e-2
     for _ in range(30):
@@ -121,7 +129,7 @@ def test_split_k_fused_is_deterministic_and_keeps_streams_apart():
     torch.cuda.synchronize()
     assert all(int(c.abs().sum()) == 0 for c in _counters.values())
     streams = [torch.cuda.Stream() for _ in range(2)]
-    inputs = [_inputs(16, 4096, 4096, seed=s) for s in (1, 2)]
+    inputs = [_inputs(M, 4096, 4096, seed=s) for s in (1, 2)]
     torch.cuda.synchronize()
     outs = [[], []]
     for _ in range(20):                        # interleaved launches, both streams busy at once

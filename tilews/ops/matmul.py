@@ -302,9 +302,9 @@ def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
         reduce = _program("split_k_reduce", target)(
             _M, N, s.splits, gemm_programs.split_width(N, s.block_N), out_dtype=out)
         return Runner((partial, reduce))
-    if s.program == "split_k_fused":     # atomics: a triton.language kernel, never Gluon
-        fused = _program("split_k_fused", "triton" if device_type == "cuda" else target)(
-            _M, N, K, splits=s.splits, dtype=dtype, out_dtype=out, **blocks)
+    if s.program == "split_k_fused":
+        fused = _program("split_k_fused", target)(_M, N, K, splits=s.splits, dtype=dtype,
+                                                   out_dtype=out, **blocks)
         return Runner((fused,), (s.block_M, s.block_N))
     knobs = {"tiled": dict(swizzle=s.group),
              "persistent": dict(num_sms=tilews.num_sms(), group_size=s.group),

@@ -232,15 +232,32 @@ def reduce(ctx: Ctx, s: ir.Reduce) -> None:
 
 
 def load(ctx: Ctx, s: ir.Copy) -> None:
-    """global -> fragment: a pointer tensor in the fragment's layout (each of the region's
-    non-unit dims an ``arange`` in the layout's slice along it), masked by the buffer's bounds
-    when the copy is MASKED (and below 0 where ``mask_low`` says so)."""
-    g, f = s.src, s.dst.buffer
+    """global -> fragment: a masked load when the copy is MASKED, cast to the fragment's type."""
+    b, f = s.src.buffer, s.dst.buffer
+    ptr, mask = _tile_address(ctx, s.src, f, s.mechanism is ir.CopyMechanism.MASKED, s.loc)
+    value = f"gl.load({ptr}{mask_arg(mask)})"
+    if b.dtype != f.dtype:
+        value += f".to({GL_DTYPE[f.dtype]})"
+    ctx.line(f"{ctx.name(f.name)} = {value}")
+    ctx.defined.add(f.name)
+
+
+def store_tile(ctx: Ctx, s: ir.Copy) -> None:
+    """fragment -> global, from registers: a masked store when the copy is MASKED."""
+    f, b = s.src.buffer, s.dst.buffer
+    ptr, mask = _tile_address(ctx, s.dst, f, s.mechanism is ir.CopyMechanism.MASKED, s.loc)
+    value = ctx.name(f.name) + (f".to({GL_DTYPE[b.dtype]})" if f.dtype != b.dtype else "")
+    ctx.line(f"gl.store({ptr}, {value}{', mask=' + ' & '.join(mask) if mask else ''})")
+
+
+def _tile_address(ctx: Ctx, g: ir.Region, f: ir.Buffer, masked: bool, loc) -> tuple[str, list[str]]:
+    """The pointer tensor of global region ``g`` in fragment ``f``'s layout (each of the region's
+    non-unit dims an ``arange`` in the layout's slice along it) and, when ``masked``, the
+    conditions keeping it inside the buffer (and above 0 where ``mask_low`` says so)."""
     b, layout = g.buffer, ctx.layouts[f.name]
     axes = [d for d, e in enumerate(g.extents) if e != 1]
     rank = len(f.shape)
-    masked = s.mechanism is ir.CopyMechanism.MASKED
-    ptr, mask = [ctx.pointer(b, s.loc)], []
+    ptr, mask = [ctx.pointer(b, loc)], []
     for d, (start, extent) in enumerate(zip(g.starts, g.extents)):
         index = spell(ctx, start)
         if d in axes:
@@ -254,11 +271,7 @@ def load(ctx: Ctx, s: ir.Copy) -> None:
             mask.append(f"({index} < {spell(ctx, b.shape[d])})")
             if g.mask_low and g.mask_low[d]:
                 mask.append(f"({index} >= 0)")
-    value = f"gl.load({' + '.join(ptr)}{mask_arg(mask)})"
-    if b.dtype != f.dtype:
-        value += f".to({GL_DTYPE[f.dtype]})"
-    ctx.line(f"{ctx.name(f.name)} = {value}")
-    ctx.defined.add(f.name)
+    return " + ".join(ptr), mask
 
 
 def copy(ctx: Ctx, s: ir.Copy) -> None:

@@ -50,7 +50,7 @@ def compile_only(source: str, kernel: ir.Kernel, store: ArtifactStore, triton_ve
                             kernel.loc)
     from tilews.triton_ext import passes as ttgir_passes
     # the stage hook is not part of Triton's cache key: it is part of ours
-    parts = ("tilews-gluon-asm", 1, triton_version, ttgir_passes.cache_key_part(), source,
+    parts = ("tilews-gluon-asm", 2, triton_version, ttgir_passes.cache_key_part(), source,
              json.dumps(spec, sort_keys=True))
     payload, _ = store.fetch(parts, lambda: _run_compile(source, spec, kernel, store))
     return json.loads(payload)
@@ -98,7 +98,7 @@ class GluonProgram:
         self.store = store
         plan = kernel.plan(AsyncPlan)
         self.num_warps = plan.num_warps
-        self.rules = ArgumentRules(device="cuda", bulk_copy=plan.tma_buffers)
+        self.rules = ArgumentRules(device="cuda", aligned_rows=plan.tma_buffers | plan.pointer_buffers)
         built = compile_only(source, kernel, store, triton_version)
         self._stages: dict[str, str] = built["asm"]
         self.metadata: dict = built["metadata"]

@@ -19,7 +19,7 @@ from tilews.lowering.layouts import WgmmaOperandA
 
 from . import fragments
 from .context import GL_DTYPE, Ctx
-from .exprs import arg, nonnegative, spell
+from .exprs import arg, element_address, nonnegative, spell
 
 
 def seq(ctx: Ctx, s: ir.Seq) -> None:
@@ -128,7 +128,9 @@ _COPIES = {(ir.CopyMechanism.TMA, ir.Scope.GLOBAL, ir.Scope.SHARED): _tma_load,
            (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.SHARED): _store_fragment,
            (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.FRAGMENT): fragments.copy,
            (ir.CopyMechanism.DIRECT, ir.Scope.GLOBAL, ir.Scope.FRAGMENT): fragments.load,
-           (ir.CopyMechanism.MASKED, ir.Scope.GLOBAL, ir.Scope.FRAGMENT): fragments.load}
+           (ir.CopyMechanism.MASKED, ir.Scope.GLOBAL, ir.Scope.FRAGMENT): fragments.load,
+           (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.GLOBAL): fragments.store_tile,
+           (ir.CopyMechanism.MASKED, ir.Scope.FRAGMENT, ir.Scope.GLOBAL): fragments.store_tile}
 
 
 def _copy(ctx: Ctx, s: ir.Copy) -> None:
@@ -183,6 +185,26 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
     ctx.line(f"{ctx.scalar(s.buffer, s.loc)} = {arg(ctx, s.value)}")
 
 
+def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
+    """The element add at device scope with ``s.order`` as Triton's ``sem``: a pointer (one
+    thread adds; Triton broadcasts the old value to the role) or, inside ``T.Parallel``, a
+    pointer tensor. A barrier of the role's threads precedes a release and follows an acquire
+    (Triton spells ``gl.thread_barrier`` in a partition as a named barrier of its warps)."""
+    b = s.dst.buffer
+    if s.releases:
+        ctx.line("gl.thread_barrier()")
+    ptr, inside = element_address(ctx, b, s.dst.starts, s.loc)
+    mask = inside + (ctx.par.masks if ctx.par is not None else [])
+    value = spell(ctx, s.value)
+    if s.value.dtype != b.dtype:
+        value = f"gl.cast({arg(ctx, s.value)}, {GL_DTYPE[b.dtype]})"
+    prev = f"{ctx.scalar(s.prev, s.loc)} = " if s.prev is not None else ""
+    ctx.line(f"{prev}gl.atomic_add({ptr}, {value}{', mask=' + ' & '.join(mask) if mask else ''}, "
+             f"sem='{s.order}', scope='gpu')")
+    if s.acquires:
+        ctx.line("gl.thread_barrier()")
+
+
 def _barrier_wait(ctx: Ctx, s: ir.BarrierWait) -> None:
     ctx.line(f"mbarrier.wait({_bar(ctx, s.barrier)}, {arg(ctx, s.parity)})")
 
@@ -233,5 +255,5 @@ _STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
     ir.Parallel: _parallel, ir.Reduce: fragments.reduce,
     ir.Copy: _copy, ir.Gemm: _gemm, ir.GemmWait: _gemm_wait, ir.Fill: _fill,
     ir.BarrierWait: _barrier_wait, ir.BarrierArrive: _barrier_arrive, ir.ProxyFence: _proxy_fence,
-    ir.BulkStoreWait: _bulk_store_wait,
+    ir.BulkStoreWait: _bulk_store_wait, ir.AtomicAdd: _atomic_add,
     ir.For: _for, ir.If: _if, ir.Store: _store}

@@ -116,8 +116,12 @@ class Module:
         self.num_warps = int(m.group(1)) if m else None
         self.defs: dict = {}            # key -> (Op or Region, index)
         self.root = Region("", [], 0)
-        fresh = itertools.count(1)      # isolated regions (functions, worker partitions) are scopes
-        scopes, stack, owners = [0], [self.root], [None]
+        # every region is a scope (MLIR reuses value names in sibling regions); a name resolves
+        # to its innermost definition, looking no further out than an isolated region
+        # (functions, worker partitions)
+        self._fresh = itertools.count(1)
+        self._names: dict = {0: set()}
+        scopes, isolated, stack, owners = [0], [True], [self.root], [None]
         for raw in text.splitlines():
             s = _strip_locs(raw).strip()
             if s.startswith("{-#"):     # dialect resources end the module
@@ -125,37 +129,46 @@ class Module:
             if not s or s[0] in "#/":
                 continue
             if s.startswith("}"):
-                stack.pop(); owner = owners.pop(); scopes.pop()
+                stack.pop(); owner = owners.pop(); scopes.pop(); isolated.pop()
                 if s.endswith("{"):     # `} else {`, `}, {`: the same op's next region
-                    self._open(owner, "", [], scopes[-1], stack, owners, scopes)
+                    self._open(owner, "", [], False, stack, owners, scopes, isolated)
                 continue
             if s.startswith("^"):       # CF block label: its arguments stay opaque
                 continue
             rm = _REGION.match(s)
             if rm:                      # a region of the warp_specialize op just parsed
-                scope = next(fresh) if rm.group(2) else scopes[-1]
-                r = self._open(stack[-1].ops[-1], rm.group(1), _DEFS.findall(rm.group(3)), scope,
-                               stack, owners, scopes)
+                r = self._open(stack[-1].ops[-1], rm.group(1), _DEFS.findall(rm.group(3)),
+                               bool(rm.group(2)), stack, owners, scopes, isolated)
                 r.num_warps = int(rm.group(4)) if rm.group(4) else None
                 continue
-            parsed = self._parse(s, scopes[-1])
+            parsed = self._parse(s, scopes, isolated)
             if parsed is None:          # not an op line this reader knows: skipped
                 continue
             op, defs = parsed
             stack[-1].ops.append(op)
             if s.endswith("{"):
-                scope = next(fresh) if op.name == "tt.func" else scopes[-1]
-                self._open(op, "", defs, scope, stack, owners, scopes)
+                self._open(op, "", defs, op.name == "tt.func", stack, owners, scopes, isolated)
 
-    def _open(self, owner, label, args, scope, stack, owners, scopes) -> Region:
+    def _open(self, owner, label, args, isolates, stack, owners, scopes, isolated) -> Region:
+        scope = next(self._fresh)
+        self._names[scope] = set(args)
         r = Region(label, [(scope, a) for a in args], scope, owner)
         owner.regions.append(r)
         for i, key in enumerate(r.args):
             self.defs[key] = (r, i)
-        stack.append(r); owners.append(owner); scopes.append(scope)
+        stack.append(r); owners.append(owner); scopes.append(scope); isolated.append(isolates)
         return r
 
-    def _parse(self, s: str, scope: int):
+    def _key(self, name: str, scopes: list, isolated: list) -> tuple:
+        """The key of a use of ``name``: its innermost visible definition's scope."""
+        for scope, iso in zip(reversed(scopes), reversed(isolated)):
+            if name in self._names[scope]:
+                return scope, name
+            if iso:
+                break
+        return scopes[-1], name
+
+    def _parse(self, s: str, scopes: list, isolated: list):
         results, body = [], s
         m = _RESULTS.match(s)
         if m:
@@ -168,8 +181,9 @@ class Module:
             return None
         name, rest = m.group(1), body[m.end():]
         defs = _DEFS.findall(rest)
-        op = Op(name, s, [(scope, r) for r in results],
-                [(scope, u) for u in _USE.findall(rest) if u not in defs])
+        op = Op(name, s, [(scopes[-1], r) for r in results],
+                [self._key(u, scopes, isolated) for u in _USE.findall(rest) if u not in defs])
+        self._names[scopes[-1]].update(results)
         for i, key in enumerate(op.results):
             self.defs[key] = (op, i)
         return op, defs

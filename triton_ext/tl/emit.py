@@ -223,7 +223,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     acquire (no thread reads before the add has returned)."""
     b = s.dst.buffer
     order = f", sem='{s.order}', scope='gpu'"
-    if s.order in ("release", "acq_rel"):
+    if s.releases:
         ctx.line("tl.debug_barrier()")
     if isinstance(s.value, ir.Region):
         ptr, mask, _ = tiles.region_ptr(ctx, s.dst, masked=True)
@@ -236,7 +236,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
             ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.extents)})"
         prev = f"{ctx.name(s.prev.name)} = " if s.prev is not None else ""
         ctx.line(f"{prev}tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)}{order})")
-    if s.order in ("acquire", "acq_rel"):
+    if s.acquires:
         ctx.line("tl.debug_barrier()")
 
 
