@@ -29,11 +29,9 @@ from .traverse import buffers_written, walk
 class ArgumentRules:
     """What a program needs of its arguments beyond the kernel's parameters."""
     device: Optional[str] = None                  # every tensor on this device type ("cuda")
-    aligned_rows: frozenset[str] = frozenset()    # tensors a kernel reads and writes in 16-byte
-                                                  # pieces (TMA operands; the Gluon path's
-                                                  # pointers, compiled as such): 16-byte aligned
-                                                  # base and outer strides, unit stride in the
-                                                  # last dimension
+    bulk_copy: frozenset[str] = frozenset()       # tensors a bulk (TMA) copy reads or writes:
+                                                  # 16-byte aligned base and outer strides, unit
+                                                  # stride in the last dimension
 
 
 Param = Union[ir.Buffer, ir.Var]
@@ -109,14 +107,12 @@ class ArgumentChecker:
         if self.rules.device is not None and a.device.type != self.rules.device:
             raise ValueError(f"parameter '{b.name}' must be a {self.rules.device.upper()} tensor, "
                              f"got device {a.device}")
-        if b.name in self.rules.aligned_rows:
+        if b.name in self.rules.bulk_copy:
             item = a.element_size()
-            if a.data_ptr() % 16 or (a.stride()[-1] != 1 and a.shape[-1] > 1) \
-                    or any(s * item % 16 for s in a.stride()[:-1]):
+            if a.data_ptr() % 16 or a.stride()[-1] != 1 or any(s * item % 16 for s in a.stride()[:-1]):
                 raise ValueError(f"parameter '{b.name}' must have a 16-byte aligned address, unit "
                                  f"stride in its last dimension and 16-byte aligned other strides "
-                                 f"(the Hopper kernel moves its rows in 16-byte pieces); got "
-                                 f"strides {list(a.stride())}")
+                                 f"(a bulk-copy operand); got strides {list(a.stride())}")
 
 
 def check(kernel: ir.Kernel, args: Sequence, rules: ArgumentRules = ArgumentRules()) -> dict[ir.Var, int]:

@@ -89,10 +89,6 @@ class AsyncPlan(Plan):
     def tma_buffers(self) -> frozenset[str]:
         return frozenset(g for g, _ in self.tma_descriptors)
 
-    @property
-    def pointer_buffers(self) -> frozenset[str]:
-        return frozenset(b for b, _ in self.pointer_params)
-
 
 @dataclass(frozen=True)
 class AsyncRefusal(Plan):

@@ -8,7 +8,7 @@ output tile sums the slices in slice order (deterministic) in the same kernel: e
 float32 partial, then increments the tile's counter (acq_rel); the block that sees ``splits - 1``
 reads the partials, writes C and resets the counter.
 
-    python scripts/probe_narrow_gemm.py [--rounds N] [--tilews | --wide]
+    python scripts/probe_narrow_gemm.py [--rounds N] [--tilews | --wide] [--shapes MxNxK,...]
 
 ``--tilews``: the same timing of what became of it, ``tilews.ops.matmul`` (the heuristic) and
 the split-K schedules of ``tilews.ops``'s tuning space (``split_k_fused``, and ``split_k`` in 2), at
@@ -131,6 +131,7 @@ def main():
                     help="time tilews.ops's split-K schedules instead of the hand-written kernel")
     ap.add_argument("--wide", action="store_true",
                     help="tilews only, at M >= 128: every schedule of the tuning space")
+    ap.add_argument("--shapes", help="MxNxK,... instead of the mode's shapes")
     args = ap.parse_args()
     sms = tilews.num_sms()
     shapes = [(M, N, K) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336)) for M in (1, 16, 32)]
@@ -140,7 +141,9 @@ def main():
     elif args.tilews:
         shapes += [(M, 4096, 4096) for M in (128, 512)] + [(512, 4096, 14336), (1000, 1100, 1234),
                                                           (777, 512, 4096), (4095, 4097, 4099)]
-    rows, work = [], []
+    if args.shapes:
+        shapes = [tuple(int(v) for v in t.split("x")) for t in args.shapes.split(",")]
+    rows, work, summary = [], [], []
     for M, N, K in shapes:
         a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         b = torch.randn(K, N, device="cuda").to(torch.bfloat16)
@@ -182,11 +185,13 @@ def main():
         mine = [r for r in rows if r[0] == shape]
         best = max(mine, key=lambda r: r[2] if "partial" not in r[1] else 0)
         ops = next(r for r in mine if r[1].startswith("ops.matmul"))
-        print(f"{shape}: {ops[1]} {ops[2]:.2f}x  best {best[1]} {best[2]:.2f}x ({best[5]:.1f} us, "
-              f"cuBLAS {best[6]:.1f})", flush=True)
+        summary.append(f"{shape}: {ops[1]} {ops[2]:.2f}x  best {best[1]} {best[2]:.2f}x "
+                       f"({best[5]:.1f} us, cuBLAS {best[6]:.1f})")
+        print(summary[-1], flush=True)
     print("| shape | kernel | vs torch.matmul | min-max | us | cuBLAS us |")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.2f}-{r[4]:.2f} | {r[5]:.1f} | {r[6]:.1f} |")
+    print("\n".join(summary))                  # last: the shortest answer
 
 
 if __name__ == "__main__":

@@ -420,10 +420,9 @@ def test_block_sparse_keeps_the_guard_and_counts_the_iterations_that_ran():
         body = src[src.index(f"def {role}("):]
         assert body.index(f"    {name} = 0\n") < body.index("for k in range(0, 8, 1):")
         assert f"{name} = {name} + 1" in body
-        # the pointer and its outer stride (rows are contiguous: the launcher checks it)
-        assert re.search(r"BlockMask, BlockMask_stride0\):", body.splitlines()[0])
+        assert re.search(r"BlockMask, BlockMask_stride0, BlockMask_stride1\):", body.splitlines()[0])
         assert "mbarrier.wait(" in body and f".index({name} % 3)" in body
-    assert "BlockMask,\n            BlockMask.stride(0),\n" in src and "BlockMask.stride(1)" not in src
+    assert "BlockMask,\n            BlockMask.stride(0),\n            BlockMask.stride(1)," in src
 
 
 def test_pointer_parameters_go_only_to_the_roles_that_read_them():
@@ -438,8 +437,8 @@ def test_pointer_parameters_go_only_to_the_roles_that_read_them():
     src = emit(kernel)
     shared = "A_desc_0, B_desc_0, C_desc_0, A_s, B_s, C_f_stage0, full, empty"
     assert f"def main_ws1_2({shared}):" in src
-    assert f"def main_ws0({shared}, BlockMask, BlockMask_stride0):" in src
-    assert f"main_ws0_args = ({shared}, BlockMask, BlockMask_stride0)" in src
+    assert f"def main_ws0({shared}, BlockMask, BlockMask_stride0, BlockMask_stride1):" in src
+    assert f"main_ws0_args = ({shared}, BlockMask, BlockMask_stride0, BlockMask_stride1)" in src
     assert "gl.warp_specialize([(main_ws1_2, args), (main_ws0, main_ws0_args)], [1], [24])" in src
     ttgir = GluonProgram(src, kernel, services().store, triton_version()).asm["ttgir"]
     assert count(r"tt\.load %\w+, %\w+, %\w+ : !tt\.ptr<i32>", ttgir) == 1

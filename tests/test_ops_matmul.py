@@ -513,7 +513,7 @@ def test_a_bound_binding_still_checks_alignment(fresh):
     [runner] = mm._plans.values()
     [kernel] = runner.kernels
     binder = Binder(kernel.binder.kernel, [p.name for p in kernel.binder.params], [-1],
-                    ArgumentRules(aligned_rows=frozenset({"A", "B"})))
+                    ArgumentRules(bulk_copy=frozenset({"A", "B"})))
     bind = binder.bound((a, b))
     values, [c] = bind(a, b)
     tensors = [v for v in values if isinstance(v, torch.Tensor)]

@@ -7,7 +7,7 @@ outputs on the inputs' device (returned in ``out_idx`` order), and lists the val
 The full check runs once per call signature (each tensor's dtype, shape, strides and device;
 each scalar's type) and leaves a ``BoundSignature``: the runtime dims, the outputs' shapes and
 where each launch value comes from. A call with a known signature only re-checks what the
-signature does not fix: the 16-byte alignment of tensors moved in 16-byte pieces, memory overlap of an input the
+signature does not fix: bulk-copy operands' 16-byte alignment, memory overlap of an input the
 kernel writes with the other tensor arguments (their addresses against spans the signature fixes;
 the full check, to name them, only when two overlap), and the scalars' values. Signatures are kept per binder, at most
 ``SIGNATURES``. A caller that already keys its own cache on (at least) the signature takes
@@ -119,7 +119,7 @@ class Binder:
             a = names[i]
             if isinstance(p.param, ir.Buffer):
                 key.append(f"{a}.dtype, {a}.shape, {a}.stride(), {a}.device")
-                if p.name in self.checker.rules.aligned_rows:
+                if p.name in self.checker.rules.bulk_copy:
                     recheck.append(f"{a}.data_ptr() % 16")
             else:
                 key.append(f"type({a})")

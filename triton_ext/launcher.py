@@ -23,6 +23,7 @@ goes through the interpreter.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -57,6 +58,8 @@ class Launcher:
             return
         active = self._driver.active
         device = active.get_current_device()
+        if not getattr(_THREAD, "has_context", False):
+            _make_context_current(device)
         key = (device, self.specialization(args))
         direct = self.compiled.get(key)
         if direct is None:
@@ -73,6 +76,19 @@ class Launcher:
             return
         direct.raw(g[0], g[1], g[2], stream, kernel.function, direct.cooperative, direct.pdl, None,
                    None, kernel.packed_metadata, None, None, leave, *direct.expand(args))
+
+
+_THREAD = threading.local()
+
+
+def _make_context_current(device: int) -> None:
+    """Bind the device's primary CUDA context to this thread (a runtime call that needs one does).
+    Triton encodes a TMA descriptor before its launcher makes a context current, so the first
+    launch with descriptors from a thread that never touched CUDA failed with "invalid device
+    context"."""
+    import torch
+    torch.cuda.current_stream(device).query()
+    _THREAD.has_context = True
 
 
 # Triton's classes of an integer argument (``native_specialize_impl``): the constant 1, divisible

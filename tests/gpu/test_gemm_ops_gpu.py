@@ -90,6 +90,31 @@ def test_descriptors_are_cached_per_address_and_follow_a_new_one():
     assert rel_err(outs[0], a2.double() @ b2.double()) < 1e-2
 
 
+def test_a_tma_kernel_launches_first_from_a_thread_that_never_touched_cuda():
+    # Triton encodes TMA descriptors before its launcher binds a CUDA context to the thread
+    import threading
+    _hopper()
+    k = tilews.jit(target="hopper")(gemm_programs.tiled.fn)(
+        192, 256, 320, block_M=64, block_N=128, block_K=64, num_stages=2)
+    a, b = _inputs(192, 256, 320)
+    c = torch.full((192, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    failed = []
+
+    def launch():
+        try:
+            k(a, b, c)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001  (reported by the assertion below)
+            failed.append(e)
+
+    t = threading.Thread(target=launch)
+    t.start()
+    t.join()
+    assert not failed, failed
+    assert rel_err(c, a.double() @ b.double()) < 1e-2
+
+
 def test_matmul_under_a_cuda_graph():
     _hopper()
     a, b = _inputs(64, 1024, 2048)

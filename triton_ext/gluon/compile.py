@@ -5,7 +5,7 @@ SPEC names the module file, its kernel function and host argument function, ``nu
 target and the kernel's parameters (buffers: shape and torch dtype; scalars: Triton type). The
 argument function is called on meta tensors, so the signature of each TMA descriptor comes from
 Gluon's own ``TensorDescriptor`` and ``mangle_type``; then ``triton.compile`` builds for the
-target (pointers compiled as 16-byte aligned, their outer strides as multiples of 16 bytes)
+target, specialized as Triton's JIT specializes contiguous, 16-byte aligned tensors at launch,
 and OUT receives the text stages (``ttgir``, ``llir``, ``ptx``, ...) and some metadata.
 SPEC's optional ``fp8_promote_every`` (int, default 0) is the K a block-scaled FP8 kernel covers
 between promotions, checked by the FP8 verifier; a verifier finding goes to OUT as
@@ -54,22 +54,21 @@ def _compile(spec: dict) -> dict:
     flat = getattr(module, spec["args_fn"])(*values)
     signature = {name: v.type_name if isinstance(v, _Scalar) else mangle_type(v)
                  for name, v in zip(fn.arg_names, flat)}
-    # a pointer is 16-byte aligned and the outer strides after it are multiples of 16 bytes
-    # (the launcher's argument rules check both): Triton may vectorize accesses of its rows
-    attrs, itemsize = {}, None
+    # the specialization Triton's JIT gives contiguous, 16-byte aligned tensors at launch (the
+    # kernel that runs): pointers and strides divisible by 16 hinted so, strides of 1 constants
+    attrs, constants = {}, {}
     for i, v in enumerate(flat):
-        if isinstance(v, torch.Tensor):
-            attrs[(i,)], itemsize = [["tt.divisibility", 16]], v.element_size()
-        elif isinstance(v, int) and itemsize is not None:
-            attrs[(i,)] = [["tt.divisibility", 16 // itemsize]]
-        else:
-            itemsize = None
+        if isinstance(v, torch.Tensor) or isinstance(v, int) and v % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, int) and v == 1:
+            constants[(i,)] = 1
+            signature[fn.arg_names[i]] = "constexpr"
     from tilews.triton_ext import passes as ttgir_passes
     # our TTGIR passes (the warp-specialization and FP8 verifiers) run in this compile; set the
     # FP8 promotion interval first (it also names the Triton cache folder)
     ttgir_passes.fp8_promote_every = int(spec.get("fp8_promote_every", 0))
     ttgir_passes.install()
-    compiled = triton.compile(GluonASTSource(fn, signature, {}, attrs), target=GPUTarget(*spec["target"]),
+    compiled = triton.compile(GluonASTSource(fn, signature, constants, attrs), target=GPUTarget(*spec["target"]),
                               options={"num_warps": spec["num_warps"]})
     meta = compiled.metadata
     return {"asm": {k: v for k, v in compiled.asm.items() if isinstance(v, str)},

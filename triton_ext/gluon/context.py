@@ -65,10 +65,6 @@ class Ctx(SourceWriter):
                                 f"local (the AsyncPlan's scalar_locals lack it)", loc)
         return self.name(b.name)
 
-    def stride(self, buf: ir.Buffer, d: int) -> str:
-        """A pointer parameter's stride along ``d``: a parameter, or 1 in the last dimension."""
-        return "1" if d == len(buf.shape) - 1 else super().stride(buf, d)
-
     def pointer(self, b: ir.Buffer, loc: ir.Loc) -> str:
         """The pointer parameter of the global buffer ``b`` in the role being emitted."""
         if self.role not in self.pointers.get(b.name, ()):

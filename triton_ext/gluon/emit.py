@@ -7,16 +7,15 @@ The module holds, in order:
   first buffer that has it: ``<buffer>_layout``), then those derived from them that a use needs;
 * one ``@gluon.jit`` function per role (``<kernel>_ws<warp groups>``), taking the TMA
   descriptors, the scalar parameters, the shared buffers and the barriers, then the pointer and
-  outer strides of each global buffer the role addresses element by element (the plan's
-  ``pointer_params``; the last stride is 1, which the launcher's argument rules check);
+  strides of each global buffer the role reads element by element (the plan's ``pointer_params``);
   block indices are read with ``gl.program_id`` inside each;
-* the kernel ``<kernel>``: per global buffer its descriptors, then its pointer and outer strides if it
+* the kernel ``<kernel>``: per global buffer its descriptors, then its pointer and strides if it
   is a pointer parameter; shared buffers and mbarriers (initialized with the counts legalize
   translated to Gluon arrivals), one ``gl.warp_specialize`` (the default role first, then the
   workers with their warps and registers), the barriers invalidated at the end;
 * host functions: ``<kernel>_args(<params>)`` builds the kernel's arguments from the tensors (one
   ``TensorDescriptor`` per (buffer, block shape), laid out like the shared buffer it fills or
-  drains; the tensor and its outer strides for a pointer parameter) and ``<kernel>_grid(<scalar
+  drains; the tensor and its strides for a pointer parameter) and ``<kernel>_grid(<scalar
   params>)`` gives the launch grid.
 
 The emitter spells what lowering decided (``Copy.mechanism``, ``Gemm.instr``, ``GemmWait``,
@@ -113,9 +112,8 @@ def _ordered_roles(ctx: Ctx, ws: ir.WarpSpecialize) -> list[ir.Role]:
 
 
 def _pointer(ctx: Ctx, b: ir.Buffer) -> list[str]:
-    """A global buffer passed as a pointer: its name, then its strides but the last (1: the
-    launcher checks it), so Triton sees contiguous rows and vectorizes their accesses."""
-    return [ctx.name(b.name)] + [ctx.stride(b, d) for d in range(len(b.shape) - 1)]
+    """A global buffer passed as a pointer: its name, then its strides."""
+    return [ctx.name(b.name)] + [ctx.stride(b, d) for d in range(len(b.shape))]
 
 
 def _role(ctx: Ctx, role: ir.Role, fn: str, params: list[str]) -> None:
@@ -153,7 +151,7 @@ def _kernel_fn(ctx: Ctx, kernel: ir.Kernel, roles, fns, params) -> None:
 
 def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[str, str]]:
     """The kernel's parameters in order, each with its host expression: per global buffer its
-    TMA descriptors, then its pointer and outer strides if roles address it element by element; each
+    TMA descriptors, then its pointer and strides if roles read it element by element; each
     scalar parameter as itself."""
     targets = _descriptor_buffers(ctx)
     out = []
@@ -167,7 +165,7 @@ def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[str, str]]:
                 layout = ctx.layout(targets[(g, block)], kernel.loc)
                 out.append((desc, f"{DESCRIPTOR_FN}({name}, {list(block)}, {layout}.value)"))
         if p.name in ctx.pointers:
-            out += zip(_pointer(ctx, p), [name] + [f"{name}.stride({d})" for d in range(len(p.shape) - 1)])
+            out += zip(_pointer(ctx, p), [name] + [f"{name}.stride({d})" for d in range(len(p.shape))])
     return out
 
 

@@ -98,7 +98,7 @@ class GluonProgram:
         self.store = store
         plan = kernel.plan(AsyncPlan)
         self.num_warps = plan.num_warps
-        self.rules = ArgumentRules(device="cuda", aligned_rows=plan.tma_buffers | plan.pointer_buffers)
+        self.rules = ArgumentRules(device="cuda", bulk_copy=plan.tma_buffers)
         built = compile_only(source, kernel, store, triton_version)
         self._stages: dict[str, str] = built["asm"]
         self.metadata: dict = built["metadata"]
