@@ -29,7 +29,7 @@ import tilews
 import tilews.ops
 from tilews.ops import run
 from tilews.ops.matmul import _runner, matmul_schedule
-from tilews.ops.schedule import bucket, candidates
+from tilews.ops.schedule import Schedule, bucket, candidates
 
 
 @triton.jit
@@ -114,10 +114,13 @@ def handwritten(M, N, K, a, b, sms):
     return cands
 
 
-def schedules(M, N, K, a, b, sms):
+def schedules(M, N, K, a, b, sms, texts=None):
     """ops.matmul (its heuristic, or the tuned winner) and every split-K schedule of the tuning
-    space through tilews.ops.run."""
+    space (or the schedules ``texts`` name) through tilews.ops.run."""
     cands = {f"ops.matmul ({matmul_schedule(a, b)})": tilews.ops.matmul}
+    if texts:
+        return {**cands, **{t: lambda x, y, s=Schedule.from_text(t): run(x, y, None, s)
+                            for t in texts.split(";")}}
     for s in candidates(bucket(M), N, K, a.dtype, a.dtype, sms, True):
         if s.program == "split_k_fused" or s.program == "split_k" and s.splits == 2 or M > 64:
             cands[str(s)] = lambda x, y, s=s: run(x, y, None, s)
@@ -132,6 +135,8 @@ def main():
     ap.add_argument("--wide", action="store_true",
                     help="tilews only, at M >= 128: every schedule of the tuning space")
     ap.add_argument("--shapes", help="MxNxK,... instead of the mode's shapes")
+    ap.add_argument("--schedules", help="'text;text;...' (Schedule.from_text): time these instead "
+                                        "of the tuning space's")
     args = ap.parse_args()
     sms = tilews.num_sms()
     shapes = [(M, N, K) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336)) for M in (1, 16, 32)]
@@ -147,7 +152,9 @@ def main():
     for M, N, K in shapes:
         a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         b = torch.randn(K, N, device="cuda").to(torch.bfloat16)
-        work.append((M, N, K, a, b, (schedules if args.tilews or args.wide else handwritten)(M, N, K, a, b, sms)))
+        cands = (schedules(M, N, K, a, b, sms, args.schedules) if args.tilews or args.wide or args.schedules
+                 else handwritten(M, N, K, a, b, sms))
+        work.append((M, N, K, a, b, cands))
     # compile everything first, threads overlapping the compiles (Gluon's are child processes)
     jobs = [(name, fn, a, b) for *_, a, b, cands in work for name, fn in cands.items()]
     first = [_attempt(*jobs[0][1:])]

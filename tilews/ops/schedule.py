@@ -108,11 +108,15 @@ NARROW_SPLIT = Schedule("split_k_fused", 16, 64, 128, 4, 128, splits=2)   # bloc
 # (4095x4097x4099 on an H100: split_k 64x128 x2 0.93 ms, transposed 128x64 tiles 1.09 ms,
 # tiled 64x128 1.07 ms, cuBLAS 0.85 ms); transposed tiles stay where K is too short to split
 UNALIGNED = (replace(SPLIT_K, splits=2), Schedule("swap_ab", 64, 128, 64, 6, 128))
+# Below one tile per SM a product is bound by moving its operands, not by the tensor cores, and
+# each SM needs as many bytes in flight as shared memory holds (H100, L2 flushed, 7 rounds:
+# 128x4096x4096 with 64x64x64 tiles 0.88x cuBLAS at 8 stages, 0.98x at 12; 512x4096x4096 with
+# 128x128x64 tiles 0.89x at 4 stages, 0.95x at 5): the tiles below carry the deepest ring that fits.
 TILES = (Schedule("tiled", 128, 256, 64, 3, 256, group=8),       # largest first
-         Schedule("tiled", 128, 128, 64, 4, 128, group=8),
+         Schedule("tiled", 128, 128, 64, 5, 128, group=8),
          Schedule("tiled", 64, 256, 64, 4, 128, group=8),
-         Schedule("tiled", 64, 128, 64, 6, 128, group=8),
-         Schedule("tiled", 64, 64, 64, 8, 128, group=8))
+         Schedule("tiled", 64, 128, 64, 8, 128, group=8),
+         Schedule("tiled", 64, 64, 64, 12, 128, group=8))
 
 NARROW_M_MAX = 32           # M at most this: 64-row tiles over N, or split-K
 FILL = 0.75                 # a tiling "fills" the GPU with at least this many blocks per SM
