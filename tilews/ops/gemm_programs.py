@@ -14,8 +14,9 @@ says which program and knobs a shape gets. All compute ``C = A @ B`` for A [M, K
 * ``split_k_fused``: split-K in one kernel: each block stores its float32 partial tile as
   ``split_k`` does, then counts itself in a per-tile arrival counter; the block arriving last
   sums the slices (in slice order: deterministic) and stores C. Saves the reduction kernel's
-  launch and ramp, which is most of the time at M <= 32. Its atomics keep it off the
-  warp-specialized path: it is a ``triton.language`` kernel (cp.async ring, mma).
+  launch and ramp, which is most of the time at M <= 32. With 16- or 32-row blocks it is a
+  ``triton.language`` kernel (cp.async ring, mma); with 64-row multiples it is warp-specialized
+  on Hopper, its tiles stored from registers ahead of the release (``warp_specialize``).
 * ``swap_ab``: C^T = B^T A^T for small M, so N fills the wgmma's 64-row M dimension and M becomes
   the narrow N of the instruction; the tile is stored transposed.
 """
