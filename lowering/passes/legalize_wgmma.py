@@ -223,7 +223,7 @@ def _check_parallel(p: ir.Parallel) -> None:
 
 def _check_atomic(s: ir.AtomicAdd) -> None:
     """Element adds to global memory (one per block outside ``T.Parallel``, one per iteration
-    inside), whose value has the destination's type."""
+    inside)."""
     if isinstance(s.value, ir.Region):
         raise _Refuse(f"the Gluon emitter does not spell a tile T.atomic_add yet (line {s.loc.line})")
     if s.dst.buffer.scope is not ir.Scope.GLOBAL:

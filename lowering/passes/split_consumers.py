@@ -21,7 +21,8 @@ Ensures:   when the consumer role ``ws(1, 2)`` does fragment math (a ``T.Paralle
            of those shared buffers and of the global tile they are stored to, and its parallel
            loops run over BM / 2 rows with the row index shifted by h BM / 2 outside fragment
            accesses (masks read the true row); each role has its own copy of the consumer's
-           local buffers (a guarded loop's iteration counter). Barrier arrivals are counted in
+           local buffers (a guarded loop's iteration counter). A consumer with a block-level
+           atomic (one add per block) stays one role. Barrier arrivals are counted in
            threads, so the two roles together arrive as the one did. Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
 """
@@ -108,6 +109,9 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
     if rows % (64 * _HALVES):
         return None, f"its {rows}-row tile does not split into 64-row halves"
     shared = _row_shared(role)
+    for s in walk(role.body, opaque=(ir.Parallel,)):
+        if isinstance(s, ir.AtomicAdd):
+            return None, f"the atomic at line {s.loc.line} is one per block; two roles would each add"
     for s in walk(role.body):
         if isinstance(s, ir.Gemm):
             if s.transpose_a or s.b.buffer in shared:

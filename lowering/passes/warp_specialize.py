@@ -11,7 +11,8 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
              ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
              through shared memory (a proxy fence between) unless the epilogue releases its
-             writes to other blocks (an atomic with a release order: they stay register stores). The plan's ``preloads`` (copies
+             writes to other blocks (an atomic with a release order: they stay register
+             stores). The plan's ``preloads`` (copies
              before the loop, e.g. attention's Q tile) are issued by the producer before its loop
              on a ``preloaded`` barrier the consumer waits on (parity 0) where the first of them
              was. ``threads`` grows by one warp group.

@@ -101,6 +101,22 @@ def test_split_with_the_row_shift_dropped_is_caught():
     assert not torch.equal(run_interp(wrong, args, 3), want)
 
 
+def test_a_block_level_atomic_keeps_one_merged_consumer():
+    """One add per block: split roles would each run it (the oracle would see O[0, 0, 0, 0]
+    grow by two)."""
+    before = build_kernel(program(False))
+    out = next(p for p in before.params if p.name == "Output")
+    zero = ir.Const(0, ir.DType.I32)
+    add = ir.AtomicAdd(ir.Region(out, (zero,) * 4, (1, 1, 1, 1)), ir.Const(1.0, ir.DType.F16),
+                       loc=before.body.stmts[-1].loc)
+    before = dataclasses.replace(before, body=ir.Seq(before.body.stmts + (add,), before.body.loc))
+    k = lower(before, HOPPER)
+    assert set(roles(k)) == {(0,), (1, 2)}
+    assert any("is one per block; two roles would each add" in n for n in k.notes), k.notes
+    args = inputs(2)
+    assert torch.equal(run_interp(k, args, 3), run_interp(before, args, 3))
+
+
 def test_plain_gemm_keeps_one_merged_consumer():
     from examples.gemm import matmul
     k = lower(build_kernel(matmul.fn(256, 256, 128, block_M=128, block_N=128, block_K=64,

@@ -243,10 +243,6 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
     space += [replace(SPLIT_K, splits=n) for n in (2, 3, 4, 8)
               if K >= n * SPLIT_K_MIN_K_TILES * SPLIT_K.block_K]
     fused = [Schedule("split_k_fused", 64, 128, 64, 4, 128, splits=n) for n in (2, 4)]
-    if M > 64:      # warp-specialized on Hopper: whole wgmma tiles of 64 rows per warp group
-        fused += [Schedule("split_k_fused", 128, 128, 64, 4, 128, splits=n) for n in (2, 3, 4)]
-        fused += [Schedule("split_k_fused", 64, 256, 64, 4, 128, splits=2),
-                  Schedule("split_k_fused", 128, 256, 64, 3, 256, splits=2)]
     if M <= 64:
         height = 16 if M <= 16 else 32 if M <= 32 else 64
         fused += [Schedule("split_k_fused", height, bn, bk, 4, 128, splits=n)
