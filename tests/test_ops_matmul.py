@@ -132,7 +132,7 @@ def test_bucket(M, want):
     (32, 4096, 14336, "split_k_fused 32x64x128 s4 t128 x2"),  # in the same kernel
     (16, 14336, 4096, "tiled 64x256x64 s4 t128 g8"),      # N alone has enough tiles
     (128, 4096, 4096, "tiled 64x64x64 s12 t128 g8"),       # the largest tile filling the SMs
-    (128, 14336, 4096, "tiled 128x128x64 s5 t128 g8"),
+    (128, 14336, 4096, "tiled 128x128x64 s6 t128 g8"),
     (777, 512, 4096, "tiled 64x64x64 s12 t128 g8"),
     (1000, 1100, 1234, "split_k 64x128x64 s8 t128 x3"),   # 144 tiles would leave a wave idle
     (513, 257, 129, "tiled 64x64x64 s12 t128 g8"),         # few tiles, but K too short to split
