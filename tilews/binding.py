@@ -9,9 +9,10 @@ each scalar's type) and leaves a ``BoundSignature``: the runtime dims, the outpu
 where each launch value comes from. A call with a known signature only re-checks what the
 signature does not fix: bulk-copy operands' 16-byte alignment, memory overlap of an input the
 kernel writes with the other tensor arguments (their addresses against spans the signature fixes;
-the full check, to name them, only when two overlap), and the scalars' values. Signatures are kept per binder, at most
-``SIGNATURES``. A caller that already keys its own cache on (at least) the signature takes
-``bound(args)``: the same binding with the signature's key and look-up done once, not per call."""
+the full check, to name them, only when two overlap), and the scalars' values. Signatures are
+kept per binder, at most ``SIGNATURES``. A caller that already keys its own cache on (at least)
+the signature takes ``bound(args)``: the same binding with the signature's key and look-up done
+once, not per call."""
 from __future__ import annotations
 
 import functools

@@ -7,8 +7,8 @@ the device name, tilews's source digest, dtypes, N, K and the bucket), else, wit
 ``TILEWS_TUNE=1``, ``tune`` on this call's inputs, else ``schedule.heuristic``. The program is
 compiled with a runtime M (``T.dynamic("M")``), so every M of a bucket, and of any bucket that
 picks the same schedule, runs the same compiled kernel; split_k launches ``split_k`` then
-``split_k_reduce``; split_k_fused is one ``triton.language`` kernel given this stream's arrival
-counters (``arrivals``). CPU tensors run on tilews's interpreter.
+``split_k_reduce``; split_k_fused is one kernel given this stream's arrival counters
+(``arrivals``). CPU tensors run on tilews's interpreter.
 
 Calling: the first call of a kind (each operand's shape, strides, dtype, device and
 ``requires_grad``, and ``out_dtype``) checks the arguments (errors name the argument:

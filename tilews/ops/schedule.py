@@ -229,8 +229,8 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
     """The schedules ``tilews.ops.tune`` times for this shape: the heuristic's first, then the
     tile shapes, persistent, split_k (2, 3, 4, 8 slices where K allows), split_k_fused (64x128
     blocks in 2 and 4 slices; for M <= 64 also blocks of M's height: 64x128 in 2 and 4 slices,
-    128x64 in 4) and, for M <= 64, swap_ab; each at most once. On the CPU a handful of small ones, one per
-    program."""
+    128x64 in 4) and, for M <= 64, swap_ab; each at most once. On the CPU a handful of small
+    ones, one per program."""
     first = heuristic(M, N, K, dtype, out_dtype, num_sms, gpu)
     if not gpu:
         space = [Schedule("tiled", 32, 64, 32, 2, 128), Schedule("persistent", 64, 64, 32, 2, 128, group=2)]

@@ -110,7 +110,12 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
 def mask_arg(conds: list[str]) -> str:
     """The ``mask=`` and ``other=`` arguments of an element load ("" when nothing is masked:
     the one element of a 0-dim tensor)."""
-    return f", mask={' & '.join(conds)}, other=0" if conds else ""
+    return f"{write_mask_arg(conds)}, other=0" if conds else ""
+
+
+def write_mask_arg(conds: list[str]) -> str:
+    """The ``mask=`` argument of a store or an atomic ("" when nothing is masked)."""
+    return f", mask={' & '.join(conds)}" if conds else ""
 
 
 def element_address(ctx: Ctx, b: ir.Buffer, indices, loc) -> tuple[str, list[str]]:

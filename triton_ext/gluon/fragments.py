@@ -31,7 +31,7 @@ from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, su
 
 from ..pysource import atom
 from .context import GL_DTYPE, Ctx
-from .exprs import element_address, mask_arg, spell
+from .exprs import element_address, mask_arg, spell, write_mask_arg
 
 
 @dataclass
@@ -160,7 +160,7 @@ def store(ctx: Ctx, s: ir.Store) -> None:
         ptr, inside = element_address(ctx, b, s.indices, s.loc)
         mask = inside + f.masks
         ctx.line(f"gl.store({ptr}, {atom(value)}.to({GL_DTYPE[b.dtype]})"
-                 f"{', mask=' + ' & '.join(mask) if mask else ''})")
+                 f"{write_mask_arg(mask)})")
         return
     if s.value.dtype != b.dtype or _mixed(s.value, b.dtype):
         value = f"{atom(value)}.to({GL_DTYPE[b.dtype]})"
@@ -247,7 +247,7 @@ def store_tile(ctx: Ctx, s: ir.Copy) -> None:
     f, b = s.src.buffer, s.dst.buffer
     ptr, mask = _tile_address(ctx, s.dst, f, s.mechanism is ir.CopyMechanism.MASKED, s.loc)
     value = ctx.name(f.name) + (f".to({GL_DTYPE[b.dtype]})" if f.dtype != b.dtype else "")
-    ctx.line(f"gl.store({ptr}, {value}{', mask=' + ' & '.join(mask) if mask else ''})")
+    ctx.line(f"gl.store({ptr}, {value}{write_mask_arg(mask)})")
 
 
 def _tile_address(ctx: Ctx, g: ir.Region, f: ir.Buffer, masked: bool, loc) -> tuple[str, list[str]]:

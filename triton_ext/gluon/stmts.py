@@ -19,7 +19,7 @@ from tilews.lowering.layouts import WgmmaOperandA
 
 from . import fragments
 from .context import GL_DTYPE, Ctx
-from .exprs import arg, element_address, nonnegative, spell
+from .exprs import arg, element_address, nonnegative, spell, write_mask_arg
 
 
 def seq(ctx: Ctx, s: ir.Seq) -> None:
@@ -195,12 +195,11 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
         ctx.line("gl.thread_barrier()")
     ptr, inside = element_address(ctx, b, s.dst.starts, s.loc)
     mask = inside + (ctx.par.masks if ctx.par is not None else [])
-    value = spell(ctx, s.value)
+    value = spell(ctx, s.value)                  # once: spelling may emit temporaries
     if s.value.dtype != b.dtype:
-        value = f"gl.cast({arg(ctx, s.value)}, {GL_DTYPE[b.dtype]})"
+        value = f"gl.cast({value}, {GL_DTYPE[b.dtype]})"
     prev = f"{ctx.scalar(s.prev, s.loc)} = " if s.prev is not None else ""
-    ctx.line(f"{prev}gl.atomic_add({ptr}, {value}{', mask=' + ' & '.join(mask) if mask else ''}, "
-             f"sem='{s.order}', scope='gpu')")
+    ctx.line(f"{prev}gl.atomic_add({ptr}, {value}{write_mask_arg(mask)}, sem='{s.order}', scope='gpu')")
     if s.acquires:
         ctx.line("gl.thread_barrier()")
 
