@@ -456,7 +456,7 @@ def test_legalize_refuses_scalar_accesses_gluon_cannot_spell():
     undefined = transform(base, lambda n: dataclasses.replace(n, body=ir.Seq(tuple(
         s for s in n.body.stmts if not isinstance(s, ir.Store)), n.body.loc))
         if isinstance(n, ir.Role) else None)
-    assert "before a store at the role's top level defines it" in _refusal(undefined)
+    assert "before a store in its scope (or an enclosing one) defines it" in _refusal(undefined)
     # a local buffer that is not a scalar
     wide = transform(base, lambda n: dataclasses.replace(n, shape=(ir.const(2),))
                      if isinstance(n, ir.Buffer) and n.name == "produced" else None)

@@ -60,7 +60,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 CPU_SCHEDULES = ["tiled 64x64x32 s2 t128", "tiled 32x64x32 s2 t128",
                  "persistent 64x64x32 s2 t128 g2", "split_k 64x64x32 s2 t128 x2",
                  "split_k 32x64x32 s1 t128 x3", "split_k_fused 16x64x32 s2 t128 x2",
-                 "swap_ab 16x64x32 s2 t128"]
+                 "swap_ab 16x64x32 s2 t128", "stream_k 32x64x32 s2 t128 g2"]
 
 
 @pytest.fixture

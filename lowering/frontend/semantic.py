@@ -210,11 +210,13 @@ class LoopFrame(Frame):
 class PersistentFrame(Frame):
     """``for bx, by in T.Persistent([tiles_0, tiles_1], wave_size, index, group_size)``: block
     ``index`` of ``wave_size`` visits tiles index, index + wave_size, ... of the domain, in
-    panels of ``group_size`` along dimension 0 (L2-friendly order)."""
+    panels of ``group_size`` along dimension 0 (L2-friendly order). With a 1-d domain
+    ``[units]`` the loop binds the unit number itself (index, index + wave_size, ... < units),
+    and the body maps it to its work (a stream-K program's segments and tiles)."""
 
     def __init__(self, domain: Sequence, wave_size, index, group_size: int):
-        if len(domain) != 2:
-            raise err(f"T.Persistent takes a 2-d tile domain, got {len(domain)} extents")
+        if len(domain) not in (1, 2):
+            raise err(f"T.Persistent takes a 1-d or 2-d domain, got {len(domain)} extents")
         if not isinstance(group_size, int) or group_size <= 0:
             raise err(f"T.Persistent(group_size=...) must be a positive int, got {group_size!r}")
         self.domain = tuple(Scalar(to_expr(d, ir.DType.I32)) if isinstance(d, Scalar) else d
@@ -223,23 +225,36 @@ class PersistentFrame(Frame):
         self.loc = current_loc()
 
     def enter(self, names):
-        if len(names) != 2:
-            raise err("T.Persistent binds two tile indices (for bx, by in T.Persistent(...))")
+        if len(names) != len(self.domain):
+            raise err(f"T.Persistent over a {len(self.domain)}-d domain binds {len(self.domain)} "
+                      f"index(es), got {len(names)}")
         b = builder()
-        # a 0-based count of this block's tiles: tile = index + i * wave_size
+        # a 0-based count of this block's units: unit = index + i * wave_size
         self.var = ir.Var(b.unique("tile_iter"), ir.DType.I32, ir.VarKind.LOOP, current_loc())
         t = self.index + Scalar(self.var) * self.wave_size
-        tiles_0, tiles_1 = (to_expr(d, ir.DType.I32) for d in self.domain)
-        return tuple(Scalar(e) for e in schedule.grouped_tile(to_expr(t, ir.DType.I32), tiles_0,
-                                                               tiles_1, self.group_size, current_loc()))
+        if len(self.domain) == 1:
+            return t
+        return grouped_tile(t, self.domain, self.group_size)
 
     def exit(self, body):
-        tiles_0, tiles_1 = self.domain
-        count = schedule.tiles_of_block(to_expr(tiles_0 * tiles_1, ir.DType.I32),
+        total = self.domain[0] if len(self.domain) == 1 else self.domain[0] * self.domain[1]
+        count = schedule.tiles_of_block(to_expr(total, ir.DType.I32),
                                         to_expr(self.index, ir.DType.I32),
                                         to_expr(self.wave_size, ir.DType.I32), self.loc)
         builder().emit(ir.For(self.var, to_expr(0, ir.DType.I32), count, to_expr(1, ir.DType.I32),
                               ir.ForKind.PERSISTENT, _block(body), 0, self.loc))
+
+
+def grouped_tile(tile, domain: Sequence, group_size: int) -> tuple:
+    """Tile number ``tile`` of a [tiles_0, tiles_1] domain visited in panels of ``group_size``
+    along dimension 0 (``T.Persistent``'s order) -> its (index 0, index 1)."""
+    if len(domain) != 2:
+        raise err(f"a tile domain has 2 extents, got {len(domain)}")
+    if not isinstance(group_size, int) or group_size <= 0:
+        raise err(f"group_size must be a positive int, got {group_size!r}")
+    tiles_0, tiles_1 = (to_expr(d, ir.DType.I32) for d in domain)
+    return tuple(Scalar(e) for e in schedule.grouped_tile(to_expr(tile, ir.DType.I32), tiles_0,
+                                                           tiles_1, group_size, current_loc()))
 
 
 class ParallelFrame(Frame):

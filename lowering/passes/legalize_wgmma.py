@@ -143,24 +143,11 @@ def _scalar_locals(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
                               f"not an i32 or f32 scalar (line {s.loc.line})")
             scalars.append(b)
     for r in ws.roles:
-        defined: set = set()
-        for top in r.body.stmts:
-            for s in _statements(top):
-                if isinstance(s, ir.Alloc):
-                    raise _Refuse(f"an allocation inside a role (line {s.loc.line})")
-                _check_scalar_access(s)
-            if isinstance(top, ir.Store):
-                _require_defined(r, buffers_read(top), defined, top)
-                if top.value.dtype != top.buffer.dtype:
-                    raise _Refuse(f"a {top.value.dtype.value} value stored to {top.buffer.dtype.value} "
-                                  f"scalar '{top.buffer.name}' (line {top.loc.line})")
-                defined.add(top.buffer)
-            elif isinstance(top, ir.AtomicAdd) and top.prev is not None:
-                _require_defined(r, buffers_read(top), defined, top)
-                defined.add(top.prev)
-            else:
-                _require_defined(r, [b for s in walk(top) for b in buffers_read(s) + buffers_written(s)],
-                                 defined, top)
+        for s in _statements(r.body):
+            if isinstance(s, ir.Alloc):
+                raise _Refuse(f"an allocation inside a role (line {s.loc.line})")
+            _check_scalar_access(s)
+        _check_defined(r, r.body, set())
     stores = [s for s in walk(ws) if isinstance(s, ir.Store)]
     nonneg = set(scalars) - {s.prev for s in walk(ws) if isinstance(s, ir.AtomicAdd)}
     while True:                                    # the largest set closed under the stores
@@ -253,11 +240,41 @@ def _check_scalar_access(s: ir.Stmt) -> None:
             raise _Refuse(f"a scalar local indexed by something other than 0 (line {s.loc.line})")
 
 
+def _check_defined(role: ir.Role, body: ir.Seq, outer: set) -> None:
+    """Each scalar local is stored (or receives an atomic's old value) before it is read, in the
+    same statement list or an enclosing one: a role's scalars are Python variables of its
+    function, and one defined inside a loop or branch exists only there."""
+    defined = set(outer)
+    for top in body.stmts:
+        if isinstance(top, ir.Store):
+            _require_defined(role, buffers_read(top), defined, top)
+            if top.value.dtype != top.buffer.dtype:
+                raise _Refuse(f"a {top.value.dtype.value} value stored to {top.buffer.dtype.value} "
+                              f"scalar '{top.buffer.name}' (line {top.loc.line})")
+            defined.add(top.buffer)
+        elif isinstance(top, ir.AtomicAdd) and top.prev is not None:
+            _require_defined(role, buffers_read(top), defined, top)
+            defined.add(top.prev)
+        elif isinstance(top, ir.For):
+            _require_defined(role, [x.buffer for e in (top.start, top.stop, top.step)
+                                    for x in subexprs(e) if isinstance(x, ir.Load)], defined, top)
+            _check_defined(role, top.body, defined)
+        elif isinstance(top, ir.If):
+            _require_defined(role, [x.buffer for x in subexprs(top.cond) if isinstance(x, ir.Load)],
+                             defined, top)
+            _check_defined(role, top.then, defined)
+            _check_defined(role, top.orelse, defined)
+        else:
+            _require_defined(role, [b for s in walk(top) for b in buffers_read(s) + buffers_written(s)],
+                             defined, top)
+
+
 def _require_defined(role: ir.Role, used, defined: set, s: ir.Stmt) -> None:
     for b in used:
         if b.scope is ir.Scope.LOCAL and b not in defined:
             raise _Refuse(f"scalar '{b.name}' of {roles.describe(role.warpgroups)} is used at line "
-                          f"{s.loc.line} before a store at the role's top level defines it")
+                          f"{s.loc.line} before a store in its scope (or an enclosing one) "
+                          f"defines it")
 
 
 def _counts(e: ir.Expr, nonneg: set) -> bool:

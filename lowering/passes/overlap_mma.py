@@ -1,7 +1,9 @@
 """overlap_mma: keep one warp-group MMA in flight across iterations of a pipelined consumer loop.
 
 Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing).
-Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]``, where
+Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]`` (or
+           that followed by ``c = c + 1`` of a scalar ring counter, and ``i`` a function of c
+           instead of k: a loop whose trip count varies by tile), where
            ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot), its A
            operand is in shared memory (a register A operand must stay untouched until the gemm
            completes, and the next iteration redefines it) and
@@ -34,8 +36,22 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         kernel.body, lambda loop: _overlap(loop) if _matches(loop) else None))
 
 
+def _counter(loop: ir.For) -> ir.Buffer | None:
+    """The scalar local a loop body ends by incrementing (the ring counter of a loop whose trip
+    count varies by tile), or None."""
+    last = loop.body.stmts[-1] if loop.body.stmts else None
+    if not (isinstance(last, ir.Store) and last.buffer.scope is ir.Scope.LOCAL):
+        return None
+    v = last.value
+    bumped = (isinstance(v, ir.BinOp) and v.op is ir.BinOpKind.ADD and ir.as_int(v.b) == 1
+              and isinstance(v.a, ir.Load) and v.a.buffer == last.buffer)
+    return last.buffer if bumped else None
+
+
 def _matches(loop: ir.For) -> bool:
-    tail = loop.body.stmts[-3:]
+    counted = _counter(loop) is not None
+    stmts = loop.body.stmts[:-1] if counted else loop.body.stmts
+    tail = stmts[-3:]
     return (len(tail) == 3 and isinstance(tail[0], ir.Gemm) and tail[0].instr is ir.GemmInstr.WGMMA
             and tail[0].a.buffer.scope is ir.Scope.SHARED
             and isinstance(tail[1], ir.GemmWait) and tail[1].outstanding == 0
@@ -45,29 +61,37 @@ def _matches(loop: ir.For) -> bool:
                     for op in (tail[0].a, tail[0].b)))
 
 
-def _at(e: ir.Expr, var: ir.Var, value: ir.Expr) -> ir.Expr:
-    return fold(transform(e, lambda n: value if n == var else None))
+def _at(e: ir.Expr, node: ir.Expr, value: ir.Expr) -> ir.Expr:
+    return fold(transform(e, lambda n: value if n == node else None))
 
 
 def _overlap(loop: ir.For) -> list[ir.Stmt]:
-    gemm, wait, arrive = loop.body.stmts[-3:]
+    """The rewrite. The slot index is a function of the loop index k, or of a counter the body
+    increments last (then, after the body, the counter's value minus one is the last slot's)."""
+    counter = _counter(loop)
+    bump = loop.body.stmts[-1:] if counter is not None else ()
+    gemm, wait, arrive = loop.body.stmts[len(loop.body.stmts) - len(bump) - 3:][:3]
     loc = arrive.loc
     i32 = ir.DType.I32
     k, bar = loop.var, arrive.barrier
     n = len(bar.buffer.arrive_counts)
+    step = loop.step
+    drive: ir.Expr = k
+    if counter is not None:
+        drive, step = ir.Load(counter, (ir.Const(0, i32, loc),), loc), ir.Const(1, i32, loc)
     if isinstance(bar.index, ir.BinOp) and bar.index.op is ir.BinOpKind.MOD and ir.as_int(bar.index.b) == n:
         # slot (x - 1) % n written as (x + n - 1) % n: never negative, so a plain remainder
-        ahead = ir.BinOp(ir.BinOpKind.ADD, k, ir.BinOp(ir.BinOpKind.MUL, ir.Const(n - 1, i32, loc),
-                                                        loop.step, i32, loc), i32, loc)
-        prev_index = _at(bar.index, k, ahead)
+        ahead = ir.BinOp(ir.BinOpKind.ADD, drive, ir.BinOp(ir.BinOpKind.MUL, ir.Const(n - 1, i32, loc),
+                                                            step, i32, loc), i32, loc)
+        prev_index = _at(bar.index, drive, ahead)
     else:
-        prev_index = _at(bar.index, k, ir.BinOp(ir.BinOpKind.SUB, k, loop.step, i32, loc))
+        prev_index = _at(bar.index, drive, ir.BinOp(ir.BinOpKind.SUB, drive, step, i32, loc))
     release_prev = ir.If(ir.Cmp(ir.CmpKind.GT, k, loop.start, loc),
                          ir.Seq((dataclasses.replace(arrive, barrier=dataclasses.replace(
                              bar, index=prev_index)),), loc), ir.Seq((), loc), loc)
-    body = loop.body.stmts[:-3] + (gemm, ir.GemmWait(1, wait.loc), release_prev)
-    last = schedule.last_index(loop, loc)
-    arrive_last = dataclasses.replace(arrive, barrier=dataclasses.replace(bar, index=_at(bar.index, k, last)))
+    body = loop.body.stmts[:-3 - len(bump)] + (gemm, ir.GemmWait(1, wait.loc), release_prev) + tuple(bump)
+    last = prev_index if counter is not None else _at(bar.index, k, schedule.last_index(loop, loc))
+    arrive_last = dataclasses.replace(arrive, barrier=dataclasses.replace(bar, index=last))
     ran = fold(ir.Cmp(ir.CmpKind.GT, loop.stop, loop.start, loc))
     release_last = arrive_last if ran == ir.Const(True, ir.DType.BOOL) else \
         ir.If(ran, ir.Seq((arrive_last,), loc), ir.Seq((), loc), loc)

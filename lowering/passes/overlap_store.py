@@ -2,10 +2,12 @@
 
 Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing) (every TMA store is followed by
            ``BulkStoreWait(0)``).
-Ensures:   in a loop whose body stores a staging buffer ``X`` with ``copy frag -> X`` (ordinary
-           stores) ... ``copy X -> global [tma]; bulk_store_wait 0``, the wait moves to just before
-           the next iteration's ``copy frag -> X`` (the only point where ``X`` is written again),
-           and one ``bulk_store_wait 0`` follows the loop, before the role ends.
+Ensures:   in a loop whose body (or a branch in it, not a nested loop) stores a staging buffer
+           ``X`` with ``copy frag -> X`` (ordinary stores) ... ``copy X -> global [tma];
+           bulk_store_wait 0``, and touches ``X`` no other way, each such wait after a store of
+           ``X`` moves to just before every ``copy frag -> X`` (the only points where ``X`` is
+           written again: the next tile's store, in whichever branch it is), and one
+           ``bulk_store_wait 0`` follows the loop, before the role ends.
 Preserves: program meaning (stores are synchronous in the interpreter; the waits only order the
            asynchronous store's reads of ``X`` before the next writes of ``X``) and locations.
 """
@@ -16,7 +18,7 @@ import dataclasses
 from .. import ir
 from ..plans import AsyncPlan
 from ..target import Target
-from ..traverse import rewrite_loops
+from ..traverse import buffers_read, buffers_written, rewrite_loops, walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -31,20 +33,45 @@ def _deferred(loop: ir.For):
 
 
 def _defer(body: ir.Seq):
-    """``body`` with its store wait moved before the staging buffer's next write, or None."""
-    stmts = list(body.stmts)
-    for i, s in enumerate(stmts[:-1]):
-        if not (_bulk_store(s) and stmts[i + 1] == ir.BulkStoreWait(0)):
+    """``body`` with the waits after its bulk stores moved before their staging buffers' next
+    writes, or None when no staging buffer qualifies."""
+    outside_loops = {id(s) for s in walk(body, opaque=(ir.For,))}
+    stores = [s for s in walk(body) if _bulk_store(s)]
+    deferred = set()
+    for staging in {s.src.buffer for s in stores}:
+        users = [s for s in walk(body) if staging in buffers_read(s) + buffers_written(s)]
+        ok = all(id(s) in outside_loops and (_bulk_store(s) or (
+            isinstance(s, ir.Copy) and s.dst.buffer == staging and s.mechanism is ir.CopyMechanism.DIRECT))
+            for s in users)
+        if ok and all(_waited(body, s) for s in stores if s.src.buffer == staging):
+            deferred.add(staging)
+    if not deferred:
+        return None
+    return _moved(body, deferred)
+
+
+def _waited(seq: ir.Seq, store: ir.Copy) -> bool:
+    """Whether ``store`` is followed at once by ``bulk_store_wait 0`` in its statement list (in
+    ``seq`` or a branch inside it)."""
+    for i, s in enumerate(seq.stmts):
+        if s is store:
+            return i + 1 < len(seq.stmts) and seq.stmts[i + 1] == ir.BulkStoreWait(0)
+        if isinstance(s, ir.If) and (_waited(s.then, store) or _waited(s.orelse, store)):
+            return True
+    return False
+
+
+def _moved(seq: ir.Seq, deferred: set) -> ir.Seq:
+    out: list[ir.Stmt] = []
+    for s in seq.stmts:
+        if s == ir.BulkStoreWait(0) and out and _bulk_store(out[-1]) and out[-1].src.buffer in deferred:
             continue
-        staging = s.src.buffer
-        writes = [j for j, t in enumerate(stmts) if isinstance(t, ir.Copy) and t.dst.buffer == staging
-                  and t.mechanism is ir.CopyMechanism.DIRECT]
-        if len(writes) != 1 or writes[0] > i:
-            return None
-        w = writes[0]
-        return dataclasses.replace(body, stmts=tuple(
-            stmts[:w] + [ir.BulkStoreWait(0, stmts[w].loc)] + stmts[w:i + 1] + stmts[i + 2:]))
-    return None
+        if isinstance(s, ir.Copy) and s.dst.buffer in deferred:
+            out.append(ir.BulkStoreWait(0, s.loc))
+        if isinstance(s, ir.If):
+            s = dataclasses.replace(s, then=_moved(s.then, deferred), orelse=_moved(s.orelse, deferred))
+        out.append(s)
+    return dataclasses.replace(seq, stmts=tuple(out))
 
 
 def _bulk_store(s: ir.Stmt) -> bool:

@@ -10,15 +10,17 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              on it; and one consumer role of ``threads / 128`` warp groups ``ws(1..n)`` that holds
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
              ``empty[s]``, and runs the epilogue, whose fragment -> global copies are staged
-             through shared memory (a proxy fence between) unless the epilogue releases its
-             writes to other blocks (an atomic with a release order: they stay register
-             stores). The plan's ``preloads`` (copies
+             through shared memory (a proxy fence between) unless the kernel reads what they
+             write (a partial tile another block sums: they stay register stores). The plan's
+             ``preloads`` (copies
              before the loop, e.g. attention's Q tile) are issued by the producer before its loop
              on a ``preloaded`` barrier the consumer waits on (parity 0) where the first of them
              was. ``threads`` grows by one warp group.
              When the loop body is guarded (``plan.guarded``), each role keeps the guard and
              counts the iterations that ran in a local counter; ``i`` is that count, so phases
-             advance only on iterations that run (docs/ws-semantics.md #8). In a persistent kernel (the
+             advance only on iterations that run (docs/ws-semantics.md #8). A persistent loop
+             whose trip count varies from tile to tile (a stream-K segment's k range) counts
+             the same way, without a guard. In a persistent kernel (the
              loop inside a ``T.Persistent`` tile loop) both roles keep the tile loop; the
              producer's ring position is one running count over (tile, k), and the consumer keeps
              its prelude and epilogue per tile (docs/ws-semantics.md #11), so the producer loads the next
@@ -34,7 +36,7 @@ import dataclasses
 from .. import ir, roles, schedule
 from ..target import Target
 from ..simplify import fold
-from ..traverse import rewrite, touched, transform, walk
+from ..traverse import buffers_read, rewrite, subexprs, touched, transform, walk
 from ..plans import PipelinePlan
 
 
@@ -67,16 +69,20 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     inner = guard.then.stmts if guard is not None else loop.body.stmts
     counters: list[ir.Alloc] = []
 
+    trips = schedule.trip_count(loop, loc)
+    per_tile_trips = tile_loop is None or not any(
+        x == tile_loop.var or isinstance(x, ir.Load) for x in subexprs(trips))
+
     def role_loop(name: str, make_body) -> tuple[list[ir.Stmt], ir.For]:
         """(statements before the loops, the role's copy of the k loop). The ring slot follows
         the iteration number — across tiles in a persistent kernel, one running count — or, when
-        iterations may be skipped, a counter of the iterations that ran (phases advance only on
-        those)."""
+        iterations may be skipped or the trip count varies from tile to tile (a stream-K
+        segment), a counter of the iterations that ran (phases advance only on those)."""
         serial = dict(kind=ir.ForKind.SERIAL, num_stages=0)
-        if guard is None:
+        if guard is None and per_tile_trips:
             it = schedule.iteration(loop, loc)
             if tile_loop is not None:
-                done = ir.BinOp(ir.BinOpKind.MUL, schedule.iteration(tile_loop, loc), schedule.trip_count(loop, loc),
+                done = ir.BinOp(ir.BinOpKind.MUL, schedule.iteration(tile_loop, loc), trips,
                                 ir.DType.I32, loc)
                 it = ir.BinOp(ir.BinOpKind.ADD, done, it, ir.DType.I32, loc)
             stage, phase = _slot(fold(it), S, loc)
@@ -86,9 +92,11 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         ran = ir.Load(count, (c(0),), loc)
         stage, phase = _slot(ran, S, loc)
         bump = ir.Store(count, (c(0),), ir.BinOp(ir.BinOpKind.ADD, ran, c(1), ir.DType.I32, loc), loc)
-        guarded = (dataclasses.replace(guard, then=ir.Seq(make_body(stage, phase) + (bump,), loc)),)
+        body = make_body(stage, phase) + (bump,)
+        if guard is not None:
+            body = (dataclasses.replace(guard, then=ir.Seq(body, loc)),)
         return ([ir.Store(count, (c(0),), c(0), loc)],
-                dataclasses.replace(loop, body=ir.Seq(guarded, loc), **serial))
+                dataclasses.replace(loop, body=ir.Seq(body, loc), **serial))
 
     producers = [inner[k] for k in plan.producers]
     consuming = [s for k, s in enumerate(inner) if k not in plan.producers]
@@ -126,7 +134,8 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     new_allocs: list[ir.Alloc] = []
     prelude, preloads = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc)
     epilogue = list(_staged(ir.Seq(tuple(s for s in body[plan.loop_index + 1:]
-                                         if not isinstance(s, ir.Alloc)), loc), new_allocs).stmts)
+                                         if not isinstance(s, ir.Alloc)), loc), new_allocs,
+                              kernel, share=True).stmts)
     p_init, p_loop = role_loop("produced", produce)
     c_init, c_loop = role_loop("consumed", consume)
     allocs = [ir.Alloc(rings.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
@@ -196,7 +205,7 @@ def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list,
 def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:
     """Explicit programs: stage each role's fragment -> global copies through shared memory."""
     new_allocs: list[ir.Alloc] = []
-    body = _staged(kernel.body, new_allocs)
+    body = _staged(kernel.body, new_allocs, kernel)
     allocs = tuple(s for s in body.stmts if isinstance(s, ir.Alloc))
     rest = tuple(s for s in body.stmts if not isinstance(s, ir.Alloc))
     return dataclasses.replace(kernel, body=ir.Seq(allocs + tuple(new_allocs) + rest, body.loc))
@@ -221,27 +230,34 @@ def _restager(rings: dict, stage: ir.Expr, loc: ir.Loc):
     return lambda s: transform(s, fn)
 
 
-def _staged(body: ir.Seq, new_allocs: list) -> ir.Seq:
-    """``body`` with each fragment -> global copy in it, inside loops and branches too, staged;
-    none when ``body`` releases its writes with an ordered atomic. A bulk store is complete for
-    its source's reads only (``cp.async.bulk.wait_group.read``, the one wait Gluon spells) and
-    writes through the async proxy, so no release could make it visible to another block:
-    its tiles are stored from registers."""
-    if any(isinstance(s, ir.AtomicAdd) and s.releases for s in walk(body)):
-        return body
-    return rewrite(body, lambda s: ir.Seq(tuple(_stage_store(s, new_allocs)), s.loc)
-                   if isinstance(s, ir.Copy) else None)
+def _staged(body: ir.Seq, new_allocs: list, kernel: ir.Kernel, share: bool = False) -> ir.Seq:
+    """``body`` with each fragment -> global copy in it, inside loops and branches too, staged,
+    except copies into a buffer the kernel also reads (a split-K partial another block sums). A
+    bulk store is complete for its source's reads only (``cp.async.bulk.wait_group.read``, the
+    one wait Gluon spells) and writes through the async proxy, so neither a release nor a
+    barrier could make it visible to a later read in this kernel: those tiles are stored from
+    registers. With ``share`` (``body`` is one role's), copies of one tile shape and dtype share
+    a staging buffer: each bulk store is waited for before its buffer is written again."""
+    read = {b for s in walk(kernel.body) for b in buffers_read(s) if b.scope is ir.Scope.GLOBAL}
+    shared: dict = {}
 
+    def staging(s: ir.Copy) -> ir.Buffer:
+        key = (s.src.tile_shape, s.dst.buffer.dtype) if share else id(s)
+        if key not in shared:
+            tile = s.src.tile_shape
+            shared[key] = ir.Buffer(f"{s.src.buffer.name}_stage{len(new_allocs)}",
+                                    tuple(ir.Const(d, ir.DType.I32, s.loc) for d in tile),
+                                    s.dst.buffer.dtype, ir.Scope.SHARED, (), s.loc)
+            new_allocs.append(ir.Alloc(shared[key], s.loc))
+        return shared[key]
 
-def _stage_store(s: ir.Stmt, new_allocs: list) -> list[ir.Stmt]:
-    """fragment -> global copy  =>  fragment -> shared staging buffer, fence, shared -> global."""
-    if not (isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT
-            and s.dst.buffer.scope is ir.Scope.GLOBAL):
-        return [s]
-    tile = s.src.tile_shape
-    name = f"{s.src.buffer.name}_stage{len(new_allocs)}"
-    buf = ir.Buffer(name, tuple(ir.Const(d, ir.DType.I32, s.loc) for d in tile), s.dst.buffer.dtype,
-                    ir.Scope.SHARED, (), s.loc)
-    new_allocs.append(ir.Alloc(buf, s.loc))
-    whole = ir.Region(buf, tuple(ir.Const(0, ir.DType.I32, s.loc) for _ in tile), tile, s.loc)
-    return [dataclasses.replace(s, dst=whole), ir.ProxyFence(s.loc), dataclasses.replace(s, src=whole)]
+    def stage(s: ir.Stmt):
+        if not (isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT
+                and s.dst.buffer.scope is ir.Scope.GLOBAL) or s.dst.buffer in read:
+            return None
+        buf = staging(s)
+        whole = ir.Region(buf, tuple(ir.Const(0, ir.DType.I32, s.loc) for _ in s.src.tile_shape),
+                          s.src.tile_shape, s.loc)
+        return ir.Seq((dataclasses.replace(s, dst=whole), ir.ProxyFence(s.loc),
+                       dataclasses.replace(s, src=whole)), s.loc)
+    return rewrite(body, stage)

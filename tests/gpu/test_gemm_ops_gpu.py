@@ -20,7 +20,8 @@ SCHEDULES = ["tiled 64x128x64 s6 t128 g8", "tiled 128x128x64 s4 t128 g8",
              "split_k 64x64x64 s8 t128 x3", "split_k_fused 16x64x128 s4 t128 x2",
              "split_k_fused 64x128x64 s4 t128 x3", "split_k_fused 128x128x64 s4 t128 x2",
              "split_k_fused 128x256x64 s3 t256 x2", "swap_ab 16x128x64 s6 t128",
-             "swap_ab 32x128x64 s6 t128"]
+             "swap_ab 32x128x64 s6 t128", "stream_k 128x256x64 s3 t256 g8",
+             "stream_k 128x128x64 s6 t128 g4"]
 
 
 def _hopper():
@@ -119,7 +120,7 @@ def test_matmul_under_a_cuda_graph():
     _hopper()
     a, b = _inputs(64, 1024, 2048)
     for s in ("split_k 64x128x64 s6 t128 x4", "tiled 64x128x64 s6 t128 g8",
-              "split_k_fused 64x128x64 s4 t128 x4"):
+              "split_k_fused 64x128x64 s4 t128 x4", "stream_k 128x128x64 s6 t128 g8"):
         schedule = Schedule.from_text(s)
         run(a, b, None, schedule)              # compiled and launched once outside the graph
         graph = torch.cuda.CUDAGraph()
@@ -134,18 +135,23 @@ def test_matmul_under_a_cuda_graph():
 
 
 @pytest.mark.parametrize("text, M, backend", [("split_k_fused 16x64x128 s4 t128 x4", 16, "tl"),
-                                              ("split_k_fused 64x128x64 s4 t128 x4", 100, "gluon")])
+                                              ("split_k_fused 64x128x64 s4 t128 x4", 100, "gluon"),
+                                              ("stream_k 128x256x64 s3 t256 g8", 1000, "gluon"),
+                                              ("stream_k 128x128x64 s6 t128 g8", 4000, "gluon")])
 def test_split_k_fused_is_deterministic_and_keeps_streams_apart(text, M, backend):
-    """The last-arriving block sums the slices in slice order: the same bits on every call, with
-    blocks finishing in any order; the arrival counts come back to zero; two streams running it
-    at once each count on their own counters. 16-row blocks run as triton.language, 64-row ones
-    warp-specialized (partials stored from registers before the release)."""
+    """The last-arriving block sums the slices (stream_k: the segments) in order: the same bits
+    on every call, with blocks finishing in any order; the arrival counts come back to zero; two
+    streams running it at once each count on their own counters. 16-row blocks run as
+    triton.language, 64-row ones warp-specialized (partials stored from registers before the
+    release). stream_k at 1000 rows: 128 tiles, all shared out over 132 blocks; at 4000: 1008
+    tiles, 84 of them shared out after 7 whole waves."""
     _hopper()
     from tilews.ops.arrivals import _counters
     from tilews.ops.matmul import _runner
     schedule = Schedule.from_text(text)
-    assert _runner(schedule, 4096, 4096, torch.bfloat16, torch.bfloat16, "cuda").kernels[0] \
-        .report.backend == backend
+    runner = _runner(schedule, 4096, 4096, torch.bfloat16, torch.bfloat16, "cuda")
+    runner = runner.runner(M) if schedule.program == "stream_k" else runner
+    assert runner.kernels[0].report.backend == backend
     a, b = _inputs(M, 4096, 4096)
     first = run(a, b, None, schedule)
     assert rel_err(first, a.double() @ b.double()) < 1e-2

@@ -6,8 +6,8 @@ from .elementwise import (Cast, abs, atomic_add, cast, ceildiv, clear, exp, exp2
 from .fp8 import fp8_scaled_matmul
 from .gemm import GemmWarpPolicy, gemm
 from .kernel import Kernel, macro, prim_func, use_swizzle, ws
-from .loops import (Parallel, Persistent, Pipelined, Serial, Unroll, Vectorized, serial, unroll,
-                    vectorized)
+from .loops import (Parallel, Persistent, Pipelined, Serial, Unroll, Vectorized, grouped_tile,
+                    serial, unroll, vectorized)
 from .memory import (alloc_barrier, alloc_fragment, alloc_local, alloc_shared,
                      create_list_of_mbarrier, get_mbarrier)
 from .reduce import reduce_abssum, reduce_max, reduce_min, reduce_sum

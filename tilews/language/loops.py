@@ -41,8 +41,18 @@ Serial, Unroll, Vectorized = serial, unroll, vectorized
 def Persistent(domain, wave_size, index, group_size: int = 8):
     """``for bx, by in T.Persistent([tiles_0, tiles_1], num_sms, block_id):`` inside
     ``T.Kernel(num_sms)`` — each block loops over output tiles block_id, block_id + num_sms, ...
-    in panels of ``group_size`` tiles along dimension 0 (L2-friendly); the body is one tile."""
+    in panels of ``group_size`` tiles along dimension 0 (L2-friendly); the body is one tile.
+    ``for u in T.Persistent([units], num_sms, block_id):`` binds the unit number instead
+    (block_id, block_id + num_sms, ... < units), for bodies that map units to work themselves
+    (``T.grouped_tile`` gives a tile number's coordinates in the same panel order)."""
     return semantic.PersistentFrame(domain, wave_size, index, group_size)
+
+
+def grouped_tile(tile, domain, group_size: int = 8):
+    """``by, bx = T.grouped_tile(t, [tiles_0, tiles_1], group_size)``: the coordinates of tile
+    number ``t`` when the domain is visited in panels of ``group_size`` along dimension 0, as
+    ``T.Persistent`` visits it."""
+    return semantic.grouped_tile(tile, domain, group_size)
 
 
 def Parallel(*extents):

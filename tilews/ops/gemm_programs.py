@@ -22,6 +22,8 @@ says which program and knobs a shape gets. All compute ``C = A @ B`` for A [M, K
 """
 from __future__ import annotations
 
+import dataclasses
+
 import tilews
 import tilews.language as T
 
@@ -162,6 +164,107 @@ def split_k_fused(M, N, K, splits=2, block_M=16, block_N=64, block_K=128, num_st
                         C_f[i, j] += W[by * block_M + i, s * Np + bx * block_N + j]
                 T.copy(C_f, C[by * block_M, bx * block_N])
                 T.atomic_add(Arrivals[tile], -splits)
+    return main
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamK:
+    """How a stream-K GEMM shares its work among ``blocks`` persistent blocks: the first
+    ``sk_tiles`` output tiles (in panel order) are cut into their ``k_tiles`` k iterations, and
+    block b takes iterations [``first_iter(b)``, ``first_iter(b + 1)``) of them, tile after tile,
+    as up to ``segments`` segments; the other tiles go whole to the blocks in turn.
+    ``slots`` is the most blocks sharing one tile (the workspace's partial tiles per tile)."""
+    tiles: int
+    k_tiles: int
+    blocks: int
+    sk_tiles: int
+
+    @classmethod
+    def plan(cls, tiles: int, k_tiles: int, blocks: int, sk_waves: int = 0) -> "StreamK":
+        """The tiles of the last partial wave (plus ``sk_waves`` whole waves, where there are
+        that many) shared out; none when the tiles fill whole waves or there are fewer k
+        iterations to share than blocks (each block must get one)."""
+        rem = tiles % blocks
+        sk = rem + blocks * min(sk_waves, tiles // blocks) if rem else 0
+        return cls(tiles, k_tiles, blocks, sk if sk * k_tiles >= blocks else 0)
+
+    @property
+    def sk_iters(self) -> int:
+        return self.sk_tiles * self.k_tiles
+
+    def first_iter(self, b):
+        return b * self.sk_iters // self.blocks
+
+    def owner(self, it):
+        """The block whose iterations hold shared iteration ``it``."""
+        return ((it + 1) * self.blocks - 1) // self.sk_iters
+
+    @property
+    def segments(self) -> int:
+        if not self.sk_tiles:
+            return 0
+        return max((self.first_iter(b + 1) - 1) // self.k_tiles - self.first_iter(b) // self.k_tiles + 1
+                   for b in range(self.blocks))
+
+    @property
+    def slots(self) -> int:
+        if not self.sk_tiles:
+            return 0
+        return max(self.owner((t + 1) * self.k_tiles - 1) - self.owner(t * self.k_tiles) + 1
+                   for t in range(self.sk_tiles))
+
+
+@tilews.jit(out_idx=[-2, -1])
+def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256,
+             num_sms=132, group_size=16, sk_waves=0, dtype=T.bfloat16, out_dtype=T.bfloat16):
+    """C = A @ B on ``num_sms`` persistent blocks, the tiles of the last partial wave shared
+    out by k iterations (``StreamK``), so no block idles while others finish a wave. Each block
+    first runs its segments of the shared tiles, then its whole tiles. A segment covering part
+    of a tile stores its float32 partial in W (slot = the block's rank among the tile's blocks)
+    and counts itself in ``Arrivals[tile]`` (acq_rel); the block arriving last sums the tile's
+    partials in slot order (the same bits whichever block is last), stores C and puts the count
+    back to 0. ``Arrivals`` and W follow ``split_k_fused``'s contract (zeros at launch, one
+    launch at a time; W is scratch)."""
+    tm, tn = -(-M // block_M), -(-N // block_N)
+    ipt = -(-K // block_K)
+    sk = StreamK.plan(tm * tn, ipt, num_sms, sk_waves)
+    segs, slots = sk.segments, max(sk.slots, 1)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
+             Arrivals: T.Tensor((ARRIVAL_SLOTS,), T.int32),
+             W: T.Tensor((max(sk.sk_tiles, 1) * slots * block_M, block_N), T.float32),
+             C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(num_sms, threads=threads) as b:
+            A_s = T.alloc_shared((block_M, block_K), dtype)
+            B_s = T.alloc_shared((block_K, block_N), dtype)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            for u in T.Persistent([num_sms * segs + tm * tn - sk.sk_tiles], num_sms, b):
+                r = u // num_sms
+                lo = sk.first_iter(b)
+                t = T.if_then_else(r < segs, lo // ipt + r, sk.sk_tiles + u - num_sms * segs)
+                k_lo = T.if_then_else(r < segs, T.max(lo - t * ipt, 0), 0)
+                k_hi = T.if_then_else(r < segs, T.min(sk.first_iter(b + 1) - t * ipt, ipt), ipt)
+                by, bx = T.grouped_tile(t, [tm, tn], group_size)
+                T.clear(C_f)
+                for k in T.Pipelined(k_lo, k_hi, num_stages=num_stages):
+                    T.copy(A[by * block_M, k * block_K], A_s)
+                    T.copy(B[k * block_K, bx * block_N], B_s)
+                    T.gemm(A_s, B_s, C_f)
+                if k_hi - k_lo == ipt:
+                    T.copy(C_f, C[by * block_M, bx * block_N])
+                elif k_lo < k_hi:
+                    first = sk.owner(t * ipt)
+                    parts = sk.owner((t + 1) * ipt - 1) - first + 1
+                    T.copy(C_f, W[(t * slots + b - first) * block_M, 0])
+                    arrived = T.atomic_add(Arrivals[t], 1, memory_order="acq_rel", return_prev=True)
+                    if arrived == parts - 1:
+                        T.clear(C_f)
+                        for s in T.serial(parts):
+                            for i, j in T.Parallel(block_M, block_N):
+                                C_f[i, j] += W[(t * slots + s) * block_M + i, j]
+                        T.copy(C_f, C[by * block_M, bx * block_N])
+                        T.atomic_add(Arrivals[t], -parts)
     return main
 
 

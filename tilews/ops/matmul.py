@@ -6,9 +6,10 @@ kept for that bucket (in memory, else on disk under ``<tilews cache dir>/ops/mat
 the device name, tilews's source digest, dtypes, N, K and the bucket), else, with
 ``TILEWS_TUNE=1``, ``tune`` on this call's inputs, else ``schedule.heuristic``. The program is
 compiled with a runtime M (``T.dynamic("M")``), so every M of a bucket, and of any bucket that
-picks the same schedule, runs the same compiled kernel; split_k launches ``split_k`` then
-``split_k_reduce``; split_k_fused is one kernel given this stream's arrival counters
-(``arrivals``). CPU tensors run on tilews's interpreter.
+picks the same schedule, runs the same compiled kernel (but stream_k, which plans a fixed number
+of tiles: one kernel per M); split_k launches ``split_k`` then ``split_k_reduce``; split_k_fused
+and stream_k are one kernel given this stream's arrival counters (``arrivals``). CPU tensors run
+on tilews's interpreter.
 
 Calling: the first call of a kind (each operand's shape, strides, dtype, device and
 ``requires_grad``, and ``out_dtype``) checks the arguments (errors name the argument:
@@ -225,8 +226,9 @@ def _choice(M, N, K, dtype, out, device, settings: Settings) -> Schedule:
 @dataclass(frozen=True)
 class Runner:
     """A schedule's compiled kernels as one callable (a, b) -> c: one kernel, or split_k's
-    partial product (a, b) -> w and its reduction w -> c. ``arrivals``: split_k_fused's
-    (block_M, block_N); its kernel takes (a, b, arrival counters) and returns (w, c)."""
+    partial product (a, b) -> w and its reduction w -> c. ``arrivals``: split_k_fused's and
+    stream_k's (block_M, block_N); their kernel takes (a, b, arrival counters) and returns
+    (w, c)."""
     kernels: tuple
     arrivals: tuple = ()
 
@@ -293,7 +295,7 @@ def _runner(schedule: Schedule, N: int, K: int, dtype: torch.dtype, out: torch.d
 
 
 def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
-    """The compiled kernel(s) of ``s`` with a runtime M."""
+    """The compiled kernel(s) of ``s`` with a runtime M (stream_k's: per M, ``PerM``)."""
     target = "auto" if device_type == "cuda" else "interpret"
     blocks = dict(block_M=s.block_M, block_N=s.block_N, block_K=s.block_K, num_stages=s.num_stages,
                   threads=s.threads)
@@ -306,10 +308,35 @@ def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
         fused = _program("split_k_fused", target)(_M, N, K, splits=s.splits, dtype=dtype,
                                                    out_dtype=out, **blocks)
         return Runner((fused,), (s.block_M, s.block_N))
+    if s.program == "stream_k":
+        stream_k = _program("stream_k", target)
+        return PerM(lambda M: Runner((stream_k(M, N, K, num_sms=tilews.num_sms(), group_size=s.group,
+                                               dtype=dtype, out_dtype=out, **blocks),),
+                                     (s.block_M, s.block_N)))
     knobs = {"tiled": dict(swizzle=s.group),
              "persistent": dict(num_sms=tilews.num_sms(), group_size=s.group),
              "swap_ab": {}}[s.program]
     return Runner((_program(s.program, target)(_M, N, K, dtype=dtype, out_dtype=out, **blocks, **knobs),))
+
+
+class PerM:
+    """The runners of a program compiled for each M (stream_k shares out a fixed number of
+    tiles), built on first use; called as a ``Runner``."""
+
+    def __init__(self, build: Callable[[int], Runner]):
+        self._build, self._runners = build, {}
+
+    def runner(self, M: int) -> Runner:
+        found = self._runners.get(M)
+        if found is None:
+            found = self._runners[M] = self._build(M)
+        return found
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.runner(a.shape[0])(a, b)
+
+    def direct(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Call]:
+        return self.runner(a.shape[0]).direct(a, b)
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,8 @@
 * ``Schedule``: a program name and its knobs, with a short stable text form (``str(s)``,
   ``Schedule.from_text``): ``"<program> <block_M>x<block_N>x<block_K> s<num_stages> t<threads>"``,
   then ``" x<splits>"`` for split_k and ``" g<group>"`` where a group is set, e.g.
-  ``"split_k 64x128x64 s6 t128 x3"``, ``"persistent 128x256x64 s3 t256 g8"``. The blocks are always
+  ``"split_k 64x128x64 s6 t128 x3"``, ``"persistent 128x256x64 s3 t256 g8"``,
+  ``"stream_k 128x256x64 s3 t256 g16"``. The blocks are always
   written M x N x K, swap_ab's too (its narrow block is block_M).
 * ``heuristic(M, N, K, ...)``: the first guess, by the rules and thresholds at the top of its
   section (the one place they are written; re-tune them from GPU measurements,
@@ -21,7 +22,8 @@ import torch
 
 from tilews.lowering.target import bulk_copy_rows
 
-PROGRAMS = ("tiled", "persistent", "split_k", "split_k_fused", "swap_ab")
+PROGRAMS = ("tiled", "persistent", "split_k", "split_k_fused", "swap_ab", "stream_k")
+PANELLED = ("persistent", "stream_k")       # their group: the tile panel, at least 1
 SPLITTING = ("split_k", "split_k_fused")
 MAX_BUCKET = 8192
 
@@ -30,7 +32,8 @@ MAX_BUCKET = 8192
 class Schedule:
     """A GEMM program and its knobs. ``splits``: the number of K slices of split_k and
     split_k_fused (1 elsewhere);
-    ``group``: tiled's block swizzle panel (0: none) or persistent's tile group size (>= 1)."""
+    ``group``: tiled's block swizzle panel (0: none) or persistent's and stream_k's tile group
+    size (>= 1)."""
     program: str
     block_M: int
     block_N: int
@@ -51,8 +54,8 @@ class Schedule:
         if self.splits != 1 and self.program not in SPLITTING:
             raise ValueError(f"Schedule: splits={self.splits} is a knob of {' and '.join(SPLITTING)}, "
                              f"not of {self.program}")
-        if self.program == "persistent" and self.group < 1:
-            raise ValueError("Schedule: persistent needs group >= 1 (its tile group size)")
+        if self.program in PANELLED and self.group < 1:
+            raise ValueError(f"Schedule: {self.program} needs group >= 1 (its tile group size)")
 
     def __str__(self) -> str:
         text = (f"{self.program} {self.block_M}x{self.block_N}x{self.block_K} s{self.num_stages} "
@@ -233,7 +236,8 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
     ones, one per program."""
     first = heuristic(M, N, K, dtype, out_dtype, num_sms, gpu)
     if not gpu:
-        space = [Schedule("tiled", 32, 64, 32, 2, 128), Schedule("persistent", 64, 64, 32, 2, 128, group=2)]
+        space = [Schedule("tiled", 32, 64, 32, 2, 128), Schedule("persistent", 64, 64, 32, 2, 128, group=2),
+                 Schedule("stream_k", 32, 64, 32, 2, 128, group=2)]
         if K > CPU.block_K:
             space += [Schedule("split_k", 64, 64, 32, 2, 128, splits=2),
                       Schedule("split_k_fused", 16, 64, 32, 2, 128, splits=2)]
