@@ -68,8 +68,9 @@ def evaluate(e: ir.Expr, env: Optional[dict] = None) -> Optional[int]:
 def fold_binop(op: ir.BinOpKind, a: ir.Expr, b: ir.Expr, dtype: ir.DType,
                loc: ir.Loc) -> Optional[ir.Expr]:
     """``a op b`` (of type ``dtype``) without the operation where that is exact: integer
-    constants folded, ``x + 0``, ``x - 0``, ``0 + x``, ``x * 1``, ``1 * x``, ``x // 1`` and an
-    integer ``x * 0``; None to build the operation."""
+    constants folded, ``x + 0``, ``x - 0``, ``0 + x``, ``x * 1``, ``1 * x``, ``x // 1``, an
+    integer ``x * 0``, and ``and`` / ``or`` with a bool constant (a build-time flag: ``x and
+    False`` is False); None to build the operation."""
     x, y = ir.as_int(a), ir.as_int(b)
     if x is not None and y is not None and op in _FOLDED:
         v = _apply(op, x, y)
@@ -81,6 +82,12 @@ def fold_binop(op: ir.BinOpKind, a: ir.Expr, b: ir.Expr, dtype: ir.DType,
         return b
     if op is _B.MUL and 0 in (x, y) and a.dtype.is_int and b.dtype.is_int:
         return ir.Const(0, dtype, loc)
+    if op in (_B.LAND, _B.LOR):
+        for known, other in ((a, b), (b, a)):
+            if isinstance(known, ir.Const) and known.dtype is ir.DType.BOOL:
+                # x and True -> x, x and False -> False; x or False -> x, x or True -> True
+                decides = bool(known.value) is (op is _B.LOR)
+                return ir.Const(bool(known.value), ir.DType.BOOL, loc) if decides else other
     return None
 
 

@@ -129,6 +129,23 @@ def test_runtime_if_and_dynamic_dims():
     assert any(isinstance(s, ir.If) for s in _walk(k.body))
 
 
+@pytest.mark.parametrize("flag, kept", [(False, "False"), (True, "(X[0] > 0.0:f32)")])
+def test_and_or_with_a_build_time_flag_fold(flag, kept):
+    # `runtime and flag` is the flag's decision or the runtime test, never `x & False`: a branch
+    # that cannot run is dropped at build time instead of being compiled by Triton
+    @T.prim_func
+    def main(X: T.Tensor((8,), T.float32), Y: T.Tensor((8,), T.float32)):
+        with T.Kernel(1) as bx:
+            if X[0] > 0 and flag:
+                for i in T.Parallel(8):
+                    Y[i] = X[i]
+            if X[0] > 0 or not flag:
+                for i in T.Parallel(8):
+                    Y[i] = X[i]
+    conds = [printer.expr(s.cond) for s in _walk(build(main).body) if isinstance(s, ir.If)]
+    assert conds == [kept, "True" if not flag else "(X[0] > 0.0:f32)"]
+
+
 # ----------------------------------------------------------------------------------------------
 # errors at the user's line
 

@@ -204,6 +204,77 @@ def test_split_k_fused(target, dt):
         close(want, a.double() @ b.double(), *TOL[dt])
 
 
+# 4 x 3 tiles of 7 k tiles (K = 208: the last half past K) over 5 blocks: 2 tiles shared out
+# (14 iterations as 2 + 3 + 3 + 3 + 3: a tile spans 3 blocks), 10 whole ones in turn
+STREAM_K = dict(block_M=64, block_N=64, block_K=32, num_stages=2, threads=128, num_sms=5,
+                group_size=2)
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("target", CPU_TARGETS)
+def test_stream_k(target, dt):
+    # C against float64, the counts back at 0 after each launch; on the interpreter, the same
+    # bits whichever block arrives last (blocks run in shuffled orders)
+    tdt, torch_dt = DTYPES[dt]
+    M, N, K = 200, 136, 208
+    assert G.StreamK.plan(4 * 3, 7, 5).sk_tiles == 2
+    k = tilews.jit(target=target, out_idx=[-2, -1])(G.stream_k.fn)(M, N, K, dtype=tdt, out_dtype=tdt,
+                                                                   **STREAM_K)
+    arrivals = torch.zeros(16, dtype=torch.int32)
+    a, b = inputs(M, N, K, torch_dt, seed=40)
+    for _ in range(2):
+        _, c = k(a, b, arrivals)
+        close(c, a.double() @ b.double(), *TOL[dt])
+        assert int(arrivals.abs().sum()) == 0
+    if target == "interpret":
+        want = None
+        for order in range(4):
+            c = poisoned(M, N, dtype=torch_dt)
+            w = poisoned(*next(p for p in k.ir_before.params if p.name == "W").static_shape,
+                         dtype=torch.float32)
+            named = dict(A=a, B=b, Arrivals=arrivals, W=w, C=c, arrival_slots=16)
+            interpreter.run(k.ir_before, [named[p.name] for p in k.ir_before.params], block_order=order)
+            want = c if want is None else want
+            assert torch.equal(c, want) and int(arrivals.abs().sum()) == 0
+        close(want, a.double() @ b.double(), *TOL[dt])
+
+
+def test_stream_k_needs_m_at_build_time():
+    with pytest.raises(TypeError, match="M, N and K must be ints known at build time"):
+        G.stream_k.fn(T.dynamic("M"), 64, 64)
+
+
+@pytest.mark.parametrize("tiles, k_tiles, blocks, waves", [
+    (2048, 64, 132, 0), (2048, 64, 132, 1), (512, 64, 132, 0), (128, 64, 132, 0), (16, 64, 132, 0),
+    (12, 7, 5, 0), (9, 7, 4, 1), (133, 1, 132, 0), (264, 64, 132, 0), (131, 3, 132, 0)])
+def test_stream_k_plan_covers_every_iteration_once(tiles, k_tiles, blocks, waves):
+    """Walk the plan as the program does: every k iteration of every tile is run by exactly one
+    (block, segment); the segments a tile is cut into are its blocks' ranks 0..parts-1; no block
+    has more segments than ``segments`` nor a tile more blocks than ``slots``."""
+    sk = G.StreamK.plan(tiles, k_tiles, blocks, waves)
+    assert 0 <= sk.sk_tiles <= tiles
+    assert sk.sk_tiles == 0 or (tiles - sk.sk_tiles) % blocks == 0 or tiles < blocks
+    ran = {}
+    for b in range(blocks):
+        lo, hi = sk.first_iter(b), sk.first_iter(b + 1)
+        assert sk.sk_tiles == 0 or hi > lo                 # every block gets an iteration
+        for r in range(sk.segments):
+            t = lo // k_tiles + r
+            k_lo, k_hi = max(lo - t * k_tiles, 0), min(hi - t * k_tiles, k_tiles)
+            if k_lo >= k_hi:
+                continue
+            first, last = sk.owner(t * k_tiles), sk.owner((t + 1) * k_tiles - 1)
+            assert first <= b <= last and last - first + 1 <= sk.slots
+            for k in range(k_lo, k_hi):
+                assert (t, k) not in ran
+                ran[t, k] = b
+        assert hi <= lo or (hi - 1) // k_tiles - lo // k_tiles + 1 <= sk.segments
+    assert set(ran) == {(t, k) for t in range(sk.sk_tiles) for k in range(k_tiles)}
+    for t in range(sk.sk_tiles):                           # a tile's blocks are consecutive
+        owners = sorted({ran[t, k] for k in range(k_tiles)})
+        assert owners == list(range(owners[0], owners[-1] + 1))
+
+
 def test_split_sizes():
     assert [G.k_tiles_per_split(K, 32, 3) for K in (1, 32, 96, 97, 100, 192, 193)] == \
         [1, 1, 1, 2, 2, 2, 3]
@@ -375,6 +446,33 @@ def test_split_k_fused_is_warp_specialized_and_releases_after_its_stores():
     add = ptx.index("atom.global.gpu.acq_rel.add")
     assert "bar.sync \t0, 128;" in ptx[ptx.rindex("st.global.v2.b32", 0, add):add]
     assert len(re.findall(r"st\.global\.v2\.b32", ptx)) == 64 * 128 // 128 // 2
+
+
+def test_stream_k_keeps_wgmma_in_flight_and_bulk_stores_only_c():
+    """At 4096^3 (116 tiles shared out, 396 whole): the segment's k loop, whose trip count varies
+    by tile, keeps one wgmma in flight (ring counter, not the tile's iteration number); the
+    partial leaves from registers ahead of the acq_rel count; C leaves by TMA from one staging
+    buffer for both of its stores, each store's wait moved before the buffer's next write."""
+    k = tilews.jit(target="hopper", out_idx=[-2, -1])(G.stream_k.fn)(LLM_N, LLM_N, LLM_K)
+    assert k.report.target == "hopper", k.report.notes
+    ttgir = k.asm["ttgir"]
+    assert ttgir.count("ttg.warp_specialize(") == 1
+    default = ttgir[ttgir.index("default {"):ttgir.index("partition0(")]
+    k_loop = re.search(r"scf\.for %k = .*\n((?:.*\n)*?)\s*scf\.yield", default)
+    assert k_loop and "warp_group_dot_wait" in k_loop.group(1)
+    assert re.search(r"warp_group_dot_wait %\w+ \{pendings = 1 : i32\}", k_loop.group(1))
+    assert "xf32, #shared" not in ttgir and "tensordesc<tensor<128x256xf32" not in ttgir
+    stagings = re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<128x256xbf16", ttgir)
+    assert len(stagings) == 1
+    assert re.findall(r"ttng\.async_tma_copy_local_to_global %(\w+)\[", default) == ["C_desc_0"] * 2
+    ops = re.findall(r"(ttng\.async_tma_store_wait|ttg\.local_store [^\n]*C_f_stage|"
+                     r"ttng\.async_tma_copy_local_to_global|tt\.store [^\n]*f32>|gpu\.barrier|"
+                     r"tt\.atomic_rmw add, acq_rel)", default)
+    ops = [o.split(" ")[0] for o in ops]
+    assert ops == ["ttng.async_tma_store_wait", "ttg.local_store", "ttng.async_tma_copy_local_to_global",
+                   "tt.store", "gpu.barrier", "tt.atomic_rmw", "gpu.barrier",
+                   "ttng.async_tma_store_wait", "ttg.local_store", "ttng.async_tma_copy_local_to_global",
+                   "ttng.async_tma_store_wait"], ops
 
 
 def test_split_k_grid_has_three_dims():

@@ -224,7 +224,11 @@ def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
     and counts itself in ``Arrivals[tile]`` (acq_rel); the block arriving last sums the tile's
     partials in slot order (the same bits whichever block is last), stores C and puts the count
     back to 0. ``Arrivals`` and W follow ``split_k_fused``'s contract (zeros at launch, one
-    launch at a time; W is scratch)."""
+    launch at a time; W is scratch). M, N and K are build-time ints: the plan shares out a
+    fixed number of tiles."""
+    if not all(isinstance(d, int) for d in (M, N, K)):
+        raise TypeError(f"stream_k: M, N and K must be ints known at build time, got {M!r}, "
+                        f"{N!r}, {K!r}")
     tm, tn = -(-M // block_M), -(-N // block_N)
     ipt = -(-K // block_K)
     sk = StreamK.plan(tm * tn, ipt, num_sms, sk_waves)
