@@ -49,8 +49,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tilews.ops as ops
 from tilews.ops.schedule import (FUSED_MIN_K_TILES, MAX_SPLITS, PROGRAMS, SMEM_BYTES,
-                                 SPLIT_K_MIN_K_TILES, SPLITTING, Schedule, bucket, candidates,
-                                 heuristic)
+                                 SPLIT_K_MIN_K_TILES, SPLITTING, STREAM_K, STREAM_K_MAX_TAIL,
+                                 Schedule, bucket, candidates, fit_stages, heuristic)
 
 from .helpers import randn, rel_err
 
@@ -170,6 +170,15 @@ def test_heuristic_and_candidates_invariants(out):
                 assert 2 <= s.splits <= min(MAX_SPLITS, K // (least * s.block_K)), s
             if s.program == "swap_ab":          # the small-M space, or the unaligned pick
                 assert M <= 64 or s == space[0], (M, N, K, s)
+        # stream_k only where 128x256 tiles leave a last wave at most STREAM_K_MAX_TAIL full
+        tiles = -(-M // 128) * -(-N // 256)
+        tail = tiles % 132
+        tried = [s for s in space if s.program == "stream_k"]
+        assert bool(tried) == (tiles >= 132 and 0 < tail <= STREAM_K_MAX_TAIL * 132), (M, N, K)
+        assert all(s == fit_stages(STREAM_K, torch.bfloat16, out) for s in tried)
+    for shape, full in (((8192, 8192, 8192), True), ((4096, 4096, 4096), False)):   # 52%, 88%
+        space = candidates(*shape, torch.bfloat16, out, 132, True)
+        assert any(s.program == "stream_k" for s in space) == full
 
 
 def test_cpu_candidates_cover_every_program():

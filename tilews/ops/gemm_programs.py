@@ -19,6 +19,9 @@ says which program and knobs a shape gets. All compute ``C = A @ B`` for A [M, K
   on Hopper, its tiles stored from registers ahead of the release (``warp_specialize``).
 * ``swap_ab``: C^T = B^T A^T for small M, so N fills the wgmma's 64-row M dimension and M becomes
   the narrow N of the instruction; the tile is stored transposed.
+* ``stream_k``: persistent, the tiles of the last partial wave shared out among all blocks by k
+  iterations (``StreamK``), their partials summed in the kernel as ``split_k_fused`` sums its
+  slices; M is fixed at build time.
 """
 from __future__ import annotations
 

@@ -122,6 +122,14 @@ TILES = (Schedule("tiled", 128, 256, 64, 3, 256, group=8),       # largest first
          Schedule("tiled", 64, 128, 64, 8, 128, group=8),
          Schedule("tiled", 64, 64, 64, 12, 128, group=8))
 
+# stream_k (the last partial wave's tiles shared out by k iterations) on an H100, L2 flushed, 5
+# rounds against cuBLAS: 8192^3 1.01-1.06x where persistent 128x256 was 1.01x (last wave 52%
+# full); 4096^3 0.75-0.82x against 0.98x (last wave 88% full) and 2048x14336x4096 0.89-0.91x
+# against 0.96x (79%): the partials' float32 traffic costs more than a nearly full last wave
+# loses. Tried (tuning space only) where the last wave of 128x256 tiles is at most this full.
+STREAM_K = Schedule("stream_k", 128, 256, 64, 3, 256, group=16)
+STREAM_K_MAX_TAIL = 0.6
+
 NARROW_M_MAX = 32           # M at most this: 64-row tiles over N, or split-K
 FILL = 0.75                 # a tiling "fills" the GPU with at least this many blocks per SM
 NARROW_FILL = 1.0           # blocks per SM split_k_fused aims at when M <= NARROW_M_MAX
@@ -230,7 +238,8 @@ def fit_stages(s: Schedule, dtype: torch.dtype, out_dtype: torch.dtype) -> Sched
 def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype, num_sms: int,
                gpu: bool) -> list[Schedule]:
     """The schedules ``tilews.ops.tune`` times for this shape: the heuristic's first, then the
-    tile shapes, persistent, split_k (2, 3, 4, 8 slices where K allows), split_k_fused (64x128
+    tile shapes, persistent, stream_k (where 128x256 tiles leave a last wave at most
+    ``STREAM_K_MAX_TAIL`` full), split_k (2, 3, 4, 8 slices where K allows), split_k_fused (64x128
     blocks in 2 and 4 slices; for M <= 64 also blocks of M's height: 64x128 in 2 and 4 slices,
     128x64 in 4) and, for M <= 64, swap_ab; each at most once. On the CPU a handful of small
     ones, one per program."""
@@ -245,6 +254,9 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
             space.append(Schedule("swap_ab", 16, 64, 32, 2, 128))
         return list(dict.fromkeys([first, *space]))
     space = [*TILES, PERSISTENT, Schedule("persistent", 128, 128, 64, 4, 128, group=8)]
+    tiles = STREAM_K.output_tiles(M, N)
+    if tiles >= num_sms and 0 < tiles % num_sms <= STREAM_K_MAX_TAIL * num_sms:
+        space.append(STREAM_K)
     space += [replace(SPLIT_K, splits=n) for n in (2, 3, 4, 8)
               if K >= n * SPLIT_K_MIN_K_TILES * SPLIT_K.block_K]
     fused = [Schedule("split_k_fused", 64, 128, 64, 4, 128, splits=n) for n in (2, 4)]
