@@ -23,58 +23,26 @@ from tilews.ops import gemm_programs as G
 from tilews.ops.arrivals import arrival_counters
 
 
-@tilews.jit(out_idx=[-2, -1])
-def variant(M, N, K, fixup=True, whole_first=False, block_M=128, block_N=256, block_K=64,
-            num_stages=3, threads=256, num_sms=132, group_size=16, dtype=T.bfloat16):
+@tilews.jit(out_idx=[-1])
+def no_fixup(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256,
+             num_sms=132, group_size=16, dtype=T.bfloat16):
+    """``stream_k``'s units and loops, but a segment covering part of a tile stores nothing."""
     tm, tn = -(-M // block_M), -(-N // block_N)
     ipt = -(-K // block_K)
     sk = G.StreamK.plan(tm * tn, ipt, num_sms)
-    segs, slots = sk.segments, max(sk.slots, 1)
-    dp = tm * tn - sk.sk_tiles
 
     @T.prim_func
-    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
-             Arrivals: T.Tensor((G.ARRIVAL_SLOTS,), T.int32),
-             W: T.Tensor((max(sk.sk_tiles, 1) * slots * block_M, block_N), T.float32),
-             C: T.Tensor((M, N), dtype)):
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(num_sms, threads=threads) as b:
             A_s = T.alloc_shared((block_M, block_K), dtype)
             B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
-            for u in T.Persistent([num_sms * segs + dp], num_sms, b):
-                if whole_first:
-                    shared = u >= dp
-                    r = T.if_then_else(shared, (u - dp) // num_sms, 0)
-                    whole_tile = sk.sk_tiles + u
-                else:
-                    r = u // num_sms
-                    shared = r < segs
-                    whole_tile = sk.sk_tiles + u - num_sms * segs
-                lo = sk.first_iter(b)
-                t = T.if_then_else(shared, lo // ipt + r, whole_tile)
-                k_lo = T.if_then_else(shared, T.max(lo - t * ipt, 0), 0)
-                k_hi = T.if_then_else(shared, T.min(sk.first_iter(b + 1) - t * ipt, ipt), ipt)
+            for u in T.Persistent([sk.units], num_sms, b):
+                t, k_lo, k_hi = sk.unit(b, u)
                 by, bx = T.grouped_tile(t, [tm, tn], group_size)
-                T.clear(C_f)
-                for k in T.Pipelined(k_lo, k_hi, num_stages=num_stages):
-                    T.copy(A[by * block_M, k * block_K], A_s)
-                    T.copy(B[k * block_K, bx * block_N], B_s)
-                    T.gemm(A_s, B_s, C_f)
+                G._k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages)
                 if k_hi - k_lo == ipt:
                     T.copy(C_f, C[by * block_M, bx * block_N])
-                elif fixup:
-                    if k_lo < k_hi:
-                        first = sk.owner(t * ipt)
-                        parts = sk.owner((t + 1) * ipt - 1) - first + 1
-                        T.copy(C_f, W[(t * slots + b - first) * block_M, 0])
-                        arrived = T.atomic_add(Arrivals[t], 1, memory_order="acq_rel", return_prev=True)
-                        if arrived == parts - 1:
-                            T.clear(C_f)
-                            for s in T.serial(parts):
-                                for i, j in T.Parallel(block_M, block_N):
-                                    C_f[i, j] += W[(t * slots + s) * block_M + i, j]
-                            T.copy(C_f, C[by * block_M, bx * block_N])
-                            T.atomic_add(Arrivals[t], -parts)
     return main
 
 
@@ -92,12 +60,10 @@ def main():
         counters = arrival_counters(a.device, 1 << 14)
         cands = {f"persistent g{g}": G.persistent(M, N, K, num_sms=sms, group_size=g) for g in (8, 16)}
         cands["stream_k"] = G.stream_k(M, N, K, num_sms=sms)
-        cands["no fixup"] = variant(M, N, K, fixup=False, num_sms=sms)
-        cands["whole tiles first"] = variant(M, N, K, whole_first=True, num_sms=sms)
-        scratch = torch.zeros(1 << 14, dtype=torch.int32, device="cuda")
-        calls = {n: (lambda k=k: k(a, b)) if n.startswith("persistent") else
-                 (lambda k=k, c=scratch if n == "no fixup" else counters: k(a, b, c)[-1])
-                 for n, k in cands.items()}
+        cands["whole tiles first"] = G.stream_k(M, N, K, num_sms=sms, shared_first=False)
+        cands["no fixup"] = no_fixup(M, N, K, num_sms=sms)
+        calls = {n: (lambda k=k: k(a, b)) if n.startswith(("persistent", "no")) else
+                 (lambda k=k: k(a, b, counters)[-1]) for n, k in cands.items()}
         ref = a.float() @ b.float()
         for n, f in calls.items():
             err = ((f().float() - ref).norm() / ref.norm()).item()

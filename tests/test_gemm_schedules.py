@@ -210,16 +210,17 @@ STREAM_K = dict(block_M=64, block_N=64, block_K=32, num_stages=2, threads=128, n
                 group_size=2)
 
 
+@pytest.mark.parametrize("shared_first", [True, False], ids=["shared_first", "whole_first"])
 @pytest.mark.parametrize("dt", sorted(DTYPES))
 @pytest.mark.parametrize("target", CPU_TARGETS)
-def test_stream_k(target, dt):
+def test_stream_k(target, dt, shared_first):
     # C against float64, the counts back at 0 after each launch; on the interpreter, the same
     # bits whichever block arrives last (blocks run in shuffled orders)
     tdt, torch_dt = DTYPES[dt]
     M, N, K = 200, 136, 208
     assert G.StreamK.plan(4 * 3, 7, 5).sk_tiles == 2
-    k = tilews.jit(target=target, out_idx=[-2, -1])(G.stream_k.fn)(M, N, K, dtype=tdt, out_dtype=tdt,
-                                                                   **STREAM_K)
+    k = tilews.jit(target=target, out_idx=[-2, -1])(G.stream_k.fn)(
+        M, N, K, dtype=tdt, out_dtype=tdt, shared_first=shared_first, **STREAM_K)
     arrivals = torch.zeros(16, dtype=torch.int32)
     a, b = inputs(M, N, K, torch_dt, seed=40)
     for _ in range(2):
@@ -310,6 +311,10 @@ ORACLE = {
     "stream_k": (200, 80, 208, G.stream_k, dict(block_M=64, block_N=64, block_K=32, num_stages=2,
                                                 threads=128, num_sms=5, group_size=2,
                                                 out_dtype=T.float16)),
+    # the same, whole tiles first
+    "stream_k_whole_first": (200, 80, 208, G.stream_k, dict(
+        block_M=64, block_N=64, block_K=32, num_stages=2, threads=128, num_sms=5, group_size=2,
+        shared_first=False, out_dtype=T.float16)),
 }
 
 
@@ -327,7 +332,7 @@ def oracle_case(name, runtime_m):
     named = dict(M=M, A=a, B=b, C=out, arrival_slots=8, Arrivals=torch.zeros(8, dtype=torch.int32))
     if name == "split_k_fused":
         named["W"] = torch.empty(M, knobs["splits"] * G.split_width(N, knobs["block_N"]))
-    elif name == "stream_k":
+    elif name.startswith("stream_k"):
         named["W"] = torch.empty(*next(p for p in kernel.params if p.name == "W").static_shape)
     else:
         named["W" if name == "split_k" else "C"] = out
@@ -338,7 +343,7 @@ def oracle_case(name, runtime_m):
 # stream_k plans a fixed number of tiles: its M is known at build time
 @pytest.mark.parametrize("name,runtime_m", [
     (name, runtime_m) for name in ORACLE for runtime_m in (False, True)
-    if not (runtime_m and name == "stream_k")])
+    if not (runtime_m and name.startswith("stream_k"))])
 def test_oracle_before_equals_after_hopper_passes(name, runtime_m):
     before, args, out_index, ref = oracle_case(name, runtime_m)
     assert [p.name for p in before.params][:1] == (["M"] if runtime_m else ["A"])
@@ -347,7 +352,7 @@ def test_oracle_before_equals_after_hopper_passes(name, runtime_m):
     assert plan is not None, after.notes          # the TMA form, not the synchronous fallback
     if name == "split_k":                         # the partial tile leaves by a TMA store
         assert ("W", (64, 64)) in plan.tma_descriptors
-    if name in ("split_k_fused", "stream_k"):     # ... but a partial the kernel reads back leaves
+    if name.startswith(("split_k_fused", "stream_k")):   # ... but a partial the kernel reads leaves
         # from registers (a bulk store's wait covers its reads only); C, never read, by TMA
         assert plan.tma_buffers == {"A", "B", "C"}
         assert {b for b, _ in plan.pointer_params} == {"Arrivals", "W"}

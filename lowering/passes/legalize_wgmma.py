@@ -29,10 +29,11 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
              next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5;
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
-             are scalars (shape (1,), i32 or f32, indexed by 0) and each is first written by a
-             store (or an atomic returning into it) at the top level of its role's body, before
-             any loop or branch touches it, so
-             it can be a value of the role (Gluon carries it through ``scf.for`` / ``scf.if``);
+             are scalars (shape (1,), i32 or f32, indexed by 0) and each is written by a store
+             (or an atomic returning into it) before any read, in the same statement list as the
+             read or an enclosing one, so it can be a value of the role (Gluon carries it
+             through ``scf.for`` / ``scf.if``; one first written inside a loop or branch lives
+             there);
              statements read on-chip memory only through such scalars, and read global memory
              element by element (scalar loads, e.g. block-sparse masks in ``if`` conditions) —
              anything else is a refusal naming it (docs/ws-semantics.md #8: guarded pipelined loops);

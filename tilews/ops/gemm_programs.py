@@ -216,26 +216,62 @@ class StreamK:
         return max(self.owner((t + 1) * self.k_tiles - 1) - self.owner(t * self.k_tiles) + 1
                    for t in range(self.sk_tiles))
 
+    @property
+    def units(self) -> int:
+        """Work units of all blocks: each block's ``segments`` (some may be empty), then the
+        whole tiles."""
+        return self.blocks * self.segments + self.tiles - self.sk_tiles
+
+    def unit(self, b, u, shared_first: bool = True):
+        """(tile, k_lo, k_hi) of unit ``u`` of block ``b`` (``T.Persistent([units], blocks, b)``
+        binds u = b, b + blocks, ...): its segments of shared tiles, then whole tiles — or the
+        whole tiles first. A segment past the block's iterations is empty (k_lo >= k_hi)."""
+        whole = self.tiles - self.sk_tiles          # a multiple of blocks when any is shared
+        if shared_first:
+            r, shared, tile = u // self.blocks, u < self.blocks * self.segments, \
+                self.sk_tiles + u - self.blocks * self.segments
+        else:
+            r, shared, tile = (u - whole) // self.blocks, u >= whole, self.sk_tiles + u
+        lo, n = self.first_iter(b), self.k_tiles
+        t = T.if_then_else(shared, lo // n + r, tile)
+        k_lo = T.if_then_else(shared, T.max(lo - t * n, 0), 0)
+        k_hi = T.if_then_else(shared, T.min(self.first_iter(b + 1) - t * n, n), n)
+        return t, k_lo, k_hi
+
+
+@T.macro
+def _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages):
+    """C_f = the product of A's row tile ``by`` and B's column tile ``bx`` over k tiles
+    [k_lo, k_hi), through a ``num_stages`` ring of A_s and B_s."""
+    block_M, block_K = A_s.shape
+    block_N = B_s.shape[1]
+    T.clear(C_f)
+    for k in T.Pipelined(k_lo, k_hi, num_stages=num_stages):
+        T.copy(A[by * block_M, k * block_K], A_s)
+        T.copy(B[k * block_K, bx * block_N], B_s)
+        T.gemm(A_s, B_s, C_f)
+
 
 @tilews.jit(out_idx=[-2, -1])
 def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256,
-             num_sms=132, group_size=16, sk_waves=0, dtype=T.bfloat16, out_dtype=T.bfloat16):
+             num_sms=132, group_size=16, sk_waves=0, shared_first=True, dtype=T.bfloat16,
+             out_dtype=T.bfloat16):
     """C = A @ B on ``num_sms`` persistent blocks, the tiles of the last partial wave shared
     out by k iterations (``StreamK``), so no block idles while others finish a wave. Each block
-    first runs its segments of the shared tiles, then its whole tiles. A segment covering part
-    of a tile stores its float32 partial in W (slot = the block's rank among the tile's blocks)
-    and counts itself in ``Arrivals[tile]`` (acq_rel); the block arriving last sums the tile's
-    partials in slot order (the same bits whichever block is last), stores C and puts the count
-    back to 0. ``Arrivals`` and W follow ``split_k_fused``'s contract (zeros at launch, one
-    launch at a time; W is scratch). M, N and K are build-time ints: the plan shares out a
-    fixed number of tiles."""
+    runs its segments of the shared tiles, then its whole tiles (``shared_first=False``: the
+    other way round). A segment covering part of a tile stores its float32 partial in W (slot =
+    the block's rank among the tile's blocks) and counts itself in ``Arrivals[tile]``
+    (acq_rel); the block arriving last sums the tile's partials in slot order (the same bits
+    whichever block is last), stores C and puts the count back to 0. ``Arrivals`` and W follow
+    ``split_k_fused``'s contract (zeros at launch, one launch at a time; W is scratch). M, N and
+    K are build-time ints: the plan shares out a fixed number of tiles."""
     if not all(isinstance(d, int) for d in (M, N, K)):
         raise TypeError(f"stream_k: M, N and K must be ints known at build time, got {M!r}, "
                         f"{N!r}, {K!r}")
     tm, tn = -(-M // block_M), -(-N // block_N)
     ipt = -(-K // block_K)
     sk = StreamK.plan(tm * tn, ipt, num_sms, sk_waves)
-    segs, slots = sk.segments, max(sk.slots, 1)
+    slots = max(sk.slots, 1)
 
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
@@ -246,18 +282,10 @@ def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
             A_s = T.alloc_shared((block_M, block_K), dtype)
             B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
-            for u in T.Persistent([num_sms * segs + tm * tn - sk.sk_tiles], num_sms, b):
-                r = u // num_sms
-                lo = sk.first_iter(b)
-                t = T.if_then_else(r < segs, lo // ipt + r, sk.sk_tiles + u - num_sms * segs)
-                k_lo = T.if_then_else(r < segs, T.max(lo - t * ipt, 0), 0)
-                k_hi = T.if_then_else(r < segs, T.min(sk.first_iter(b + 1) - t * ipt, ipt), ipt)
+            for u in T.Persistent([sk.units], num_sms, b):
+                t, k_lo, k_hi = sk.unit(b, u, shared_first)
                 by, bx = T.grouped_tile(t, [tm, tn], group_size)
-                T.clear(C_f)
-                for k in T.Pipelined(k_lo, k_hi, num_stages=num_stages):
-                    T.copy(A[by * block_M, k * block_K], A_s)
-                    T.copy(B[k * block_K, bx * block_N], B_s)
-                    T.gemm(A_s, B_s, C_f)
+                _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages)
                 if k_hi - k_lo == ipt:
                     T.copy(C_f, C[by * block_M, bx * block_N])
                 elif k_lo < k_hi:
