@@ -261,10 +261,14 @@ def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
     runs its segments of the shared tiles, then its whole tiles (``shared_first=False``: the
     other way round). A segment covering part of a tile stores its float32 partial in W (slot =
     the block's rank among the tile's blocks) and counts itself in ``Arrivals[tile]``
-    (acq_rel); the block arriving last sums the tile's partials in slot order (the same bits
-    whichever block is last), stores C and puts the count back to 0. ``Arrivals`` and W follow
-    ``split_k_fused``'s contract (zeros at launch, one launch at a time; W is scratch). M, N and
-    K are build-time ints: the plan shares out a fixed number of tiles."""
+    (acq_rel); the block arriving last sums the tile's partials in slot order, stores C and puts
+    the count back to 0. Slot 0's segment (the tile's first k iterations, which its block runs
+    last of all its shared work) usually arrives last: it first reads the count (acquire), and
+    when every other slot is in, adds them to its own partial in registers without storing it,
+    which saves a partial tile's write and read. Either way the sum is ((slot 0 + slot 1) +
+    ...): the same bits whichever block is last. ``Arrivals`` and W follow ``split_k_fused``'s
+    contract (zeros at launch, one launch at a time; W is scratch). M, N and K are build-time
+    ints: the plan shares out a fixed number of tiles."""
     if not all(isinstance(d, int) for d in (M, N, K)):
         raise TypeError(f"stream_k: M, N and K must be ints known at build time, got {M!r}, "
                         f"{N!r}, {K!r}")
@@ -291,16 +295,44 @@ def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
                 elif k_lo < k_hi:
                     first = sk.owner(t * ipt)
                     parts = sk.owner((t + 1) * ipt - 1) - first + 1
-                    T.copy(C_f, W[(t * slots + b - first) * block_M, 0])
-                    arrived = T.atomic_add(Arrivals[t], 1, memory_order="acq_rel", return_prev=True)
-                    if arrived == parts - 1:
-                        T.clear(C_f)
-                        for s in T.serial(parts):
-                            for i, j in T.Parallel(block_M, block_N):
-                                C_f[i, j] += W[(t * slots + s) * block_M + i, j]
-                        T.copy(C_f, C[by * block_M, bx * block_N])
-                        T.atomic_add(Arrivals[t], -parts)
+                    rows = t * slots * block_M          # the tile's slots in W
+                    if b == first:
+                        seen = T.atomic_add(Arrivals[t], 0, memory_order="acquire", return_prev=True)
+                        if seen == parts - 1:
+                            _sum_partials(C_f, W, rows, 1, parts)
+                            T.copy(C_f, C[by * block_M, bx * block_N])
+                            T.atomic_add(Arrivals[t], 1 - parts)
+                        else:
+                            _arrive_with_partial(C_f, W, rows, b - first, parts, Arrivals[t],
+                                                 C[by * block_M, bx * block_N])
+                    else:
+                        _arrive_with_partial(C_f, W, rows, b - first, parts, Arrivals[t],
+                                             C[by * block_M, bx * block_N])
     return main
+
+
+@T.macro
+def _arrive_with_partial(C_f, W, rows, slot, parts, count, C_tile):
+    """Store this segment's partial C_f as slot ``slot`` of its tile's ``parts`` slots (C_f's
+    shape, stacked in W from row ``rows``), count it in ``count`` (acq_rel); the segment arriving
+    last sums the slots in order into C_tile and puts ``count`` back to 0."""
+    block_M = C_f.shape[0]
+    T.copy(C_f, W[rows + slot * block_M, 0])
+    arrived = T.atomic_add(count, 1, memory_order="acq_rel", return_prev=True)
+    if arrived == parts - 1:
+        T.copy(W[rows, 0], C_f)
+        _sum_partials(C_f, W, rows, 1, parts)
+        T.copy(C_f, C_tile)
+        T.atomic_add(count, -parts)
+
+
+@T.macro
+def _sum_partials(C_f, W, rows, start, stop):
+    """C_f += slots start .. stop - 1 of the partials stacked in W from row ``rows``, in order."""
+    block_M, block_N = C_f.shape
+    for s in T.serial(start, stop):
+        for i, j in T.Parallel(block_M, block_N):
+            C_f[i, j] += W[rows + s * block_M + i, j]
 
 
 @tilews.jit(out_idx=[-1])
