@@ -5,10 +5,11 @@ import linecache
 import os
 
 import pytest
+import torch
 
 import tilews
 import tilews.language as T
-from tilews.lowering import ir, printer, verify
+from tilews.lowering import interpreter, ir, printer, verify
 from tilews.lowering.frontend import build_kernel
 
 from .helpers import marked_line
@@ -159,6 +160,58 @@ def test_unsupported_syntax():
                     pass
         return main
     assert_error_at(f, f, "unsupported statement in a kernel: While")
+
+
+def test_persistent_domain_and_bindings_are_checked():
+    def three_d():
+        @T.prim_func
+        def main(A: T.Tensor((64,), T.float32)):
+            with T.Kernel(4) as b:
+                for u in T.Persistent([2, 2, 2], 4, b):  # <- error
+                    T.fill(A[0:16], 0)
+        return main
+
+    def two_names():
+        @T.prim_func
+        def main(A: T.Tensor((64,), T.float32)):
+            with T.Kernel(4) as b:
+                for u, v in T.Persistent([8], 4, b):  # <- error
+                    T.fill(A[0:16], 0)
+        return main
+
+    def one_name():
+        @T.prim_func
+        def main(A: T.Tensor((64,), T.float32)):
+            with T.Kernel(4) as b:
+                for u in T.Persistent([2, 4], 4, b):  # <- error
+                    T.fill(A[0:16], 0)
+        return main
+    assert_error_at(three_d, three_d, "T.Persistent takes a 1-d or 2-d domain, got 3 extents")
+    assert_error_at(two_names, two_names, "T.Persistent over a 1-d domain binds 1 index(es), got 2")
+    assert_error_at(one_name, one_name, "T.Persistent over a 2-d domain binds 2 index(es), got 1")
+
+
+def test_persistent_over_units_binds_the_unit_number():
+    # 10 units over 4 blocks (u = b, b + 4, b + 8 < 10), each writing its number into the tile
+    # T.grouped_tile gives it: a 5 x 2 domain in panels of 2 rows
+    @T.prim_func
+    def main(A: T.Tensor((40,), T.float32)):
+        with T.Kernel(4) as b:
+            for u in T.Persistent([10], 4, b):
+                by, bx = T.grouped_tile(u, [5, 2], 2)
+                for i in T.Parallel(4):
+                    A[(by * 2 + bx) * 4 + i] = T.cast(u, T.float32)
+    loop = next(s for s in _walk(build(main).body) if isinstance(s, ir.For))
+    assert loop.kind is ir.ForKind.PERSISTENT
+    a = torch.full((40,), float("nan"))
+    interpreter.run(build(main), [a])
+    want = torch.empty(40)
+    for u in range(10):
+        first = u // 4 * 2
+        rows = min(5 - first, 2)
+        by, bx = first + u % 4 % rows, u % 4 // rows
+        want[(by * 2 + bx) * 4:(by * 2 + bx + 1) * 4] = u
+    assert torch.equal(a, want)
 
 
 def test_undefined_name():

@@ -73,12 +73,15 @@ class Op:
 
 @dataclass(eq=False)
 class Region:
+    """A region of an op: a scope of value names (MLIR reuses names in sibling regions); an
+    ``isolated`` one (a function, a worker partition) sees no names from outside."""
     label: str
     args: list
     scope: int
     owner: Optional[Op] = None
     num_warps: Optional[int] = None
     ops: list = field(default_factory=list)
+    isolated: bool = False
 
 
 def _walk(region: Region):
@@ -121,7 +124,8 @@ class Module:
         # (functions, worker partitions)
         self._fresh = itertools.count(1)
         self._names: dict = {0: set()}
-        scopes, isolated, stack, owners = [0], [True], [self.root], [None]
+        self.root.isolated = True
+        stack = [self.root]             # the open regions, innermost last
         for raw in text.splitlines():
             s = _strip_locs(raw).strip()
             if s.startswith("{-#"):     # dialect resources end the module
@@ -129,46 +133,46 @@ class Module:
             if not s or s[0] in "#/":
                 continue
             if s.startswith("}"):
-                stack.pop(); owner = owners.pop(); scopes.pop(); isolated.pop()
+                closed = stack.pop()
                 if s.endswith("{"):     # `} else {`, `}, {`: the same op's next region
-                    self._open(owner, "", [], False, stack, owners, scopes, isolated)
+                    self._open(closed.owner, "", [], False, stack)
                 continue
             if s.startswith("^"):       # CF block label: its arguments stay opaque
                 continue
             rm = _REGION.match(s)
             if rm:                      # a region of the warp_specialize op just parsed
                 r = self._open(stack[-1].ops[-1], rm.group(1), _DEFS.findall(rm.group(3)),
-                               bool(rm.group(2)), stack, owners, scopes, isolated)
+                               bool(rm.group(2)), stack)
                 r.num_warps = int(rm.group(4)) if rm.group(4) else None
                 continue
-            parsed = self._parse(s, scopes, isolated)
+            parsed = self._parse(s, stack)
             if parsed is None:          # not an op line this reader knows: skipped
                 continue
             op, defs = parsed
             stack[-1].ops.append(op)
             if s.endswith("{"):
-                self._open(op, "", defs, op.name == "tt.func", stack, owners, scopes, isolated)
+                self._open(op, "", defs, op.name == "tt.func", stack)
 
-    def _open(self, owner, label, args, isolates, stack, owners, scopes, isolated) -> Region:
+    def _open(self, owner, label, args, isolated: bool, stack: list) -> Region:
         scope = next(self._fresh)
         self._names[scope] = set(args)
-        r = Region(label, [(scope, a) for a in args], scope, owner)
+        r = Region(label, [(scope, a) for a in args], scope, owner, isolated=isolated)
         owner.regions.append(r)
         for i, key in enumerate(r.args):
             self.defs[key] = (r, i)
-        stack.append(r); owners.append(owner); scopes.append(scope); isolated.append(isolates)
+        stack.append(r)
         return r
 
-    def _key(self, name: str, scopes: list, isolated: list) -> tuple:
+    def _key(self, name: str, stack: list) -> tuple:
         """The key of a use of ``name``: its innermost visible definition's scope."""
-        for scope, iso in zip(reversed(scopes), reversed(isolated)):
-            if name in self._names[scope]:
-                return scope, name
-            if iso:
+        for region in reversed(stack):
+            if name in self._names[region.scope]:
+                return region.scope, name
+            if region.isolated:
                 break
-        return scopes[-1], name
+        return stack[-1].scope, name
 
-    def _parse(self, s: str, scopes: list, isolated: list):
+    def _parse(self, s: str, stack: list):
         results, body = [], s
         m = _RESULTS.match(s)
         if m:
@@ -181,9 +185,10 @@ class Module:
             return None
         name, rest = m.group(1), body[m.end():]
         defs = _DEFS.findall(rest)
-        op = Op(name, s, [(scopes[-1], r) for r in results],
-                [self._key(u, scopes, isolated) for u in _USE.findall(rest) if u not in defs])
-        self._names[scopes[-1]].update(results)
+        scope = stack[-1].scope
+        op = Op(name, s, [(scope, r) for r in results],
+                [self._key(u, stack) for u in _USE.findall(rest) if u not in defs])
+        self._names[scope].update(results)
         for i, key in enumerate(op.results):
             self.defs[key] = (op, i)
         return op, defs
