@@ -57,6 +57,8 @@ class WgmmaOperandA:
 class Blocked:
     rank: int
     num_warps: int
+    vector: int = 1                     # 2-d: consecutive elements of a row per thread
+    threads_along_row: int = 32         # 2-d: a warp's threads along a row (the rest down)
 
 
 def warp_partition_ok(m_warps: int, n_warps: int, role_warps: int, M: int, N: int,

@@ -84,6 +84,9 @@ class AsyncPlan(Plan):
     tma_descriptors: tuple[tuple[str, tuple[int, ...]], ...]  # (global buffer, box) in order
     scalar_locals: tuple[tuple[str, bool], ...]         # (name, never negative)
     pointer_params: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]  # (buffer, reading roles)
+    register_loads: tuple[tuple[str, int, object], ...] = ()   # (shared buffer, rows per chunk,
+                                                        # the chunk's register layout) of each
+                                                        # global -> shared copy through registers
 
     @property
     def tma_buffers(self) -> frozenset[str]:

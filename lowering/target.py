@@ -29,6 +29,9 @@ class Target:
                                     # legalize_metal decides where fragments live
     fast_math: bool = False         # code choice (tl.enable_fast_math): fp32 division and square
                                     # root in Triton's approximate forms, else IEEE-rounded
+    register_copies: bool = False   # code choice (tl.enable_lower_ldgstg): a producer's global ->
+                                    # shared copy that TMA cannot take (rows not 16-byte aligned)
+                                    # goes through its warp group's registers instead of refusing
 
 
 def bulk_copy_rows(row_bytes: int) -> bool:

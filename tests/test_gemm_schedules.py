@@ -28,7 +28,8 @@ import torch
 
 import tilews
 import tilews.language as T
-from tilews.lowering import interpreter
+from tilews.lowering import interpreter, ir
+from tilews.lowering.traverse import walk
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.plans import AsyncPlan
 from tilews.ops import gemm_programs as G
@@ -522,6 +523,58 @@ def test_runtime_k_falls_back_to_tl_on_hopper():
     assert k.report.target == "hopper -> triton", k.report.notes
     assert any("'A' has a runtime dimension after its first" in n and "using tl" in n
                for n in k.report.notes), k.report.notes
+
+
+def test_unaligned_rows_load_through_the_producers_registers_with_the_pass_config():
+    """K = 4100 bf16: A's rows (8200 bytes) are not TMA's. By default the program falls back to
+    tl, the note naming the switch; with tl.enable_lower_ldgstg the producer runs a warp group
+    that loads A (2-byte loads: the rows are 8-byte aligned at best) and stores it in 16-byte
+    vectors into the ring, B by TMA issued first, then fences, synchronizes its warps and
+    arrives with B's bytes expected."""
+    plain = compiled("hopper", G.tiled, 4096, 4096, 4100, out=True)
+    assert plain.report.target == "hopper -> triton"
+    assert any("tl.enable_lower_ldgstg" in n for n in plain.report.notes), plain.report.notes
+    k = tilews.jit(target="hopper", out_idx=[-1], pass_configs={"tl.enable_lower_ldgstg": True})(
+        G.tiled.fn)(4096, 4096, 4100)
+    assert k.report.target == "hopper", k.report.notes
+    ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+    producer = ttgir[ttgir.index("partition0("):]
+    assert re.search(r"partition0\([^\n]*\) num_warps\(4\)", producer)
+    assert producer.count("ttng.async_tma_copy_global_to_local") == 1          # B
+    assert producer.count("ttg.local_store") == 128 // 32                       # A in 4 chunks
+    ops = [o.split(" ")[0] for o in re.findall(
+        r"ttng\.async_tma_copy_global_to_local|tt\.load|ttg\.local_store|ttng\.fence_async_shared|"
+        r"gpu\.barrier|ttng\.barrier_expect", producer)]
+    assert ops == ["ttng.async_tma_copy_global_to_local"] + ["tt.load", "ttg.local_store"] * 4 + \
+        ["ttng.fence_async_shared", "gpu.barrier", "ttng.barrier_expect"], ops
+    assert set(re.findall(r"ld\.global\.[\w.]+", ptx)) == {"ld.global.b16"}
+    assert "st.shared.v4.b32" in ptx
+    fence = ptx.index("fence.proxy.async")
+    assert re.search(r"bar\.sync \t\d+, 128;", ptx[fence:ptx.index("mbarrier.arrive.expect_tx", fence)])
+    report = ptxas_report(ptx)
+    if report is not None:
+        assert "0 bytes spill stores" in report, report
+
+
+@pytest.mark.parametrize("shape, staged, c_by_tma", [
+    ((4095, 4097, 4099), {"A_s", "B_s"}, False), ((4096, 4097, 4096), {"B_s"}, False),
+    ((4096, 4096, 4100), {"A_s"}, True)])
+def test_register_staged_128x256_gemm_keeps_its_registers(shape, staged, c_by_tma):
+    """The large tile (two consumer warp groups) with one or both operands loaded through the
+    producer's registers: the producer gets 96 registers (64 spilled with both), the consumers
+    the rest, nothing spills; C's tiles leave by TMA only where its rows allow it."""
+    k = tilews.jit(target="hopper", out_idx=[-1], pass_configs={"tl.enable_lower_ldgstg": True})(
+        G.tiled.fn)(*shape, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256)
+    assert k.report.target == "hopper", k.report.notes
+    plan = k.ir_after.plan(AsyncPlan)
+    assert {name for name, _, _ in plan.register_loads} == staged
+    producer = next(r for s in walk(k.ir_after.body) if isinstance(s, ir.WarpSpecialize)
+                    for r in s.roles if r.warpgroups == (0,))
+    assert (producer.num_warps, producer.num_regs) == (4, 96)
+    assert ("ttng.async_tma_copy_local_to_global" in k.asm["ttgir"]) == c_by_tma
+    report = ptxas_report(k.asm["ptx"])
+    if report is not None:
+        assert "0 bytes spill stores" in report, report
 
 
 @pytest.mark.parametrize("target", ["interpret", "triton"])

@@ -167,6 +167,26 @@ def test_warp_specialization_switch_elsewhere_has_no_effect():
             in k.report.notes)
 
 
+def test_register_copies_switch():
+    # tl.enable_lower_ldgstg: the Gluon backend builds for a target with register_copies (so the
+    # switch is in the cache key); the compile of the unaligned program itself is
+    # test_gemm_schedules' and test_ws_oracle's
+    assert resolve({"tl.enable_lower_ldgstg": True}).register_copies
+    assert not resolve({"tl.enable_lower_ldgstg": False}).register_copies
+    from tilews.backends import chain
+    from tilews.lowering.backend import Services
+    from tilews.lowering.settings import Settings
+    services = Services(None, Settings.from_env())
+    on = chain("hopper", services, resolve({"tl.enable_lower_ldgstg": True}))
+    off = chain("hopper", services, resolve({}))
+    assert [b.target.register_copies for b in on] == [True, True]
+    assert [b.target.register_copies for b in off] == [False, False]
+    assert on[0].fingerprint() != off[0].fingerprint()
+    k = tilews.jit(out_idx=[-1], target="triton",
+                   pass_configs={"tl.enable_lower_ldgstg": True})(matmul)(32, 32, 32)
+    assert "tl.enable_lower_ldgstg: no effect: target 'triton' has no TMA producer" in k.report.notes
+
+
 def test_other_keys_are_recorded():
     k = tilews.jit(out_idx=[-1], target="interpret",
                    pass_configs={PassConfigKey.TL_CONFIG_INDEX_BITWIDTH: 64,

@@ -33,10 +33,10 @@ def run_interp(kernel, args, out_index, seed=0):
     return args[out_index]
 
 
-def assert_same_under_schedules(prim, args, out_index, seeds=SEEDS):
+def assert_same_under_schedules(prim, args, out_index, seeds=SEEDS, target=HOPPER):
     """``prim``: a ``@T.prim_func`` kernel, or the frontend IR of one (``Kernel.ir_before``)."""
     before = prim if isinstance(prim, ir.Kernel) else build_kernel(prim)
-    after = lower(before, HOPPER)
+    after = lower(before, target)
     assert any(isinstance(s, ir.WarpSpecialize) for s in walk(after.body))
     want = run_interp(before, args, out_index)
     for seed in seeds:
@@ -58,6 +58,32 @@ def test_auto_ws_gemm(num_stages, K):
     after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
     assert after.threads == 256
     assert (after.find_plan(AsyncPlan) is not None) == (K == 96)
+
+
+@pytest.mark.parametrize("num_stages", [1, 3])
+@pytest.mark.parametrize("N", [80, 81])
+def test_register_staged_producer_copies(num_stages, N):
+    # K = 100 fp16: A's rows are 200 bytes, not TMA's; with register copies (tl.enable_lower_ldgstg)
+    # the producer loads A through its registers (masked: the last k tile is half past K), B
+    # by TMA (N = 80) or through registers too (N = 81: rows of 162 bytes, and C's tiles are
+    # then stored from registers), and the program stays warp-specialized
+    M, K = 96, 100
+    prim = matmul.fn(M, N, K, block_M=64, block_N=32, block_K=32, num_stages=num_stages)
+    a, b = randn(M, K, dtype=torch.float16, seed=3), randn(K, N, dtype=torch.float16, seed=4)
+    target = dataclasses.replace(HOPPER, register_copies=True)
+    after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2,
+                                        target=target)
+    plan = after.plan(AsyncPlan)
+    aligned = N == 80
+    assert plan.tma_buffers == ({"B", "C"} if aligned else set())
+    assert [name for name, _, _ in plan.register_loads] == (["A_s"] if aligned else ["A_s", "B_s"])
+    producer = next(r for s in walk(after.body) if isinstance(s, ir.WarpSpecialize)
+                    for r in s.roles if r.warpgroups == (0,))
+    assert producer.num_warps == 4
+    stmts = [s for s in walk(producer.body) if isinstance(s, (ir.Copy, ir.ProxyFence, ir.BarrierArrive))]
+    kinds = [type(s).__name__ + (f" {s.mechanism.value}" if isinstance(s, ir.Copy) else "") for s in stmts]
+    loads = ["Copy tma", "Copy masked"] if aligned else ["Copy masked", "Copy masked"]
+    assert kinds == loads + ["ProxyFence", "BarrierArrive"], kinds
 
 
 @pytest.mark.parametrize("block_M", [128, 256])

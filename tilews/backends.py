@@ -12,8 +12,9 @@ only when a chain that holds them is built (the Triton ones import Triton lazily
 | metal       | metal                         |
 
 Pass configs (``tilews.pass_config``) shape a chain: without warp specialization the backends in
-``WARP_SPECIALIZED`` are left out, and with fast math every backend builds for its target with
-``fast_math`` set (part of its fingerprint, so of the cache key).
+``WARP_SPECIALIZED`` are left out, and with fast math (register copies) every backend builds for
+its target with ``fast_math`` (``register_copies``) set (part of its fingerprint, so of the cache
+key).
 """
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ def chain(target: str, services: Services, passes: PassOptions = PassOptions()) 
         if name in left_out:
             continue
         backend = make(name, services)
-        if passes.fast_math:
-            backend = type(backend)(dataclasses.replace(backend.target, fast_math=True), services)
+        choices = {k: True for k in ("fast_math", "register_copies") if getattr(passes, k)}
+        if choices:
+            backend = type(backend)(dataclasses.replace(backend.target, **choices), services)
         built.append(backend)
     return tuple(built)
 

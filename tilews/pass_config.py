@@ -1,7 +1,7 @@
 """TileLang's pass configs (``tilews.jit(pass_configs={...})``): the keys, and what each means here.
 
 A pass config is a dict whose keys are ``PassConfigKey`` members or their strings
-(``"tl.enable_fast_math"``). TileLang's compiler reads some fifty such switches; tilews gives three
+(``"tl.enable_fast_math"``). TileLang's compiler reads some fifty such switches; tilews gives four
 of them a meaning and records the rest:
 
 * ``tl.enable_fast_math``: fp32 division and square root use Triton's approximate forms
@@ -12,6 +12,11 @@ of them a meaning and records the rest:
 * ``tl.disable_warp_specialized`` and ``tl.disable_tma_lower`` (deprecated in TileLang, which warns):
   on target ``hopper`` the warp-specialized Gluon path (TMA producer, wgmma consumers) is skipped
   and the kernel is compiled with ``triton.language``; other targets never warp-specialize.
+* ``tl.enable_lower_ldgstg`` (TileLang: lower copies to plain global loads and shared stores): on
+  target ``hopper``, a pipelined global -> shared copy that TMA cannot take (rows not a multiple
+  of 16 bytes) is loaded by the producer's warp group through registers (``ld.global``,
+  ``st.shared``, a proxy fence, then its arrival), so the program stays warp-specialized instead
+  of falling back to ``triton.language``. Off by default: not yet timed on a GPU.
 * Every other key of ``PassConfigKey``: accepted and recorded in the compile report ("no tilews
   meaning").
 
@@ -98,7 +103,8 @@ class PassConfigKey(str, enum.Enum):
 
 # the switches that turn off the warp-specialized (TMA-fed) Gluon path on Hopper
 _NO_WARP_SPECIALIZATION = (PassConfigKey.TL_DISABLE_WARP_SPECIALIZED, PassConfigKey.TL_DISABLE_TMA_LOWER)
-_MEANINGFUL = (PassConfigKey.TL_ENABLE_FAST_MATH,) + _NO_WARP_SPECIALIZATION
+_MEANINGFUL = (PassConfigKey.TL_ENABLE_FAST_MATH, PassConfigKey.TL_ENABLE_LOWER_LDGSTG) \
+    + _NO_WARP_SPECIALIZATION
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class PassOptions:
     fast_math: bool = False
     no_warp_specialization: tuple[str, ...] = ()  # the keys (set true) that turn the Gluon path off
     recorded: tuple[str, ...] = ()                # keys given that have no tilews meaning
+    register_copies: bool = False                 # tl.enable_lower_ldgstg
 
     @property
     def warp_specialization(self) -> bool:
@@ -120,6 +127,10 @@ class PassOptions:
             effect = ("no effect: the interpreter computes exactly" if target == "interpret" else
                       "fp32 division and square root use Triton's approximate forms")
             notes.append(f"{PassConfigKey.TL_ENABLE_FAST_MATH}: {effect}")
+        if self.register_copies:
+            effect = ("producer copies TMA cannot take go through registers" if target == "hopper"
+                      else f"no effect: target '{target}' has no TMA producer")
+            notes.append(f"{PassConfigKey.TL_ENABLE_LOWER_LDGSTG}: {effect}")
         for key in self.no_warp_specialization:
             effect = (f"the {', '.join(dropped)} backend (warp-specialized, TMA) is skipped; "
                       f"compiled with triton.language" if dropped else
@@ -134,7 +145,7 @@ def resolve(pass_configs: Optional[Mapping[Any, Any]]) -> PassOptions:
     takes effect. An unknown key is a ``ValueError`` listing the known ones; a meaningful switch
     whose value is not a bool is a ``ValueError`` naming it. ``tl.disable_tma_lower`` warns with a
     ``DeprecationWarning``, as TileLang does."""
-    fast_math, no_ws, recorded = False, [], []
+    fast_math, register_copies, no_ws, recorded = False, False, [], []
     for raw, value in (pass_configs or {}).items():
         key = _key(raw)
         if key is PassConfigKey.TL_DISABLE_TMA_LOWER:
@@ -148,9 +159,11 @@ def resolve(pass_configs: Optional[Mapping[Any, Any]]) -> PassOptions:
             raise ValueError(f"pass config {key}: expected True or False, got {value!r}")
         if key is PassConfigKey.TL_ENABLE_FAST_MATH:
             fast_math = bool(value)
+        elif key is PassConfigKey.TL_ENABLE_LOWER_LDGSTG:
+            register_copies = bool(value)
         elif value:
             no_ws.append(key.value)
-    return PassOptions(fast_math, tuple(no_ws), tuple(recorded))
+    return PassOptions(fast_math, tuple(no_ws), tuple(recorded), register_copies)
 
 
 def _key(raw: Any) -> PassConfigKey:

@@ -8,7 +8,11 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            frontend IR). With an ``AsyncPlan``:
            * global -> shared copies are TMA; in explicit programs a copy followed (before any
              read of its destination) by an arrival on barrier ``b`` completes *on* ``b``
-             (expect-tx), so no arrival happens while its bytes are in flight;
+             (expect-tx), so no arrival happens while its bytes are in flight. With the target's
+             ``register_copies`` (tl.enable_lower_ldgstg), a copy TMA cannot take (rows not a
+             multiple of 16 bytes) keeps legalize's DIRECT / MASKED instead: its role loads it
+             through registers in chunks of rows (``register_loads``) and fences before the
+             arrival that publishes it (its role then runs a whole warp group);
            * global -> fragment and fragment -> global copies (a whole 1-d or 2-d fragment, not
              a register A operand) keep legalize's DIRECT / MASKED choice, their buffer passed
              as a pointer (an unstaged epilogue store: warp_specialize);
@@ -59,7 +63,7 @@ from typing import Optional
 
 from .. import ir, protocol, roles
 from ..errors import CompileError
-from ..layouts import WgmmaAccumulator, WgmmaOperandA
+from ..layouts import Blocked, WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
 from ..target import Target, bulk_copy_rows
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
@@ -80,12 +84,12 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if not (target.wgmma and target.tma):
         return kernel
     try:
-        return _legalize(kernel)
+        return _legalize(kernel, target)
     except _Refuse as why:
         return kernel.with_plan(AsyncRefusal(str(why)))
 
 
-def _legalize(kernel: ir.Kernel) -> ir.Kernel:
+def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     wss = [s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)]
     if len(wss) != 1:
         raise _Refuse("the program has no warp-specialized form (no T.ws roles and no "
@@ -104,10 +108,12 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
             _check_atomic(s)
     ws = wss[0]
     scalars = _scalar_locals(kernel, ws)
-    pointers = _pointer_params(kernel, ws)
     laid_out = dict(kernel.plan(LayoutPlan).layouts)
-    new_roles = tuple(dataclasses.replace(r, body=_fence(_seq(r.body, laid_out), set()))
-                      for r in ws.roles)
+    bodies = [_seq(r.body, laid_out, target.register_copies) for r in ws.roles]
+    async_read = {b for body in bodies for t in walk(body) for b in async_shared_reads(t)}
+    new_roles = tuple(dataclasses.replace(r, body=_fence(body, set(), async_read))
+                      for r, body in zip(ws.roles, bodies))
+    pointers = _pointer_params(kernel, dataclasses.replace(ws, roles=new_roles))
     descriptors: list[tuple[str, tuple[int, ...]]] = []
     for r in new_roles:
         for s in walk(r.body):
@@ -127,7 +133,35 @@ def _legalize(kernel: ir.Kernel) -> ir.Kernel:
         default_role=default.warpgroups,
         num_warps=next(r.num_warps for r in new_roles if r.warpgroups == default.warpgroups),
         barrier_counts=counts, tma_descriptors=tuple(descriptors), scalar_locals=scalars,
-        pointer_params=pointers))
+        pointer_params=pointers, register_loads=_register_loads(new_roles)))
+
+
+# elements of a register-staged tile each producer thread holds at once, and the producer's
+# registers: the chunk's values, its addresses and masks (64 registers spilled 40 bytes with both
+# of a 128x256x64 GEMM's operands loaded this way; 96 none, leaving 208 to two consumer warp groups)
+REGISTER_LOAD_ELEMENTS = 16
+REGISTER_LOAD_REGS = 96
+
+
+def _register_loads(role_list) -> tuple:
+    """(shared buffer, rows per chunk, layout) of each global -> shared copy through registers:
+    chunks of whole rows, at least 8 (a swizzle atom of the shared layout), of about
+    ``REGISTER_LOAD_ELEMENTS`` elements per thread, each thread holding 16 consecutive bytes of
+    a row (one vector store into shared memory; the loads are as wide as the rows' alignment
+    lets Triton make them)."""
+    out = {}
+    for r in role_list:
+        for s in walk(r.body):
+            if _loads_through_registers(s):
+                rows, cols = s.dst.tile_shape
+                vector = max(1, min(cols, 16 // s.dst.buffer.dtype.itemsize))
+                across = max(1, min(32, cols // vector))
+                threads = 32 * r.num_warps
+                chunk = max(8, (32 // across) * r.num_warps, REGISTER_LOAD_ELEMENTS * threads // cols)
+                while chunk > rows or rows % chunk:
+                    chunk //= 2
+                out[s.dst.buffer.name] = (chunk, Blocked(2, r.num_warps, vector, across))
+    return tuple((name, chunk, layout) for name, (chunk, layout) in out.items())
 
 
 def _scalar_locals(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
@@ -288,8 +322,9 @@ def _counts(e: ir.Expr, nonneg: set) -> bool:
 
 
 def _pointer_params(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
-    """The global buffers read by element loads, copied into fragments or stored element-wise,
-    each with the roles accessing it."""
+    """The global buffers read by element loads, copied by other than TMA (into fragments or
+    shared memory, or from fragments) or stored element-wise, each with the roles accessing
+    it."""
     readers: dict[str, list] = {}
     for r in ws.roles:
         for s in walk(r.body):
@@ -299,8 +334,7 @@ def _pointer_params(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
                 read.append(s.buffer)          # element stores of T.Parallel address it too
             if isinstance(s, ir.AtomicAdd):
                 read.append(s.dst.buffer)
-            if isinstance(s, ir.Copy) and s.mechanism is not ir.CopyMechanism.TMA \
-                    and ir.Scope.FRAGMENT in (s.src.buffer.scope, s.dst.buffer.scope):
+            if isinstance(s, ir.Copy) and s.mechanism is not ir.CopyMechanism.TMA:
                 read += [r.buffer for r in (s.src, s.dst) if r.buffer.scope is ir.Scope.GLOBAL]
             for b in read:
                 who = readers.setdefault(b.name, [])
@@ -309,17 +343,18 @@ def _pointer_params(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> tuple:
     return tuple((b.name, tuple(readers[b.name])) for b in kernel.buffer_params if b.name in readers)
 
 
-def _seq(body: ir.Seq, layouts: dict) -> ir.Seq:
+def _seq(body: ir.Seq, layouts: dict, registers: bool) -> ir.Seq:
     """Decide the statements of one statement list (recursing into loops)."""
     out: list[ir.Stmt] = []
     stmts = body.stmts
     for i, s in enumerate(stmts):
         if isinstance(s, ir.For):
-            out.append(dataclasses.replace(s, body=_seq(s.body, layouts)))
+            out.append(dataclasses.replace(s, body=_seq(s.body, layouts, registers)))
         elif isinstance(s, ir.If):
-            out.append(dataclasses.replace(s, then=_seq(s.then, layouts), orelse=_seq(s.orelse, layouts)))
+            out.append(dataclasses.replace(s, then=_seq(s.then, layouts, registers),
+                                           orelse=_seq(s.orelse, layouts, registers)))
         elif isinstance(s, ir.Copy):
-            out.append(_copy(s, stmts[i + 1:], layouts))
+            out.append(_copy(s, stmts[i + 1:], layouts, registers))
             if out[-1].mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
                 out.append(ir.BulkStoreWait(0, s.loc))    # overlap_store may defer it
         elif isinstance(s, ir.Gemm):
@@ -337,7 +372,29 @@ def _seq(body: ir.Seq, layouts: dict) -> ir.Seq:
             raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
         else:
             out.append(s)
-    return dataclasses.replace(body, stmts=tuple(out))
+    return dataclasses.replace(body, stmts=_bulk_first(out))
+
+
+def _bulk_first(stmts: list) -> tuple:
+    """Runs of global -> shared copies into distinct buffers (independent) with their TMA
+    copies first, so the bulk bytes are in flight while the role's threads load the others
+    through registers."""
+    out, run = [], []
+
+    def flush():
+        if len({c.dst.buffer for c in run}) == len(run):
+            run.sort(key=lambda c: c.mechanism is not ir.CopyMechanism.TMA)
+        out.extend(run)
+        run.clear()
+    for s in stmts:
+        if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.GLOBAL \
+                and s.dst.buffer.scope is ir.Scope.SHARED:
+            run.append(s)
+        else:
+            flush()
+            out.append(s)
+    flush()
+    return tuple(out)
 
 
 def _check_wgmma_shape(s: ir.Gemm, layouts: dict) -> None:
@@ -359,23 +416,26 @@ def _check_wgmma_shape(s: ir.Gemm, layouts: dict) -> None:
                       f"with transpose_B=True for the warp-specialized path)")
 
 
-def _fence(body: ir.Seq, pending: set) -> ir.Seq:
+def _fence(body: ir.Seq, pending: set, async_read: set) -> ir.Seq:
     """Insert a proxy fence before an asynchronous read of shared memory this role wrote with
-    ordinary stores since the last fence (``pending`` is updated in place)."""
+    ordinary stores since the last fence, and before an arrival that publishes such writes of a
+    buffer some role reads asynchronously (a producer's register-staged tile, which a consumer's
+    wgmma reads after waiting on that barrier); ``pending`` is updated in place."""
     out: list[ir.Stmt] = []
     for s in body.stmts:
         if isinstance(s, ir.For):
             carried = set(pending)
-            _fence(s.body, carried)                 # what one iteration leaves for the next
+            _fence(s.body, carried, async_read)     # what one iteration leaves for the next
             pending |= carried
-            s = dataclasses.replace(s, body=_fence(s.body, pending))
+            s = dataclasses.replace(s, body=_fence(s.body, pending, async_read))
         elif isinstance(s, ir.If):
             then_p, else_p = set(pending), set(pending)
-            s = dataclasses.replace(s, then=_fence(s.then, then_p), orelse=_fence(s.orelse, else_p))
+            s = dataclasses.replace(s, then=_fence(s.then, then_p, async_read),
+                                    orelse=_fence(s.orelse, else_p, async_read))
             pending |= then_p | else_p
         elif isinstance(s, ir.ProxyFence):
             pending.clear()
-        elif async_shared_reads(s) & pending:
+        elif async_shared_reads(s) & pending or isinstance(s, ir.BarrierArrive) and pending & async_read:
             out.append(ir.ProxyFence(s.loc))
             pending.clear()
         pending |= generic_shared_writes(s)
@@ -383,7 +443,7 @@ def _fence(body: ir.Seq, pending: set) -> ir.Seq:
     return dataclasses.replace(body, stmts=tuple(out))
 
 
-def _copy(s: ir.Copy, rest: tuple, layouts: dict) -> ir.Copy:
+def _copy(s: ir.Copy, rest: tuple, layouts: dict, registers: bool) -> ir.Copy:
     src, dst = s.src.buffer.scope, s.dst.buffer.scope
     if src is ir.Scope.GLOBAL and dst is ir.Scope.FRAGMENT:
         # a tile loaded into registers (an epilogue's bias): legalize's masking stands
@@ -405,7 +465,11 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict) -> ir.Copy:
         if bar is None:
             raise _Refuse(f"the copy at line {s.loc.line} is not followed by a barrier arrival "
                           f"that could complete it asynchronously")
-        return dataclasses.replace(s, barrier=bar, mechanism=ir.CopyMechanism.TMA)
+        tma = dataclasses.replace(s, barrier=bar, mechanism=ir.CopyMechanism.TMA)
+        if registers and _tma_problem(tma) is not None:
+            # through registers, before the arrival on ``bar`` (a plain one, after a fence)
+            return dataclasses.replace(s, barrier=None)
+        return tma
     if src is ir.Scope.SHARED and dst is ir.Scope.GLOBAL:
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.TMA)
     if src is ir.Scope.FRAGMENT and dst in (ir.Scope.SHARED, ir.Scope.FRAGMENT):
@@ -431,19 +495,29 @@ def _global(s: ir.Copy) -> ir.Buffer:
 
 
 def _check_tma(s: ir.Copy) -> None:
+    problem = _tma_problem(s)
+    if problem is not None:
+        raise _Refuse(problem)
+
+
+def _tma_problem(s: ir.Copy) -> Optional[str]:
+    """Why the copy ``s`` cannot be a bulk (TMA) copy, or None."""
     g = _global(s)
     box = s.src.extents if g is s.src.buffer else s.dst.extents
     inner = [ir.as_int(d) for d in g.shape[1:]]
     if None in inner:
-        raise _Refuse(f"'{g.name}' has a runtime dimension after its first; its bulk-copy "
-                      f"descriptor needs static strides (line {s.loc.line})")
+        return (f"'{g.name}' has a runtime dimension after its first; its bulk-copy descriptor "
+                f"needs static strides (line {s.loc.line})")
     row_bytes = (inner[-1] if inner else 1) * g.dtype.itemsize
     if inner and not bulk_copy_rows(row_bytes):
-        raise _Refuse(f"rows of '{g.name}' are {row_bytes} bytes, not a multiple of 16, so it "
-                      f"cannot be a bulk-copy (TMA) operand (line {s.loc.line})")
+        loads = (" (pass config tl.enable_lower_ldgstg loads such tiles through the producer's "
+                 "registers)" if s.dst.buffer.scope is ir.Scope.SHARED else "")
+        return (f"rows of '{g.name}' are {row_bytes} bytes, not a multiple of 16, so it cannot "
+                f"be a bulk-copy (TMA) operand (line {s.loc.line}){loads}")
     if any(b > 256 for b in box) or box[-1] * g.dtype.itemsize < 16:
-        raise _Refuse(f"tile {list(box)} of '{g.name}' exceeds the bulk-copy box limits "
-                      f"(<= 256 per dim, >= 16 bytes inner) (line {s.loc.line})")
+        return (f"tile {list(box)} of '{g.name}' exceeds the bulk-copy box limits (<= 256 per "
+                f"dim, >= 16 bytes inner) (line {s.loc.line})")
+    return None
 
 
 def _has_gemm(r: ir.Role) -> bool:
@@ -465,9 +539,19 @@ def _copy_only(r: ir.Role) -> bool:
                for s in walk(r.body))
 
 
+def _register_loading(r: ir.Role) -> bool:
+    return any(_loads_through_registers(s) for s in walk(r.body))
+
+
+def _loads_through_registers(s: ir.Stmt) -> bool:
+    return (isinstance(s, ir.Copy) and s.mechanism is not ir.CopyMechanism.TMA
+            and s.src.buffer.scope is ir.Scope.GLOBAL and s.dst.buffer.scope is ir.Scope.SHARED)
+
+
 def _budget(role_list, default: ir.Role):
     """Warps and registers per role: copy-only roles 1 warp at 24 registers; other workers
-    4 warps per warp group; the default partition the rest of the register file."""
+    4 warps per warp group (``REGISTER_LOAD_REGS`` registers for one loading tiles through
+    registers, 64 else); the default partition the rest of the register file."""
     out, used = [], 0
     for r in role_list:
         if r.warpgroups == default.warpgroups:
@@ -475,8 +559,10 @@ def _budget(role_list, default: ir.Role):
             continue
         if _copy_only(r):
             warps, regs = 1, 24
+        elif _has_gemm(r):
+            warps, regs = 4 * len(r.warpgroups), 232
         else:
-            warps, regs = 4 * len(r.warpgroups), 232 if _has_gemm(r) else 64
+            warps, regs = 4 * len(r.warpgroups), REGISTER_LOAD_REGS if _register_loading(r) else 64
         used += 128 * len(r.warpgroups) * regs   # a worker occupies whole warp groups
         out.append(dataclasses.replace(r, num_warps=warps, num_regs=regs))
     threads = 128 * len(default.warpgroups)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import ir, roles, schedule
-from ..target import Target
+from ..target import Target, bulk_copy_rows
 from ..simplify import fold
 from ..traverse import buffers_read, rewrite, subexprs, touched, transform, walk
 from ..plans import PipelinePlan
@@ -236,7 +236,8 @@ def _staged(body: ir.Seq, new_allocs: list, kernel: ir.Kernel, share: bool = Fal
     bulk store is complete for its source's reads only (``cp.async.bulk.wait_group.read``, the
     one wait Gluon spells) and writes through the async proxy, so neither a release nor a
     barrier could make it visible to a later read in this kernel: those tiles are stored from
-    registers. With ``share`` (``body`` is one role's), copies of one tile shape and dtype share
+    registers, as are tiles of a tensor whose rows a bulk copy cannot address (not whole 16-byte
+    units). With ``share`` (``body`` is one role's), copies of one tile shape and dtype share
     a staging buffer: each bulk store is waited for before its buffer is written again."""
     read = {b for s in walk(kernel.body) for b in buffers_read(s) if b.scope is ir.Scope.GLOBAL}
     shared: dict = {}
@@ -253,7 +254,8 @@ def _staged(body: ir.Seq, new_allocs: list, kernel: ir.Kernel, share: bool = Fal
 
     def stage(s: ir.Stmt):
         if not (isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT
-                and s.dst.buffer.scope is ir.Scope.GLOBAL) or s.dst.buffer in read:
+                and s.dst.buffer.scope is ir.Scope.GLOBAL) or s.dst.buffer in read \
+                or not _bulk_rows(s.dst.buffer):
             return None
         buf = staging(s)
         whole = ir.Region(buf, tuple(ir.Const(0, ir.DType.I32, s.loc) for _ in s.src.tile_shape),
@@ -261,3 +263,10 @@ def _staged(body: ir.Seq, new_allocs: list, kernel: ir.Kernel, share: bool = Fal
         return ir.Seq((dataclasses.replace(s, dst=whole), ir.ProxyFence(s.loc),
                        dataclasses.replace(s, src=whole)), s.loc)
     return rewrite(body, stage)
+
+
+def _bulk_rows(b: ir.Buffer) -> bool:
+    """Whether a bulk (TMA) copy can address ``b``'s rows: static inner dims, rows of whole
+    16-byte units."""
+    inner = [ir.as_int(d) for d in b.shape[1:]]
+    return None not in inner and bulk_copy_rows((inner[-1] if inner else 1) * b.dtype.itemsize)

@@ -99,6 +99,28 @@ def test_unaligned_shapes_fall_back_correctly():
     check(k, 4095, 4097, 4099)
 
 
+@pytest.mark.parametrize("shape", [(4095, 4097, 4099), (1000, 1100, 1234), (777, 512, 4100)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", ["auto", "persistent (T.Persistent)"])
+def test_unaligned_rows_through_the_producers_registers(variant, shape):
+    """tl.enable_lower_ldgstg: tiles whose rows TMA cannot take are loaded by the producer warp
+    group through registers (fenced before its arrival), C stored from registers where its rows
+    are unaligned too; still warp-specialized."""
+    _hopper()
+    program = {"auto": matmul.fn, "persistent (T.Persistent)": persistent_matmul.fn}[variant]
+    kernel = tilews.jit(out_idx=[-1], target="hopper", pass_configs={"tl.enable_lower_ldgstg": True})(
+        program)(*shape, num_stages=3, threads=256, dtype=T.bfloat16, **BIG)
+    assert kernel.report.target == "hopper", kernel.report.notes
+    a, b, err = check(kernel, *shape)
+    first = time_ms(lambda: kernel(a, b), a.device)
+    ref = time_ms(lambda: a @ b, a.device)
+    second = time_ms(lambda: kernel(a, b), a.device)
+    ours, (M, N, K) = min(first, second), shape
+    tf = lambda ms: 2 * M * N * K / ms / 1e9  # noqa: E731
+    ROWS.append((f"{variant}, register-staged", "x".join(map(str, shape)), ours,
+                 abs(first - second) / ours, ref, tf(ours), tf(ref), ref / ours, err))
+
+
 def test_two_consumers_with_private_buffers():
     _hopper()
     from tests.test_ws_oracle import two_consumers

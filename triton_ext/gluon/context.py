@@ -41,6 +41,8 @@ class Ctx(SourceWriter):
         self._layout_consts: dict[object, str] = {}
         self.scalar_locals: dict[str, bool] = dict(plan.scalar_locals)
         self.pointers: dict[str, tuple[tuple[int, ...], ...]] = dict(plan.pointer_params)
+        self.register_loads: dict[str, tuple] = {b: (rows, layout) for b, rows, layout
+                                                  in plan.register_loads}
         # the role being emitted: its warp groups, fragments (declared at its start) and gemm
         # accumulators
         self.role: tuple[int, ...] = ()

@@ -234,7 +234,8 @@ def reduce(ctx: Ctx, s: ir.Reduce) -> None:
 def load(ctx: Ctx, s: ir.Copy) -> None:
     """global -> fragment: a masked load when the copy is MASKED, cast to the fragment's type."""
     b, f = s.src.buffer, s.dst.buffer
-    ptr, mask = _tile_address(ctx, s.src, f, s.mechanism is ir.CopyMechanism.MASKED, s.loc)
+    ptr, mask = tile_address(ctx, s.src, ctx.layouts[f.name], len(f.shape),
+                             s.mechanism is ir.CopyMechanism.MASKED, s.loc)
     value = f"gl.load({ptr}{mask_arg(mask)})"
     if b.dtype != f.dtype:
         value += f".to({GL_DTYPE[f.dtype]})"
@@ -245,18 +246,18 @@ def load(ctx: Ctx, s: ir.Copy) -> None:
 def store_tile(ctx: Ctx, s: ir.Copy) -> None:
     """fragment -> global, from registers: a masked store when the copy is MASKED."""
     f, b = s.src.buffer, s.dst.buffer
-    ptr, mask = _tile_address(ctx, s.dst, f, s.mechanism is ir.CopyMechanism.MASKED, s.loc)
+    ptr, mask = tile_address(ctx, s.dst, ctx.layouts[f.name], len(f.shape),
+                             s.mechanism is ir.CopyMechanism.MASKED, s.loc)
     value = ctx.name(f.name) + (f".to({GL_DTYPE[b.dtype]})" if f.dtype != b.dtype else "")
     ctx.line(f"gl.store({ptr}, {value}{write_mask_arg(mask)})")
 
 
-def _tile_address(ctx: Ctx, g: ir.Region, f: ir.Buffer, masked: bool, loc) -> tuple[str, list[str]]:
-    """The pointer tensor of global region ``g`` in fragment ``f``'s layout (each of the region's
-    non-unit dims an ``arange`` in the layout's slice along it) and, when ``masked``, the
-    conditions keeping it inside the buffer (and above 0 where ``mask_low`` says so)."""
-    b, layout = g.buffer, ctx.layouts[f.name]
+def tile_address(ctx: Ctx, g: ir.Region, layout, rank: int, masked: bool, loc) -> tuple[str, list[str]]:
+    """The pointer tensor of global region ``g`` as a ``rank``-d tile in ``layout`` (each of the
+    region's non-unit dims an ``arange`` in the layout's slice along it) and, when ``masked``,
+    the conditions keeping it inside the buffer (and above 0 where ``mask_low`` says so)."""
+    b = g.buffer
     axes = [d for d, e in enumerate(g.extents) if e != 1]
-    rank = len(f.shape)
     ptr, mask = [ctx.pointer(b, loc)], []
     for d, (start, extent) in enumerate(zip(g.starts, g.extents)):
         index = spell(ctx, start)

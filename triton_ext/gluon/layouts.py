@@ -27,5 +27,7 @@ def spell_layout(ctx, layout) -> str:
         if layout.rank == 1:
             return f"gl.BlockedLayout([1], [32], [{layout.num_warps}], [0])"
         if layout.rank == 2:
-            return f"gl.BlockedLayout([1, 1], [1, 32], [{layout.num_warps}, 1], [1, 0])"
+            across = layout.threads_along_row
+            return (f"gl.BlockedLayout([1, {layout.vector}], [{32 // across}, {across}], "
+                    f"[{layout.num_warps}, 1], [1, 0])")
     raise InternalError(f"gluon backend: no rule for layout {layout!r}", ctx.kernel.loc)

@@ -2,7 +2,9 @@
 
 ``seq`` spells a statement list. An arrival on a barrier that TMA copies earlier in the same list
 complete on is spelled as that role's ``mbarrier.expect`` of their bytes, issued before the first
-of them (the expect is the role's arrival); every other arrival is ``mbarrier.arrive``. Ring slots
+of them (the expect is the role's arrival), or at the arrival after a ``gl.thread_barrier`` when
+it also publishes the role's own fenced stores (register-staged copies); every other arrival is
+``mbarrier.arrive``, which synchronizes the role's threads itself. Ring slots
 ``B[(s):+1, ...]`` are ``B.index(s)``; a transposed operand is a ``.permute((1, 0))`` view. A
 store to a scalar local assigns the role's Python variable (Gluon carries it through loops and
 branches as ``scf.for`` / ``scf.if`` results; legalize made sure it is defined first). A
@@ -19,7 +21,7 @@ from tilews.lowering.layouts import WgmmaOperandA
 
 from . import fragments
 from .context import GL_DTYPE, Ctx
-from .exprs import arg, element_address, nonnegative, spell, write_mask_arg
+from .exprs import arg, element_address, mask_arg, nonnegative, spell, write_mask_arg
 
 
 def seq(ctx: Ctx, s: ir.Seq) -> None:
@@ -27,16 +29,21 @@ def seq(ctx: Ctx, s: ir.Seq) -> None:
     expects, absorbed = _expects(s)
     for i, t in enumerate(s.stmts):
         if i in expects:
-            arrive, nbytes = expects[i]
+            arrive, nbytes, after_stores = expects[i]
             ctx.origin(arrive.loc)
+            if after_stores:        # every thread's fenced stores before the one arriving thread
+                ctx.line("gl.thread_barrier()")
             ctx.line(f"mbarrier.expect({_bar(ctx, arrive.barrier)}, {nbytes})")
         if i not in absorbed:
             _stmt(ctx, t)
 
 
-def _expects(body: ir.Seq) -> tuple[dict[int, tuple[ir.BarrierArrive, int]], set[int]]:
-    """Arrivals that are expects: position of the first copy -> (arrival, bytes); the arrivals'
-    positions."""
+def _expects(body: ir.Seq) -> tuple[dict[int, tuple[ir.BarrierArrive, int, bool]], set[int]]:
+    """Arrivals that are expects: position -> (arrival, bytes, whether the role's own stores to
+    shared memory are published by it); the arrivals' positions. An expect goes before the
+    first of its copies, or, when the role fenced stores of its own (register-staged copies)
+    since then, at the arrival, after them: TMA bytes may land before their expect (the
+    barrier's tx-count may go negative), but no arrival may precede those stores."""
     pending: dict[ir.BarrierRef, list[ir.Copy]] = {}
     first: dict[ir.BarrierRef, int] = {}
     expects, absorbed = {}, set()
@@ -45,8 +52,9 @@ def _expects(body: ir.Seq) -> tuple[dict[int, tuple[ir.BarrierArrive, int]], set
             pending.setdefault(s.barrier, []).append(s)
             first.setdefault(s.barrier, i)
         elif isinstance(s, ir.BarrierArrive) and s.barrier in pending:
-            copies = pending.pop(s.barrier)
-            expects[first.pop(s.barrier)] = (s, sum(_nbytes(c.dst) for c in copies))
+            copies, start = pending.pop(s.barrier), first.pop(s.barrier)
+            stores = any(isinstance(t, ir.ProxyFence) for t in body.stmts[start:i])
+            expects[i if stores else start] = (s, sum(_nbytes(c.dst) for c in copies), stores)
             absorbed.add(i)
     for copies in pending.values():
         raise InternalError("gluon backend: a copy completes on a barrier that no later arrival in "
@@ -123,7 +131,35 @@ def _store_fragment(ctx: Ctx, s: ir.Copy) -> None:
     ctx.line(f"{_smem(ctx, s.dst, s.loc)}.store({value})")
 
 
+def _load_through_registers(ctx: Ctx, s: ir.Copy) -> None:
+    """global -> shared by the role's threads (``AsyncPlan.register_loads``: rows not TMA's):
+    chunks of rows, each loaded in the plan's blocked layout (masked when the copy is MASKED:
+    zeros past the tensor, as TMA fills) and stored into its rows of the tile."""
+    rows_per, layout = ctx.register_loads.get(s.dst.buffer.name, (None, None))
+    axes = [d for d, e in enumerate(s.src.extents) if e != 1]
+    if rows_per is None or len(axes) != 2 or len(s.dst.tile_shape) != 2:
+        raise InternalError(f"gluon backend: no register-load plan for the 2-d copy into "
+                            f"'{s.dst.buffer.name}' (the AsyncPlan's register_loads)", s.loc)
+    row_dim, rows = axes[0], s.dst.tile_shape[0]
+    smem = _smem(ctx, s.dst, s.loc)
+    masked = s.mechanism is ir.CopyMechanism.MASKED
+    for r0 in range(0, rows, rows_per):
+        start = ir.BinOp(ir.BinOpKind.ADD, s.src.starts[row_dim], ir.Const(r0, ir.DType.I32, s.loc),
+                         ir.DType.I32, s.loc) if r0 else s.src.starts[row_dim]
+        chunk = ir.Region(s.src.buffer, tuple(start if d == row_dim else x for d, x in enumerate(s.src.starts)),
+                          tuple(rows_per if d == row_dim else e for d, e in enumerate(s.src.extents)),
+                          s.src.loc, s.src.mask_low)
+        ptr, mask = fragments.tile_address(ctx, chunk, layout, 2, masked, s.loc)
+        value = f"gl.load({ptr}{mask_arg(mask)})"
+        if s.src.buffer.dtype != s.dst.buffer.dtype:
+            value += f".to({GL_DTYPE[s.dst.buffer.dtype]})"
+        rows_of = f".slice({r0}, {rows_per})" if rows_per < rows else ""
+        ctx.line(f"{smem}{rows_of}.store({value})")
+
+
 _COPIES = {(ir.CopyMechanism.TMA, ir.Scope.GLOBAL, ir.Scope.SHARED): _tma_load,
+           (ir.CopyMechanism.DIRECT, ir.Scope.GLOBAL, ir.Scope.SHARED): _load_through_registers,
+           (ir.CopyMechanism.MASKED, ir.Scope.GLOBAL, ir.Scope.SHARED): _load_through_registers,
            (ir.CopyMechanism.TMA, ir.Scope.SHARED, ir.Scope.GLOBAL): _tma_store,
            (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.SHARED): _store_fragment,
            (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.FRAGMENT): fragments.copy,
