@@ -31,7 +31,9 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              block, possibly returning the old value into a scalar local; inside, one per
              iteration); tile atomics are refused;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
-             next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5;
+             next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5
+             — and before an arrival publishing such stores to a buffer another role reads
+             asynchronously (a register-staged tile);
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
              are scalars (shape (1,), i32 or f32, indexed by 0) and each is written by a store
              (or an atomic returning into it) before any read, in the same statement list as the
@@ -42,8 +44,9 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              element by element (scalar loads, e.g. block-sparse masks in ``if`` conditions) —
              anything else is a refusal naming it (docs/ws-semantics.md #8: guarded pipelined loops);
            * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies, barrier
-             operations and scalar bookkeeping: 1 warp, 24 registers; the role holding fragments
-             is the default partition and gets the rest of the register file);
+             operations and scalar bookkeeping: 1 warp, 24 registers; one loading tiles through
+             registers: a warp group, ``REGISTER_LOAD_REGS``; the role holding fragments is the
+             default partition and gets the rest of the register file);
            * the plan's ``default_role``, ``num_warps`` (the default partition's), ``barrier_counts``
              (arrivals per phase translated from threads to arriving roles; a count no set of
              arriving roles matches is a ``CompileError`` at the barrier), ``tma_descriptors``,
