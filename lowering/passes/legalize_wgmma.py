@@ -11,8 +11,9 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              (expect-tx), so no arrival happens while its bytes are in flight. With the target's
              ``register_copies`` (tl.enable_lower_ldgstg), a copy TMA cannot take (rows not a
              multiple of 16 bytes) keeps legalize's DIRECT / MASKED instead: its role loads it
-             through registers in chunks of rows (``register_loads``) and fences before the
-             arrival that publishes it (its role then runs a whole warp group);
+             through registers in chunks of rows (``register_loads``), ahead of the TMA copies
+             of its group with a proxy fence between (or before the arrival when none is TMA),
+             and runs a whole warp group;
            * global -> fragment and fragment -> global copies (a whole 1-d or 2-d fragment, not
              a register A operand) keep legalize's DIRECT / MASKED choice, their buffer passed
              as a pointer (an unstaged epilogue store: warp_specialize);
@@ -375,19 +376,23 @@ def _seq(body: ir.Seq, layouts: dict, registers: bool) -> ir.Seq:
             raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
         else:
             out.append(s)
-    return dataclasses.replace(body, stmts=_bulk_first(out))
+    return dataclasses.replace(body, stmts=_registers_first(out))
 
 
-def _bulk_first(stmts: list) -> tuple:
-    """Runs of global -> shared copies into distinct buffers (independent) with their TMA
-    copies first, so the bulk bytes are in flight while the role's threads load the others
-    through registers."""
+def _registers_first(stmts: list) -> tuple:
+    """Runs of global -> shared copies into distinct buffers (independent) with the copies
+    through registers first and, when TMA copies follow, a proxy fence between: the role's own
+    stores are then fenced before the expect that arrives ahead of the TMA bytes (the
+    barrier's tx-count is never asked to go negative)."""
     out, run = [], []
 
     def flush():
-        if len({c.dst.buffer for c in run}) == len(run):
-            run.sort(key=lambda c: c.mechanism is not ir.CopyMechanism.TMA)
-        out.extend(run)
+        staged = [c for c in run if c.mechanism is not ir.CopyMechanism.TMA]
+        bulk = [c for c in run if c.mechanism is ir.CopyMechanism.TMA]
+        if staged and bulk and len({c.dst.buffer for c in run}) == len(run):
+            out.extend(staged + [ir.ProxyFence(staged[-1].loc)] + bulk)
+        else:
+            out.extend(run)
         run.clear()
     for s in stmts:
         if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.GLOBAL \

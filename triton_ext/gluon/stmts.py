@@ -2,9 +2,9 @@
 
 ``seq`` spells a statement list. An arrival on a barrier that TMA copies earlier in the same list
 complete on is spelled as that role's ``mbarrier.expect`` of their bytes, issued before the first
-of them (the expect is the role's arrival), or at the arrival after a ``gl.thread_barrier`` when
-it also publishes the role's own fenced stores (register-staged copies); every other arrival is
-``mbarrier.arrive``, which synchronizes the role's threads itself. Ring slots
+of them (the expect is the role's arrival), after a ``gl.thread_barrier`` when the role fenced
+stores of its own to shared memory before it (register-staged copies, which it publishes too);
+every other arrival is ``mbarrier.arrive``, which synchronizes the role's threads itself. Ring slots
 ``B[(s):+1, ...]`` are ``B.index(s)``; a transposed operand is a ``.permute((1, 0))`` view. A
 store to a scalar local assigns the role's Python variable (Gluon carries it through loops and
 branches as ``scf.for`` / ``scf.if`` results; legalize made sure it is defined first). A
@@ -39,23 +39,24 @@ def seq(ctx: Ctx, s: ir.Seq) -> None:
 
 
 def _expects(body: ir.Seq) -> tuple[dict[int, tuple[ir.BarrierArrive, int, bool]], set[int]]:
-    """Arrivals that are expects: position -> (arrival, bytes, whether the role's own stores to
-    shared memory are published by it); the arrivals' positions. An expect goes before the
-    first of its copies, or, when the role fenced stores of its own (register-staged copies)
-    since then, at the arrival, after them: TMA bytes may land before their expect (the
-    barrier's tx-count may go negative), but no arrival may precede those stores."""
+    """Arrivals that are expects: position of the first copy -> (arrival, bytes, whether the
+    role fenced stores of its own to shared memory since its last arrival: register-staged
+    copies, which the expect then publishes too); the arrivals' positions."""
     pending: dict[ir.BarrierRef, list[ir.Copy]] = {}
-    first: dict[ir.BarrierRef, int] = {}
-    expects, absorbed = {}, set()
+    first: dict[ir.BarrierRef, tuple[int, bool]] = {}
+    expects, absorbed, fenced = {}, set(), False
     for i, s in enumerate(body.stmts):
-        if isinstance(s, ir.Copy) and s.barrier is not None:
+        if isinstance(s, ir.ProxyFence):
+            fenced = True
+        elif isinstance(s, ir.Copy) and s.barrier is not None:
             pending.setdefault(s.barrier, []).append(s)
-            first.setdefault(s.barrier, i)
-        elif isinstance(s, ir.BarrierArrive) and s.barrier in pending:
-            copies, start = pending.pop(s.barrier), first.pop(s.barrier)
-            stores = any(isinstance(t, ir.ProxyFence) for t in body.stmts[start:i])
-            expects[i if stores else start] = (s, sum(_nbytes(c.dst) for c in copies), stores)
-            absorbed.add(i)
+            first.setdefault(s.barrier, (i, fenced))
+        elif isinstance(s, ir.BarrierArrive):
+            fenced = False
+            if s.barrier in pending:
+                copies, (start, stores) = pending.pop(s.barrier), first.pop(s.barrier)
+                expects[start] = (s, sum(_nbytes(c.dst) for c in copies), stores)
+                absorbed.add(i)
     for copies in pending.values():
         raise InternalError("gluon backend: a copy completes on a barrier that no later arrival in "
                             "its statement list expects", copies[0].loc)
