@@ -389,7 +389,10 @@ def _registers_first(stmts: list) -> tuple:
     def flush():
         staged = [c for c in run if c.mechanism is not ir.CopyMechanism.TMA]
         bulk = [c for c in run if c.mechanism is ir.CopyMechanism.TMA]
-        if staged and bulk and len({c.dst.buffer for c in run}) == len(run):
+        if staged and bulk:
+            if len({c.dst.buffer for c in run}) != len(run):
+                raise _Refuse(f"copies through registers and bulk copies fill the same shared "
+                              f"buffer (line {run[0].loc.line})")
             out.extend(staged + [ir.ProxyFence(staged[-1].loc)] + bulk)
         else:
             out.extend(run)
