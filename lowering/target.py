@@ -3,6 +3,9 @@ machine; what they need is decided from these fields and recorded in the IR."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
+
+from . import ir
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,22 @@ def bulk_copy_rows(row_bytes: int) -> bool:
     """Whether a global tensor with rows of ``row_bytes`` can be a bulk-copy (TMA) operand: its
     row pitch must be a whole number of 16-byte units."""
     return row_bytes % 16 == 0
+
+
+def row_bytes(b: ir.Buffer) -> Optional[int]:
+    """The pitch of tensor ``b``'s rows in bytes (its last dim times its item size), 0 for a 1-d
+    tensor (no rows to pitch), None when a dim after the first is a runtime one."""
+    inner = [ir.as_int(d) for d in b.shape[1:]]
+    if None in inner:
+        return None
+    return inner[-1] * b.dtype.itemsize if inner else 0
+
+
+def bulk_copy_tensor(b: ir.Buffer) -> bool:
+    """Whether a bulk (TMA) copy can address tensor ``b``'s rows: static strides, and rows of
+    whole 16-byte units (``bulk_copy_rows``) where it has rows."""
+    pitch = row_bytes(b)
+    return pitch is not None and bulk_copy_rows(pitch)
 
 
 INTERPRET = Target("interpret", warp_specialization=True, tma=False, wgmma=False, smem_bytes=1 << 30)

@@ -69,7 +69,7 @@ from .. import ir, protocol, roles
 from ..errors import CompileError
 from ..layouts import Blocked, WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
-from ..target import Target, bulk_copy_rows
+from ..target import Target, bulk_copy_tensor, row_bytes
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
 
@@ -515,15 +515,14 @@ def _tma_problem(s: ir.Copy) -> Optional[str]:
     """Why the copy ``s`` cannot be a bulk (TMA) copy, or None."""
     g = _global(s)
     box = s.src.extents if g is s.src.buffer else s.dst.extents
-    inner = [ir.as_int(d) for d in g.shape[1:]]
-    if None in inner:
+    pitch = row_bytes(g)
+    if pitch is None:
         return (f"'{g.name}' has a runtime dimension after its first; its bulk-copy descriptor "
                 f"needs static strides (line {s.loc.line})")
-    row_bytes = (inner[-1] if inner else 1) * g.dtype.itemsize
-    if inner and not bulk_copy_rows(row_bytes):
+    if not bulk_copy_tensor(g):
         loads = (" (pass config tl.enable_lower_ldgstg loads such tiles through the producer's "
                  "registers)" if s.dst.buffer.scope is ir.Scope.SHARED else "")
-        return (f"rows of '{g.name}' are {row_bytes} bytes, not a multiple of 16, so it cannot "
+        return (f"rows of '{g.name}' are {pitch} bytes, not a multiple of 16, so it cannot "
                 f"be a bulk-copy (TMA) operand (line {s.loc.line}){loads}")
     if any(b > 256 for b in box) or box[-1] * g.dtype.itemsize < 16:
         return (f"tile {list(box)} of '{g.name}' exceeds the bulk-copy box limits (<= 256 per "

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import ir, roles, schedule
-from ..target import Target, bulk_copy_rows
+from ..target import Target, bulk_copy_tensor
 from ..simplify import fold
 from ..traverse import buffers_read, rewrite, subexprs, touched, transform, walk
 from ..plans import PipelinePlan
@@ -255,7 +255,7 @@ def _staged(body: ir.Seq, new_allocs: list, kernel: ir.Kernel, share: bool = Fal
     def stage(s: ir.Stmt):
         if not (isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT
                 and s.dst.buffer.scope is ir.Scope.GLOBAL) or s.dst.buffer in read \
-                or not _bulk_rows(s.dst.buffer):
+                or not bulk_copy_tensor(s.dst.buffer):
             return None
         buf = staging(s)
         whole = ir.Region(buf, tuple(ir.Const(0, ir.DType.I32, s.loc) for _ in s.src.tile_shape),
@@ -263,10 +263,3 @@ def _staged(body: ir.Seq, new_allocs: list, kernel: ir.Kernel, share: bool = Fal
         return ir.Seq((dataclasses.replace(s, dst=whole), ir.ProxyFence(s.loc),
                        dataclasses.replace(s, src=whole)), s.loc)
     return rewrite(body, stage)
-
-
-def _bulk_rows(b: ir.Buffer) -> bool:
-    """Whether a bulk (TMA) copy can address ``b``'s rows: static inner dims, rows of whole
-    16-byte units."""
-    inner = [ir.as_int(d) for d in b.shape[1:]]
-    return None not in inner and bulk_copy_rows((inner[-1] if inner else 1) * b.dtype.itemsize)
