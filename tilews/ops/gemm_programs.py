@@ -290,24 +290,25 @@ def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
                 t, k_lo, k_hi = sk.unit(b, u, shared_first)
                 by, bx = T.grouped_tile(t, [tm, tn], group_size)
                 _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages)
+                C_tile = C[by * block_M, bx * block_N]
                 if k_hi - k_lo == ipt:
-                    T.copy(C_f, C[by * block_M, bx * block_N])
+                    T.copy(C_f, C_tile)
                 elif k_lo < k_hi:
                     first = sk.owner(t * ipt)
                     parts = sk.owner((t + 1) * ipt - 1) - first + 1
                     rows = t * slots * block_M          # the tile's slots in W
+                    # only slot 0 reads the count first (an atomic per segment costs a round
+                    # trip): the other slots always store and count
                     if b == first:
                         seen = T.atomic_add(Arrivals[t], 0, memory_order="acquire", return_prev=True)
                         if seen == parts - 1:
                             _sum_partials(C_f, W, rows, 1, parts)
-                            T.copy(C_f, C[by * block_M, bx * block_N])
+                            T.copy(C_f, C_tile)
                             T.atomic_add(Arrivals[t], 1 - parts)
                         else:
-                            _arrive_with_partial(C_f, W, rows, b - first, parts, Arrivals[t],
-                                                 C[by * block_M, bx * block_N])
+                            _arrive_with_partial(C_f, W, rows, 0, parts, Arrivals[t], C_tile)
                     else:
-                        _arrive_with_partial(C_f, W, rows, b - first, parts, Arrivals[t],
-                                             C[by * block_M, bx * block_N])
+                        _arrive_with_partial(C_f, W, rows, b - first, parts, Arrivals[t], C_tile)
     return main
 
 
