@@ -2,10 +2,10 @@
 flushed, interleaved rounds, median ratio to ``torch.matmul``), at 4096^3 and 8192^3 bf16:
 
 * ``persistent`` (g8, g16), the data-parallel baseline;
-* ``stream_k`` as ``tilews.ops`` runs it (shared segments first, then whole tiles);
+* ``stream_k`` as ``tilews.ops`` runs it (whole tiles first, then the shared segments);
 * ``no fixup``: the same schedule, but a partial segment stores nothing (wrong results: what
   the segments cost without the partials' traffic and sums);
-* ``whole tiles first``: the whole tiles, then the shared segments, with the fixup.
+* ``shared first``: the shared segments, then the whole tiles, with the fixup.
 
     python scripts/probe_stream_k.py [--rounds N] [--shapes MxNxK,...]
 """
@@ -38,7 +38,7 @@ def no_fixup(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
             B_s = T.alloc_shared((block_K, block_N), dtype)
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
             for u in T.Persistent([sk.units], num_sms, b):
-                t, k_lo, k_hi = sk.unit(b, u)
+                t, k_lo, k_hi = sk.unit(b, u, False)
                 by, bx = T.grouped_tile(t, [tm, tn], group_size)
                 G._k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages)
                 if k_hi - k_lo == ipt:
@@ -60,7 +60,7 @@ def main():
         counters = arrival_counters(a.device, 1 << 14)
         cands = {f"persistent g{g}": G.persistent(M, N, K, num_sms=sms, group_size=g) for g in (8, 16)}
         cands["stream_k"] = G.stream_k(M, N, K, num_sms=sms)
-        cands["whole tiles first"] = G.stream_k(M, N, K, num_sms=sms, shared_first=False)
+        cands["shared first"] = G.stream_k(M, N, K, num_sms=sms, shared_first=True)
         cands["no fixup"] = no_fixup(M, N, K, num_sms=sms)
         calls = {n: (lambda k=k: k(a, b)) if n.startswith(("persistent", "no")) else
                  (lambda k=k: k(a, b, counters)[-1]) for n, k in cands.items()}

@@ -33,6 +33,8 @@ from tilews.lowering.traverse import walk
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.plans import AsyncPlan
 from tilews.ops import gemm_programs as G
+from tilews.ops.matmul import _program
+from tilews.ops.schedule import REGISTER_STAGED
 from tilews.triton_ext.toolchain import ptxas_report
 
 from .helpers import poisoned, randn
@@ -576,6 +578,19 @@ def test_register_staged_128x256_gemm_keeps_its_registers(shape, staged, c_by_tm
     report = ptxas_report(k.asm["ptx"])
     if report is not None:
         assert "0 bytes spill stores" in report, report
+
+
+@pytest.mark.parametrize("schedule", REGISTER_STAGED, ids=str)
+def test_ops_register_staged_schedules_stay_warp_specialized(schedule):
+    """tilews.ops's ``Schedule.registers`` compiles its program with tl.enable_lower_ldgstg: at a
+    runtime M with rows TMA cannot take (N = 4097, K = 4099) it stays on the Hopper path."""
+    k = _program(schedule.program, "hopper", registers=True)(
+        T.dynamic("M"), 4097, 4099, block_M=schedule.block_M, block_N=schedule.block_N,
+        block_K=schedule.block_K, num_stages=schedule.num_stages, threads=schedule.threads,
+        **({"splits": schedule.splits} if schedule.splits > 1 else {}))
+    assert k.report.target == "hopper", k.report.notes
+    assert k.ir_after.plan(AsyncPlan).register_loads
+    assert _program(schedule.program, "hopper") is not _program(schedule.program, "hopper", registers=True)
 
 
 @pytest.mark.parametrize("target", ["interpret", "triton"])

@@ -49,7 +49,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tilews.ops as ops
 from tilews.ops.schedule import (FUSED_MIN_K_TILES, MAX_SPLITS, PROGRAMS, SMEM_BYTES,
-                                 SPLIT_K_MIN_K_TILES, SPLITTING, STREAM_K, STREAM_K_MAX_TAIL,
+                                 REGISTER_STAGED, SPLIT_K_MIN_K_TILES, SPLITTING, STREAM_K,
+                                 STREAM_K_MAX_TAIL,
                                  Schedule, bucket, candidates, fit_stages, heuristic)
 
 from .helpers import randn, rel_err
@@ -101,7 +102,8 @@ def test_split_k_fused_counters_grow_and_come_back_to_zero(fresh, monkeypatch):
 
 # --- Schedule, bucket, heuristic, candidates -------------------------------------------------------
 @pytest.mark.parametrize("text", CPU_SCHEDULES + ["persistent 128x256x64 s3 t256 g8",
-                                                  "split_k 64x128x64 s6 t128 x4 g8"])
+                                                  "split_k 64x128x64 s6 t128 x4 g8",
+                                                  "persistent 128x256x64 s3 t256 g8 regs"])
 def test_schedule_text_round_trip(text):
     s = Schedule.from_text(text)
     assert str(s) == text and Schedule.from_text(str(s)) == s
@@ -176,6 +178,10 @@ def test_heuristic_and_candidates_invariants(out):
         tried = [s for s in space if s.program == "stream_k"]
         assert bool(tried) == (tiles >= 132 and 0 < tail <= STREAM_K_MAX_TAIL * 132), (M, N, K)
         assert all(s == fit_stages(STREAM_K, torch.bfloat16, out) for s in tried)
+        # the register-staged producer only where TMA cannot take the rows (N = 257, K = 129)
+        staged = [s for s in space if s.registers]
+        assert bool(staged) == (N % 8 != 0), (M, N, K)
+        assert all(s in [fit_stages(r, torch.bfloat16, out) for r in REGISTER_STAGED] for s in staged)
     for shape, full in (((8192, 8192, 8192), True), ((4096, 4096, 4096), False)):   # 52%, 88%
         space = candidates(*shape, torch.bfloat16, out, 132, True)
         assert any(s.program == "stream_k" for s in space) == full

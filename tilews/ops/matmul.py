@@ -61,6 +61,7 @@ from tilews.compiler import sources_digest
 from tilews.jit import compile_each
 from tilews.lowering import dtypes
 from tilews.lowering.settings import Settings
+from tilews.pass_config import PassConfigKey
 from tilews.profiler import do_bench
 from tilews.profiler.compare import assert_outputs_close
 
@@ -299,24 +300,25 @@ def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
     target = "auto" if device_type == "cuda" else "interpret"
     blocks = dict(block_M=s.block_M, block_N=s.block_N, block_K=s.block_K, num_stages=s.num_stages,
                   threads=s.threads)
+    program = functools.partial(_program, target=target, registers=s.registers)
     if s.program == "split_k":
-        partial = _program("split_k", target)(_M, N, K, splits=s.splits, dtype=dtype, **blocks)
+        partial = program("split_k")(_M, N, K, splits=s.splits, dtype=dtype, **blocks)
         reduce = _program("split_k_reduce", target)(
             _M, N, s.splits, gemm_programs.split_width(N, s.block_N), out_dtype=out)
         return Runner((partial, reduce))
     if s.program == "split_k_fused":
-        fused = _program("split_k_fused", target)(_M, N, K, splits=s.splits, dtype=dtype,
+        fused = program("split_k_fused")(_M, N, K, splits=s.splits, dtype=dtype,
                                                    out_dtype=out, **blocks)
         return Runner((fused,), (s.block_M, s.block_N))
     if s.program == "stream_k":
-        stream_k = _program("stream_k", target)
+        stream_k = program("stream_k")
         return PerM(lambda M: Runner((stream_k(M, N, K, num_sms=tilews.num_sms(), group_size=s.group,
                                                dtype=dtype, out_dtype=out, **blocks),),
                                      (s.block_M, s.block_N)))
     knobs = {"tiled": dict(swizzle=s.group),
              "persistent": dict(num_sms=tilews.num_sms(), group_size=s.group),
              "swap_ab": {}}[s.program]
-    return Runner((_program(s.program, target)(_M, N, K, dtype=dtype, out_dtype=out, **blocks, **knobs),))
+    return Runner((program(s.program)(_M, N, K, dtype=dtype, out_dtype=out, **blocks, **knobs),))
 
 
 class PerM:
@@ -340,10 +342,14 @@ class PerM:
 
 
 @functools.lru_cache(maxsize=None)
-def _program(name: str, target: str):
-    """The ``gemm_programs`` factory ``name`` compiling for ``target``."""
+def _program(name: str, target: str, registers: bool = False):
+    """The ``gemm_programs`` factory ``name`` compiling for ``target`` (``registers``: with pass
+    config ``tl.enable_lower_ldgstg``, ``Schedule.registers``)."""
     factory = getattr(gemm_programs, name)
-    return factory if target == factory.target else tilews.jit(out_idx=factory.out_idx, target=target)(factory.fn)
+    if target == factory.target and not registers:
+        return factory
+    configs = {PassConfigKey.TL_ENABLE_LOWER_LDGSTG: True} if registers else None
+    return tilews.jit(out_idx=factory.out_idx, target=target, pass_configs=configs)(factory.fn)
 
 
 # --- tuning ---------------------------------------------------------------------------------------

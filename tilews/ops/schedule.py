@@ -2,9 +2,10 @@
 
 * ``Schedule``: a program name and its knobs, with a short stable text form (``str(s)``,
   ``Schedule.from_text``): ``"<program> <block_M>x<block_N>x<block_K> s<num_stages> t<threads>"``,
-  then ``" x<splits>"`` for split_k and ``" g<group>"`` where a group is set, e.g.
+  then ``" x<splits>"`` for split_k, ``" g<group>"`` where a group is set and ``" regs"`` where
+  tiles whose rows TMA cannot take go through the producer's registers, e.g.
   ``"split_k 64x128x64 s6 t128 x3"``, ``"persistent 128x256x64 s3 t256 g8"``,
-  ``"stream_k 128x256x64 s3 t256 g16"``. The blocks are always
+  ``"stream_k 128x256x64 s3 t256 g16"``, ``"persistent 128x256x64 s3 t256 g8 regs"``. The blocks are always
   written M x N x K, swap_ab's too (its narrow block is block_M).
 * ``heuristic(M, N, K, ...)``: the first guess, by the rules and thresholds at the top of its
   section (the one place they are written; re-tune them from GPU measurements,
@@ -33,7 +34,9 @@ class Schedule:
     """A GEMM program and its knobs. ``splits``: the number of K slices of split_k and
     split_k_fused (1 elsewhere);
     ``group``: tiled's block swizzle panel (0: none) or persistent's and stream_k's tile group
-    size (>= 1)."""
+    size (>= 1); ``registers``: compiled with pass config ``tl.enable_lower_ldgstg`` (on Hopper,
+    a tile whose rows are not whole 16-byte units is loaded by the producer warp group through
+    registers, where it would otherwise make the program fall back to ``triton.language``)."""
     program: str
     block_M: int
     block_N: int
@@ -42,12 +45,15 @@ class Schedule:
     threads: int
     splits: int = 1
     group: int = 0
+    registers: bool = False
 
     def __post_init__(self):
         if self.program not in PROGRAMS:
             raise ValueError(f"Schedule: program must be one of {', '.join(PROGRAMS)}, got "
                              f"{self.program!r}")
-        for f in fields(self)[1:]:
+        if not isinstance(self.registers, bool):
+            raise ValueError(f"Schedule: registers must be a bool, got {self.registers!r}")
+        for f in fields(self)[1:-1]:
             value, least = getattr(self, f.name), 0 if f.name == "group" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"Schedule: {f.name} must be an int >= {least}, got {value!r}")
@@ -62,7 +68,7 @@ class Schedule:
                 f"t{self.threads}")
         if self.program in SPLITTING:
             text += f" x{self.splits}"
-        return text + (f" g{self.group}" if self.group else "")
+        return text + (f" g{self.group}" if self.group else "") + (" regs" if self.registers else "")
 
     @classmethod
     def from_text(cls, text: str) -> "Schedule":
@@ -71,15 +77,15 @@ class Schedule:
         if match is None:
             raise ValueError(f"Schedule.from_text: {text!r} is not a schedule (expected e.g. "
                              f"'tiled 128x128x64 s4 t128 g8' or 'split_k 64x128x64 s6 t128 x4')")
-        program, *ints = match.groups()
+        program, *ints, registers = match.groups()
         bm, bn, bk, stages, threads, splits, group = (int(v) if v else None for v in ints)
-        return cls(program, bm, bn, bk, stages, threads, splits or 1, group or 0)
+        return cls(program, bm, bn, bk, stages, threads, splits or 1, group or 0, bool(registers))
 
     def output_tiles(self, M: int, N: int) -> int:
         return -(-M // self.block_M) * -(-N // self.block_N)
 
 
-_TEXT = re.compile(rf"({'|'.join(PROGRAMS)}) (\d+)x(\d+)x(\d+) s(\d+) t(\d+)(?: x(\d+))?(?: g(\d+))?")
+_TEXT = re.compile(rf"({'|'.join(PROGRAMS)}) (\d+)x(\d+)x(\d+) s(\d+) t(\d+)(?: x(\d+))?(?: g(\d+))?( regs)?")
 
 
 def bucket(M: int) -> int:
@@ -111,6 +117,14 @@ NARROW_SPLIT = Schedule("split_k_fused", 16, 64, 128, 4, 128, splits=2)   # bloc
 # (4095x4097x4099 on an H100: split_k 64x128 x2 0.93 ms, transposed 128x64 tiles 1.09 ms,
 # tiled 64x128 1.07 ms, cuBLAS 0.85 ms); transposed tiles stay where K is too short to split
 UNALIGNED = (replace(SPLIT_K, splits=2), Schedule("swap_ab", 64, 128, 64, 6, 128))
+# The warp-specialized alternative, a producer loading such tiles through its registers
+# (Schedule.registers), is correct but slower there (H100, 5 rounds, against cuBLAS: 4095x4097x4099
+# 0.57x with 128x256 tiles, 0.43x with split_k 64x128 x2; 1000x1100x1234 0.31-0.41x): bf16 rows
+# 2-byte aligned take 2-byte loads, and the producer waits on each chunk of rows before storing
+# it. Tried by tune only (split_k 64x128 x2 at 777x512x4100: 0.66x, where the heuristic's
+# tl tiles reached 0.40x).
+REGISTER_STAGED = (Schedule("split_k", 64, 128, 64, 6, 128, splits=2, registers=True),
+                   Schedule("tiled", 64, 128, 64, 8, 128, group=8, registers=True))
 # Below one tile per SM a product is bound by moving its operands, not by the tensor cores, and
 # each SM needs as many bytes in flight as shared memory holds (H100, L2 flushed, 7 rounds:
 # 128x4096x4096 with 64x64x64 tiles 0.88x cuBLAS at 8 stages, 0.98x at 12; 512x4096x4096 with
@@ -123,10 +137,11 @@ TILES = (Schedule("tiled", 128, 256, 64, 3, 256, group=8),       # largest first
          Schedule("tiled", 64, 64, 64, 12, 128, group=8))
 
 # stream_k (the last partial wave's tiles shared out by k iterations) on an H100, L2 flushed, 5
-# rounds against cuBLAS: 8192^3 1.01-1.06x where persistent 128x256 was 1.01x (last wave 52%
-# full); 4096^3 0.75-0.82x against 0.98x (last wave 88% full) and 2048x14336x4096 0.89-0.91x
-# against 0.96x (79%): the partials' float32 traffic costs more than a nearly full last wave
-# loses. Tried (tuning space only) where the last wave of 128x256 tiles is at most this full.
+# rounds against cuBLAS, whole tiles first (scripts/probe_stream_k.py): 8192^3 1.06x (1521 us)
+# where persistent 128x256 g8 was 1.02x (1552 us; last wave 52% full); 4096^3 0.91x against
+# 0.99x (last wave 88% full; shared segments first, 2048x14336x4096 (79%) 0.89-0.91x against
+# 0.96x): the partials' float32 traffic costs more than a nearly full last wave loses. Tried
+# (tuning space only) where the last wave of 128x256 tiles is at most this full.
 STREAM_K = Schedule("stream_k", 128, 256, 64, 3, 256, group=16)
 STREAM_K_MAX_TAIL = 0.6
 
@@ -177,12 +192,15 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
             pick = (uneven and _split(M, N, K, tile, num_sms, REBALANCE_SPLITS, strict=True)) or tile
         else:
             pick = _split(M, N, K, SPLIT_K, num_sms) or TILES[-1]
-    unaligned = not all(bulk_copy_rows(n) for n in (K * dtype.itemsize, N * dtype.itemsize,
-                                                    N * out_dtype.itemsize))
-    if unaligned and pick.block_M == 128:
+    if not _aligned(N, K, dtype, out_dtype) and pick.block_M == 128:
         splits, transposed = UNALIGNED
         pick = splits if K >= splits.splits * SPLIT_K_MIN_K_TILES * splits.block_K else transposed
     return fit_stages(pick, dtype, out_dtype)
+
+
+def _aligned(N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+    """Whether TMA can take the rows of A [M, K], B [K, N] and C [M, N]."""
+    return all(bulk_copy_rows(n) for n in (K * dtype.itemsize, N * dtype.itemsize, N * out_dtype.itemsize))
 
 
 def wave_use(blocks: int, num_sms: int) -> float:
@@ -241,7 +259,8 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
     tile shapes, persistent, stream_k (where 128x256 tiles leave a last wave at most
     ``STREAM_K_MAX_TAIL`` full), split_k (2, 3, 4, 8 slices where K allows), split_k_fused (64x128
     blocks in 2 and 4 slices; for M <= 64 also blocks of M's height: 64x128 in 2 and 4 slices,
-    128x64 in 4) and, for M <= 64, swap_ab; each at most once. On the CPU a handful of small
+    128x64 in 4), for M <= 64, swap_ab, and where TMA cannot take the rows, ``REGISTER_STAGED``;
+    each at most once. On the CPU a handful of small
     ones, one per program."""
     first = heuristic(M, N, K, dtype, out_dtype, num_sms, gpu)
     if not gpu:
@@ -266,4 +285,6 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
                   for bn, bk, n in ((64, 128, 2), (64, 128, 4), (128, 64, 4))]
         space += [Schedule("swap_ab", bm, bn, 64, 6, 128) for bm, bn in ((16, 128), (32, 128), (16, 64))]
     space += [f for f in fused if K >= f.splits * FUSED_MIN_K_TILES * f.block_K]
+    if not _aligned(N, K, dtype, out_dtype):
+        space += [s for s in REGISTER_STAGED if s.splits == 1 or K >= s.splits * SPLIT_K_MIN_K_TILES * s.block_K]
     return list(dict.fromkeys([first, *(fit_stages(s, dtype, out_dtype) for s in space)]))
