@@ -3,16 +3,20 @@ against SDPA with the cuDNN and flash backends, interleaved over several rounds,
 GEMM epilogue against torch.matmul followed by the same epilogue; median ratio per row with its
 spread. Writes JSON to $OUT/attention.json when $OUT is set.
 
-    python scripts/tune_attention.py [--rounds N] [--quick] [--auto-only]
+    python scripts/tune_attention.py [--rounds N] [--quick] [--auto-only] [--dim D]
+                                     [--blocks 'BMxBN tT sS;...']
 
 --quick: the D=128 shapes and one epilogue shape; --auto-only: only tilews.ops.attention's
-program (the default schedule) against the references, no epilogue rows.
+program (the default schedule) against the references, no epilogue rows; --dim D: only the
+shapes of head dim D; --blocks: the automatic program also with these blocks, consumer threads
+and K/V stages (e.g. '192x128 t384 s2': three consumer warp groups).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -49,9 +53,9 @@ def sdpa(backend):
     return run
 
 
-def attention_rows(rounds, quick, auto_only=False):
+def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=()):
     rows = []
-    for B, H, S, D in SHAPES[:2] if quick else SHAPES:
+    for B, H, S, D in [s for s in (SHAPES[:2] if quick else SHAPES) if dim in (None, s[3])]:
         for causal in (False, True):
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
@@ -60,6 +64,10 @@ def attention_rows(rounds, quick, auto_only=False):
             prim = mha_fwd_program(B, H, S, D, causal, block_M=128, block_N=bn, num_stages=stages,
                                    threads=256)
             cands = {"auto": hop(lambda: prim)()}
+            for text in blocks:
+                bm, bn_, threads, st = (int(v) for v in re.fullmatch(r"(\d+)x(\d+) t(\d+) s(\d+)", text).groups())
+                cands[f"auto {text}"] = hop(mha_fwd_program)(B, H, S, D, causal, block_M=bm, block_N=bn_,
+                                                             num_stages=st, threads=threads)
             if not auto_only:
                 waited = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, overlap_softmax=False))
                 cands["auto, P V waited in its block"] = lambda q, k, v, p=waited: _launch(p, q, k, v)
@@ -122,7 +130,10 @@ def main(argv) -> int:
     quick = "--quick" in argv
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     auto_only = "--auto-only" in argv
-    rows = attention_rows(rounds, quick, auto_only) + ([] if auto_only else epilogue_rows(rounds, quick))
+    dim = int(argv[argv.index("--dim") + 1]) if "--dim" in argv else None
+    blocks = argv[argv.index("--blocks") + 1].split(";") if "--blocks" in argv else ()
+    rows = attention_rows(rounds, quick, auto_only, dim, blocks) + (
+        [] if auto_only else epilogue_rows(rounds, quick))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "attention.json"), "w") as f:
             json.dump(rows, f, indent=1)

@@ -35,6 +35,8 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5
              — and before an arrival publishing such stores to a buffer another role reads
              asynchronously (a register-staged tile);
+           * shared tiles (a buffer's last two dims; a ring's slots may be any number) and TMA
+             boxes have power-of-two extents (Triton's shared layouts and descriptors);
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
              are scalars (shape (1,), i32 or f32, indexed by 0) and each is written by a store
              (or an atomic returning into it) before any read, in the same statement list as the
@@ -46,8 +48,10 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              anything else is a refusal naming it (docs/ws-semantics.md #8: guarded pipelined loops);
            * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies, barrier
              operations and scalar bookkeeping: 1 warp, 24 registers; one loading tiles through
-             registers: a warp group, ``REGISTER_LOAD_REGS``; the role holding fragments is the
-             default partition and gets the rest of the register file);
+             registers: a warp group, ``REGISTER_LOAD_REGS``; the first role holding gemms is
+             the default partition, whose warps must be a power of two, other gemm roles (split
+             consumers) an even share of what is left, at most ``GEMM_WORKER_REGS``, and the
+             default partition the rest of the register file);
            * the plan's ``default_role``, ``num_warps`` (the default partition's), ``barrier_counts``
              (arrivals per phase translated from threads to arriving roles; a count no set of
              arriving roles matches is a ``CompileError`` at the barrier), ``tma_descriptors``,
@@ -114,6 +118,12 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     scalars = _scalar_locals(kernel, ws)
     laid_out = dict(kernel.plan(LayoutPlan).layouts)
     bodies = [_seq(r.body, laid_out, target.register_copies) for r in ws.roles]
+    for s in kernel.body.stmts:
+        if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
+            tile = s.buffer.static_shape[-2:]       # a ring's leading dim is its slots
+            if any(e & (e - 1) for e in tile):
+                raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
+                              f"shared layouts take powers of two (line {s.loc.line})")
     async_read = {b for body in bodies for t in walk(body) for b in async_shared_reads(t)}
     new_roles = tuple(dataclasses.replace(r, body=_fence(body, set(), async_read))
                       for r, body in zip(ws.roles, bodies))
@@ -145,6 +155,8 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 # of a 128x256x64 GEMM's operands loaded this way; 96 none, leaving 208 to two consumer warp groups)
 REGISTER_LOAD_ELEMENTS = 16
 REGISTER_LOAD_REGS = 96
+# registers of a gemm role other than the default partition (a split consumer), where they fit
+GEMM_WORKER_REGS = 232
 
 
 def _register_loads(role_list) -> tuple:
@@ -524,9 +536,10 @@ def _tma_problem(s: ir.Copy) -> Optional[str]:
                  "registers)" if s.dst.buffer.scope is ir.Scope.SHARED else "")
         return (f"rows of '{g.name}' are {pitch} bytes, not a multiple of 16, so it cannot "
                 f"be a bulk-copy (TMA) operand (line {s.loc.line}){loads}")
-    if any(b > 256 for b in box) or box[-1] * g.dtype.itemsize < 16:
-        return (f"tile {list(box)} of '{g.name}' exceeds the bulk-copy box limits (<= 256 per "
-                f"dim, >= 16 bytes inner) (line {s.loc.line})")
+    if any(b > 256 or b & (b - 1) for b in box) or box[-1] * g.dtype.itemsize < 16:
+        return (f"tile {list(box)} of '{g.name}' is no bulk-copy box: each dim a power of two "
+                f"of at most 256 elements (Triton's descriptors), the inner one at least 16 bytes "
+                f"(line {s.loc.line})")
     return None
 
 
@@ -560,28 +573,41 @@ def _loads_through_registers(s: ir.Stmt) -> bool:
 
 def _budget(role_list, default: ir.Role):
     """Warps and registers per role: copy-only roles 1 warp at 24 registers; other workers
-    4 warps per warp group (``REGISTER_LOAD_REGS`` registers for one loading tiles through
-    registers, 64 else); the default partition the rest of the register file."""
-    out, used = [], 0
-    for r in role_list:
-        if r.warpgroups == default.warpgroups:
-            out.append(r)
-            continue
+    without gemms 4 warps per warp group (``REGISTER_LOAD_REGS`` registers for one loading tiles
+    through registers, 64 else); other roles holding gemms an even share per thread of what
+    those leave to all gemm roles, at most ``GEMM_WORKER_REGS``; the default partition the rest
+    of the register file, at most 256. The default partition's warps must be a power of two
+    (Triton's num_warps)."""
+    warps = 4 * len(default.warpgroups)
+    if warps & (warps - 1):
+        raise _Refuse(f"the role {roles.describe(default.warpgroups)} holding the gemms would be "
+                      f"the kernel's {warps} warps, not a power of two (Triton's num_warps): a "
+                      f"consumer of {len(default.warpgroups)} warp groups runs only split in one role "
+                      f"per warp group (split_consumers)")
+    workers = [r for r in role_list if r.warpgroups != default.warpgroups]
+    budget = {}
+    for r in workers:
         if _copy_only(r):
-            warps, regs = 1, 24
-        elif _has_gemm(r):
-            warps, regs = 4 * len(r.warpgroups), 232
-        else:
-            warps, regs = 4 * len(r.warpgroups), REGISTER_LOAD_REGS if _register_loading(r) else 64
-        used += 128 * len(r.warpgroups) * regs   # a worker occupies whole warp groups
-        out.append(dataclasses.replace(r, num_warps=warps, num_regs=regs))
+            budget[r.warpgroups] = 1, 24
+        elif not _has_gemm(r):
+            budget[r.warpgroups] = 4 * len(r.warpgroups), REGISTER_LOAD_REGS if _register_loading(r) else 64
+    used = sum(128 * len(w) * regs for w, (_, regs) in budget.items())   # whole warp groups
+    gemm_threads = 128 * sum(len(r.warpgroups) for r in role_list if _has_gemm(r))
+    share = min(GEMM_WORKER_REGS, (REGISTER_FILE - used) // gemm_threads // 8 * 8)
+    for r in workers:
+        if r.warpgroups not in budget:
+            budget[r.warpgroups] = 4 * len(r.warpgroups), share
+            used += 128 * len(r.warpgroups) * share
+    out = [r if r is default else dataclasses.replace(r, num_warps=budget[r.warpgroups][0],
+                                                      num_regs=budget[r.warpgroups][1])
+           for r in role_list]
     threads = 128 * len(default.warpgroups)
     regs = min(256, (REGISTER_FILE - used) // threads // 8 * 8)
     if regs < 24:
         raise CompileError(f"the roles' register requests leave {regs} registers per thread for "
                            f"{roles.describe(default.warpgroups)}", default.loc)
     return tuple(dataclasses.replace(r, num_warps=4 * len(r.warpgroups), num_regs=regs)
-                 if r.warpgroups == default.warpgroups else r for r in out)
+                 if r is default else r for r in out)
 
 
 def _mbarrier_counts(kernel: ir.Kernel) -> tuple:

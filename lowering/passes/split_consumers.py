@@ -1,29 +1,31 @@
 """split_consumers: give each warp group of an automatic consumer its own rows, as its own role.
 
-A consumer of two warp groups run as one role is one Gluon partition: every barrier arrival
-synchronizes both warp groups, so they issue their gemms and run their softmax in lockstep and
-the tensor cores idle while both do fragment math. As two roles (one per warp group, each with
-half of the tile's rows) they only meet at the producer's barriers, and drift apart by one gemm:
-one warp group's softmax runs under the other's gemms (the ping-pong FlashAttention-3 arranges
-with named barriers).
+A consumer of several warp groups run as one role is one Gluon partition: every barrier arrival
+synchronizes its warp groups, so they issue their gemms and run their softmax in lockstep and
+the tensor cores idle while all do fragment math. As one role per warp group, each with its share
+of the tile's rows, they only meet at the producer's barriers, and drift apart by a gemm: one
+warp group's softmax runs under another's gemms (the ping-pong FlashAttention-3 arranges with
+named barriers). Three warp groups of 64 rows (a 192-row tile) also make the only consumer of
+three that Gluon can run: a partition's warps are a power of two.
 
 Requires:  warp_specialize has run; applies on targets with ``wgmma`` (and ``split_consumers``)
            to kernels with a ``PipelinePlan`` (the automatic schedule), persistent ones included.
-Ensures:   when the consumer role ``ws(1, 2)`` does fragment math (a ``T.Parallel`` or a
-           reduction) inside its innermost loop (not only in a persistent tile's epilogue),
-           keeps all its fragments with BM rows in dim 0 (BM a multiple of 128), reads shared
+Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fragment math (a
+           ``T.Parallel`` or a reduction) inside its innermost loop (not only in a persistent
+           tile's epilogue), keeps all its fragments with BM rows in dim 0 (BM a multiple of
+           64 n), reads shared
            tiles of BM rows (dim 0; dim 1 of a ring buffer, whose dim 0 is the slot) only as the
            A operand of its gemms
            (and writes / stores such buffers only whole, through fragment -> shared copies and
            shared -> global copies; other roles may only fill them from global memory), indexes every fragment inside a ``T.Parallel`` with the
-           loop's first variable in dim 0 — it becomes roles ``ws(1)`` and ``ws(2)``: role h has
-           fragments ``<name>_h`` of BM / 2 rows, reads and writes rows [h BM / 2, (h + 1) BM / 2)
-           of those shared buffers and of the global tile they are stored to, and its parallel
-           loops run over BM / 2 rows with the row index shifted by h BM / 2 outside fragment
+           loop's first variable in dim 0 — it becomes roles ``ws(1)``, ..., ``ws(n)``: role h
+           (from 0) has fragments ``<name>_h`` of R = BM / n rows, reads and writes rows
+           [h R, (h + 1) R) of those shared buffers and of the global tile they are stored to,
+           and its parallel loops run over R rows with the row index shifted by h R outside fragment
            accesses (masks read the true row); each role has its own copy of the consumer's
            local buffers (a guarded loop's iteration counter). A consumer with a block-level
            atomic (one add per block) stays one role. Barrier arrivals are counted in
-           threads, so the two roles together arrive as the one did. Anything else is unchanged, with a note.
+           threads, so the roles together arrive as the one did. Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -36,47 +38,95 @@ from ..plans import PipelinePlan
 from ..target import Target
 from ..traverse import buffers_read, buffers_written, element_accesses, touched, transform, walk
 
-_HALVES = 2
-
-
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     plan = kernel.find_plan(PipelinePlan)
     if not (target.wgmma and target.split_consumers) or plan is None:
         return kernel
     wss = [s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)]
-    consumer = next((r for ws in wss for r in ws.roles if r.warpgroups == (1, 2)), None)
+    consumer = next((r for ws in wss for r in ws.roles
+                     if len(r.warpgroups) > 1 and r.warpgroups == tuple(range(1, len(r.warpgroups) + 1))), None)
     if consumer is None:
         return kernel
-    rows, why = _rows(kernel, consumer)
+    parts = len(consumer.warpgroups)
+    rows, why = _rows(kernel, consumer, parts)
     if rows is None:
-        return kernel.with_note(f"split_consumers: the consumer keeps both warp groups in one role: {why}")
+        return kernel.with_note(f"split_consumers: the consumer keeps its {parts} warp groups in one "
+                                f"role: {why}")
     # registers: fragments (split by rows) and locals (a guarded loop's iteration counter: each
     # role keeps its own copy)
     used = touched(consumer.body)
     owned = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)       # in allocation
              and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and s.buffer in used]  # order
     shared = _row_shared(consumer)
-    halves, allocs = [], []
-    for h in range(_HALVES):
-        renamed = {b: dataclasses.replace(b, name=f"{b.name}_{h}", shape=(
-            (ir.Const(rows // _HALVES, ir.DType.I32, b.loc),) + b.shape[1:] if b.scope is ir.Scope.FRAGMENT
-            else b.shape)) for b in owned}
+    # a shared tile of rows no power of two (Triton allocates none) becomes one tile per role
+    own = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc) and s.buffer in shared
+           and rows & (rows - 1)]
+    split, allocs, parts_of = [], [], {b: [] for b in own}
+    share = rows // parts
+    for h in range(parts):
+        renamed = {b: _rows_renamed(b, h, share, 0 if b.scope is ir.Scope.FRAGMENT else _row_dim(b))
+                   for b in owned + own}
         allocs += [ir.Alloc(b, b.loc) for b in renamed.values()]
-        body = _half(consumer.body, h * rows // _HALVES, rows // _HALVES, renamed, shared)
-        halves.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body))
+        for b in own:
+            parts_of[b].append(renamed[b])
+        body = _part(consumer.body, h * share, share, renamed, shared)
+        split.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body))
     top = []
     for s in kernel.body.stmts:
-        if isinstance(s, ir.Alloc) and s.buffer in owned:
+        if isinstance(s, ir.Alloc) and (s.buffer in owned or s.buffer in own):
             continue
         if isinstance(s, ir.WarpSpecialize):
-            roles = tuple(r for c in s.roles for r in (halves if c is consumer else [c]))
+            roles = tuple(r for c in s.roles for r in (
+                split if c is consumer else [dataclasses.replace(c, body=_fill_parts(c.body, parts_of))]))
             s = dataclasses.replace(s, roles=roles)
         top.append(s)
     allocs_end = max(k for k, s in enumerate(top) if isinstance(s, ir.Alloc)) + 1
     body = ir.Seq(tuple(top[:allocs_end] + allocs + top[allocs_end:]), kernel.body.loc)
+    names = [f"ws({h + 1})" for h in range(parts)]
     return dataclasses.replace(kernel, body=body).with_note(
-        f"split_consumers: the consumer's {rows} rows are split between roles ws(1) and ws(2), "
-        f"{rows // _HALVES} each, so one warp group's fragment math runs under the other's gemms")
+        f"split_consumers: the consumer's {rows} rows are split between roles "
+        f"{', '.join(names[:-1])} and {names[-1]}, {share} each, so one warp group's fragment math "
+        f"runs under another's gemms")
+
+
+def _rows_renamed(b: ir.Buffer, h: int, rows: int, dim: int) -> ir.Buffer:
+    """Role h's own copy of ``b``: ``<name>_h``, ``rows`` rows in ``dim`` (scalar locals keep
+    their shape)."""
+    shape = b.shape
+    if b.scope is not ir.Scope.LOCAL:
+        shape = shape[:dim] + (ir.Const(rows, ir.DType.I32, b.loc),) + shape[dim + 1:]
+    return dataclasses.replace(b, name=f"{b.name}_{h}", shape=shape)
+
+
+def _fill_parts(body: ir.Seq, parts_of: dict) -> ir.Seq:
+    """Another role's body with each global -> shared copy filling a split tile made one copy
+    per part, of that part's rows, in row order (on the same barrier: the arrival expecting it
+    counts the same bytes)."""
+    def fn(n):
+        if not isinstance(n, ir.Seq):
+            return None
+        out = []
+        for s in n.stmts:
+            parts = parts_of.get(s.dst.buffer) if isinstance(s, ir.Copy) else None
+            for h, p in enumerate(parts or ()):
+                d = _row_dim(p)
+                rows = p.static_shape[d]
+                dst = dataclasses.replace(s.dst, buffer=p, extents=s.dst.extents[:d] + (rows,) + s.dst.extents[d + 1:])
+                out.append(_global_rows(dataclasses.replace(s, dst=dst), h * rows, rows))
+            out += [] if parts else [s]
+        return dataclasses.replace(n, stmts=tuple(out))
+    return transform(body, fn) if parts_of else body
+
+
+def _global_rows(s: ir.Copy, offset: int, rows: int) -> ir.Copy:
+    """``s`` with its global region cut to ``rows`` rows from ``offset`` (the region's first dim
+    of more than one element: the tile's rows)."""
+    g = s.dst if s.dst.buffer.scope is ir.Scope.GLOBAL else s.src
+    d = next(k for k, e in enumerate(g.extents) if e != 1)
+    start = ir.BinOp(ir.BinOpKind.ADD, g.starts[d], ir.Const(offset, ir.DType.I32, s.loc), ir.DType.I32, s.loc)
+    g2 = dataclasses.replace(g, starts=g.starts[:d] + (start,) + g.starts[d + 1:],
+                             extents=g.extents[:d] + (rows,) + g.extents[d + 1:])
+    return dataclasses.replace(s, dst=g2) if g is s.dst else dataclasses.replace(s, src=g2)
 
 
 def _row_dim(b: ir.Buffer) -> int:
@@ -96,8 +146,8 @@ def _row_shared(role: ir.Role) -> set:
     return out
 
 
-def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
-    """BM, or None and why the role cannot be split."""
+def _rows(kernel: ir.Kernel, role: ir.Role, parts: int) -> tuple[Optional[int], str]:
+    """BM, or None and why the role cannot be split in ``parts``."""
     gemms = [s for s in walk(role.body) if isinstance(s, ir.Gemm)]
     if not gemms:
         return None, "it computes no gemm"
@@ -106,12 +156,12 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
     if not any(isinstance(t, (ir.Parallel, ir.Reduce)) for lp in inner for t in walk(lp.body)):
         return None, "its loop does no fragment math to overlap (a plain GEMM keeps one merged role)"
     rows = gemms[0].c.tile_shape[0]
-    if rows % (64 * _HALVES):
-        return None, f"its {rows}-row tile does not split into 64-row halves"
+    if rows % (64 * parts):
+        return None, f"its {rows}-row tile does not split into {parts} parts of a multiple of 64 rows"
     shared = _row_shared(role)
     for s in walk(role.body, opaque=(ir.Parallel,)):
         if isinstance(s, ir.AtomicAdd):
-            return None, f"the atomic at line {s.loc.line} is one per block; two roles would each add"
+            return None, f"the atomic at line {s.loc.line} is one per block; {parts} roles would each add"
     for s in walk(role.body):
         if isinstance(s, ir.Gemm):
             if s.transpose_a or s.b.buffer in shared:
@@ -144,9 +194,11 @@ def _rows(kernel: ir.Kernel, role: ir.Role) -> tuple[Optional[int], str]:
     return rows, ""
 
 
-def _half(body: ir.Seq, offset: int, size: int, renamed: dict, shared: set) -> ir.Seq:
-    """The role's body restricted to rows [offset, offset + size)."""
+def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: set) -> ir.Seq:
+    """The role's body restricted to rows [offset, offset + size): of its fragments and of the
+    row-split shared tiles ``shared``, or all rows of its own copies (``renamed``) of them."""
     c = lambda v, loc: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
+    mine = {v for b, v in renamed.items() if b in shared}
 
     def shift_parallel(p: ir.Parallel) -> ir.Parallel:
         # each half's loop variables get names of their own (layout frames are keyed by them)
@@ -171,15 +223,12 @@ def _half(body: ir.Seq, offset: int, size: int, renamed: dict, shared: set) -> i
             return shift_parallel(n)
         if isinstance(n, ir.Region) and n.buffer.scope is ir.Scope.FRAGMENT:
             return dataclasses.replace(n, extents=(size,) + tuple(n.extents[1:]))
-        if isinstance(n, ir.Region) and n.buffer in shared:
-            d = _row_dim(n.buffer)
-            return dataclasses.replace(n, starts=n.starts[:d] + (c(offset, n.loc),) + n.starts[d + 1:],
+        if isinstance(n, ir.Region) and (n.buffer in shared or n.buffer in mine):
+            d, first = _row_dim(n.buffer), 0 if n.buffer in mine else offset
+            return dataclasses.replace(n, starts=n.starts[:d] + (c(first, n.loc),) + n.starts[d + 1:],
                                        extents=n.extents[:d] + (size,) + n.extents[d + 1:])
-        if isinstance(n, ir.Copy) and n.src.buffer in shared and n.dst.buffer.scope is ir.Scope.GLOBAL:
-            d = next(k for k, e in enumerate(n.dst.extents) if e != 1)     # the tile's row dim
-            start = ir.BinOp(ir.BinOpKind.ADD, n.dst.starts[d], c(offset, n.loc), ir.DType.I32, n.loc)
-            dst = dataclasses.replace(n.dst, starts=n.dst.starts[:d] + (start,) + n.dst.starts[d + 1:],
-                                      extents=n.dst.extents[:d] + (size,) + n.dst.extents[d + 1:])
-            return dataclasses.replace(n, dst=dst)
+        if isinstance(n, ir.Copy) and (n.src.buffer in shared or n.src.buffer in mine) \
+                and n.dst.buffer.scope is ir.Scope.GLOBAL:
+            return _global_rows(n, offset, size)
         return None
     return transform(body, fn)

@@ -112,6 +112,19 @@ def test_attention_split_n_consumer():
     check_attention(kernel, *qkv((B, H, S, D), torch.float16, seed=9), causal, "bhsd")
 
 
+@pytest.mark.parametrize("causal, layout, S", [(False, "bhsd", 4096), (True, "bshd", 1000)])
+def test_attention_three_consumer_warp_groups(causal, layout, S):
+    # block_M = 192 over three consumer warp groups (threads=384): one role per warp group with
+    # its own 64-row Q and O tiles (a 192-row tile is no power of two for Triton)
+    _hopper()
+    B, H, D = 2, 8, 64
+    shape = (B, H, S, D) if layout == "bhsd" else (B, S, H, D)
+    kernel = mha_fwd(B, H, S, D, causal, layout=layout, block_M=192, block_N=128, threads=384,
+                     num_stages=2)
+    assert kernel.target == "hopper", (kernel.target, kernel.report.notes)
+    check_attention(kernel, *qkv(shape, torch.float16, seed=S + 7), causal, layout)
+
+
 GPU_BLOCKS = dict(block_M=128, block_N=256, block_K=64, threads=256)    # matmul_bias_act's
 
 
