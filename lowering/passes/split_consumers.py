@@ -23,7 +23,11 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            [h R, (h + 1) R) of those shared buffers and of the global tile they are stored to,
            and its parallel loops run over R rows with the row index shifted by h R outside fragment
            accesses (masks read the true row); each role has its own copy of the consumer's
-           local buffers (a guarded loop's iteration counter). A consumer with a block-level
+           local buffers (a guarded loop's iteration counter). Where BM is no power of two
+           (Triton allocates no such tile), each of those shared buffers becomes one tile of R
+           rows per role, ``<name>_h``, which role h uses whole, and another role's copy from
+           global memory into the buffer becomes one copy per part, in row order, on the same
+           barrier. A consumer with a block-level
            atomic (one add per block) stays one role. Barrier arrivals are counted in
            threads, so the roles together arrive as the one did. Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
@@ -113,7 +117,8 @@ def _fill_parts(body: ir.Seq, parts_of: dict) -> ir.Seq:
                 rows = p.static_shape[d]
                 dst = dataclasses.replace(s.dst, buffer=p, extents=s.dst.extents[:d] + (rows,) + s.dst.extents[d + 1:])
                 out.append(_global_rows(dataclasses.replace(s, dst=dst), h * rows, rows))
-            out += [] if parts else [s]
+            if not parts:
+                out.append(s)
         return dataclasses.replace(n, stmts=tuple(out))
     return transform(body, fn) if parts_of else body
 
