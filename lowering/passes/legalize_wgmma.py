@@ -584,30 +584,22 @@ def _budget(role_list, default: ir.Role):
                       f"the kernel's {warps} warps, not a power of two (Triton's num_warps): a "
                       f"consumer of {len(default.warpgroups)} warp groups runs only split in one role "
                       f"per warp group (split_consumers)")
-    workers = [r for r in role_list if r.warpgroups != default.warpgroups]
-    budget = {}
-    for r in workers:
-        if _copy_only(r):
-            budget[r.warpgroups] = 1, 24
-        elif not _has_gemm(r):
-            budget[r.warpgroups] = 4 * len(r.warpgroups), REGISTER_LOAD_REGS if _register_loading(r) else 64
-    used = sum(128 * len(w) * regs for w, (_, regs) in budget.items())   # whole warp groups
+    workers = [r for r in role_list if r is not default]
+    budget = {r.warpgroups: (1, 24) if _copy_only(r) else
+              (4 * len(r.warpgroups), REGISTER_LOAD_REGS if _register_loading(r) else 64)
+              for r in workers if not _has_gemm(r)}
+    def left() -> int:      # a worker occupies whole warp groups
+        return REGISTER_FILE - sum(128 * len(w) * regs for w, (_, regs) in budget.items())
     gemm_threads = 128 * sum(len(r.warpgroups) for r in role_list if _has_gemm(r))
-    share = min(GEMM_WORKER_REGS, (REGISTER_FILE - used) // gemm_threads // 8 * 8)
-    for r in workers:
-        if r.warpgroups not in budget:
-            budget[r.warpgroups] = 4 * len(r.warpgroups), share
-            used += 128 * len(r.warpgroups) * share
-    out = [r if r is default else dataclasses.replace(r, num_warps=budget[r.warpgroups][0],
-                                                      num_regs=budget[r.warpgroups][1])
-           for r in role_list]
-    threads = 128 * len(default.warpgroups)
-    regs = min(256, (REGISTER_FILE - used) // threads // 8 * 8)
+    share = min(GEMM_WORKER_REGS, left() // gemm_threads // 8 * 8)
+    budget.update({r.warpgroups: (4 * len(r.warpgroups), share) for r in workers if _has_gemm(r)})
+    regs = min(256, left() // (128 * len(default.warpgroups)) // 8 * 8)
     if regs < 24:
         raise CompileError(f"the roles' register requests leave {regs} registers per thread for "
                            f"{roles.describe(default.warpgroups)}", default.loc)
-    return tuple(dataclasses.replace(r, num_warps=4 * len(r.warpgroups), num_regs=regs)
-                 if r is default else r for r in out)
+    budget[default.warpgroups] = warps, regs
+    return tuple(dataclasses.replace(r, num_warps=budget[r.warpgroups][0], num_regs=budget[r.warpgroups][1])
+                 for r in role_list)
 
 
 def _mbarrier_counts(kernel: ir.Kernel) -> tuple:

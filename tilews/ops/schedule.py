@@ -53,7 +53,7 @@ class Schedule:
                              f"{self.program!r}")
         if not isinstance(self.registers, bool):
             raise ValueError(f"Schedule: registers must be a bool, got {self.registers!r}")
-        for f in fields(self)[1:-1]:
+        for f in (f for f in fields(self)[1:] if f.name != "registers"):
             value, least = getattr(self, f.name), 0 if f.name == "group" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"Schedule: {f.name} must be an int >= {least}, got {value!r}")
