@@ -41,6 +41,14 @@ class PipelinePlan(Plan):
 
 
 @dataclass(frozen=True)
+class ConsumerSplit(Plan):
+    """The roles split_consumers made of one consumer: copies of one body, each with its own rows,
+    so they run the same statements, loops and branches in the same order."""
+    made_by: ClassVar[str] = "split_consumers"
+    roles: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class SharedMemoryPlan(Plan):
     """Byte ranges of the shared buffers and barriers, as (name, offset, bytes)."""
     made_by: ClassVar[str] = "plan_buffers"

@@ -22,6 +22,9 @@ class Target:
     overlap_softmax: bool = False   # schedule choice: overlap_softmax's deferred form applies
     overlap_promotion: bool = False  # schedule choice: overlap_softmax's form for loops whose
                                      # fragment math holds no gemm (FP8 promotion; opt-in)
+    pingpong: bool = False          # schedule choice: split consumer warp groups take turns
+                                    # issuing their gemms (pingpong; opt-in: 1-5% slower for
+                                    # attention on an H100, scripts/tune_attention.py)
     split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
                                     # it off to compare)
     block_syncs: bool = False       # the backend spells block barriers between statements that

@@ -44,7 +44,8 @@ def run(kernel: ir.Kernel) -> ir.Kernel:
 
 
 def _guarded_buffers(ws: ir.WarpSpecialize) -> dict[str, set]:
-    """barrier name -> buffers some role writes after waiting on that barrier."""
+    """barrier name -> shared buffers some role writes after waiting on that barrier (a fragment
+    is its role's own: no arrival releases it to another)."""
     guards: dict[str, set] = {}
     for role in ws.roles:
         waited: list[str] = []
@@ -52,7 +53,7 @@ def _guarded_buffers(ws: ir.WarpSpecialize) -> dict[str, set]:
             if isinstance(s, ir.BarrierWait):
                 waited.append(s.barrier.buffer.name)
             elif waited:
-                for b in buffers_written(s):
+                for b in (b for b in buffers_written(s) if b.scope is ir.Scope.SHARED):
                     guards.setdefault(waited[-1], set()).add(b)
     return guards
 

@@ -4,12 +4,15 @@ GEMM epilogue against torch.matmul followed by the same epilogue; median ratio p
 spread. Writes JSON to $OUT/attention.json when $OUT is set.
 
     python scripts/tune_attention.py [--rounds N] [--quick] [--auto-only] [--dim D]
-                                     [--blocks 'BMxBN tT sS;...']
+                                     [--blocks 'BMxBN tT sS;...'] [--target 'SWITCH=on|off;...']
 
 --quick: the D=128 shapes and one epilogue shape; --auto-only: only tilews.ops.attention's
 program (the default schedule) against the references, no epilogue rows; --dim D: only the
 shapes of head dim D; --blocks: the automatic program also with these blocks, consumer threads
-and K/V stages (e.g. '192x128 t384 s2': three consumer warp groups).
+and K/V stages (e.g. '192x128 t384 s2': three consumer warp groups); --target: the automatic
+program also compiled with each of these Hopper target switches set (e.g.
+'pingpong=on;overlap_softmax=off'; default: overlap_softmax=off, none with --auto-only), launched
+directly (host time differs: compare kernels of more than ~0.1 ms).
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ def sdpa(backend):
     return run
 
 
-def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=()):
+def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=(), switches=()):
     rows = []
     for B, H, S, D in [s for s in (SHAPES[:2] if quick else SHAPES) if dim in (None, s[3])]:
         for causal in (False, True):
@@ -68,9 +71,10 @@ def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=()):
                 bm, bn_, threads, st = (int(v) for v in re.fullmatch(r"(\d+)x(\d+) t(\d+) s(\d+)", text).groups())
                 cands[f"auto {text}"] = hop(mha_fwd_program)(B, H, S, D, causal, block_M=bm, block_N=bn_,
                                                              num_stages=st, threads=threads)
-            if not auto_only:
-                waited = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, overlap_softmax=False))
-                cands["auto, P V waited in its block"] = lambda q, k, v, p=waited: _launch(p, q, k, v)
+            for text in switches:
+                name, value = text.split("=")
+                prog = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, **{name: value == "on"}))
+                cands[f"auto, {text}"] = lambda q, k, v, p=prog: _launch(p, q, k, v)
             if D <= 128 and not auto_only:
                 cands["explicit T.ws"] = hop(ws_mha_fwd_program)(B, H, S, D, causal, block_N=bn, stages=stages)
             checks = {}
@@ -132,7 +136,9 @@ def main(argv) -> int:
     auto_only = "--auto-only" in argv
     dim = int(argv[argv.index("--dim") + 1]) if "--dim" in argv else None
     blocks = argv[argv.index("--blocks") + 1].split(";") if "--blocks" in argv else ()
-    rows = attention_rows(rounds, quick, auto_only, dim, blocks) + (
+    switches = argv[argv.index("--target") + 1].split(";") if "--target" in argv else \
+        () if auto_only else ("overlap_softmax=off",)
+    rows = attention_rows(rounds, quick, auto_only, dim, blocks, switches) + (
         [] if auto_only else epilogue_rows(rounds, quick))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "attention.json"), "w") as f:

@@ -44,7 +44,7 @@ from tilews.lowering import ir, layouts, verify, verify_async
 from tilews.lowering.errors import DeadlockError, RaceError, UninitializedReadError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import lower
-from tilews.lowering.plans import (AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan,
+from tilews.lowering.plans import (AsyncPlan, AsyncRefusal, ConsumerSplit, LayoutPlan, PipelinePlan,
                                    SharedMemoryPlan)
 from tilews.lowering.target import HOPPER
 from tilews.lowering.traverse import buffers_read, buffers_written, transform, walk
@@ -307,20 +307,25 @@ def test_lowered_structure(case):
     assert not any(isinstance(s, ir.BarrierWait) and s.barrier.buffer.name == q_bar for s in walk(producer))
     # barriers: one arrival (the TMA's expect) per phase of Q's and the full ones; an empty one
     # completes when both consumer warp groups (256 threads: every consumer role) released a stage
+    # (split consumers take turns issuing their gemms: one arrival per phase of each 'turns' barrier)
     counts = dict(plan.barrier_counts)
+    turns = {"turns": (1,) * len(cons)} if (len(cons) > 1 and SCHEDULES[case.schedule].pingpong
+                                            and not case.explicit) else {}
     assert counts == {q_bar: (1,), **{full[x]: (1,) * case.stages for x in "KV"},
-                      **{empty[x]: (len(cons),) * case.stages for x in "KV"}}
+                      **{empty[x]: (len(cons),) * case.stages for x in "KV"}, **turns}
     allocs = {s.buffer.name: s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc)}
     assert all(allocs[empty[x]].arrive_counts == (256,) * case.stages for x in "KV")
     ring_of = {v: x for x, v in full.items()}
     for r in cons:
         body = main_loop(r).body.stmts
-        waits = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierWait)]
+        waits = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierWait)
+                 and s.barrier.buffer.name not in turns]
         assert [body[i].barrier.buffer.name for i in waits] == [full["K"], full["V"]]
         for i in waits:
-            g = body[i + 1]
+            g = body[i + 1 + (body[i + 1].barrier.buffer.name in turns if isinstance(body[i + 1], ir.BarrierWait) else 0)]
             assert isinstance(g, ir.Gemm) and g.b.buffer.name.startswith(ring_of[body[i].barrier.buffer.name])
-        arrives = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierArrive)]
+        arrives = [i for i, s in enumerate(body) if isinstance(s, ir.BarrierArrive)
+                   and s.barrier.buffer.name not in turns]
         assert sorted(body[i].barrier.buffer.name for i in arrives) == [empty["K"], empty["V"]]
         assert all(isinstance(body[i - 1], ir.GemmWait) for i in arrives)
     # the gemms of each consumer: S = Q K^T from shared memory, O += P V with P in registers, as
@@ -393,7 +398,8 @@ def test_lowered_structure(case):
     smem = k.plan(SharedMemoryPlan)
     row = case.D * 2
     assert smem.total_bytes == (2 * case.block_M + 2 * case.stages * case.block_N) * row + \
-        8 * (1 + 4 * case.stages)                    # Q's barrier; K's and V's full/empty pairs
+        8 * (1 + 4 * case.stages + len(turns.get("turns", ())))   # Q's barrier; K's and V's
+    #                                                                   full/empty pairs; turns
     spans = sorted((off, off + n) for _, off, n in smem.ranges)
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 
@@ -461,7 +467,10 @@ def test_compiled_attention(name):
     rings = [bn * D * 2, bn * D * 2]
     assert sorted(int(b) for b in re.findall(r"ttng\.barrier_expect %\w+, (\d+)", ttgir)) == \
         sorted([bm * D * 2, *rings])
-    assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 1 + 2 * len(rings) * c.stages
+    # ... plus one per split consumer role taking turns (pingpong)
+    taking_turns = k.find_plan(ConsumerSplit) is not None and SCHEDULES[c.schedule].pingpong
+    turns = len(consumers(k)) if taking_turns else 0
+    assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 1 + 2 * len(rings) * c.stages + turns
     # the deferred P V (overlap_softmax): Q K^T of block k completes while P V of block k - 1 is
     # still in flight (wait for all but one), then P V (wait for none)
     deferred = SCHEDULES[c.schedule].overlap_softmax
@@ -510,7 +519,8 @@ def test_compiled_attention(name):
                      rf"tensor<\d+x{bn}x{t}, #ttg\.dot_op<\{{opIdx = 0", ttgir)
     smem_allocs = [s for s in walk(k.body) if isinstance(s, ir.Alloc)
                    and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.BARRIER)]
-    assert len(smem_allocs) == 5 + 2 * len(rings)   # Q, K, V, O tiles; Q's barrier; full/empty pairs
+    # Q, K, V, O tiles; Q's barrier; full/empty pairs; turns
+    assert len(smem_allocs) == 5 + 2 * len(rings) + bool(turns)
     assert count(r"ttg\.local_alloc", ttgir) == len(smem_allocs)
     epilogues = [s for s in walk(k.body) if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT
                  and s.dst.buffer.scope is ir.Scope.SHARED]

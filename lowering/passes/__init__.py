@@ -13,7 +13,7 @@ from .. import ir, printer, verify
 from ..target import Target
 from . import (check_barriers, despecialize, double_buffer, infer_layouts, insert_syncs, legalize,
                legalize_metal,
-               legalize_wgmma, overlap_mma, overlap_softmax, overlap_store, persist, plan_buffers,
+               legalize_wgmma, overlap_mma, overlap_softmax, overlap_store, persist, pingpong, plan_buffers,
                plan_pipeline, split_consumers, swizzle_grid, warp_specialize)
 
 PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
@@ -40,6 +40,8 @@ PIPELINE: tuple[tuple[str, Callable[[ir.Kernel, Target], ir.Kernel]], ...] = (
     # After the instruction choice: the next block's first gemm under this block's fragment
     # math (attention's Q K^T under the softmax) ...
     ("overlap_softmax", overlap_softmax.run),
+    # ... the split consumer warp groups taking turns to issue those gemms ...
+    ("pingpong", pingpong.run),
     # ... and one wgmma in flight across iterations of a GEMM main loop.
     ("overlap_mma", overlap_mma.run),
     # ... and a tile's result store with the next tile's main loop (persistent kernels).

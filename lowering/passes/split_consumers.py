@@ -27,7 +27,7 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            (Triton allocates no such tile), each of those shared buffers becomes one tile of R
            rows per role, ``<name>_h``, which role h uses whole, and another role's copy from
            global memory into the buffer becomes one copy per part, in row order, on the same
-           barrier. A consumer with a block-level
+           barrier. A ``ConsumerSplit`` plan names the roles. A consumer with a block-level
            atomic (one add per block) stays one role. Barrier arrivals are counted in
            threads, so the roles together arrive as the one did. Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
@@ -38,7 +38,7 @@ import dataclasses
 from typing import Optional
 
 from .. import ir
-from ..plans import PipelinePlan
+from ..plans import ConsumerSplit, PipelinePlan
 from ..target import Target
 from ..traverse import buffers_read, buffers_written, element_accesses, touched, transform, walk
 
@@ -87,7 +87,8 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     allocs_end = max(k for k, s in enumerate(top) if isinstance(s, ir.Alloc)) + 1
     body = ir.Seq(tuple(top[:allocs_end] + allocs + top[allocs_end:]), kernel.body.loc)
     names = [f"ws({h + 1})" for h in range(parts)]
-    return dataclasses.replace(kernel, body=body).with_note(
+    return dataclasses.replace(kernel, body=body).with_plan(
+        ConsumerSplit(tuple(r.warpgroups for r in split))).with_note(
         f"split_consumers: the consumer's {rows} rows are split between roles "
         f"{', '.join(names[:-1])} and {names[-1]}, {share} each, so one warp group's fragment math "
         f"runs under another's gemms")

@@ -4,6 +4,8 @@ NaN (unwritten elements), rel err < 1e-2, bit-identical results over two runs, a
 target "hopper" (never a silent fallback to triton.language)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,10 +13,13 @@ import tilews.language as T
 from examples.attention import reference as sdpa
 from examples.attention import ws_mha_fwd
 from tilews.ops import attention, matmul_bias_act
-from tilews.ops.attention import mha_fwd
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.target import HOPPER
+from tilews.ops.attention import mha_fwd, mha_fwd_program
 from tilews.ops.epilogue import matmul_epilogue
 from tilews.testing import rel_err
 
+from ..helpers import load
 from ..test_fused_epilogue import reference
 
 pytestmark = pytest.mark.gpu
@@ -123,6 +128,22 @@ def test_attention_three_consumer_warp_groups(causal, layout, S):
                      num_stages=2)
     assert kernel.target == "hopper", (kernel.target, kernel.report.notes)
     check_attention(kernel, *qkv(shape, torch.float16, seed=S + 7), causal, layout)
+
+
+@pytest.mark.parametrize("block_M, threads, causal, S", [(128, 256, True, 1000), (192, 384, False, 4096)])
+def test_attention_consumers_taking_turns(block_M, threads, causal, S):
+    # the opt-in pingpong schedule: the split consumer warp groups issue their gemms in turn
+    _hopper()
+    B, H, D = 2, 8, 64
+    prim = mha_fwd_program(B, H, S, D, causal, block_M=block_M, block_N=128, threads=threads, num_stages=2)
+    prog = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, pingpong=True))
+    assert any(n.startswith("pingpong:") for n in prog.kernel.notes), prog.kernel.notes
+
+    def run(q, k, v):
+        out = torch.full_like(q, float("nan"))
+        prog.launch([q, k, v, out])
+        return out
+    check_attention(run, *qkv((B, H, S, D), torch.float16, seed=S + block_M), causal, "bhsd")
 
 
 GPU_BLOCKS = dict(block_M=128, block_N=256, block_K=64, threads=256)    # matmul_bias_act's
