@@ -56,9 +56,33 @@ def grouped_tile(tile: ir.Expr, tiles_0: ir.Expr, tiles_1: ir.Expr, group: int,
             fold(_op(B.FLOORDIV, within, rows, loc)))
 
 
+def launch_order(tile: ir.Expr, extents: list, loc: ir.Loc) -> tuple[ir.Expr, ...]:
+    """Tile number -> its index along each grid dimension, the first fastest (the order in which
+    blocks of that grid are launched)."""
+    B = ir.BinOpKind
+    out, stride = [], None
+    for k, g in enumerate(extents):
+        q = tile if stride is None else _op(B.FLOORDIV, tile, stride, loc)
+        out.append(fold(q if k == len(extents) - 1 else _op(B.MOD, q, g, loc)))
+        stride = g if stride is None else fold(_op(B.MUL, stride, g, loc))
+    return tuple(out)
+
+
 def tiles_of_block(total: ir.Expr, block: ir.Expr, blocks: ir.Expr, loc: ir.Loc) -> ir.Expr:
     """How many of ``total`` tiles block ``block`` of ``blocks`` visits (tiles block,
     block + blocks, ...): ceil((total - block) / blocks)."""
     B = ir.BinOpKind
     up = _op(B.SUB, _op(B.ADD, _op(B.SUB, total, block, loc), blocks, loc), _c(1, loc), loc)
     return fold(_op(B.FLOORDIV, up, blocks, loc))
+
+
+def ring_counter(loop: ir.For):
+    """The scalar local ``loop``'s body ends by incrementing by 1 (warp_specialize's ring counter
+    of a loop whose trip count varies from tile to tile), or None."""
+    last = loop.body.stmts[-1] if loop.body.stmts else None
+    if not (isinstance(last, ir.Store) and last.buffer.scope is ir.Scope.LOCAL):
+        return None
+    v = last.value
+    bumped = (isinstance(v, ir.BinOp) and v.op is ir.BinOpKind.ADD and ir.as_int(v.b) == 1
+              and isinstance(v.a, ir.Load) and v.a.buffer == last.buffer)
+    return last.buffer if bumped else None

@@ -4,14 +4,15 @@ GEMM epilogue against torch.matmul followed by the same epilogue; median ratio p
 spread. Writes JSON to $OUT/attention.json when $OUT is set.
 
     python scripts/tune_attention.py [--rounds N] [--quick] [--auto-only] [--dim D]
-                                     [--blocks 'BMxBN tT sS;...'] [--target 'SWITCH=on|off;...']
+                                     [--blocks 'BMxBN tT sS;...'] [--target 'FIELD=on|off|N;...']
 
 --quick: the D=128 shapes and one epilogue shape; --auto-only: only tilews.ops.attention's
 program (the default schedule) against the references, no epilogue rows; --dim D: only the
 shapes of head dim D; --blocks: the automatic program also with these blocks, consumer threads
 and K/V stages (e.g. '192x128 t384 s2': three consumer warp groups); --target: the automatic
-program also compiled with each of these Hopper target switches set (e.g.
-'pingpong=on;overlap_softmax=off'; default: overlap_softmax=off, none with --auto-only), launched
+program also compiled with each of these Hopper target fields set (e.g.
+'pingpong=on;overlap_softmax=off;num_sms=0' (0: not persistent); default: overlap_softmax=off,
+none with --auto-only), launched
 directly (host time differs: compare kernels of more than ~0.1 ms).
 """
 from __future__ import annotations
@@ -73,7 +74,9 @@ def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=(), switches
                                                              num_stages=st, threads=threads)
             for text in switches:
                 name, value = text.split("=")
-                prog = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, **{name: value == "on"}))
+                value = int(value) if value.isdigit() else value == "on"
+                target = dataclasses.replace(HOPPER, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+                prog = load(build_kernel(prim), "gluon", dataclasses.replace(target, **{name: value}))
                 cands[f"auto, {text}"] = lambda q, k, v, p=prog: _launch(p, q, k, v)
             if D <= 128 and not auto_only:
                 cands["explicit T.ws"] = hop(ws_mha_fwd_program)(B, H, S, D, causal, block_N=bn, stages=stages)

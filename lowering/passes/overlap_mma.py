@@ -36,20 +36,8 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         kernel.body, lambda loop: _overlap(loop) if _matches(loop) else None))
 
 
-def _counter(loop: ir.For) -> ir.Buffer | None:
-    """The scalar local a loop body ends by incrementing (the ring counter of a loop whose trip
-    count varies by tile), or None."""
-    last = loop.body.stmts[-1] if loop.body.stmts else None
-    if not (isinstance(last, ir.Store) and last.buffer.scope is ir.Scope.LOCAL):
-        return None
-    v = last.value
-    bumped = (isinstance(v, ir.BinOp) and v.op is ir.BinOpKind.ADD and ir.as_int(v.b) == 1
-              and isinstance(v.a, ir.Load) and v.a.buffer == last.buffer)
-    return last.buffer if bumped else None
-
-
 def _matches(loop: ir.For) -> bool:
-    counted = _counter(loop) is not None
+    counted = schedule.ring_counter(loop) is not None
     stmts = loop.body.stmts[:-1] if counted else loop.body.stmts
     tail = stmts[-3:]
     return (len(tail) == 3 and isinstance(tail[0], ir.Gemm) and tail[0].instr is ir.GemmInstr.WGMMA
@@ -68,7 +56,7 @@ def _at(e: ir.Expr, node: ir.Expr, value: ir.Expr) -> ir.Expr:
 def _overlap(loop: ir.For) -> list[ir.Stmt]:
     """The rewrite. The slot index is a function of the loop index k, or of a counter the body
     increments last (then, after the body, the counter's value minus one is the last slot's)."""
-    counter = _counter(loop)
+    counter = schedule.ring_counter(loop)
     bump = loop.body.stmts[-1:] if counter is not None else ()
     gemm, wait, arrive = loop.body.stmts[len(loop.body.stmts) - len(bump) - 3:][:3]
     loc = arrive.loc

@@ -25,6 +25,10 @@ Ensures:   (1) the *deferred* form, when ``target.overlap_softmax`` (on for Hopp
                    gemm_wait 0; barrier_arrive E2[k]; M2(k + step)
                [if start < stop:] barrier_wait R2[last]; G2(last); gemm_wait 0; barrier_arrive E2[last]
 
+           A loop whose ring slots follow a counter its body increments last (its trip count
+           varies from tile to tile) keeps the increment last; the current block's slots are
+           the counter's value plus 1, and the peeled last ``G2`` is followed by the last
+           block's increment. Loops inside a persistent tile loop are rewritten alike.
            In program order this only moves G2 of block k - 1 after the head and first gemm of
            block k, which touch nothing it touches; on the GPU, P V of block k - 1 runs while M1
            (the softmax of block k) runs, and M2 (which rewrites P and rescales the output) waits
@@ -88,13 +92,21 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 
 
 def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, target: Target) -> ir.Role:
+    return dataclasses.replace(role, body=_body(role.body, layouts, allocs, deferred, target))
+
+
+def _body(body: ir.Seq, layouts: dict, allocs: list, deferred: list, target: Target) -> ir.Seq:
+    """``body`` with its loops rewritten, those inside a persistent tile loop included."""
     out = []
-    for s in role.body.stmts:
+    for s in body.stmts:
+        if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT:
+            out.append(dataclasses.replace(s, body=_body(s.body, layouts, allocs, deferred, target)))
+            continue
         if not isinstance(s, ir.For):
             out.append(s)
             continue
         parts = _match_deferred(s) if target.overlap_softmax else None
-        promoted = _match_promotion(s, [t for t in role.body.stmts if t is not s]) \
+        promoted = _match_promotion(s, [t for t in body.stmts if t is not s]) \
             if target.overlap_promotion and parts is None else None
         if parts is not None:
             out += _defer(s, *parts)
@@ -103,13 +115,15 @@ def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, target: Ta
             out += _overlap(s, *promoted, layouts, allocs)
         else:
             out.append(s)
-    return dataclasses.replace(role, body=ir.Seq(tuple(out), role.body.loc))
+    return dataclasses.replace(body, stmts=tuple(out))
 
 
 def _match_deferred(loop: ir.For) -> Optional[tuple]:
-    """(head, first issue, middle 1, middle 2, second issue) of a loop of the deferred form (module
-    docstring), else None. The issues are (barrier_wait, gemm, gemm_wait 0, barrier_arrive)."""
-    b = loop.body.stmts
+    """(head, first issue, middle 1, middle 2, second issue, ring counter or None) of a loop of
+    the deferred form (module docstring), else None. The issues are (barrier_wait, gemm,
+    gemm_wait 0, barrier_arrive)."""
+    counter = schedule.ring_counter(loop)
+    b = loop.body.stmts[:-1] if counter is not None else loop.body.stmts
     if (ir.as_int(loop.step) or 0) <= 0:
         return None
     gemms = [k for k, s in enumerate(b) if isinstance(s, ir.Gemm)]
@@ -128,7 +142,10 @@ def _match_deferred(loop: ir.For) -> Optional[tuple]:
     if (h_writes & (g2_reads | g2_writes)) or (h_reads & g2_writes):
         return None
     cut = next((k for k, s in enumerate(middle) if touched(s) & (g2_reads | g2_writes)), len(middle))
-    return head, first, middle[:cut], middle[cut:], second
+    if counter is not None and any(counter in touched(s) for s in head + middle):
+        return None
+    return head, first, middle[:cut], middle[cut:], second, counter
+
 
 
 def _issue(stmts) -> bool:
@@ -138,31 +155,40 @@ def _issue(stmts) -> bool:
             and stmts[2].outstanding == 0 and isinstance(stmts[3], ir.BarrierArrive))
 
 
-def _defer(loop: ir.For, head, first, middle1, middle2, second) -> list:
+def _defer(loop: ir.For, head, first, middle1, middle2, second, counter) -> list:
     """The loop runs over the previous block ``k`` (from start to stop - step), the current one
-    being ``k + step``: every index stays a non-negative expression of ``k``."""
+    being ``k + step``: every index stays a non-negative expression of ``k``. With a ring
+    ``counter`` (the body's last statement adds 1 to it), the current block's ring position is
+    the counter plus 1, and the peeled last P V adds the last block's 1."""
     loc = loop.loc
     k, step = loop.var, loop.step
     nxt = ir.BinOp(ir.BinOpKind.ADD, k, step, ir.DType.I32, loc)
+    bump = loop.body.stmts[-1:] if counter is not None else ()
     wait_s, gemm_s, _, arrive_s = first
     wait_p, gemm_p, _, arrive_p = second
-    body = (*_at(head + (wait_s, gemm_s), k, nxt), wait_p, gemm_p,
-            ir.GemmWait(1, gemm_s.loc), *_at((arrive_s, *middle1), k, nxt),
-            ir.GemmWait(0, gemm_p.loc), arrive_p, *_at(middle2, k, nxt))
+    body = (*_at(head + (wait_s, gemm_s), k, nxt, counter), wait_p, gemm_p,
+            ir.GemmWait(1, gemm_s.loc), *_at((arrive_s, *middle1), k, nxt, counter),
+            ir.GemmWait(0, gemm_p.loc), arrive_p, *_at(middle2, k, nxt, counter), *bump)
     stop = fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc))
     last = fold(schedule.last_index(loop, loc))
     return [*_guarded(loop, _at(head + first + middle1 + middle2, k, loop.start)),
             dataclasses.replace(loop, stop=stop, body=ir.Seq(body, loop.body.loc)),
-            *_guarded(loop, _at(second, k, last))]
+            *_guarded(loop, _at(second, k, last) + tuple(bump))]
 
 
-def _at(stmts, var: ir.Var, value: ir.Expr) -> tuple:
-    """``stmts`` with ``var`` replaced by ``value`` (folded); an ``if`` whose condition folds to
-    a constant becomes the branch it takes."""
+def _at(stmts, var: ir.Var, value: ir.Expr, counter: Optional[ir.Buffer] = None) -> tuple:
+    """``stmts`` with ``var`` replaced by ``value`` (and the scalar ``counter``'s value by one
+    more, if given), folded; an ``if`` whose condition folds to a constant becomes the branch
+    it takes."""
+    def place(n):
+        if n == var:
+            return value
+        if counter is not None and isinstance(n, ir.Load) and n.buffer == counter:
+            return ir.BinOp(ir.BinOpKind.ADD, n, ir.Const(1, ir.DType.I32, n.loc), ir.DType.I32, n.loc)
+        return None
     out: list[ir.Stmt] = []
     for t in stmts:
-        t = transform(transform(t, lambda n: value if n == var else None),
-                      lambda n: fold(n) if isinstance(n, ir.Expr) else None)
+        t = transform(transform(t, place), lambda n: fold(n) if isinstance(n, ir.Expr) else None)
         if isinstance(t, ir.If) and isinstance(t.cond, ir.Const):
             out += (t.then if t.cond.value else t.orelse).stmts
         else:

@@ -11,8 +11,8 @@ Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop,
            iteration, ahead of the consumers: attention's V copy after its Q K^T gemm), the
            other statements only reading them (the consumers), a ``PipelinePlan``; otherwise a
            note saying why the loop will not be warp-specialized (the program is unchanged
-           either way). In a kernel without a tile loop, the plan's ``preloads`` are the copies
-           before the loop of the same form (a global tile into a whole shared buffer that
+           either way). The plan's ``preloads`` are the copies before the loop (in the tile
+           loop's body, if any) of the same form (a global tile into a whole shared buffer that
            nothing else writes or reads before the copy), e.g. attention's Q tile.
 Preserves: the program (this pass only analyses) and every node's loc.
 """
@@ -94,7 +94,7 @@ def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan
     return PipelinePlan(loop_pos, tuple(position[id(p)] for p in producers), stages,
                         tuple(p.dst.buffer.name for p in producers), guarded,
                         None if tile_loop is None else kernel.body.stmts.index(tile_loop),
-                        () if tile_loop is not None else _preloads(kernel, body[:loop_pos])), ""
+                        _preloads(kernel, body[:loop_pos])), ""
 
 
 def _preloads(kernel: ir.Kernel, prelude) -> tuple[int, ...]:

@@ -15,12 +15,14 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              ``preloads`` (copies
              before the loop, e.g. attention's Q tile) are issued by the producer before its loop
              on a ``preloaded`` barrier the consumer waits on (parity 0) where the first of them
-             was. ``threads`` grows by one warp group.
+             was; in a persistent kernel, per tile, once the consumer has released the
+             previous tile's (a ``reloadable`` barrier it arrives on after its loop). ``threads``
+             grows by one warp group.
              When the loop body is guarded (``plan.guarded``), each role keeps the guard and
              counts the iterations that ran in a local counter; ``i`` is that count, so phases
              advance only on iterations that run (docs/ws-semantics.md #8). A persistent loop
-             whose trip count varies from tile to tile (a stream-K segment's k range) counts
-             the same way, without a guard. In a persistent kernel (the
+             whose trip count varies from tile to tile (a stream-K segment's k range, a causal
+             attention row) counts the same way, without a guard. In a persistent kernel (the
              loop inside a ``T.Persistent`` tile loop) both roles keep the tile loop; the
              producer's ring position is one running count over (tile, k), and the consumer keeps
              its prelude and epilogue per tile (docs/ws-semantics.md #11), so the producer loads the next
@@ -77,7 +79,8 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         """(statements before the loops, the role's copy of the k loop). The ring slot follows
         the iteration number — across tiles in a persistent kernel, one running count — or, when
         iterations may be skipped or the trip count varies from tile to tile (a stream-K
-        segment), a counter of the iterations that ran (phases advance only on those)."""
+        segment, a causal attention row), a counter of the iterations that ran (phases advance
+        only on those)."""
         serial = dict(kind=ir.ForKind.SERIAL, num_stages=0)
         if guard is None and per_tile_trips:
             it = schedule.iteration(loop, loc)
@@ -132,7 +135,8 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         return stmts if tile_loop is None else [dataclasses.replace(tile_loop, body=ir.Seq(tuple(stmts), loc))]
 
     new_allocs: list[ir.Alloc] = []
-    prelude, preloads = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc)
+    prelude, preloads, release = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc,
+                                          tile_loop, consumers)
     epilogue = list(_staged(ir.Seq(tuple(s for s in body[plan.loop_index + 1:]
                                          if not isinstance(s, ir.Alloc)), loc), new_allocs,
                               kernel, share=True).stmts)
@@ -140,9 +144,11 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
     c_init, c_loop = role_loop("consumed", consume)
     allocs = [ir.Alloc(rings.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
     allocs += new_allocs + counters + [ir.Alloc(b, loc) for p in bars for b in p]
-    producer = ir.Role((0,), ir.Seq(tuple(preloads + p_init + per_tile([p_loop])), loc), loc=loc)
+    once, each_tile = (preloads, []) if tile_loop is None else ([], preloads)
+    producer = ir.Role((0,), ir.Seq(tuple(once + p_init + per_tile([*each_tile, p_loop])), loc), loc=loc)
     consumer = ir.Role(tuple(range(1, consumers + 1)),
-                       ir.Seq(tuple(c_init + per_tile([*prelude, c_loop, *epilogue])), loc), loc=loc)
+                       ir.Seq(tuple(c_init + per_tile([*prelude, c_loop, *release, *epilogue])), loc),
+                       loc=loc)
     ws = ir.WarpSpecialize((producer, consumer), loc)
     out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
                               threads=kernel.threads + 128)
@@ -181,25 +187,36 @@ def _ring_groups(producers: list, consuming: list) -> list[_RingGroup]:
                        max(span[id(p)][1] for p in producers if span[id(p)][0] == f)) for f in firsts]
 
 
-def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list,
-             loc: ir.Loc) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-    """(the consumer's prelude, the producer's preloads): the copies at ``positions`` move to the
-    producer, completing on one ``preloaded`` barrier; the consumer waits for it where the first
-    of them was."""
+def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list, loc: ir.Loc,
+             tile_loop, consumers: int) -> tuple[list[ir.Stmt], list[ir.Stmt], list[ir.Stmt]]:
+    """(the consumer's prelude, the producer's preloads, the consumer's release after its loop):
+    the copies at ``positions`` move to the producer, completing on one ``preloaded`` barrier;
+    the consumer waits for it where the first of them was. In a persistent kernel they are
+    loaded per tile (phase: the tile's iteration number), once the consumer has released the
+    previous tile's after its loop (a ``reloadable`` barrier, the producer's wait passing at
+    once for the first tile); the release is empty otherwise."""
     if not positions:
-        return [s for s in before if not isinstance(s, ir.Alloc)], []
-    bar = ir.Buffer("preloaded", (ir.Const(1, ir.DType.I32, loc),), ir.DType.I64, ir.Scope.BARRIER,
-                    (128,), loc)
+        return [s for s in before if not isinstance(s, ir.Alloc)], [], []
+    c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
+    bar = ir.Buffer("preloaded", (c(1),), ir.DType.I64, ir.Scope.BARRIER, (128,), loc)
     new_allocs.append(ir.Alloc(bar, loc))
-    ref = ir.BarrierRef(bar, ir.Const(0, ir.DType.I32, loc), loc)
+    ref = ir.BarrierRef(bar, c(0), loc)
+    phase = c(0) if tile_loop is None else ir.BinOp(
+        ir.BinOpKind.AND, schedule.iteration(tile_loop, loc), c(1), ir.DType.I32, loc)
     prelude: list[ir.Stmt] = []
     for k, s in enumerate(before):
         if k == positions[0]:
-            prelude.append(ir.BarrierWait(ref, ir.Const(0, ir.DType.I32, s.loc), s.loc))
+            prelude.append(ir.BarrierWait(ref, phase, s.loc))
         elif k not in positions and not isinstance(s, ir.Alloc):
             prelude.append(s)
-    loads = [dataclasses.replace(before[k], barrier=ref) for k in positions]
-    return prelude, loads + [ir.BarrierArrive(ref, loc)]
+    loads = [dataclasses.replace(before[k], barrier=ref) for k in positions] + [ir.BarrierArrive(ref, loc)]
+    if tile_loop is None:
+        return prelude, loads, []
+    free = ir.Buffer("reloadable", (c(1),), ir.DType.I64, ir.Scope.BARRIER, (128 * consumers,), loc)
+    new_allocs.append(ir.Alloc(free, loc))
+    free_ref = ir.BarrierRef(free, c(0), loc)
+    flipped = ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc)
+    return prelude, [ir.BarrierWait(free_ref, flipped, loc)] + loads, [ir.BarrierArrive(free_ref, loc)]
 
 
 def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:

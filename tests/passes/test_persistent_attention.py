@@ -1,0 +1,155 @@
+"""Attention made persistent (persist over a 3-d grid): each block loops over (query block, head,
+batch) tiles, the producer loads each tile's Q once the consumers released the previous one,
+and the consumer schedule (split roles, the deferred P V with a ring counter for causal rows of
+varying length) runs inside the tile loop. The program means the same (interpreter, random
+schedules), the wrong protocols are caught, and Triton compiles it for sm_90a."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import pytest
+import torch
+
+from tilews.lowering import ir
+from tilews.lowering.errors import DeadlockError
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.passes import lower
+from tilews.lowering.target import HOPPER
+from tilews.lowering.traverse import transform, walk
+from tilews.ops.attention import mha_fwd_program
+from examples.attention import reference
+
+from ..helpers import gluon_program, randn, rel_err
+from ..test_ws_oracle import run_interp
+
+B, H, D = 1, 2, 64
+
+
+def program(causal, seq_len=200, block_M=128, threads=256):
+    return mha_fwd_program(B, H, seq_len, D, causal, block_M=block_M, block_N=64, num_stages=2,
+                           threads=threads)
+
+
+@functools.lru_cache(maxsize=None)
+def lowered(causal, seq_len=200, block_M=128, threads=256, sms=3):
+    return lower(build_kernel(program(causal, seq_len, block_M, threads)), dataclasses.replace(HOPPER, num_sms=sms))
+
+
+def inputs(seq_len, seed=0):
+    q, k, v = (randn(B, H, seq_len, D, dtype=torch.float16, seed=seed + i) for i in range(3))
+    return [q, k, v, torch.empty(B, H, seq_len, D, dtype=torch.float16)]
+
+
+def roles(kernel):
+    ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
+    return {r.warpgroups: r for r in ws.roles}
+
+
+def tile_loop(role):
+    return next(s for s in role.body.stmts if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT)
+
+
+# (causal, seq_len, block_M, threads, SMs): 4 tiles over 3 blocks (one runs two); 6 tiles of
+# three consumer warp groups over 4 blocks; the last query block ragged in each
+CASES = [(False, 200, 128, 256, 3), (True, 200, 128, 256, 3), (True, 400, 192, 384, 4),
+         (False, 400, 192, 384, 4)]
+
+
+@pytest.mark.parametrize("causal,seq_len,block_M,threads,sms", CASES)
+def test_persistent_attention_means_the_program(causal, seq_len, block_M, threads, sms):
+    args = inputs(seq_len, seed=seq_len + causal)
+    before = build_kernel(program(causal, seq_len, block_M, threads))
+    want = run_interp(before, args, 3)
+    assert rel_err(want, reference(*args[:3], causal)) < 1e-2
+    after = lowered(causal, seq_len, block_M, threads, sms)
+    assert any(n.startswith("persist: ") and "launch order" in n for n in after.notes), after.notes
+    assert any(n.startswith("overlap_softmax:") for n in after.notes), after.notes
+    for seed in range(5):
+        assert torch.equal(run_interp(after, args, 3, seed), want), seed
+
+
+def test_q_is_loaded_per_tile_after_the_consumers_release_it():
+    k = lowered(True)
+    rs = roles(k)
+    producer = tile_loop(rs[(0,)]).body.stmts
+    assert isinstance(producer[0], ir.BarrierWait) and producer[0].barrier.buffer.name == "reloadable"
+    q = producer[1]
+    assert isinstance(q, ir.Copy) and q.src.buffer.name == "Q" and q.barrier.buffer.name == "preloaded"
+    alloc = next(s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc) and s.buffer.name == "reloadable")
+    assert alloc.arrive_counts == (256,)           # both consumer warp groups release it
+    for g in ((1,), (2,)):
+        body = tile_loop(rs[g]).body.stmts
+        assert isinstance(body[0], ir.BarrierWait) and body[0].barrier.buffer.name == "preloaded"
+        release = next(i for i, s in enumerate(body) if isinstance(s, ir.BarrierArrive)
+                       and s.barrier.buffer.name == "reloadable")
+        # after the last gemm of the tile (the peeled last P V), before the epilogue
+        gemms = [i for i, s in enumerate(body) if any(isinstance(t, ir.Gemm) for t in walk(s))]
+        assert max(gemms) < release
+        assert any(isinstance(s, ir.Copy) and s.dst.buffer.name == "Output" for s in body[release:])
+        # the deferred P V inside the tile loop, its ring slots following the consumer's counter
+        loop = next(s for s in body if isinstance(s, ir.For))
+        assert any(isinstance(s, ir.GemmWait) and s.outstanding == 1 for s in loop.body.stmts)
+        last = loop.body.stmts[-1]
+        assert isinstance(last, ir.Store) and last.buffer.scope is ir.Scope.LOCAL
+
+
+def _without(kernel, pred):
+    def drop(n):
+        if isinstance(n, ir.Seq):
+            return dataclasses.replace(n, stmts=tuple(s for s in n.stmts if not pred(s)))
+        return None
+    return dataclasses.replace(kernel, body=transform(kernel.body, drop))
+
+
+def test_a_consumer_that_never_releases_q_deadlocks():
+    k = _without(lowered(False), lambda s: isinstance(s, ir.BarrierArrive) and s.barrier.buffer.name == "reloadable")
+    with pytest.raises(DeadlockError, match="reloadable"):
+        run_interp(k, inputs(200), 3)
+
+
+def test_a_counter_left_behind_by_the_peeled_p_v_deadlocks():
+    """Causal rows: the peeled last P V must count its block; without that count the next tile's
+    slots are one behind and its waits never complete."""
+    k = lowered(True)
+
+    def guarded_bump(s):
+        return isinstance(s, ir.If) and any(isinstance(t, ir.Store) and t.buffer.scope is ir.Scope.LOCAL
+                                            for t in s.then.stmts) and any(isinstance(t, ir.Gemm) for t in walk(s))
+
+    def drop_bump(n):
+        if guarded_bump(n):
+            return dataclasses.replace(n, then=dataclasses.replace(n.then, stmts=tuple(
+                t for t in n.then.stmts if not (isinstance(t, ir.Store) and t.buffer.scope is ir.Scope.LOCAL))))
+        return None
+    wrong = dataclasses.replace(k, body=transform(k.body, drop_bump))
+    assert wrong != k
+    with pytest.raises(DeadlockError):
+        run_interp(wrong, inputs(200), 3)
+
+
+def test_long_loops_stay_one_block_per_tile():
+    """A 3-d grid whose loop may run more than 32 iterations per tile keeps its grid."""
+    k = lower(build_kernel(mha_fwd_program(1, 2, 64 * 33, D, True, block_M=128, block_N=64,
+                                           num_stages=2, threads=256)),
+              dataclasses.replace(HOPPER, num_sms=3), upto="persist")
+    assert len(k.grid) == 3
+    assert any("may run 33 iterations per tile" in n for n in k.notes), k.notes
+
+
+def test_persistent_attention_compiles_for_sm90a():
+    k = lower(build_kernel(mha_fwd_program(2, 4, 1000, D, True, block_M=128, block_N=128, num_stages=2,
+                                           threads=256)), dataclasses.replace(HOPPER, num_sms=8))
+    assert any(n.startswith("persist: 64 tiles > 8 SMs") for n in k.notes)
+    p = gluon_program(k)
+    src, ttgir = p.source, p.asm["ttgir"]
+    assert "import triton.language" not in src
+    producer = ttgir[ttgir.index("partition0("):]
+    producer = producer[:producer.index("partition1(")]
+    # the producer's tile loop holds Q's load, then the K/V loop's two loads
+    loads = [m.start() for m in re.finditer(r"ttng\.async_tma_copy_global_to_local", producer)]
+    fors = [m.start() for m in re.finditer(r"scf\.for", producer)]
+    assert len(loads) == 3 and len(fors) == 2 and fors[0] < loads[0] < fors[1] < loads[1]
+    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", p.asm["ptx"])) == 2 + 2 * 2 * 2
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", p.asm["ptx"])
