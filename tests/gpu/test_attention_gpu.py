@@ -130,6 +130,18 @@ def test_attention_three_consumer_warp_groups(causal, layout, S):
     check_attention(kernel, *qkv(shape, torch.float16, seed=S + 7), causal, layout)
 
 
+@pytest.mark.parametrize("causal, layout, D", [(True, "bshd", 64), (False, "bhsd", 128)])
+def test_persistent_attention_ragged(causal, layout, D):
+    # 8 query blocks x 16 heads x 4 = 512 tiles over the SMs (persist), the last block ragged
+    _hopper()
+    B, H, S = 4, 16, 1000
+    shape = (B, H, S, D) if layout == "bhsd" else (B, S, H, D)
+    kernel = mha_fwd(B, H, S, D, causal, layout=layout, **blocks_for(D))
+    assert kernel.target == "hopper", (kernel.target, kernel.report.notes)
+    assert any(n.startswith("persist: 512 tiles") for n in kernel.report.notes), kernel.report.notes
+    check_attention(kernel, *qkv(shape, torch.float16, seed=D + causal), causal, layout)
+
+
 @pytest.mark.parametrize("block_M, threads, causal, S", [(128, 256, True, 1000), (192, 384, False, 4096)])
 def test_attention_consumers_taking_turns(block_M, threads, causal, S):
     # the opt-in pingpong schedule: the split consumer warp groups issue their gemms in turn

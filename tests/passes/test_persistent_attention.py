@@ -169,3 +169,18 @@ def test_serpentine_rounds_run_every_tile_once(total, blocks):
         assert all(t % blocks == (block if i % 2 == 0 else blocks - 1 - block) for i, t in enumerate(tiles))
         seen += tiles
     assert sorted(seen) == list(range(total))
+
+
+def test_persistent_block_sparse_attention_means_the_program():
+    """A guarded loop (a block mask picks the key blocks) inside the tile loop: each role counts
+    the blocks it ran across tiles, and Q is still loaded per tile."""
+    from .test_ring_groups import inputs as sparse_inputs, sparse_attention
+    before = build_kernel(sparse_attention())
+    after = lower(before, dataclasses.replace(HOPPER, num_sms=3))
+    assert any(n.startswith("persist: 4 tiles > 3 SMs") for n in after.notes), after.notes
+    assert any(isinstance(s, ir.Alloc) and s.buffer.name == "reloadable" for s in walk(after.body))
+    for seed in range(2):
+        args = list(sparse_inputs(seed))
+        want = run_interp(before, args, 4)
+        for schedule_seed in range(3):
+            assert torch.equal(run_interp(after, args, 4, schedule_seed), want), (seed, schedule_seed)
