@@ -537,6 +537,10 @@ def const(value, dtype: Optional[DType] = None, loc: Loc = UNKNOWN_LOC) -> Const
     return Const(value, dtype, loc)
 
 
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def as_int(e: Expr) -> Optional[int]:
     """The value of an integer constant, else None."""
     if isinstance(e, Const) and not isinstance(e.value, bool) and isinstance(e.value, int):

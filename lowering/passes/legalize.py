@@ -229,7 +229,7 @@ def _regions(s: ir.Stmt):
 
 def _require_pow2(dims, what: str, target: Target, loc: ir.Loc, notes=()) -> None:
     for d, n in enumerate(dims):
-        if n & (n - 1):
+        if not ir.is_power_of_two(n):
             lo, hi = 1 << (n.bit_length() - 1), 1 << n.bit_length()
             raise CompileError(f"{what}, but target '{target.name}' needs power-of-two tile "
                                f"extents: change dim {d} from {n} to {lo} or {hi}", loc, notes)

@@ -121,7 +121,7 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     for s in kernel.body.stmts:
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
             tile = s.buffer.static_shape[-2:]       # a ring's leading dim is its slots
-            if any(e & (e - 1) for e in tile):
+            if not all(ir.is_power_of_two(e) for e in tile):
                 raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
                               f"shared layouts take powers of two (line {s.loc.line})")
     async_read = {b for body in bodies for t in walk(body) for b in async_shared_reads(t)}
@@ -536,7 +536,7 @@ def _tma_problem(s: ir.Copy) -> Optional[str]:
                  "registers)" if s.dst.buffer.scope is ir.Scope.SHARED else "")
         return (f"rows of '{g.name}' are {pitch} bytes, not a multiple of 16, so it cannot "
                 f"be a bulk-copy (TMA) operand (line {s.loc.line}){loads}")
-    if any(b > 256 or b & (b - 1) for b in box) or box[-1] * g.dtype.itemsize < 16:
+    if any(b > 256 or not ir.is_power_of_two(b) for b in box) or box[-1] * g.dtype.itemsize < 16:
         return (f"tile {list(box)} of '{g.name}' is no bulk-copy box: each dim a power of two "
                 f"of at most 256 elements (Triton's descriptors), the inner one at least 16 bytes "
                 f"(line {s.loc.line})")
@@ -579,7 +579,7 @@ def _budget(role_list, default: ir.Role):
     of the register file, at most 256. The default partition's warps must be a power of two
     (Triton's num_warps)."""
     warps = 4 * len(default.warpgroups)
-    if warps & (warps - 1):
+    if not ir.is_power_of_two(warps):
         raise _Refuse(f"the role {roles.describe(default.warpgroups)} holding the gemms would be "
                       f"the kernel's {warps} warps, not a power of two (Triton's num_warps): a "
                       f"consumer of {len(default.warpgroups)} warp groups runs only split in one role "

@@ -64,7 +64,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     shared = _row_shared(consumer)
     # a shared tile of rows no power of two (Triton allocates none) becomes one tile per role
     own = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc) and s.buffer in shared
-           and rows & (rows - 1)]
+           and not ir.is_power_of_two(rows)]
     split, allocs, parts_of = [], [], {b: [] for b in own}
     share = rows // parts
     for h in range(parts):
