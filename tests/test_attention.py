@@ -65,6 +65,7 @@ SCHEDULES = {
     "split": dataclasses.replace(HOPPER, overlap_softmax=False),
     "merged": dataclasses.replace(HOPPER, split_consumers=False, overlap_softmax=False),
     "overlap": dataclasses.replace(HOPPER, split_consumers=False, overlap_softmax=True),
+    "pingpong": dataclasses.replace(HOPPER, pingpong=True),
 }
 
 
@@ -223,6 +224,8 @@ ORACLE_CASES = [
     (Att(200, 64, False, schedule="overlap"), SEEDS),
     (Att(200, 128, True, "bshd", block_N=128, schedule="overlap"), range(8)),
     (Att(328, 64, True, stages=3, schedule="overlap"), range(8)),
+    (Att(200, 64, True, schedule="pingpong"), range(8)),
+    (Att(200, 128, False, "bshd", block_N=128, B=2, schedule="pingpong"), range(8)),
     # the explicit T.ws program
     (Att(200, 64, True, explicit=True), SEEDS),
     (Att(200, 64, False, explicit=True), SEEDS),
@@ -251,7 +254,8 @@ STRUCTURE = [Att(200, 64, True), Att(200, 128, False, block_N=128), Att(200, 64,
              Att(200, 64, False, stages=1), Att(200, 64, True, schedule="merged"),
              Att(200, 128, False, block_N=128, schedule="merged"), Att(200, 64, True, schedule="overlap"),
              Att(200, 64, True, schedule="split"), Att(200, 64, False, stages=1, schedule="split"),
-             Att(200, 64, True, explicit=True), Att(200, 64, True, explicit=True, schedule="overlap")]
+             Att(200, 64, True, explicit=True), Att(200, 64, True, explicit=True, schedule="overlap"),
+             Att(200, 64, True, schedule="pingpong"), Att(200, 128, False, block_N=128, schedule="pingpong")]
 
 
 @pytest.mark.parametrize("case", STRUCTURE, ids=str)
