@@ -184,3 +184,19 @@ def test_persistent_block_sparse_attention_means_the_program():
         want = run_interp(before, args, 4)
         for schedule_seed in range(3):
             assert torch.equal(run_interp(after, args, 4, schedule_seed), want), (seed, schedule_seed)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tilelangs_own_program_persistent_means_the_program(causal):
+    """TileLang's flash-attention example (bhsd: keys longer than queries, a past prefix; its
+    causal loop starts where the mask allows) made persistent: 6 tiles over 4 blocks."""
+    from ..test_ws_oracle import assert_same_under_schedules
+    from ..tilelang_compat.test_flash_attention import flashattn_bhsd_for
+    k = flashattn_bhsd_for("interpret")(1, 2, 320, 384, D, causal, block_M=128, block_N=64,
+                                        num_stages=2, threads=256)
+    q = randn(1, 2, 320, D, dtype=torch.float16, seed=1)
+    kv = [randn(1, 2, 384, D, dtype=torch.float16, seed=s) for s in (2, 3)]
+    target = dataclasses.replace(HOPPER, num_sms=4)
+    assert any(n.startswith("persist: 6 tiles > 4 SMs") for n in lower(k.ir_before, target).notes)
+    assert_same_under_schedules(k.ir_before, [q, *kv, torch.empty(1, 2, 320, D, dtype=torch.float16)], 3,
+                                seeds=range(4), target=target)
