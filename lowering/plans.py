@@ -55,6 +55,11 @@ class SharedMemoryPlan(Plan):
     ranges: tuple[tuple[str, int, int], ...]
     total_bytes: int
 
+    def placed(self, name: str, nbytes: int, align: int) -> "SharedMemoryPlan":
+        """This plan with ``nbytes`` for ``name`` after its last range, at a multiple of ``align``."""
+        offset = -(-self.total_bytes // align) * align
+        return SharedMemoryPlan(self.ranges + ((name, offset, nbytes),), offset + nbytes)
+
 
 @dataclass(frozen=True)
 class LayoutPlan(Plan):

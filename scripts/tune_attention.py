@@ -12,8 +12,8 @@ shapes of head dim D; --blocks: the automatic program also with these blocks, co
 and K/V stages (e.g. '192x128 t384 s2': three consumer warp groups); --target: the automatic
 program also compiled with each of these Hopper target fields set (e.g.
 'pingpong=on;overlap_softmax=off;num_sms=0' (0: not persistent); default: overlap_softmax=off,
-none with --auto-only), launched
-directly (host time differs: compare kernels of more than ~0.1 ms).
+none with --auto-only), launched directly (host time differs: compare kernels of more than
+~0.1 ms).
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def sdpa(backend):
 
 def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=(), switches=()):
     rows = []
+    target = dataclasses.replace(HOPPER, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
     for B, H, S, D in [s for s in (SHAPES[:2] if quick else SHAPES) if dim in (None, s[3])]:
         for causal in (False, True):
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -75,7 +76,6 @@ def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=(), switches
             for text in switches:
                 name, value = text.split("=")
                 value = int(value) if value.isdigit() else value == "on"
-                target = dataclasses.replace(HOPPER, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
                 prog = load(build_kernel(prim), "gluon", dataclasses.replace(target, **{name: value}))
                 cands[f"auto, {text}"] = lambda q, k, v, p=prog: _launch(p, q, k, v)
             if D <= 128 and not auto_only:

@@ -90,12 +90,9 @@ def _rewrite(loop: ir.For, state: dict, target: Target) -> Optional[list]:
         return None
     second = {b: dataclasses.replace(b, name=fresh_name(kernel, b.name + "_1")) for b in buffers}
     shared = kernel.plan(SharedMemoryPlan)
-    ranges, top = list(shared.ranges), shared.total_bytes
     for b in second.values():
-        top = -(-top // 128) * 128
-        ranges.append((b.name, top, b.nbytes))
-        top += b.nbytes
-    kernel = kernel.with_plan(SharedMemoryPlan(tuple(ranges), top))
+        shared = shared.placed(b.name, b.nbytes, 128)
+    kernel = kernel.with_plan(shared)
     kernel = kernel.with_plan(dataclasses.replace(storage, shared_bytes=storage.shared_bytes + extra))
     state["kernel"] = kernel
 

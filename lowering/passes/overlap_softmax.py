@@ -92,21 +92,24 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 
 
 def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, target: Target) -> ir.Role:
-    return dataclasses.replace(role, body=_body(role.body, layouts, allocs, deferred, target))
+    return dataclasses.replace(role, body=_body(role.body, (), layouts, allocs, deferred, target))
 
 
-def _body(body: ir.Seq, layouts: dict, allocs: list, deferred: list, target: Target) -> ir.Seq:
-    """``body`` with its loops rewritten, those inside a persistent tile loop included."""
+def _body(body: ir.Seq, outer: tuple, layouts: dict, allocs: list, deferred: list,
+          target: Target) -> ir.Seq:
+    """``body`` with its loops rewritten, those inside a persistent tile loop included;
+    ``outer``: the role's statements around ``body``."""
     out = []
     for s in body.stmts:
+        others = outer + tuple(t for t in body.stmts if t is not s)
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT:
-            out.append(dataclasses.replace(s, body=_body(s.body, layouts, allocs, deferred, target)))
+            out.append(dataclasses.replace(s, body=_body(s.body, others, layouts, allocs, deferred, target)))
             continue
         if not isinstance(s, ir.For):
             out.append(s)
             continue
         parts = _match_deferred(s) if target.overlap_softmax else None
-        promoted = _match_promotion(s, [t for t in body.stmts if t is not s]) \
+        promoted = _match_promotion(s, others) \
             if target.overlap_promotion and parts is None else None
         if parts is not None:
             out += _defer(s, *parts)
@@ -145,7 +148,6 @@ def _match_deferred(loop: ir.For) -> Optional[tuple]:
     if counter is not None and any(counter in touched(s) for s in head + middle):
         return None
     return head, first, middle[:cut], middle[cut:], second, counter
-
 
 
 def _issue(stmts) -> bool:

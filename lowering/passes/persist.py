@@ -70,4 +70,3 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
                               body=ir.Seq(allocs + (tiles,), kernel.body.loc))
     return out.with_note(f"persist: {total} tiles > {sms} SMs: one block per SM "
                          f"looping over tiles {order}")
-

@@ -52,9 +52,8 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     threads = roles.role_threads(split.roles[0])
     turns = ir.Buffer(fresh_name(kernel, "turns"), (_const(n, loc),), ir.DType.I64, ir.Scope.BARRIER,
                       (threads,) * n, loc)
-    shared = kernel.plan(SharedMemoryPlan)
-    offset = -(-shared.total_bytes // 8) * 8
-    if offset + 8 * n > target.smem_bytes:
+    shared = kernel.plan(SharedMemoryPlan).placed(turns.name, 8 * n, 8)
+    if shared.total_bytes > target.smem_bytes:
         return kernel.with_note(f"pingpong: no room for {n} more mbarriers in shared memory; the "
                                 f"consumer warp groups issue their gemms without taking turns")
     counters, replaced = [], {}
@@ -73,7 +72,6 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     arrivals = protocol.phase_arrivals(turns, split.roles)
     plan = dataclasses.replace(plan, barrier_counts=plan.barrier_counts + ((turns.name, arrivals),),
                                scalar_locals=plan.scalar_locals + tuple((c.name, True) for c in counters))
-    shared = SharedMemoryPlan(shared.ranges + ((turns.name, offset, 8 * n),), offset + 8 * n)
     names = ", ".join(roles.describe(g) for g in split.roles)
     return dataclasses.replace(kernel, body=ir.Seq(body, kernel.body.loc)).with_plan(plan).with_plan(
         shared).with_note(f"pingpong: {names} take turns issuing their gemms (mbarriers '{turns.name}'), "

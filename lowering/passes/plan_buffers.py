@@ -21,18 +21,17 @@ from ..traverse import walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    offsets = []
-    top = 0
+    plan = SharedMemoryPlan((), 0)
     for s in walk(kernel.body):
         if isinstance(s, ir.Alloc) and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.BARRIER):
             b = s.buffer
-            size = 8 * len(b.arrive_counts) if b.scope is ir.Scope.BARRIER else b.nbytes
-            align = 8 if b.scope is ir.Scope.BARRIER else 128
-            top = -(-top // align) * align
-            offsets.append((b.name, top, size))
-            top += size
+            if b.scope is ir.Scope.BARRIER:
+                plan = plan.placed(b.name, 8 * len(b.arrive_counts), 8)
+            else:
+                plan = plan.placed(b.name, b.nbytes, 128)
+    top = plan.total_bytes
     if top > target.smem_bytes:
-        biggest = sorted(offsets, key=lambda o: -o[2])[:3]
+        biggest = sorted(plan.ranges, key=lambda o: -o[2])[:3]
         raise CompileError(
             f"kernel '{kernel.name}' needs {top} bytes of shared memory, more than the "
             f"{target.smem_bytes} target '{target.name}' has",
@@ -40,4 +39,4 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
             [f"largest: {', '.join(f'{n} ({b} bytes)' for n, _, b in biggest)}",
              "shrink block_M/block_N/block_K or num_stages (each stage holds one tile of every "
              "pipelined buffer)"])
-    return kernel.with_plan(SharedMemoryPlan(tuple(offsets), top))
+    return kernel.with_plan(plan)

@@ -42,6 +42,7 @@ from ..plans import ConsumerSplit, PipelinePlan
 from ..target import Target
 from ..traverse import buffers_read, buffers_written, element_accesses, touched, transform, walk
 
+
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     plan = kernel.find_plan(PipelinePlan)
     if not (target.wgmma and target.split_consumers) or plan is None:

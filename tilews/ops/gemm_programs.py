@@ -261,7 +261,8 @@ def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
     out by k iterations (``StreamK``), so no block idles while others finish a wave. Each block
     runs its whole tiles, then its segments of the shared tiles (``shared_first``: the other
     way round; on an H100 whole tiles first measured 1521 against 1577 us at 8192^3 and 205
-    against 216 us at 4096^3, scripts/probe_stream_k.py). A segment covering part of a tile stores its float32 partial in W (slot =
+    against 216 us at 4096^3, scripts/probe_stream_k.py). A segment covering part of a tile
+    stores its float32 partial in W (slot =
     the block's rank among the tile's blocks) and counts itself in ``Arrivals[tile]``
     (acq_rel); the block arriving last sums the tile's partials in slot order, stores C and puts
     the count back to 0. Slot 0's segment (the tile's first k iterations, which its block runs

@@ -307,8 +307,8 @@ def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
             _M, N, s.splits, gemm_programs.split_width(N, s.block_N), out_dtype=out)
         return Runner((partial, reduce))
     if s.program == "split_k_fused":
-        fused = program("split_k_fused")(_M, N, K, splits=s.splits, dtype=dtype,
-                                                   out_dtype=out, **blocks)
+        fused = program("split_k_fused")(_M, N, K, splits=s.splits, dtype=dtype, out_dtype=out,
+                                         **blocks)
         return Runner((fused,), (s.block_M, s.block_N))
     if s.program == "stream_k":
         stream_k = program("stream_k")

@@ -5,8 +5,8 @@
   then ``" x<splits>"`` for split_k, ``" g<group>"`` where a group is set and ``" regs"`` where
   tiles whose rows TMA cannot take go through the producer's registers, e.g.
   ``"split_k 64x128x64 s6 t128 x3"``, ``"persistent 128x256x64 s3 t256 g8"``,
-  ``"stream_k 128x256x64 s3 t256 g16"``, ``"persistent 128x256x64 s3 t256 g8 regs"``. The blocks are always
-  written M x N x K, swap_ab's too (its narrow block is block_M).
+  ``"stream_k 128x256x64 s3 t256 g16"``, ``"persistent 128x256x64 s3 t256 g8 regs"``. The
+  blocks are always written M x N x K, swap_ab's too (its narrow block is block_M).
 * ``heuristic(M, N, K, ...)``: the first guess, by the rules and thresholds at the top of its
   section (the one place they are written; re-tune them from GPU measurements,
   ``scripts/explore_gemm_schedules.py``).
@@ -194,8 +194,13 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
             pick = _split(M, N, K, SPLIT_K, num_sms) or TILES[-1]
     if not _aligned(N, K, dtype, out_dtype) and pick.block_M == 128:
         splits, transposed = UNALIGNED
-        pick = splits if K >= splits.splits * SPLIT_K_MIN_K_TILES * splits.block_K else transposed
+        pick = splits if _k_splits(splits, K) else transposed
     return fit_stages(pick, dtype, out_dtype)
+
+
+def _k_splits(s: Schedule, K: int) -> bool:
+    """Whether K gives each of split_k schedule ``s``'s slices ``SPLIT_K_MIN_K_TILES`` k tiles."""
+    return K >= s.splits * SPLIT_K_MIN_K_TILES * s.block_K
 
 
 def _aligned(N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
@@ -276,8 +281,7 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
     tiles = STREAM_K.output_tiles(M, N)
     if tiles >= num_sms and 0 < tiles % num_sms <= STREAM_K_MAX_TAIL * num_sms:
         space.append(STREAM_K)
-    space += [replace(SPLIT_K, splits=n) for n in (2, 3, 4, 8)
-              if K >= n * SPLIT_K_MIN_K_TILES * SPLIT_K.block_K]
+    space += [s for s in (replace(SPLIT_K, splits=n) for n in (2, 3, 4, 8)) if _k_splits(s, K)]
     fused = [Schedule("split_k_fused", 64, 128, 64, 4, 128, splits=n) for n in (2, 4)]
     if M <= 64:
         height = 16 if M <= 16 else 32 if M <= 32 else 64
@@ -286,5 +290,5 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
         space += [Schedule("swap_ab", bm, bn, 64, 6, 128) for bm, bn in ((16, 128), (32, 128), (16, 64))]
     space += [f for f in fused if K >= f.splits * FUSED_MIN_K_TILES * f.block_K]
     if not _aligned(N, K, dtype, out_dtype):
-        space += [s for s in REGISTER_STAGED if s.splits == 1 or K >= s.splits * SPLIT_K_MIN_K_TILES * s.block_K]
+        space += [s for s in REGISTER_STAGED if s.splits == 1 or _k_splits(s, K)]
     return list(dict.fromkeys([first, *(fit_stages(s, dtype, out_dtype) for s in space)]))
