@@ -17,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
+from . import ir
+from .traverse import walk
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -59,6 +62,20 @@ class SharedMemoryPlan(Plan):
         """This plan with ``nbytes`` for ``name`` after its last range, at a multiple of ``align``."""
         offset = -(-self.total_bytes // align) * align
         return SharedMemoryPlan(self.ranges + ((name, offset, nbytes),), offset + nbytes)
+
+    @staticmethod
+    def of(body: ir.Stmt) -> "SharedMemoryPlan":
+        """Every shared buffer and barrier allocated in ``body``, in allocation order, one after
+        another: tiles 128-byte aligned, barriers 8 bytes each, 8-byte aligned."""
+        plan = SharedMemoryPlan((), 0)
+        for s in walk(body):
+            if isinstance(s, ir.Alloc) and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.BARRIER):
+                b = s.buffer
+                if b.scope is ir.Scope.BARRIER:
+                    plan = plan.placed(b.name, 8 * len(b.arrive_counts), 8)
+                else:
+                    plan = plan.placed(b.name, b.nbytes, 128)
+        return plan
 
 
 @dataclass(frozen=True)

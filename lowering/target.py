@@ -25,6 +25,9 @@ class Target:
     pingpong: bool = False          # schedule choice: split consumer warp groups take turns
                                     # issuing their gemms (pingpong; opt-in: 1-5% slower for
                                     # attention on an H100, scripts/tune_attention.py)
+    preload_slots: int = 2          # schedule choice: slots of a persistent kernel's per-tile
+                                    # preloads (attention's Q): with 2 the next tile's are loaded
+                                    # while this one computes (where they fit shared memory)
     split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
                                     # it off to compare)
     block_syncs: bool = False       # the backend spells block barriers between statements that

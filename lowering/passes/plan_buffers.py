@@ -13,22 +13,13 @@ Preserves: the program.
 """
 from __future__ import annotations
 
-from .. import ir
 from ..plans import SharedMemoryPlan
 from ..errors import CompileError
 from ..target import Target
-from ..traverse import walk
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    plan = SharedMemoryPlan((), 0)
-    for s in walk(kernel.body):
-        if isinstance(s, ir.Alloc) and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.BARRIER):
-            b = s.buffer
-            if b.scope is ir.Scope.BARRIER:
-                plan = plan.placed(b.name, 8 * len(b.arrive_counts), 8)
-            else:
-                plan = plan.placed(b.name, b.nbytes, 128)
+    plan = SharedMemoryPlan.of(kernel.body)
     top = plan.total_bytes
     if top > target.smem_bytes:
         biggest = sorted(plan.ranges, key=lambda o: -o[2])[:3]

@@ -15,9 +15,15 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              ``preloads`` (copies
              before the loop, e.g. attention's Q tile) are issued by the producer before its loop
              on a ``preloaded`` barrier the consumer waits on (parity 0) where the first of them
-             was; in a persistent kernel, per tile, once the consumer has released the
-             previous tile's (a ``reloadable`` barrier it arrives on after its loop). ``threads``
-             grows by one warp group.
+             was; in a persistent kernel, per tile, into one of two slots (a leading dimension
+             of 2 on each preloaded buffer, slot ``t % 2`` for the tile loop's iteration ``t``,
+             one ``preloaded``/``reloadable`` barrier pair per slot) once the consumer has
+             released that slot's previous tile (it arrives on ``reloadable`` after its loop):
+             the next tile's preloads, and the ring copies after them, are issued while this
+             tile computes. Where two slots would exceed ``target.smem_bytes``, or the target
+             asks for one (``preload_slots``), there is one (the next tile's loads wait for
+             this tile's loop; a note says so where shared memory is why). ``threads`` grows
+             by one warp group.
              When the loop body is guarded (``plan.guarded``), each role keeps the guard and
              counts the iterations that ran in a local counter; ``i`` is that count, so phases
              advance only on iterations that run (docs/ws-semantics.md #8). A persistent loop
@@ -39,7 +45,7 @@ from .. import ir, roles, schedule
 from ..target import Target, bulk_copy_tensor
 from ..simplify import fold
 from ..traverse import buffers_read, rewrite, subexprs, touched, transform, walk
-from ..plans import PipelinePlan
+from ..plans import PipelinePlan, SharedMemoryPlan
 
 
 def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
@@ -51,10 +57,19 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     plan: PipelinePlan | None = kernel.find_plan(PipelinePlan)
     if plan is None:
         return kernel
-    return _auto(kernel, plan)
+    if plan.tile_loop_index is None or not plan.preloads or target.preload_slots < 2:
+        return _auto(kernel, plan, preload_slots=1)
+    doubled = _auto(kernel, plan, preload_slots=2)
+    need = SharedMemoryPlan.of(doubled.body).total_bytes
+    if need <= target.smem_bytes:
+        return doubled
+    return _auto(kernel, plan, preload_slots=1).with_note(
+        f"warp_specialize: one slot for the preloads of each tile (the next tile's loads wait for "
+        f"this tile's loop): two would need {need} bytes of shared memory, more than the "
+        f"{target.smem_bytes} of target '{target.name}'")
 
 
-def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
+def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int) -> ir.Kernel:
     top = kernel.body.stmts
     tile_loop = None if plan.tile_loop_index is None else top[plan.tile_loop_index]
     body = top if tile_loop is None else tile_loop.body.stmts
@@ -135,19 +150,20 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan) -> ir.Kernel:
         return stmts if tile_loop is None else [dataclasses.replace(tile_loop, body=ir.Seq(tuple(stmts), loc))]
 
     new_allocs: list[ir.Alloc] = []
-    prelude, preloads, release = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc,
-                                          tile_loop, consumers)
+    pre = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc, tile_loop, consumers,
+                   preload_slots)
     epilogue = list(_staged(ir.Seq(tuple(s for s in body[plan.loop_index + 1:]
                                          if not isinstance(s, ir.Alloc)), loc), new_allocs,
                               kernel, share=True).stmts)
     p_init, p_loop = role_loop("produced", produce)
     c_init, c_loop = role_loop("consumed", consume)
-    allocs = [ir.Alloc(rings.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
+    slotted = {**rings, **pre.rings}
+    allocs = [ir.Alloc(slotted.get(s.buffer, s.buffer), s.loc) for s in top if isinstance(s, ir.Alloc)]
     allocs += new_allocs + counters + [ir.Alloc(b, loc) for p in bars for b in p]
-    once, each_tile = (preloads, []) if tile_loop is None else ([], preloads)
+    once, each_tile = (pre.loads, []) if tile_loop is None else ([], pre.loads)
     producer = ir.Role((0,), ir.Seq(tuple(once + p_init + per_tile([*each_tile, p_loop])), loc), loc=loc)
-    consumer = ir.Role(tuple(range(1, consumers + 1)),
-                       ir.Seq(tuple(c_init + per_tile([*prelude, c_loop, *release, *epilogue])), loc),
+    tile = [pre.restage(s) for s in (*pre.prelude, c_loop, *pre.release, *epilogue)]
+    consumer = ir.Role(tuple(range(1, consumers + 1)), ir.Seq(tuple(c_init + per_tile(tile)), loc),
                        loc=loc)
     ws = ir.WarpSpecialize((producer, consumer), loc)
     out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
@@ -187,36 +203,61 @@ def _ring_groups(producers: list, consuming: list) -> list[_RingGroup]:
                        max(span[id(p)][1] for p in producers if span[id(p)][0] == f)) for f in firsts]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Preloads:
+    """What ``_preload`` made: the consumer's statements before its loop (the wait in place of the
+    first preload), the producer's loads, the consumer's release after its loop, the preloaded
+    buffers' slotted replacements (persistent kernels with two slots) and ``restage``, which
+    points the consumer's accesses of them at the tile's slot."""
+    prelude: list
+    loads: list
+    release: list
+    rings: dict
+    restage: object
+
+
 def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list, loc: ir.Loc,
-             tile_loop, consumers: int) -> tuple[list[ir.Stmt], list[ir.Stmt], list[ir.Stmt]]:
-    """(the consumer's prelude, the producer's preloads, the consumer's release after its loop):
-    the copies at ``positions`` move to the producer, completing on one ``preloaded`` barrier;
+             tile_loop, consumers: int, slots: int) -> _Preloads:
+    """The copies at ``positions`` move to the producer, completing on a ``preloaded`` barrier;
     the consumer waits for it where the first of them was. In a persistent kernel they are
-    loaded per tile (phase: the tile's iteration number), once the consumer has released the
-    previous tile's after its loop (a ``reloadable`` barrier, the producer's wait passing at
-    once for the first tile); the release is empty otherwise."""
+    loaded per tile into slot ``t % slots`` (tile iteration ``t``; phase ``(t // slots) & 1``),
+    once the consumer has released the slot's previous tile after its loop (a ``reloadable``
+    barrier per slot, the producer's wait passing at once for each slot's first tile); the
+    release is empty otherwise."""
     if not positions:
-        return [s for s in before if not isinstance(s, ir.Alloc)], [], []
+        return _Preloads([s for s in before if not isinstance(s, ir.Alloc)], [], [], {}, lambda s: s)
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
-    bar = ir.Buffer("preloaded", (c(1),), ir.DType.I64, ir.Scope.BARRIER, (128,), loc)
+    if tile_loop is None:
+        slot, phase, slots = c(0), c(0), 1
+    elif slots == 1:
+        slot, phase = c(0), ir.BinOp(ir.BinOpKind.AND, schedule.iteration(tile_loop, loc), c(1),
+                                     ir.DType.I32, loc)
+    else:
+        slot, phase = _slot(schedule.iteration(tile_loop, loc), slots, loc)
+    rings = {} if slots == 1 else {
+        before[k].dst.buffer: dataclasses.replace(before[k].dst.buffer,
+                                                  shape=(c(slots),) + before[k].dst.buffer.shape)
+        for k in positions}
+    restage = _restager(rings, slot, loc) if rings else (lambda s: s)
+    bar = ir.Buffer("preloaded", (c(slots),), ir.DType.I64, ir.Scope.BARRIER, (128,) * slots, loc)
     new_allocs.append(ir.Alloc(bar, loc))
-    ref = ir.BarrierRef(bar, c(0), loc)
-    phase = c(0) if tile_loop is None else ir.BinOp(
-        ir.BinOpKind.AND, schedule.iteration(tile_loop, loc), c(1), ir.DType.I32, loc)
+    ref = ir.BarrierRef(bar, slot, loc)
     prelude: list[ir.Stmt] = []
     for k, s in enumerate(before):
         if k == positions[0]:
             prelude.append(ir.BarrierWait(ref, phase, s.loc))
         elif k not in positions and not isinstance(s, ir.Alloc):
             prelude.append(s)
-    loads = [dataclasses.replace(before[k], barrier=ref) for k in positions] + [ir.BarrierArrive(ref, loc)]
+    loads = [dataclasses.replace(restage(before[k]), barrier=ref) for k in positions] + [ir.BarrierArrive(ref, loc)]
     if tile_loop is None:
-        return prelude, loads, []
-    free = ir.Buffer("reloadable", (c(1),), ir.DType.I64, ir.Scope.BARRIER, (128 * consumers,), loc)
+        return _Preloads(prelude, loads, [], rings, restage)
+    free = ir.Buffer("reloadable", (c(slots),), ir.DType.I64, ir.Scope.BARRIER,
+                     (128 * consumers,) * slots, loc)
     new_allocs.append(ir.Alloc(free, loc))
-    free_ref = ir.BarrierRef(free, c(0), loc)
+    free_ref = ir.BarrierRef(free, slot, loc)
     flipped = ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc)
-    return prelude, [ir.BarrierWait(free_ref, flipped, loc)] + loads, [ir.BarrierArrive(free_ref, loc)]
+    return _Preloads(prelude, [ir.BarrierWait(free_ref, flipped, loc)] + loads,
+                     [ir.BarrierArrive(free_ref, loc)], rings, restage)
 
 
 def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:

@@ -1,6 +1,6 @@
 """Attention made persistent (persist over a 3-d grid): each block loops over (query block, head,
-batch) tiles, the producer loads each tile's Q once the consumers released the previous one,
-and the consumer schedule (split roles, the deferred P V with a ring counter for causal rows of
+batch) tiles, the producer loads each tile's Q into one of two slots once the consumers released
+that slot's previous tile (so the next tile's Q and K/V load while this one computes), and the consumer schedule (split roles, the deferred P V with a ring counter for causal rows of
 varying length) runs inside the tile loop. The program means the same (interpreter, random
 schedules), the wrong protocols are caught, and Triton compiles it for sm_90a."""
 from __future__ import annotations
@@ -27,14 +27,15 @@ from ..test_ws_oracle import run_interp
 B, H, D = 1, 2, 64
 
 
-def program(causal, seq_len=200, block_M=128, threads=256):
-    return mha_fwd_program(B, H, seq_len, D, causal, block_M=block_M, block_N=64, num_stages=2,
+def program(causal, seq_len=200, block_M=128, threads=256, dim=D):
+    return mha_fwd_program(B, H, seq_len, dim, causal, block_M=block_M, block_N=64, num_stages=2,
                            threads=threads)
 
 
 @functools.lru_cache(maxsize=None)
-def lowered(causal, seq_len=200, block_M=128, threads=256, sms=3):
-    return lower(build_kernel(program(causal, seq_len, block_M, threads)), dataclasses.replace(HOPPER, num_sms=sms))
+def lowered(causal, seq_len=200, block_M=128, threads=256, sms=3, slots=2):
+    return lower(build_kernel(program(causal, seq_len, block_M, threads)),
+                 dataclasses.replace(HOPPER, num_sms=sms, preload_slots=slots))
 
 
 def inputs(seq_len, seed=0):
@@ -52,9 +53,10 @@ def tile_loop(role):
 
 
 # (causal, seq_len, block_M, threads, SMs): 4 tiles over 3 blocks (one runs two); 6 tiles of
-# three consumer warp groups over 4 blocks; the last query block ragged in each
+# three consumer warp groups over 4 blocks; 4 tiles on one block and 8 over two (each Q slot
+# reused: the release is waited for); the last query block ragged in each
 CASES = [(False, 200, 128, 256, 3), (True, 200, 128, 256, 3), (True, 400, 192, 384, 4),
-         (False, 400, 192, 384, 4)]
+         (False, 400, 192, 384, 4), (False, 200, 128, 256, 1), (True, 400, 128, 256, 2)]
 
 
 @pytest.mark.parametrize("causal,seq_len,block_M,threads,sms", CASES)
@@ -70,18 +72,38 @@ def test_persistent_attention_means_the_program(causal, seq_len, block_M, thread
         assert torch.equal(run_interp(after, args, 3, seed), want), seed
 
 
-def test_q_is_loaded_per_tile_after_the_consumers_release_it():
+def _q_slot(kernel):
+    """(Q's buffer, each role's reads of it) in the lowered kernel."""
+    q = next(s.buffer for s in walk(kernel.body) if isinstance(s, ir.Alloc) and s.buffer.name == "Q_shared")
+    return q, {g: [n for n in walk(r.body) if isinstance(n, ir.Gemm) and n.a.buffer == q]
+               for g, r in roles(kernel).items()}
+
+
+def test_q_is_loaded_per_tile_into_two_slots_after_the_consumers_release_them():
     k = lowered(True)
     rs = roles(k)
-    producer = tile_loop(rs[(0,)]).body.stmts
-    assert isinstance(producer[0], ir.BarrierWait) and producer[0].barrier.buffer.name == "reloadable"
-    q = producer[1]
+    producer = tile_loop(rs[(0,)])
+    stmts = producer.body.stmts
+    slot = ir.BinOp(ir.BinOpKind.MOD, producer.var, ir.Const(2, ir.DType.I32, producer.loc),
+                    ir.DType.I32, producer.loc)
+    assert isinstance(stmts[0], ir.BarrierWait) and stmts[0].barrier.buffer.name == "reloadable"
+    assert stmts[0].barrier.index == slot
+    q = stmts[1]
     assert isinstance(q, ir.Copy) and q.src.buffer.name == "Q" and q.barrier.buffer.name == "preloaded"
-    alloc = next(s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc) and s.buffer.name == "reloadable")
-    assert alloc.arrive_counts == (256,)           # both consumer warp groups release it
+    assert q.dst.starts[0] == slot and q.barrier.index == slot
+    bars = {s.buffer.name: s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc)}
+    assert bars["reloadable"].arrive_counts == (256, 256)     # both consumer warp groups release
+    assert bars["preloaded"].arrive_counts == (128, 128)      # the producer's arrival (and bytes)
+    qbuf, reads = _q_slot(k)
+    assert [ir.as_int(d) for d in qbuf.shape] == [2, 128, D]
     for g in ((1,), (2,)):
-        body = tile_loop(rs[g]).body.stmts
+        loop = tile_loop(rs[g])
+        body = loop.body.stmts
+        mine = ir.BinOp(ir.BinOpKind.MOD, loop.var, ir.Const(2, ir.DType.I32, loop.loc), ir.DType.I32, loop.loc)
         assert isinstance(body[0], ir.BarrierWait) and body[0].barrier.buffer.name == "preloaded"
+        assert body[0].barrier.index == mine
+        # every Q K^T of the role reads the tile's slot
+        assert reads[g] and all(n.a.starts[0] == mine for n in reads[g])
         release = next(i for i, s in enumerate(body) if isinstance(s, ir.BarrierArrive)
                        and s.barrier.buffer.name == "reloadable")
         # after the last gemm of the tile (the peeled last P V), before the epilogue
@@ -89,10 +111,32 @@ def test_q_is_loaded_per_tile_after_the_consumers_release_it():
         assert max(gemms) < release
         assert any(isinstance(s, ir.Copy) and s.dst.buffer.name == "Output" for s in body[release:])
         # the deferred P V inside the tile loop, its ring slots following the consumer's counter
-        loop = next(s for s in body if isinstance(s, ir.For))
-        assert any(isinstance(s, ir.GemmWait) and s.outstanding == 1 for s in loop.body.stmts)
-        last = loop.body.stmts[-1]
+        inner = next(s for s in body if isinstance(s, ir.For))
+        assert any(isinstance(s, ir.GemmWait) and s.outstanding == 1 for s in inner.body.stmts)
+        last = inner.body.stmts[-1]
         assert isinstance(last, ir.Store) and last.buffer.scope is ir.Scope.LOCAL
+
+
+def test_one_slot_where_the_target_asks_or_two_would_not_fit():
+    k = lowered(True, slots=1)
+    q, _ = _q_slot(k)
+    assert [ir.as_int(d) for d in q.shape] == [128, D]
+    assert next(s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc)
+                and s.buffer.name == "reloadable").arrive_counts == (256,)
+    # head dim 256: Q and O of 64 KB each and a K/V stage: a second Q slot exceeds 227 KB
+    big = lower(build_kernel(mha_fwd_program(B, H, 200, 256, True, block_M=128, block_N=64, num_stages=1,
+                                             threads=256)), dataclasses.replace(HOPPER, num_sms=1))
+    assert [ir.as_int(d) for d in _q_slot(big)[0].shape] == [128, 256]
+    assert any(n.startswith("warp_specialize: one slot for the preloads") and "262" in n for n in big.notes), big.notes
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_each_slot_means_the_program_with_a_tile_per_slot_reuse(slots):
+    """One block runs all 4 tiles: with two slots each is refilled twice, with one four times."""
+    args = inputs(200, seed=11)
+    want = run_interp(build_kernel(program(True)), args, 3)
+    for seed in range(3):
+        assert torch.equal(run_interp(lowered(True, sms=1, slots=slots), args, 3, seed), want), seed
 
 
 def _without(kernel, pred):
@@ -104,9 +148,54 @@ def _without(kernel, pred):
 
 
 def test_a_consumer_that_never_releases_q_deadlocks():
-    k = _without(lowered(False), lambda s: isinstance(s, ir.BarrierArrive) and s.barrier.buffer.name == "reloadable")
+    """One block, 4 tiles: the third tile's Q waits for the first's slot to be released."""
+    k = _without(lowered(False, sms=1), lambda s: isinstance(s, ir.BarrierArrive)
+                 and s.barrier.buffer.name == "reloadable")
     with pytest.raises(DeadlockError, match="reloadable"):
         run_interp(k, inputs(200), 3)
+
+
+def test_a_producer_refilling_a_slot_without_its_release_is_caught():
+    """Causal, 128 x 128 blocks, 3 query blocks per head, one block running all 6 tiles (rows of
+    3, 2, 1 key blocks, twice) through a 3-stage K/V ring. Rows shorter than the ring no longer
+    hold the producer back: without the reloadable wait it loads the fourth tile's Q into the
+    slot whose second tile's Q K^T may still be reading it: a race, or a wrong result. (With
+    rows at least as long as the ring, the ring's own waits order the two.)"""
+    prog = mha_fwd_program(B, H, 300, D, True, block_M=128, block_N=128, num_stages=3, threads=256)
+    right = lower(build_kernel(prog), dataclasses.replace(HOPPER, num_sms=1))
+    k = _without(right, lambda s: isinstance(s, ir.BarrierWait) and s.barrier.buffer.name == "reloadable")
+    args = inputs(300, seed=3)
+    want = run_interp(build_kernel(prog), args, 3)
+    caught = 0
+    for seed in range(8):
+        assert torch.equal(run_interp(right, args, 3, seed), want), seed
+        try:
+            got = run_interp(k, args, 3, seed)
+        except RaceError:
+            caught += 1
+            continue
+        caught += not torch.equal(got, want)
+    assert caught
+
+
+def test_consumers_reading_one_slot_while_the_producer_fills_two_is_caught():
+    """A consumer whose Q K^T always reads slot 0 computes tile 1 from tile 0's Q (or races)."""
+    k = lowered(False, sms=1)
+    zero = ir.Const(0, ir.DType.I32, k.loc)
+
+    def slot0(n):
+        if isinstance(n, ir.Gemm) and n.a.buffer.name == "Q_shared":
+            return dataclasses.replace(n, a=dataclasses.replace(n.a, starts=(zero,) + n.a.starts[1:]))
+        return None
+    wrong = dataclasses.replace(k, body=transform(k.body, slot0))
+    assert wrong != k
+    args = inputs(200, seed=4)
+    want = run_interp(build_kernel(program(False)), args, 3)
+    try:
+        got = run_interp(wrong, args, 3)
+    except RaceError:
+        return
+    assert not torch.equal(got, want)
 
 
 def test_a_counter_left_behind_by_the_peeled_p_v_is_caught():
@@ -149,7 +238,8 @@ def test_persistent_attention_compiles_for_sm90a():
     loads = [m.start() for m in re.finditer(r"ttng\.async_tma_copy_global_to_local", producer)]
     fors = [m.start() for m in re.finditer(r"scf\.for", producer)]
     assert len(loads) == 3 and len(fors) == 2 and fors[0] < loads[0] < fors[1] < loads[1]
-    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", p.asm["ptx"])) == 2 + 2 * 2 * 2
+    # preloaded and reloadable per Q slot, full and empty per K and V stage
+    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", p.asm["ptx"])) == 2 * 2 + 2 * 2 * 2
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", p.asm["ptx"])
 
 
