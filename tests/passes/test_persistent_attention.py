@@ -139,6 +139,18 @@ def test_each_slot_means_the_program_with_a_tile_per_slot_reuse(slots):
         assert torch.equal(run_interp(lowered(True, sms=1, slots=slots), args, 3, seed), want), seed
 
 
+def _caught(wrong, args, want, seeds=range(1), errors=(RaceError,)) -> int:
+    """How many of the schedules ``seeds`` catch the ``wrong`` kernel: one of the interpreter's
+    ``errors``, or a result other than ``want``."""
+    n = 0
+    for seed in seeds:
+        try:
+            n += not torch.equal(run_interp(wrong, args, 3, seed), want)
+        except errors:
+            n += 1
+    return n
+
+
 def _without(kernel, pred):
     def drop(n):
         if isinstance(n, ir.Seq):
@@ -166,16 +178,9 @@ def test_a_producer_refilling_a_slot_without_its_release_is_caught():
     k = _without(right, lambda s: isinstance(s, ir.BarrierWait) and s.barrier.buffer.name == "reloadable")
     args = inputs(300, seed=3)
     want = run_interp(build_kernel(prog), args, 3)
-    caught = 0
     for seed in range(8):
         assert torch.equal(run_interp(right, args, 3, seed), want), seed
-        try:
-            got = run_interp(k, args, 3, seed)
-        except RaceError:
-            caught += 1
-            continue
-        caught += not torch.equal(got, want)
-    assert caught
+    assert _caught(k, args, want, seeds=range(8))
 
 
 def test_consumers_reading_one_slot_while_the_producer_fills_two_is_caught():
@@ -190,12 +195,7 @@ def test_consumers_reading_one_slot_while_the_producer_fills_two_is_caught():
     wrong = dataclasses.replace(k, body=transform(k.body, slot0))
     assert wrong != k
     args = inputs(200, seed=4)
-    want = run_interp(build_kernel(program(False)), args, 3)
-    try:
-        got = run_interp(wrong, args, 3)
-    except RaceError:
-        return
-    assert not torch.equal(got, want)
+    assert _caught(wrong, args, run_interp(build_kernel(program(False)), args, 3))
 
 
 def test_a_counter_left_behind_by_the_peeled_p_v_is_caught():
@@ -217,12 +217,8 @@ def test_a_counter_left_behind_by_the_peeled_p_v_is_caught():
     wrong = dataclasses.replace(k, body=transform(k.body, drop_bump))
     assert wrong != k
     args = inputs(200, seed=5)
-    want = run_interp(build_kernel(program(True)), args, 3)
-    try:
-        got = run_interp(wrong, args, 3)
-    except (DeadlockError, RaceError):
-        return
-    assert not torch.equal(got, want)
+    assert _caught(wrong, args, run_interp(build_kernel(program(True)), args, 3),
+                   errors=(DeadlockError, RaceError))
 
 
 def test_persistent_attention_compiles_for_sm90a():
