@@ -119,8 +119,12 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
                 for i, j in T.Parallel(block_M, dim):
                     acc_o[i, j] *= scores_scale[i]
                 T.gemm(acc_s_cast, V_shared, acc_o)
+            # one division per row, then a multiply per element: an IEEE division per element
+            # (div.rn) costs as much as a block's softmax, in an epilogue no gemm hides
+            for i in T.Parallel(block_M):
+                logsum[i] = 1.0 / logsum[i]
             for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] /= logsum[i]
+                acc_o[i, j] *= logsum[i]
             T.copy(acc_o, O_shared)
             if layout == "bhsd":
                 T.copy(O_shared, Output[bz, by, bx * block_M, 0])
