@@ -103,8 +103,10 @@ def ws_mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block
                         T.barrier_wait(v_full[k % stages], (k // stages) & 1)
                         T.gemm(P, V_s[k % stages, :, :], O)
                         T.barrier_arrive(v_empty[k % stages])
+                    for i in T.Parallel(half):            # one division per row, not per element
+                        l[i] = 1.0 / l[i]
                     for i, j in T.Parallel(half, dim):
-                        O[i, j] /= l[i]
+                        O[i, j] *= l[i]
                     T.copy(O, O_s[c * half:(c + 1) * half, :])
                     T.copy(O_s[c * half:(c + 1) * half, :], Output[bz, by, row0, 0])
     return main

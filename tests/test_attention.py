@@ -383,7 +383,7 @@ def test_lowered_structure(case):
         # O reads the factor (kept in S's row slice, the first layout it got) in O's frame
         frames = dict(lp.frames)
         pars = [s for s in walk(r) if isinstance(s, ir.Parallel)]
-        assert len({p.vars[0].name for p in pars}) == (6 if case.explicit else 8)    # + 1 / logsum
+        assert len({p.vars[0].name for p in pars}) == (7 if case.explicit else 8)   # + 1 / row sums
         for p in pars:
             stored = {t.buffer.name for t in walk(p) if isinstance(t, ir.Store)}
             assert len(stored) == 1
