@@ -3,10 +3,12 @@
 median ratio per row with its spread. Writes JSON to $OUT/fp8.json when $OUT is set.
 
     python scripts/tune_fp8.py [--rounds N] [--quick] [--modes row,row-fast,tensor,block]
+                               [--shapes MxNxK,...] [--panels P,...]
 
 Rows: per granularity (tensor, row, block) and accumulation (fast: one accumulator over all of K;
 promoted: FP8 partial sums added into fp32 every 128 of K), the op as users call it and variants
-(tile widths and stages, one merged consumer role) launched directly. References: the
+(tile widths and stages, one merged consumer role; ``--panels``: the tile order's panels of P
+tile rows, instead of the other variants) launched directly. References: the
 rowwise / tensorwise ``_scaled_mm`` with the same ``use_fast_accum``; block-wise rows compare with
 rowwise non-fast ``_scaled_mm`` (the issue's yardstick).
 """
@@ -92,7 +94,7 @@ def torch_block_wise(a, w, sa, sa_m, sb):
     return None
 
 
-def rows_for(M, N, K, gran, fast, rounds, quick):
+def rows_for(M, N, K, gran, fast, rounds, quick, panels=()):
     a, w, sa, sb = inputs(M, N, K, gran)
     ref = exact(a, w, sa, sb, gran)
     torch_gran = "row" if gran == "block" else gran
@@ -109,8 +111,8 @@ def rows_for(M, N, K, gran, fast, rounds, quick):
             cands["torch block-wise"] = theirs_block
     isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else (sa, sb.t() if gran == "block" else sb)
     # name: (tile hints, Target fields)
-    variants = {}
-    if not quick:
+    variants = {f"panel {p}": (dict(panel=p), dict()) for p in panels}
+    if not quick and not panels:
         variants["panel 8"] = (dict(panel=8), dict())
     if not quick and (gran == "block" or not fast):  # the promotion is fragment math: roles split
         variants["merged"] = (dict(), dict(split_consumers=False))
@@ -159,9 +161,12 @@ def main(argv) -> int:
     modes = {"row": ("row", False), "row-fast": ("row", True), "tensor": ("tensor", False),
              "block": ("block", False)}
     chosen = argv[argv.index("--modes") + 1].split(",") if "--modes" in argv else list(modes)
-    cases = [(s, *modes[m]) for s in (SHAPES[:2] if quick else SHAPES) for m in chosen]
+    panels = [int(p) for p in argv[argv.index("--panels") + 1].split(",")] if "--panels" in argv else []
+    shapes = [tuple(int(d) for d in s.split("x")) for s in argv[argv.index("--shapes") + 1].split(",")] \
+        if "--shapes" in argv else SHAPES[:2] if quick else SHAPES
+    cases = [(s, *modes[m]) for s in shapes for m in chosen]
     for (M, N, K), gran, fast in cases:
-        rows += rows_for(M, N, K, gran, fast, rounds, quick)
+        rows += rows_for(M, N, K, gran, fast, rounds, quick, panels)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "fp8.json"), "w") as f:
             json.dump(rows, f, indent=1)
