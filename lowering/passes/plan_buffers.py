@@ -13,6 +13,7 @@ Preserves: the program.
 """
 from __future__ import annotations
 
+from .. import ir
 from ..plans import SharedMemoryPlan
 from ..errors import CompileError
 from ..target import Target
