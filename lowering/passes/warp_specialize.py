@@ -40,6 +40,7 @@ Preserves: program meaning (interpreter before == after, under any schedule) and
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from .. import ir, roles, schedule
 from ..target import Target, bulk_copy_tensor
@@ -213,7 +214,7 @@ class _Preloads:
     loads: list
     release: list
     rings: dict
-    restage: object
+    restage: Callable[[ir.Stmt], ir.Stmt]
 
 
 def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list, loc: ir.Loc,
