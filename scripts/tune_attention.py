@@ -73,9 +73,7 @@ def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=(), switches
                 bm, bn_, threads, st = (int(v) for v in re.fullmatch(r"(\d+)x(\d+) t(\d+) s(\d+)", text).groups())
                 cands[f"auto {text}"] = hop(mha_fwd_program)(B, H, S, D, causal, block_M=bm, block_N=bn_,
                                                              num_stages=st, threads=threads)
-            for text in switches:
-                name, value = text.split("=")
-                value = int(value) if value.isdigit() else value == "on"
+            for text, name, value in switches:
                 prog = load(build_kernel(prim), "gluon", dataclasses.replace(target, **{name: value}))
                 cands[f"auto, {text}"] = lambda q, k, v, p=prog: _launch(p, q, k, v)
             if D <= 128 and not auto_only:
@@ -132,6 +130,15 @@ def epilogue_rows(rounds, quick):
     return rows
 
 
+def _switch(text: str) -> tuple:
+    """'FIELD=on|off|N' -> (text, a Hopper target field, its value), checked before any GPU work."""
+    name, _, value = text.partition("=")
+    fields = {f.name for f in dataclasses.fields(HOPPER)}
+    if name not in fields or not (value in ("on", "off") or value.isdigit()):
+        raise SystemExit(f"--target: {text!r} is not FIELD=on|off|N with FIELD one of {sorted(fields)}")
+    return text, name, int(value) if value.isdigit() else value == "on"
+
+
 def main(argv) -> int:
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 5
     quick = "--quick" in argv
@@ -139,8 +146,8 @@ def main(argv) -> int:
     auto_only = "--auto-only" in argv
     dim = int(argv[argv.index("--dim") + 1]) if "--dim" in argv else None
     blocks = argv[argv.index("--blocks") + 1].split(";") if "--blocks" in argv else ()
-    switches = argv[argv.index("--target") + 1].split(";") if "--target" in argv else \
-        () if auto_only else ("overlap_softmax=off",)
+    switches = [_switch(t) for t in (argv[argv.index("--target") + 1].split(";") if "--target" in argv
+                                     else () if auto_only else ("overlap_softmax=off",))]
     rows = attention_rows(rounds, quick, auto_only, dim, blocks, switches) + (
         [] if auto_only else epilogue_rows(rounds, quick))
     if os.environ.get("OUT"):
