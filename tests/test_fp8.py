@@ -795,6 +795,46 @@ def test_block_scales_are_loaded_ahead_of_their_k_block():
     assert seen == set(ahead), seen
 
 
+def _scale_loads_by_place(k) -> dict:
+    """Per consumer role of the Hopper kernel: the statements of the k-loop's statement list
+    (the innermost loop issuing gemms, and its siblings) that load A_scale or B_scale, keyed by
+    where they stand: "before" the k-loop, "after" it ahead of the first copy, "late" (after a
+    copy)."""
+    places = {}
+    for role in (r for ws in walk(k.body) if isinstance(ws, ir.WarpSpecialize) for r in ws.roles):
+        seqs = [s for s in (role.body, *walk(role.body)) if isinstance(s, ir.Seq) and any(
+            isinstance(f, ir.For) and any(isinstance(g, ir.Gemm) for g in walk(f.body))
+            and not any(isinstance(x, ir.For) and x is not f for x in walk(f.body)) for f in s.stmts)]
+        if not seqs:
+            continue
+        where, seen = "before", {"before": 0, "after": 0, "late": 0}
+        for stmt in seqs[0].stmts:
+            if isinstance(stmt, ir.For) and any(isinstance(g, ir.Gemm) for g in walk(stmt.body)):
+                where = "after"
+                continue
+            if isinstance(stmt, ir.Copy) and where == "after":
+                where = "late"
+            loads = [e for s in (stmt, *walk(stmt)) for top in exprs_of(s) for e in subexprs(top)
+                     if isinstance(e, ir.Load)]
+            if any(e.buffer.name in ("A_scale", "B_scale") for e in loads):
+                seen[where] += 1
+        places[role.warpgroups] = seen
+    return places
+
+
+def test_outer_scales_are_loaded_where_their_round_trips_hide():
+    """Per-row/column scales: with one accumulator (fast) every load is issued before the k-loop
+    (into fragments); a promoting tile scales all its parts in one statement after the k-loop,
+    before its first store, so no part's loads wait behind another part's store (H100: fast
+    8192^3 1.013x, rowwise promoted 1.019x against loads per part)."""
+    _, fast = hopper_before_after("row-2d", "e4m3-e4m3", torch.bfloat16, True)
+    assert list(_scale_loads_by_place(fast).values()) == [{"before": 2, "after": 0, "late": 0}]
+    _, promoted = hopper_before_after("row-2d", "e4m3-e4m3", torch.bfloat16, False)
+    places = _scale_loads_by_place(promoted)
+    assert sorted(places) == [(1,), (2,)], places          # split: one role per warp group
+    assert all(p == {"before": 0, "after": 1, "late": 0} for p in places.values()), places
+
+
 # ----------------------------------------------------------------------------------------------
 # 9. T.macro
 

@@ -208,6 +208,9 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
             partial = _partial(block_M, part_N)
         for acc in accs:
             clear(acc)
+        if not gran.block_wise:
+            outer_scales = _OuterScales(gran, SA, SB, by * block_M, bx * block_N, block_M,
+                                        block_N, ahead=not promote)
         for k in Pipelined(scales.scale_blocks(K), num_stages=num_stages):
             tile_copy(A[by * block_M, k * block_K], A_s)
             if transpose_B:
@@ -227,13 +230,53 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
                     _promote(accs[q], partial, row_scale, col_scale, block_M, part_N)
             else:
                 gemm(A_s, B_s, accs[0], transpose_B=transpose_B)
+        if not gran.block_wise:
+            outer_scales.apply(accs)
         for p in parts:
-            C_f = accs[p]
-            if not gran.block_wise:
-                for i, j in Parallel(block_M, part_N):
-                    C_f[i, j] = C_f[i, j] * _a_scale(gran, SA, by * block_M + i) \
-                        * _b_scale(gran, SB, bx * block_N + p * part_N + j)
-            tile_copy(C_f, C[by * block_M, bx * block_N + p * part_N])
+            tile_copy(accs[p], C[by * block_M, bx * block_N + p * part_N])
+
+
+class _OuterScales:
+    """A tile's per-tensor / per-row / per-column scales, applied to its accumulators after the
+    k-loop, ``C = (C * A_scale[row]) * B_scale[column]``, loaded where their L2 round trips hide.
+    With one accumulator (fast accumulation) they are loaded into fragments (A's per row, B's per
+    column) before the k-loop, so the epilogue waits on no load. A promoting tile's registers hold
+    its parts and the product fragment, and a per-column fragment would keep ``split_consumers``
+    from giving each warp group its own rows: its parts are scaled in one loop instead, so every
+    part's loads are in flight together (one round trip per tile, not one per part). H100, 11
+    interleaved rounds, against the per-part loads: fast 8192^3 1.013x, 4096^3 1.026x; rowwise
+    promoted 1.019x, 1.015x."""
+
+    def __init__(self, gran, SA, SB, row0, col0, block_M: int, block_N: int, ahead: bool):
+        self.row_scale = lambda i: _a_scale(gran, SA, row0 + i)
+        self.column_scale = lambda j: _b_scale(gran, SB, col0 + j)
+        self.rows = self.columns = None
+        if ahead:
+            self.rows = semantic.alloc((block_M,), ir.DType.F32, ir.Scope.FRAGMENT, "sa")
+            _fill(self.rows, self.row_scale, block_M)
+            self.columns = semantic.alloc((block_N,), ir.DType.F32, ir.Scope.FRAGMENT, "sb")
+            _fill(self.columns, self.column_scale, block_N)
+
+    def apply(self, accs: list) -> None:
+        """Scale the tile, held as ``accs``: parts of equal width, left to right."""
+        if self.rows is not None:
+            _scale_parts(accs, lambda i: self.rows[i], lambda j: self.columns[j])
+        else:
+            _scale_parts(accs, self.row_scale, self.column_scale)
+
+
+@_library_macro
+def _fill(frag, value, n):
+    for i in Parallel(n):
+        frag[i] = value(i)
+
+
+@_library_macro
+def _scale_parts(accs, row_scale, column_scale):
+    block_M, part_N = accs[0].shape
+    for i, j in Parallel(block_M, part_N):
+        for q in _indices(len(accs)):
+            accs[q][i, j] = accs[q][i, j] * row_scale(i) * column_scale(q * part_N + j)
 
 
 def _accumulator(block_M: int, width: int) -> BufferRef:
