@@ -28,6 +28,10 @@ class Target:
     preload_slots: int = 2          # schedule choice: slots of a persistent kernel's per-tile
                                     # preloads (attention's Q): with 2 the next tile's are loaded
                                     # while this one computes (where they fit shared memory)
+    staging_per_store: bool = True  # schedule choice: a persistent kernel's epilogue stores
+                                    # each result tile through its own staging tile where shared
+                                    # memory holds them (overlap_store lets them be in flight
+                                    # together), else one per shape, each store waited for
     split_consumers: bool = True    # schedule choice: split_consumers applies (measurements turn
                                     # it off to compare)
     block_syncs: bool = False       # the backend spells block barriers between statements that

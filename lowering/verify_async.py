@@ -14,7 +14,9 @@ iteration sees them):
 * an asynchronous read of shared memory (TMA store, wgmma operand) of a buffer the role wrote with
   ordinary stores since its last ``ProxyFence`` is an error (the async proxy may not see them);
 * writing a buffer a bulk (TMA) store may still be reading — issued and not covered by a
-  ``BulkStoreWait(0)`` — is an error, and so is ending a role with bulk stores in flight.
+  ``BulkStoreWait(n)`` issued after it with fewer than n bulk stores newer than it (the wait
+  leaves at most the n newest reading) — is an error, and so is ending a role with bulk stores
+  in flight.
 
 Violations are ``CompileError`` naming the kernel, the role and the line.
 """
@@ -33,7 +35,7 @@ def run(kernel: ir.Kernel) -> ir.Kernel:
             checker = _Role(kernel, role, guards)
             inflight = checker.seq(role.body.stmts, [])
             if checker.storing:
-                loc = next(iter(checker.storing.values()))
+                loc = checker.storing[0][1]
                 raise CompileError(f"kernel '{kernel.name}': {roles.describe(role.warpgroups)} ends "
                                    f"with a bulk store in flight (line {loc.line}); wait for it", loc)
             if inflight:
@@ -62,7 +64,8 @@ class _Role:
     def __init__(self, kernel: ir.Kernel, role: ir.Role, guards: dict[str, set]):
         self.kernel, self.role, self.guards = kernel, role, guards
         self.unfenced: dict[ir.Buffer, ir.Loc] = {}   # generic writes not yet fenced
-        self.storing: dict[ir.Buffer, ir.Loc] = {}    # bulk stores not yet waited for
+        self.storing: list[tuple[ir.Buffer, ir.Loc]] = []    # bulk stores not yet waited for,
+                                                              # oldest first
 
     def fail(self, msg: str, loc: ir.Loc) -> CompileError:
         return CompileError(f"kernel '{self.kernel.name}', {roles.describe(self.role.warpgroups)}: "
@@ -82,15 +85,16 @@ class _Role:
                                 f"stores to it (line {self.unfenced[b].line}) with no proxy fence "
                                 f"between", s.loc)
         for b in generic_shared_writes(s):
-            if b in self.storing:
+            reading = [loc for buf, loc in self.storing if buf == b]
+            if reading:
                 raise self.fail(f"writes '{b.name}' while the bulk store from line "
-                                f"{self.storing[b].line} may still read it (wait first)", s.loc)
+                                f"{reading[0].line} may still read it (wait first)", s.loc)
             self.unfenced[b] = s.loc
-        if isinstance(s, ir.BulkStoreWait) and s.outstanding == 0:
-            self.storing.clear()
+        if isinstance(s, ir.BulkStoreWait):
+            self.storing = self.storing[len(self.storing) - s.outstanding:] if s.outstanding else []
         if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA \
                 and s.dst.buffer.scope is ir.Scope.GLOBAL:
-            self.storing[s.src.buffer] = s.loc
+            self.storing.append((s.src.buffer, s.loc))
         if isinstance(s, ir.For):
             once = self.seq(s.body.stmts, list(inflight))
             return self.seq(s.body.stmts, once)        # what the next iteration sees

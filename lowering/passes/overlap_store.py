@@ -7,13 +7,18 @@ Ensures:   in a loop whose body (or a branch in it, not a nested loop) stores a 
            bulk_store_wait 0``, and touches ``X`` no other way, each such wait after a store of
            ``X`` moves to just before every ``copy frag -> X`` (the only points where ``X`` is
            written again: the next tile's store, in whichever branch it is), and one
-           ``bulk_store_wait 0`` follows the loop, before the role ends.
+           ``bulk_store_wait 0`` follows the loop, before the role ends. Where the body's bulk
+           stores are all its own statements and each such ``X`` is stored once, the wait
+           before writing ``X`` is ``bulk_store_wait n``, n the bulk stores issued since ``X``'s
+           previous store (around the back edge): stores of several staging buffers (a tile's
+           parts) stay in flight together; elsewhere ``bulk_store_wait 0``.
 Preserves: program meaning (stores are synchronous in the interpreter; the waits only order the
            asynchronous store's reads of ``X`` before the next writes of ``X``) and locations.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from .. import ir
 from ..plans import AsyncPlan
@@ -47,7 +52,7 @@ def _defer(body: ir.Seq):
             deferred.add(staging)
     if not deferred:
         return None
-    return _moved(body, deferred)
+    return _moved(body, deferred, _newer_stores(body, deferred))
 
 
 def _waited(seq: ir.Seq, store: ir.Copy) -> bool:
@@ -61,17 +66,41 @@ def _waited(seq: ir.Seq, store: ir.Copy) -> bool:
     return False
 
 
-def _moved(seq: ir.Seq, deferred: set) -> ir.Seq:
+def _moved(seq: ir.Seq, deferred: set, newer: Optional[dict] = None) -> ir.Seq:
+    """``newer``: for the loop body's writes of a staging buffer (by position), how many bulk
+    stores each wait may leave reading (``_newer_stores``); 0 elsewhere."""
+    newer = newer or {}
     out: list[ir.Stmt] = []
-    for s in seq.stmts:
+    for i, s in enumerate(seq.stmts):
         if s == ir.BulkStoreWait(0) and out and _bulk_store(out[-1]) and out[-1].src.buffer in deferred:
             continue
         if isinstance(s, ir.Copy) and s.dst.buffer in deferred:
-            out.append(ir.BulkStoreWait(0, s.loc))
+            out.append(ir.BulkStoreWait(newer.get(i, 0), s.loc))
         if isinstance(s, ir.If):
             s = dataclasses.replace(s, then=_moved(s.then, deferred), orelse=_moved(s.orelse, deferred))
         out.append(s)
     return dataclasses.replace(seq, stmts=tuple(out))
+
+
+def _newer_stores(body: ir.Seq, deferred: set) -> dict:
+    """Position of each write of a staging buffer in the loop body -> how many bulk stores are
+    issued between that buffer's previous store and the write (around the back edge when the
+    previous store is later in the body): those may still be reading other buffers. Only where
+    every bulk store of the body is one of its own statements and each staging buffer is stored
+    once; else {} (waits for all)."""
+    stmts = body.stmts
+    stores = [i for i, s in enumerate(stmts) if _bulk_store(s)]
+    nested = [s for s in stmts if not _bulk_store(s) for x in walk(s) if x is not s and _bulk_store(x)]
+    stored = [stmts[i].src.buffer for i in stores]
+    if nested or any(stored.count(b) != 1 for b in deferred):
+        return {}
+    newer = {}
+    for p, s in enumerate(stmts):
+        if isinstance(s, ir.Copy) and s.dst.buffer in deferred:
+            last = stores[stored.index(s.dst.buffer)]
+            newer[p] = sum(last < q < p for q in stores) if last < p else \
+                sum(q > last or q < p for q in stores)
+    return newer
 
 
 def _bulk_store(s: ir.Stmt) -> bool:

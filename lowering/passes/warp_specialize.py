@@ -32,7 +32,11 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              loop inside a ``T.Persistent`` tile loop) both roles keep the tile loop; the
              producer's ring position is one running count over (tile, k), and the consumer keeps
              its prelude and epilogue per tile (docs/ws-semantics.md #11), so the producer loads the next
-             tile while the consumer stores this one.
+             tile while the consumer stores this one. The consumer's epilogue stages each
+             fragment -> global copy through its own shared tile where ``target.smem_bytes``
+             holds them all and the target asks for it (``staging_per_store``, persistent kernels
+             only: ``overlap_store`` then keeps their stores in flight together); otherwise
+             copies of one tile shape share one staging tile.
              Explicit programs on targets with bulk copies get the same epilogue staging.
            * anything else: unchanged.
 Preserves: program meaning (interpreter before == after, under any schedule) and locations.
@@ -58,19 +62,32 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     plan: PipelinePlan | None = kernel.find_plan(PipelinePlan)
     if plan is None:
         return kernel
-    if plan.tile_loop_index is None or not plan.preloads or target.preload_slots < 2:
-        return _auto(kernel, plan, preload_slots=1)
-    doubled = _auto(kernel, plan, preload_slots=2)
+    persistent = plan.tile_loop_index is not None
+    own_staging = persistent and target.staging_per_store
+    if not persistent or not plan.preloads or target.preload_slots < 2:
+        return _fitting(kernel, plan, 1, own_staging, target)
+    doubled = _fitting(kernel, plan, 2, own_staging, target)
     need = SharedMemoryPlan.of(doubled.body).total_bytes
     if need <= target.smem_bytes:
         return doubled
-    return _auto(kernel, plan, preload_slots=1).with_note(
+    return _fitting(kernel, plan, 1, own_staging, target).with_note(
         f"warp_specialize: one slot for the preloads of each tile (the next tile's loads wait for "
         f"this tile's loop): two would need {need} bytes of shared memory, more than the "
         f"{target.smem_bytes} of target '{target.name}'")
 
 
-def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int) -> ir.Kernel:
+def _fitting(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, own_staging: bool,
+             target: Target) -> ir.Kernel:
+    """``_auto``, each epilogue store staged in its own tile when asked and shared memory holds
+    them, else one tile per shape shared by the stores (each waited for before the next)."""
+    if own_staging:
+        out = _auto(kernel, plan, preload_slots, share_staging=False)
+        if SharedMemoryPlan.of(out.body).total_bytes <= target.smem_bytes:
+            return out
+    return _auto(kernel, plan, preload_slots, share_staging=True)
+
+
+def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, share_staging: bool) -> ir.Kernel:
     top = kernel.body.stmts
     tile_loop = None if plan.tile_loop_index is None else top[plan.tile_loop_index]
     body = top if tile_loop is None else tile_loop.body.stmts
@@ -155,7 +172,7 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int) -> ir.Kerne
                    preload_slots)
     epilogue = list(_staged(ir.Seq(tuple(s for s in body[plan.loop_index + 1:]
                                          if not isinstance(s, ir.Alloc)), loc), new_allocs,
-                              kernel, share=True).stmts)
+                              kernel, share=share_staging).stmts)
     p_init, p_loop = role_loop("produced", produce)
     c_init, c_loop = role_loop("consumed", consume)
     slotted = {**rings, **pre.rings}
