@@ -363,17 +363,13 @@ def _multiply(x, y, out, n):
         out[i] = x[i] * y[i]
 
 
-@_library_macro
 def _load_column(S, s, row0, k, step, n):
     """s[i] = S[row0 + i * step, k]: a column of rows of S, or (step 0) one element spread."""
-    for i in Parallel(n):
-        s[i] = S[row0 + i * step, k]
+    _fill(s, lambda i: S[row0 + i * step, k], n)
 
 
-@_library_macro
 def _fill_columns(SB, sb, col0, k, width):
-    for j in Parallel(width):
-        sb[j] = SB[(col0 + j) // scales.SCALE_BLOCK, k]
+    _fill(sb, lambda j: SB[(col0 + j) // scales.SCALE_BLOCK, k], width)
 
 
 # ---- the tile operation ----------------------------------------------------------------------
