@@ -334,7 +334,7 @@ class _BlockScales:
         for q in _indices(len(self.cols)):
             s = self._row_vector()
             if self.b:
-                _multiply(self.a, self.b[q], s, self.block_M)
+                _fill(s, lambda i, b=self.b[q]: self.a[i] * b[i], self.block_M)
             else:
                 tile_copy(self.a, s)
             self.row_scales.append(s)
@@ -355,12 +355,6 @@ class _BlockScales:
         sb = semantic.alloc((self.part_N,), ir.DType.F32, ir.Scope.FRAGMENT, "sb", hoist=True)
         _fill_columns(self.SB, sb, self.cols[q], k, self.part_N)
         return _scale_vector("B_scale", sb, self.part_N)
-
-
-@_library_macro
-def _multiply(x, y, out, n):
-    for i in Parallel(n):
-        out[i] = x[i] * y[i]
 
 
 def _load_column(S, s, row0, k, step, n):
