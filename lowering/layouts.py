@@ -39,6 +39,7 @@ class NVMMAShared:
     swizzle_bytes: int                  # 0 (none), 32, 64 or 128
     element_bits: int
     transposed: bool = False
+    rank: int = 2                       # 1: a vector (unswizzled)
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,12 @@ def element_to_offset(layout: NVMMAShared, rows: int, cols: int, i: int, j: int)
     return col_atom * rows * w + (i // 8) * 8 * w + a
 
 
-def default_shared(rows: int, cols: int, element_bits: int) -> NVMMAShared:
-    """The widest swizzle the inner dimension allows (128 B when a row has >= 128 bytes)."""
-    row_bytes = cols * element_bits // 8
+def default_shared(tile: tuple[int, ...], element_bits: int) -> NVMMAShared:
+    """The widest swizzle the inner dimension of a 2-d (or higher) tile allows (128 B when a row
+    has >= 128 bytes); a vector is a rank-1 layout, unswizzled (a swizzle permutes rows)."""
+    if len(tile) == 1:
+        return NVMMAShared(0, element_bits, rank=1)
+    row_bytes = tile[-1] * element_bits // 8
     for sw in (128, 64, 32):
         if row_bytes % sw == 0:
             return NVMMAShared(sw, element_bits)

@@ -43,6 +43,15 @@ class PipelinePlan(Plan):
                                      # shared copies before it whose tiles stay fixed (e.g. Q)
 
 
+def slot_shape(b: ir.Buffer, pipeline: Optional[PipelinePlan]) -> tuple[int, ...]:
+    """The shape of one slot of shared buffer ``b``: without its leading slot dim where ``b`` is
+    one of ``pipeline``'s ring buffers, else at most its last two dims (a persistent kernel's
+    preloaded tiles have two slots)."""
+    if pipeline is not None and b.name in pipeline.ring_buffers:
+        return b.static_shape[1:]
+    return b.static_shape[-2:]
+
+
 @dataclass(frozen=True)
 class ConsumerSplit(Plan):
     """The roles split_consumers made of one consumer: copies of one body, each with its own rows,

@@ -22,7 +22,8 @@ Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
              (the emitter spells ``convert_layout`` where a value's layout and the layout its
              use needs differ; for 16-bit P the accumulator -> operand conversion moves no data,
              tests/test_layouts.py);
-           * an ``NVMMAShared`` for each shared buffer (of one stage, for rings);
+           * an ``NVMMAShared`` for each shared buffer (of one stage, for rings: ``slot_shape``),
+             rank 1 for vectors (block-wise FP8's ring of row scales);
            and ``frames``: per ``T.Parallel`` over fragments (by its first variable's name), the
            layout its loop indices live in — that of the first fragment it stores whole, else of
            the first it reads whole, else the parent of a vector slice it reads, else (a loop
@@ -34,7 +35,7 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 from .. import ir, layouts
-from ..plans import LayoutPlan
+from ..plans import LayoutPlan, PipelinePlan, slot_shape
 from ..target import Target
 from ..traverse import buffers_read, buffers_written, element_accesses, walk
 
@@ -47,11 +48,11 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     for ws in (s for s in walk(kernel.body) if isinstance(s, ir.WarpSpecialize)):
         for role in ws.roles:
             _role_layouts(role, 4 * len(role.warpgroups), chosen, frames)
+    pipeline = kernel.find_plan(PipelinePlan)
     for s in walk(kernel.body):
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
-            shape = s.buffer.static_shape
-            rows = shape[-2] if len(shape) >= 2 else 1
-            chosen[s.buffer.name] = layouts.default_shared(rows, shape[-1], s.buffer.dtype.bits)
+            tile = slot_shape(s.buffer, pipeline)
+            chosen[s.buffer.name] = layouts.default_shared(tile, s.buffer.dtype.bits)
     return kernel.with_plan(LayoutPlan(tuple(sorted(chosen.items())), tuple(sorted(frames.items()))))
 
 

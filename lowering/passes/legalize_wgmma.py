@@ -17,6 +17,8 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * global -> fragment and fragment -> global copies (a whole 1-d or 2-d fragment, not
              a register A operand) keep legalize's DIRECT / MASKED choice, their buffer passed
              as a pointer (an unstaged epilogue store: warp_specialize);
+           * a run of a shared buffer copied into a whole 1-d fragment is DIRECT (a load from
+             shared memory in the fragment's layout);
            * fragment -> shared stores and fragment -> fragment copies (casts) are DIRECT and
              shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
            * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
@@ -72,7 +74,7 @@ from typing import Optional
 from .. import ir, protocol, roles
 from ..errors import CompileError
 from ..layouts import Blocked, WgmmaAccumulator, WgmmaOperandA
-from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan
+from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, slot_shape
 from ..target import Target, bulk_copy_tensor, row_bytes
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
@@ -120,7 +122,7 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     bodies = [_seq(r.body, laid_out, target.register_copies) for r in ws.roles]
     for s in kernel.body.stmts:
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
-            tile = s.buffer.static_shape[-2:]       # a ring's leading dim is its slots
+            tile = slot_shape(s.buffer, kernel.find_plan(PipelinePlan))
             if not all(ir.is_power_of_two(e) for e in tile):
                 raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
                               f"shared layouts take powers of two (line {s.loc.line})")
@@ -495,6 +497,13 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict, registers: bool) -> ir.Copy:
         return tma
     if src is ir.Scope.SHARED and dst is ir.Scope.GLOBAL:
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.TMA)
+    if src is ir.Scope.SHARED and dst is ir.Scope.FRAGMENT:
+        # a vector read from shared memory (block-wise FP8's row scales from their ring slot)
+        if not s.dst.is_whole or len(s.dst.buffer.shape) != 1 \
+                or s.src.tile_shape != s.dst.buffer.static_shape:
+            raise _Refuse(f"a shared -> fragment copy other than a run of a shared buffer into a "
+                          f"whole 1-d fragment (line {s.loc.line})")
+        return dataclasses.replace(s, mechanism=ir.CopyMechanism.DIRECT)
     if src is ir.Scope.FRAGMENT and dst in (ir.Scope.SHARED, ir.Scope.FRAGMENT):
         if dst is ir.Scope.FRAGMENT and not (s.src.is_whole and s.dst.is_whole
                                              and s.src.tile_shape == s.dst.tile_shape):

@@ -69,11 +69,11 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     split, allocs, parts_of = [], [], {b: [] for b in own}
     share = rows // parts
     for h in range(parts):
-        renamed = {b: _rows_renamed(b, h, share, 0 if b.scope is ir.Scope.FRAGMENT else _row_dim(b))
+        renamed = {b: _rows_renamed(b, h, share, shared[b] if b.scope is ir.Scope.SHARED else 0)
                    for b in owned + own}
         allocs += [ir.Alloc(b, b.loc) for b in renamed.values()]
         for b in own:
-            parts_of[b].append(renamed[b])
+            parts_of[b].append((renamed[b], shared[b]))
         body = _part(consumer.body, h * share, share, renamed, shared)
         split.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body))
     top = []
@@ -114,8 +114,7 @@ def _fill_parts(body: ir.Seq, parts_of: dict) -> ir.Seq:
         out = []
         for s in n.stmts:
             parts = parts_of.get(s.dst.buffer) if isinstance(s, ir.Copy) else None
-            for h, p in enumerate(parts or ()):
-                d = _row_dim(p)
+            for h, (p, d) in enumerate(parts or ()):
                 rows = p.static_shape[d]
                 dst = dataclasses.replace(s.dst, buffer=p, extents=s.dst.extents[:d] + (rows,) + s.dst.extents[d + 1:])
                 out.append(_global_rows(dataclasses.replace(s, dst=dst), h * rows, rows))
@@ -136,20 +135,20 @@ def _global_rows(s: ir.Copy, offset: int, rows: int) -> ir.Copy:
     return dataclasses.replace(s, dst=g2) if g is s.dst else dataclasses.replace(s, src=g2)
 
 
-def _row_dim(b: ir.Buffer) -> int:
-    """The rows of a shared tile: dim 0 of a tile, dim 1 of a ring of tiles (dim 0: the slot)."""
-    return len(b.shape) - 2
-
-
-def _row_shared(role: ir.Role) -> set:
-    """Shared buffers the role reads as gemm A operands or writes from fragments."""
-    out = set()
+def _row_shared(role: ir.Role) -> dict[ir.Buffer, int]:
+    """Shared buffers the role reads as gemm A operands or writes from fragments (rows: dim 0 of
+    a tile, dim 1 of a ring of tiles, whose dim 0 is the slot), and shared vectors it reads into
+    1-d fragments (rows: the last dim), each with the dim of its rows."""
+    out = {}
     for s in walk(role.body):
         if isinstance(s, ir.Gemm) and s.a.buffer.scope is ir.Scope.SHARED:
-            out.add(s.a.buffer)
+            out[s.a.buffer] = len(s.a.buffer.shape) - 2
         if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT \
                 and s.dst.buffer.scope is ir.Scope.SHARED:
-            out.add(s.dst.buffer)
+            out[s.dst.buffer] = len(s.dst.buffer.shape) - 2
+        if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.SHARED \
+                and s.dst.buffer.scope is ir.Scope.FRAGMENT and len(s.dst.buffer.shape) == 1:
+            out[s.src.buffer] = len(s.src.buffer.shape) - 1
     return out
 
 
@@ -176,11 +175,11 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int) -> tuple[Optional[int], 
         for b in buffers_read(s) + buffers_written(s):
             if b.scope is ir.Scope.FRAGMENT and ir.as_int(b.shape[0]) != rows:
                 return None, f"fragment '{b.name}' does not have {rows} rows in dim 0"
-            if b in shared and ir.as_int(b.shape[_row_dim(b)]) != rows:
+            if b in shared and ir.as_int(b.shape[shared[b]]) != rows:
                 return None, f"shared buffer '{b.name}' does not have {rows} rows"
         if isinstance(s, ir.Copy) and (s.src.buffer in shared or s.dst.buffer in shared):
             r = s.src if s.src.buffer in shared else s.dst
-            if not r.is_whole:
+            if not _all_rows(r, shared[r.buffer]):
                 return None, f"the copy at line {s.loc.line} uses part of '{r.buffer.name}'"
             other = s.dst if r is s.src else s.src
             if other.buffer.scope not in (ir.Scope.FRAGMENT, ir.Scope.GLOBAL):
@@ -194,18 +193,26 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int) -> tuple[Optional[int], 
     for ws in (s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)):
         for r in (r for r in ws.roles if r is not role):
             for s in walk(r.body):
-                used = set(buffers_read(s) + buffers_written(s)) & shared
+                used = set(buffers_read(s) + buffers_written(s)) & shared.keys()
                 loads = isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.GLOBAL
                 if used and not loads:     # the producer may fill them whole (Q); nothing else
                     return None, f"line {s.loc.line} of another role uses '{used.pop().name}'"
     return rows, ""
 
 
-def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: set) -> ir.Seq:
+def _all_rows(r: ir.Region, dim: int) -> bool:
+    """Whether ``r`` is its buffer whole, or one ring slot of it whole (a start in dim 0, the
+    slot, and all of the other dims, rows ``dim`` included)."""
+    return r.is_whole or (dim > 0 and all(ir.as_int(st) == 0 for st in r.starts[1:])
+                          and r.extents[1:] == r.buffer.static_shape[1:])
+
+
+def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict) -> ir.Seq:
     """The role's body restricted to rows [offset, offset + size): of its fragments and of the
-    row-split shared tiles ``shared``, or all rows of its own copies (``renamed``) of them."""
+    row-split shared buffers ``shared`` (each with the dim of its rows), or all rows of its own
+    copies (``renamed``) of them."""
     c = lambda v, loc: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
-    mine = {v for b, v in renamed.items() if b in shared}
+    mine = {v: shared[b] for b, v in renamed.items() if b in shared}
 
     def shift_parallel(p: ir.Parallel) -> ir.Parallel:
         # each half's loop variables get names of their own (layout frames are keyed by them)
@@ -231,7 +238,7 @@ def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: set) -> i
         if isinstance(n, ir.Region) and n.buffer.scope is ir.Scope.FRAGMENT:
             return dataclasses.replace(n, extents=(size,) + tuple(n.extents[1:]))
         if isinstance(n, ir.Region) and (n.buffer in shared or n.buffer in mine):
-            d, first = _row_dim(n.buffer), 0 if n.buffer in mine else offset
+            d, first = {**shared, **mine}[n.buffer], 0 if n.buffer in mine else offset
             return dataclasses.replace(n, starts=n.starts[:d] + (c(first, n.loc),) + n.starts[d + 1:],
                                        extents=n.extents[:d] + (size,) + n.extents[d + 1:])
         if isinstance(n, ir.Copy) and (n.src.buffer in shared or n.src.buffer in mine) \

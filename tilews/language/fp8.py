@@ -61,15 +61,22 @@ def _library_macro(fn):
 
 
 def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
-                      use_fast_accum: bool = False, **hints) -> None:
-    """See the module docstring. ``hints`` (``block_M``, ``block_N``, ``num_stages``,
-    ``threads``, and ``panel``: ``T.use_swizzle``'s panel of tile rows, 0 for the target's
-    default) override the whole-GEMM form's tile choice; they never change results."""
+                      use_fast_accum: bool = False, transpose_A_scale: bool = False,
+                      **hints) -> None:
+    """See the module docstring. ``transpose_A_scale`` (whole GEMM, block-wise scales): A_scale
+    is given as [ceil(K / 128), M], k-block-major, the layout ``torch._scaled_mm`` wants block-wise
+    A scales in (its [M, K / 128] tensor with strides (1, M) is this tensor transposed); on
+    Hopper each k-block's scales then travel with the A and B tiles, one bulk copy per stage.
+    ``hints`` (``block_M``, ``block_N``, ``num_stages``, ``threads``, and ``panel``:
+    ``T.use_swizzle``'s panel of tile rows, 0 for the target's default) override the whole-GEMM
+    form's tile choice; they never change results."""
     if builder().kernel is None:
-        _whole_gemm(A, A_scale, B, B_scale, C, bool(transpose_B), bool(use_fast_accum), hints)
+        _whole_gemm(A, A_scale, B, B_scale, C, bool(transpose_B), bool(use_fast_accum),
+                    bool(transpose_A_scale), hints)
     else:
-        if hints:
-            raise CompileValueError(f"T.fp8_scaled_matmul: {', '.join(hints)} only apply to the "
+        if hints or transpose_A_scale:
+            named = [*hints] + (["transpose_A_scale"] if transpose_A_scale else [])
+            raise CompileValueError(f"T.fp8_scaled_matmul: {', '.join(named)} only apply to the "
                                     f"whole-GEMM form (without T.Kernel)", current_loc())
         _scaled_accumulate(A, A_scale, B, B_scale, C, bool(transpose_B))
 
@@ -114,7 +121,8 @@ def _check_out(name: str, dtype: ir.DType) -> None:
 
 # ---- the whole GEMM --------------------------------------------------------------------------
 
-def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints: dict) -> None:
+def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transpose_A_scale: bool,
+                hints: dict) -> None:
     a_shape = _global_shape("A", A, _check_fp8)
     b_shape = _global_shape("B", B, _check_fp8)
     c_shape = _global_shape("C", C, _check_out)
@@ -129,6 +137,14 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints:
                            f"{'' if transpose_B else ' (B is [K, N]; transpose_B=True takes [N, K])'}")
     if tuple(c_shape) != (M, N):
         raise _value_error(f"C is {list(c_shape)}, not [M, N] = [{M}, {N}]")
+    if transpose_A_scale:
+        kb = scales.scale_blocks(K)
+        if tuple(sa_shape) != (kb, M) or tuple(sb_shape) != (scales.scale_blocks(N), kb):
+            raise _value_error(f"transpose_A_scale=True takes block-wise scales: A_scale "
+                               f"[{kb}, {M}] ([ceil(K / 128), M]) and B_scale "
+                               f"[{scales.scale_blocks(N)}, {kb}]; got A_scale {list(sa_shape)} "
+                               f"and B_scale {list(sb_shape)}")
+        sa_shape = (M, kb)
     try:
         gran = scales.granularity(M, N, K, sa_shape, sb_shape)
     except ValueError as e:
@@ -139,7 +155,8 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, hints:
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
     tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B), "panel": 0, **hints}
-    _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, promote, M, N, K, **tiles)
+    _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, transpose_A_scale, promote, M, N, K,
+                 **tiles)
 
 
 def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool) -> dict:
@@ -170,28 +187,32 @@ def _b_scale(gran: scales.Granularity, SB, col):
     return SB[(0,) * (len(SB.shape) - 1) + (col,)]
 
 
-def _part_width(block_N: int, promote: bool, transpose_B: bool, N: int, K: int,
-                out: ir.DType) -> int:
+def _wgmma_path(transpose_B: bool, N: int, K: int, out: ir.DType) -> bool:
+    """Whether Hopper's wgmma path takes the program: B K-major and every row a whole number of
+    16-byte units (A and B: K bytes; C: N elements), as TMA needs; the ``triton.language``
+    fallback reads shared tiles whole."""
+    return builder().target == "hopper" and transpose_B and bulk_copy_rows(K) \
+        and bulk_copy_rows(N * out.itemsize)
+
+
+def _part_width(block_N: int, promote: bool, wgmma_path: bool) -> int:
     """Columns per accumulator. On Hopper's wgmma path a promoting tile wider than 128 columns is
     held as accumulators of 128 columns that take turns with one product fragment: three
     fragments of 128 columns fit in a warp group's registers where two of 256 would not, and the
     wider tile reads fewer bytes per FLOP (scripts/probe_fp8_gluon.py: 1.00-1.06x ``_scaled_mm``
-    rowwise where 128-column tiles reach 0.93-0.98x). Only where that path takes the program: B
-    K-major and every row a whole number of 16-byte units (A and B: K bytes; C: N elements), as
-    TMA needs; the ``triton.language`` fallback reads shared tiles whole."""
+    rowwise where 128-column tiles reach 0.93-0.98x)."""
     part = scales.SCALE_BLOCK
-    wgmma_path = builder().target == "hopper" and transpose_B and bulk_copy_rows(K) \
-        and bulk_copy_rows(N * out.itemsize)
     if wgmma_path and promote and block_N > part and block_N % part == 0:
         return part
     return block_N
 
 
 @_library_macro
-def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, block_N,
+def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, sa_t, promote, M, N, K, block_M, block_N,
                  num_stages, threads, panel):
     block_K = scales.SCALE_BLOCK
-    part_N = _part_width(block_N, promote, transpose_B, N, K, C.dtype)
+    wgmma_path = _wgmma_path(transpose_B, N, K, C.dtype)
+    part_N = _part_width(block_N, promote, wgmma_path)
     parts = _indices(block_N // part_N)
     with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), threads=threads) as (bx, by):
         if panel:
@@ -202,8 +223,9 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
         for _ in parts:
             accs.append(_accumulator(block_M, part_N))
         if gran.block_wise:
-            tile_scales = _BlockScales(SA, SB, by * block_M, bx * block_N, block_M, part_N,
-                                       len(parts), K)
+            tile_scales = _BlockScales(SA, SB, sa_t, by * block_M, bx * block_N, block_M, part_N,
+                                       len(parts), K, ring=wgmma_path and sa_t
+                                       and bulk_copy_rows(M * SA.dtype.itemsize))
         if promote:
             partial = _partial(block_M, part_N)
         for acc in accs:
@@ -218,6 +240,7 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, promote, M, N, K, block_M, 
             else:
                 tile_copy(B[k * block_K, bx * block_N], B_s)
             if gran.block_wise:
+                tile_scales.load(k)
                 tile_scales.advance(k)
             if promote:
                 for q in parts:
@@ -297,39 +320,67 @@ def _columns(B_s, start: int, width: int, transpose_B: bool):
 
 class _BlockScales:
     """A tile's block-wise scales, loaded ahead of their k-block. Iteration k first forms its
-    row scales from registers loaded during earlier iterations, then issues the loads for later
-    k-blocks into the registers it has just consumed, so no load's L2 round trip is waited on
-    within the iteration that issued it (measured on an H100: 0.80x rowwise ``_scaled_mm`` when
-    each k-block loaded its own scales before its product). A's row scales are loaded one
-    k-block ahead. A part of the tile whose columns lie in one 128-column block gets B's scale
+    row scales from A's scales for k-block k and B's loaded during earlier iterations, then issues
+    the loads for later k-blocks into the registers it has just consumed, so no load's L2 round
+    trip is waited on within the iteration that issued it (measured on an H100: 0.80x rowwise
+    ``_scaled_mm`` when each k-block loaded its own scales before its product).
+
+    A's scales: with ``ring`` (Hopper's wgmma path, A_scale given k-block-major with rows of
+    whole 16-byte units) each k-block's 128 row scales are one bulk copy into a shared buffer,
+    which the pipeline gives the A and B tiles' ring slots and barriers, so the producer loads
+    them and the consumers read them from shared memory (H100, 8192^3: consumers loading them
+    from global memory, one row per sector, ran at 0.89-0.91x rowwise ``_scaled_mm``, and
+    1.05-1.08x faster with those loads deleted). Otherwise the consumers load them into registers
+    one k-block ahead.
+
+    B's scales: a part of the tile whose columns lie in one 128-column block gets B's scale
     spread over the tile's rows, loaded two k-blocks ahead and moved one step per iteration:
     ptxas keeps that uniform value in a uniform register and moves it there as early as it can,
     which, one k-block ahead, waited on the load between the wgmma issues of the next k-block.
     Wider parts read B's scale per column in their own k-block (``columns``)."""
 
-    def __init__(self, SA, SB, row0, col0, block_M: int, part_N: int, parts: int, K: int):
-        self.SA, self.SB, self.row0, self.block_M, self.part_N = SA, SB, row0, block_M, part_N
+    def __init__(self, SA, SB, sa_t: bool, row0, col0, block_M: int, part_N: int, parts: int,
+                 K: int, ring: bool):
+        self.SA, self.SB, self.sa_t, self.row0 = SA, SB, sa_t, row0
+        self.block_M, self.part_N = block_M, part_N
         self.cols = [col0 + q * part_N for q in _indices(parts)]
         self.last_k = scales.scale_blocks(K) - 1
         spread = parts if scales.SCALE_BLOCK % part_N == 0 else 0
         self.a = self._row_vector()
+        self.a_ring = semantic.alloc((block_M,), ir.DType.F32, ir.Scope.SHARED, "A_scale_s") \
+            if ring else None
         self.b = [self._row_vector() for _ in _indices(spread)]          # k-block k's
         self.b_ahead = [self._row_vector() for _ in _indices(spread)]    # k + 1's
         self.row_scales = []
-        _load_column(SA, self.a, row0, 0, 1, block_M)
+        if not ring:
+            _fill(self.a, self._a_scale(0), block_M)
         self._fetch_b(self.b, 0)
         self._fetch_b(self.b_ahead, min(1, self.last_k))
 
     def _row_vector(self) -> BufferRef:
         return semantic.alloc((self.block_M,), ir.DType.F32, ir.Scope.FRAGMENT, "scale")
 
+    def _a_scale(self, k):
+        """A's scale of the tile's row i in k-block k, as a function of i."""
+        if self.sa_t:
+            return lambda i: self.SA[k, self.row0 + i]
+        return lambda i: self.SA[self.row0 + i, k]
+
     def _fetch_b(self, frags: list, k) -> None:
         for q, frag in enumerate(frags):
-            _load_column(self.SB, frag, self.cols[q] // scales.SCALE_BLOCK, k, 0, self.block_M)
+            _fill(frag, lambda i, col=self.cols[q] // scales.SCALE_BLOCK: self.SB[col, k],
+                  self.block_M)
+
+    def load(self, k) -> None:
+        """Iteration k's copies, beside the A and B tiles': A's scales into the ring."""
+        if self.a_ring is not None:
+            tile_copy(self.SA[k, self.row0], self.a_ring)
 
     def advance(self, k) -> None:
         """Iteration k: k-block k's row scales, then the loads ahead (clamped to the last
         k-block: in bounds, unread)."""
+        if self.a_ring is not None:
+            tile_copy(self.a_ring, self.a)
         self.row_scales = []
         for q in _indices(len(self.cols)):
             s = self._row_vector()
@@ -340,7 +391,8 @@ class _BlockScales:
             self.row_scales.append(s)
         for now, ahead in zip(self.b, self.b_ahead):
             tile_copy(ahead, now)
-        _load_column(self.SA, self.a, self.row0, min_(k + 1, self.last_k), 1, self.block_M)
+        if self.a_ring is None:
+            _fill(self.a, self._a_scale(min_(k + 1, self.last_k)), self.block_M)
         self._fetch_b(self.b_ahead, min_(k + 2, self.last_k))
 
     def rows(self, q):
@@ -355,11 +407,6 @@ class _BlockScales:
         sb = semantic.alloc((self.part_N,), ir.DType.F32, ir.Scope.FRAGMENT, "sb", hoist=True)
         _fill_columns(self.SB, sb, self.cols[q], k, self.part_N)
         return _scale_vector("B_scale", sb, self.part_N)
-
-
-def _load_column(S, s, row0, k, step, n):
-    """s[i] = S[row0 + i * step, k]: a column of rows of S, or (step 0) one element spread."""
-    _fill(s, lambda i: S[row0 + i * step, k], n)
 
 
 def _fill_columns(SB, sb, col0, k, width):

@@ -20,29 +20,35 @@ _OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 @tilews.jit(out_idx=[-1])
 def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fast_accum,
-                     a_dtype=T.float8_e4m3, b_dtype=T.float8_e4m3, out_dtype=T.bfloat16):
+                     a_dtype=T.float8_e4m3, b_dtype=T.float8_e4m3, out_dtype=T.bfloat16,
+                     transpose_A_scale=False):
     """C = scaled (A @ B) for A [M, K] and B [N, K] (``transpose_B``) or [K, N]; the scale
-    shapes choose the granularity (``tilews.lowering.fp8``)."""
+    shapes choose the granularity (``tilews.lowering.fp8``); block-wise A scales
+    k-block-major with ``transpose_A_scale``."""
     @T.prim_func
     def main(A: T.Tensor((M, K), a_dtype), A_scale: T.Tensor(a_scale_shape, T.float32),
              B: T.Tensor((N, K) if transpose_B else (K, N), b_dtype),
              B_scale: T.Tensor(b_scale_shape, T.float32), C: T.Tensor((M, N), out_dtype)):
         T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B=transpose_B,
-                            use_fast_accum=use_fast_accum)
+                            use_fast_accum=use_fast_accum, transpose_A_scale=transpose_A_scale)
     return main
 
 
 def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor):
-    """torch's scale conventions -> the intrinsic's (block-wise b scales are [K / 128, N / 128]
-    in torch's orientation, [N / 128, K / 128] in the intrinsic's: a transposed view)."""
+    """torch's scale conventions -> the intrinsic's: block-wise b scales are [K / 128, N / 128]
+    in torch's orientation, [N / 128, K / 128] in the intrinsic's (a transposed view); block-wise
+    a scales go k-block-major (``transpose_A_scale``: [K / 128, M], a view of the M-major
+    tensors torch's block-wise ``_scaled_mm`` takes, a copy of row-major ones), which lets the
+    Hopper kernel bulk-copy each k-block's scales beside its tiles. Returns (a scales, b scales,
+    whether the a scales are k-block-major)."""
     kb, nb = scale_blocks(K), scale_blocks(N)
     sa = scale_a.reshape(1) if scale_a.dim() == 0 else scale_a
     sb = scale_b.reshape(1) if scale_b.dim() == 0 else scale_b
     if tuple(sa.shape) == (M, kb) and tuple(sb.shape) == (kb, nb) and tuple(sb.shape) != (1, N):
-        return sa, sb.t()
+        return sa.t().contiguous(), sb.t(), True
     try:            # per tensor / row / column; block-wise b scales only in torch's orientation
         if not granularity(M, N, K, sa.shape, sb.shape).block_wise:
-            return sa, sb
+            return sa, sb, False
     except ValueError:
         pass
     raise ValueError(f"fp8_scaled_mm(): scale_a {list(scale_a.shape)} and scale_b "
@@ -74,11 +80,12 @@ def kernel_inputs(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
     (M, K), (K2, N) = a.shape, b.shape
     if K2 != K:
         raise ValueError(f"fp8_scaled_mm(): a is [{M}, {K}] but b is [{K2}, {N}]: K differs")
-    sa, sb = _scales(M, N, K, scale_a, scale_b)
+    sa, sb, sa_t = _scales(M, N, K, scale_a, scale_b)
     k_major = b.stride(0) == 1 and b.stride(1) == K          # b = w.t(), w [N, K] row-major
     B = b.t() if k_major else b.contiguous()
     args = (M, N, K, tuple(sa.shape), tuple(sb.shape), k_major, bool(use_fast_accum),
-            dtypes.from_torch(a.dtype), dtypes.from_torch(b.dtype), dtypes.from_torch(out_dtype))
+            dtypes.from_torch(a.dtype), dtypes.from_torch(b.dtype), dtypes.from_torch(out_dtype),
+            sa_t)
     return args, (a.contiguous(), sa, B, sb)
 
 

@@ -17,7 +17,7 @@ def spell_layout(ctx, layout) -> str:
                 f"instr_shape={list(layout.instr_shape)})")
     if isinstance(layout, L.NVMMAShared):
         return (f"gl.NVMMASharedLayout(swizzle_byte_width={layout.swizzle_bytes}, element_bitwidth="
-                f"{layout.element_bits}, rank=2, transposed={layout.transposed})")
+                f"{layout.element_bits}, rank={layout.rank}, transposed={layout.transposed})")
     if isinstance(layout, L.RowSlice):
         return f"gl.SliceLayout({layout.dim}, {ctx.layout_const(layout.parent)}.value)"
     if isinstance(layout, L.WgmmaOperandA):

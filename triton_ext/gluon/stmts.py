@@ -93,7 +93,7 @@ def _smem(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
         text += f".index({arg(ctx, r.starts[d])})"
         d += 1
     start, rows = ir.as_int(r.starts[d]), r.extents[d]
-    if start is not None and (start, rows) != (0, b.static_shape[d]) and d == len(r.extents) - 2:
+    if start is not None and (start, rows) != (0, b.static_shape[d]) and d >= len(r.extents) - 2:
         text += f".slice({start}, {rows})"          # a block of rows (split consumers)
         d += 1
     if any(ir.as_int(st) != 0 for st in r.starts[d:]) or tuple(r.extents[d:]) != b.static_shape[d:]:
@@ -132,6 +132,15 @@ def _store_fragment(ctx: Ctx, s: ir.Copy) -> None:
     ctx.line(f"{_smem(ctx, s.dst, s.loc)}.store({value})")
 
 
+def _load_fragment(ctx: Ctx, s: ir.Copy) -> None:
+    """shared -> fragment: the run of shared memory loaded in the fragment's layout."""
+    value = f"{_smem(ctx, s.src, s.loc)}.load({ctx.layout(s.dst.buffer, s.loc)})"
+    if s.src.buffer.dtype != s.dst.buffer.dtype:
+        value += f".to({GL_DTYPE[s.dst.buffer.dtype]})"
+    ctx.line(f"{ctx.name(s.dst.buffer.name)} = {value}")
+    ctx.defined.add(s.dst.buffer.name)
+
+
 def _load_through_registers(ctx: Ctx, s: ir.Copy) -> None:
     """global -> shared by the role's threads (``AsyncPlan.register_loads``: rows not TMA's):
     chunks of rows, each loaded in the plan's blocked layout (masked when the copy is MASKED:
@@ -163,6 +172,7 @@ _COPIES = {(ir.CopyMechanism.TMA, ir.Scope.GLOBAL, ir.Scope.SHARED): _tma_load,
            (ir.CopyMechanism.MASKED, ir.Scope.GLOBAL, ir.Scope.SHARED): _load_through_registers,
            (ir.CopyMechanism.TMA, ir.Scope.SHARED, ir.Scope.GLOBAL): _tma_store,
            (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.SHARED): _store_fragment,
+           (ir.CopyMechanism.DIRECT, ir.Scope.SHARED, ir.Scope.FRAGMENT): _load_fragment,
            (ir.CopyMechanism.DIRECT, ir.Scope.FRAGMENT, ir.Scope.FRAGMENT): fragments.copy,
            (ir.CopyMechanism.DIRECT, ir.Scope.GLOBAL, ir.Scope.FRAGMENT): fragments.load,
            (ir.CopyMechanism.MASKED, ir.Scope.GLOBAL, ir.Scope.FRAGMENT): fragments.load,
