@@ -128,10 +128,6 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=()):
             print(f"variant {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
         cands[name] = lambda run=run: run(a, isa, w, isb)
-    if gran == "block":     # row-major A scales: each consumer loads its rows' from global memory
-        target = dataclasses.replace(HOPPER, num_sms=sms)
-        run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast), target)
-        cands["A scales row-major, loaded by the consumers"] = lambda run=run: run(a, isa, w, isb)
     out = {}
     for name, fn in cands.items():
         got, again = fn(), fn()

@@ -61,6 +61,7 @@ from tilews.lowering.target import HOPPER
 from tilews.lowering.simplify import evaluate
 from tilews.lowering.traverse import exprs_of, subexprs, transform, walk
 from tilews.ops import fp8_scaled_mm
+from tilews.ops.fp8 import kernel_inputs
 from tilews.triton_ext.gluon import emit as gluon_emit
 from tilews.triton_ext.passes.fp8_verifier import verify_fp8
 from tilews.triton_ext.toolchain import ptxas_report
@@ -647,13 +648,14 @@ def test_ops_fp8_scaled_mm(kind, layout, with_bias, out):
 
 
 def test_ops_block_scales_in_either_layout_give_the_same_numbers():
-    """torch's block-wise A scales are M-major (strides (1, M)); row-major ones are copied to that
-    layout (the kernel reads them k-block-major): the same numbers either way."""
+    """torch's block-wise A scales are M-major (strides (1, M)): the kernel takes them
+    k-block-major (``transpose_A_scale``), row-major ones as they are; the same numbers."""
     M, N, K = 100, 136, 300
     a, w = fp8((M, K), E4M3, 95), fp8((N, K), E4M3, 96)
     sa, sb = ops_scales("block", M, N, K, 97)
     sa_m = sa.t().contiguous().t()
     assert sa_m.stride() == (1, M) and sa.stride() == (cdiv(K, 128), 1)
+    assert kernel_inputs(a, w.t(), sa_m, sb)[0][-1] and not kernel_inputs(a, w.t(), sa, sb)[0][-1]
     c = fp8_scaled_mm(a, w.t(), sa, sb)
     assert torch.equal(c, fp8_scaled_mm(a, w.t(), sa_m, sb))
     assert rel_err(c, ops_reference(a, w.t(), sa, sb, "block", None)) < TOL[torch.bfloat16]

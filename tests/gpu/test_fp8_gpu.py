@@ -125,3 +125,17 @@ def test_promotion_every_128_of_k_is_more_accurate_than_fast_accumulation():
     ours = {fast: rel_err(fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.float32,
                                         use_fast_accum=fast), ref) for fast in (False, True)}
     assert ours[False] * 2 < ours[True], (ours, theirs)
+
+
+def test_block_scales_m_major_or_row_major_give_the_same_result():
+    """M-major block A scales (torch's layout) reach the Hopper kernel k-block-major, through its
+    ring; row-major ones as they are, loaded by its consumers: bit-identical results."""
+    _hopper()
+    M, N, K = RAGGED
+    a, b, scale_a, scale_b = inputs("block", "e4m3", "col", M, N, K, seed=5)
+    assert scale_a.stride() == (1, M)
+    through_ring = fp8_scaled_mm(a, b, scale_a, scale_b)
+    loaded = fp8_scaled_mm(a, b, scale_a.contiguous(), scale_b)
+    assert not through_ring.isnan().any()
+    assert torch.equal(through_ring, loaded)
+    assert rel_err(through_ring, exact(a, b, scale_a, scale_b)) < 1e-2

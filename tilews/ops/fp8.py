@@ -37,15 +37,18 @@ def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fas
 def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor):
     """torch's scale conventions -> the intrinsic's: block-wise b scales are [K / 128, N / 128]
     in torch's orientation, [N / 128, K / 128] in the intrinsic's (a transposed view); block-wise
-    a scales go k-block-major (``transpose_A_scale``: [K / 128, M], a view of the M-major
-    tensors torch's block-wise ``_scaled_mm`` takes, a copy of row-major ones), which lets the
-    Hopper kernel bulk-copy each k-block's scales beside its tiles. Returns (a scales, b scales,
-    whether the a scales are k-block-major)."""
+    a scales stored M-major, as torch's block-wise ``_scaled_mm`` takes them, go k-block-major
+    (``transpose_A_scale``: [K / 128, M], a contiguous view), which lets the Hopper kernel
+    bulk-copy each k-block's scales beside its tiles; row-major ones go as they are (copying
+    them to the other layout cost more than it saved: H100, 4096^3 and 1024 x 14336 x 4096, 2.5%
+    and 3.5% below the M-major call). Returns (a scales, b scales, whether the a scales are
+    k-block-major)."""
     kb, nb = scale_blocks(K), scale_blocks(N)
     sa = scale_a.reshape(1) if scale_a.dim() == 0 else scale_a
     sb = scale_b.reshape(1) if scale_b.dim() == 0 else scale_b
     if tuple(sa.shape) == (M, kb) and tuple(sb.shape) == (kb, nb) and tuple(sb.shape) != (1, N):
-        return sa.t().contiguous(), sb.t(), True
+        m_major = sa.t().is_contiguous()
+        return (sa.t() if m_major else sa), sb.t(), m_major
     try:            # per tensor / row / column; block-wise b scales only in torch's orientation
         if not granularity(M, N, K, sa.shape, sb.shape).block_wise:
             return sa, sb, False
