@@ -15,7 +15,8 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            tile's epilogue), keeps all its fragments with BM rows in dim 0 (BM a multiple of
            64 n), reads shared
            tiles of BM rows (dim 0; dim 1 of a ring buffer, whose dim 0 is the slot) only as the
-           A operand of its gemms
+           A operand of its gemms, and shared vectors of BM rows (their last dim) only whole (or a
+           ring slot whole) into 1-d fragments (block-wise FP8's row scales)
            (and writes / stores such buffers only whole, through fragment -> shared copies and
            shared -> global copies; other roles may only fill them from global memory), indexes every fragment inside a ``T.Parallel`` with the
            loop's first variable in dim 0 — it becomes roles ``ws(1)``, ..., ``ws(n)``: role h
