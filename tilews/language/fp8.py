@@ -330,8 +330,8 @@ class _BlockScales:
     which the pipeline gives the A and B tiles' ring slots and barriers, so the producer loads
     them and the consumers read them from shared memory (H100, 8192^3: consumers loading them
     from global memory, one row per sector, ran at 0.89-0.91x rowwise ``_scaled_mm``, and
-    1.05-1.08x faster with those loads deleted). Otherwise the consumers load them into registers
-    one k-block ahead.
+    1.05-1.08x faster with those loads deleted; through the ring, 0.97x). Otherwise the consumers
+    load them into registers one k-block ahead.
 
     B's scales: a part of the tile whose columns lie in one 128-column block gets B's scale
     spread over the tile's rows, loaded two k-blocks ahead and moved one step per iteration:
