@@ -5,7 +5,14 @@ import inspect
 
 import torch
 
+from tilews.lowering import ir
 from tilews.testing import poison_, rel_err  # noqa: F401  (rel_err re-exported for tests)
+
+
+def roles(kernel) -> dict:
+    """The roles of a warp-specialized kernel's ``WarpSpecialize``, by their warp groups."""
+    ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
+    return {r.warpgroups: r for r in ws.roles}
 
 
 def marked_line(fn, marker: str = "# <- error") -> int:

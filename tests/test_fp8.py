@@ -66,7 +66,7 @@ from tilews.triton_ext.gluon import emit as gluon_emit
 from tilews.triton_ext.passes.fp8_verifier import verify_fp8
 from tilews.triton_ext.toolchain import ptxas_report
 
-from .helpers import gluon_program, load, marked_line, poisoned, rel_err
+from .helpers import gluon_program, load, marked_line, poisoned, rel_err, roles
 from .test_ws_oracle import run_interp
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -875,10 +875,6 @@ def test_outer_scales_are_loaded_where_their_round_trips_hide():
     assert all(p == {"before": 0, "after": 1, "late": 0} for p in places.values()), places
 
 
-def _roles(k) -> dict:
-    return {r.warpgroups: r for ws in walk(k.body) if isinstance(ws, ir.WarpSpecialize) for r in ws.roles}
-
-
 def _a_scale_loads(role) -> list:
     return [e for s in walk(role.body) for top in exprs_of(s) for e in subexprs(top)
             if isinstance(e, ir.Load) and e.buffer.name == "A_scale"]
@@ -892,9 +888,9 @@ def test_k_block_major_a_scales_travel_with_their_tiles():
     (H100, 8192^3: 0.95x rowwise ``_scaled_mm`` where consumer loads gave 0.89-0.91x). Rows of
     M * 4 bytes not a multiple of 16 (no TMA) keep the consumer loads, one k-block ahead."""
     _, k = hopper_before_after("block-t", "e4m3-e4m3", torch.bfloat16, False)        # M = 200
-    roles = _roles(k)
-    assert sorted(roles) == [(0,), (1,), (2,)]
-    copies = [s for s in walk(roles[(0,)].body) if isinstance(s, ir.Copy)]
+    by_wg = roles(k)
+    assert sorted(by_wg) == [(0,), (1,), (2,)]
+    copies = [s for s in walk(by_wg[(0,)].body) if isinstance(s, ir.Copy)]
     scales = [s for s in copies if s.src.buffer.name == "A_scale"]
     assert len(scales) == 1 and scales[0].mechanism is ir.CopyMechanism.TMA, scales
     assert scales[0].src.extents == (1, 128)
@@ -902,7 +898,7 @@ def test_k_block_major_a_scales_travel_with_their_tiles():
     ring = scales[0].dst.buffer
     assert ring.static_shape == (3, 128)                                             # 3 stages
     for h in range(2):
-        consumer = roles[(h + 1,)]
+        consumer = by_wg[(h + 1,)]
         reads = [s for s in walk(consumer.body) if isinstance(s, ir.Copy) and s.src.buffer == ring]
         assert len(reads) == 1 and reads[0].dst.buffer.scope is ir.Scope.FRAGMENT
         assert ir.as_int(reads[0].src.starts[1]) == 64 * h and reads[0].src.extents == (1, 64)
@@ -919,10 +915,10 @@ def test_k_block_major_a_scales_travel_with_their_tiles():
     assert re.search(r"ld\.shared\.(b32|f32)", ptx)
 
     _, unaligned = hopper_before_after("block-t", "e4m3-e4m3", torch.bfloat16, False, M=201)
-    roles = _roles(unaligned)
-    assert not [s for s in walk(roles[(0,)].body)
+    by_wg = roles(unaligned)
+    assert not [s for s in walk(by_wg[(0,)].body)
                 if isinstance(s, ir.Copy) and s.src.buffer.name == "A_scale"]
-    assert _a_scale_loads(roles[(1,)]) and _a_scale_loads(roles[(2,)])
+    assert _a_scale_loads(by_wg[(1,)]) and _a_scale_loads(by_wg[(2,)])
 
 
 # ----------------------------------------------------------------------------------------------

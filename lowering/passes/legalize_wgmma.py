@@ -120,9 +120,10 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     scalars = _scalar_locals(kernel, ws)
     laid_out = dict(kernel.plan(LayoutPlan).layouts)
     bodies = [_seq(r.body, laid_out, target.register_copies) for r in ws.roles]
+    pipeline = kernel.find_plan(PipelinePlan)
     for s in kernel.body.stmts:
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
-            tile = slot_shape(s.buffer, kernel.find_plan(PipelinePlan))
+            tile = slot_shape(s.buffer, pipeline)
             if not all(ir.is_power_of_two(e) for e in tile):
                 raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
                               f"shared layouts take powers of two (line {s.loc.line})")

@@ -214,6 +214,7 @@ def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict) -> 
     copies (``renamed``) of them."""
     c = lambda v, loc: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
     mine = {v: shared[b] for b, v in renamed.items() if b in shared}
+    row_dims = {**shared, **mine}          # every row-split buffer (shared or a role's own)
 
     def shift_parallel(p: ir.Parallel) -> ir.Parallel:
         # each half's loop variables get names of their own (layout frames are keyed by them)
@@ -238,11 +239,11 @@ def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict) -> 
             return shift_parallel(n)
         if isinstance(n, ir.Region) and n.buffer.scope is ir.Scope.FRAGMENT:
             return dataclasses.replace(n, extents=(size,) + tuple(n.extents[1:]))
-        if isinstance(n, ir.Region) and (n.buffer in shared or n.buffer in mine):
-            d, first = {**shared, **mine}[n.buffer], 0 if n.buffer in mine else offset
+        if isinstance(n, ir.Region) and n.buffer in row_dims:
+            d, first = row_dims[n.buffer], 0 if n.buffer in mine else offset
             return dataclasses.replace(n, starts=n.starts[:d] + (c(first, n.loc),) + n.starts[d + 1:],
                                        extents=n.extents[:d] + (size,) + n.extents[d + 1:])
-        if isinstance(n, ir.Copy) and (n.src.buffer in shared or n.src.buffer in mine) \
+        if isinstance(n, ir.Copy) and n.src.buffer in row_dims \
                 and n.dst.buffer.scope is ir.Scope.GLOBAL:
             return _global_rows(n, offset, size)
         return None

@@ -20,7 +20,7 @@ from tilews.lowering.traverse import exprs_of, subexprs, transform, walk
 from tilews.ops.attention import mha_fwd_program
 from examples.attention import reference
 
-from ..helpers import randn, rel_err
+from ..helpers import randn, rel_err, roles
 from ..test_ws_oracle import run_interp
 
 B, H, S, D = 1, 2, 200, 64          # 200: the last key block is ragged
@@ -39,11 +39,6 @@ def lowered(causal, split=True, overlap=False):
 def inputs(seed=0):
     q, k, v = (randn(B, H, S, D, dtype=torch.float16, seed=seed + i) for i in range(3))
     return [q, k, v, torch.empty(B, H, S, D, dtype=torch.float16)]
-
-
-def roles(kernel):
-    ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
-    return {r.warpgroups: r for r in ws.roles}
 
 
 @pytest.mark.parametrize("causal", [False, True])

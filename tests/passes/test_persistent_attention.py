@@ -21,7 +21,7 @@ from tilews.lowering.traverse import transform, walk
 from tilews.ops.attention import mha_fwd_program
 from examples.attention import reference
 
-from ..helpers import gluon_program, randn, rel_err
+from ..helpers import gluon_program, randn, rel_err, roles
 from ..test_ws_oracle import run_interp
 
 B, H, D = 1, 2, 64
@@ -41,11 +41,6 @@ def lowered(causal, seq_len=200, block_M=128, threads=256, sms=3, slots=2):
 def inputs(seq_len, seed=0):
     q, k, v = (randn(B, H, seq_len, D, dtype=torch.float16, seed=seed + i) for i in range(3))
     return [q, k, v, torch.empty(B, H, seq_len, D, dtype=torch.float16)]
-
-
-def roles(kernel):
-    ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
-    return {r.warpgroups: r for r in ws.roles}
 
 
 def tile_loop(role):
