@@ -41,13 +41,14 @@ class PipelinePlan(Plan):
                                             # in the kernel body (loop_index is then inside it)
     preloads: tuple[int, ...] = ()   # positions (in the body holding the loop) of global ->
                                      # shared copies before it whose tiles stay fixed (e.g. Q)
+    preload_rings: tuple[str, ...] = ()   # preloaded buffers warp_specialize gave a leading
+                                          # slot dim (persistent kernels: one slot per tile)
 
 
 def slot_shape(b: ir.Buffer, pipeline: Optional[PipelinePlan]) -> tuple[int, ...]:
     """The shape of one slot of shared buffer ``b``: without its leading slot dim where ``b`` is
-    one of ``pipeline``'s ring buffers, else at most its last two dims (a persistent kernel's
-    preloaded tiles have two slots)."""
-    if pipeline is not None and b.name in pipeline.ring_buffers:
+    one of ``pipeline``'s ring buffers or slotted preloads, else at most its last two dims."""
+    if pipeline is not None and b.name in pipeline.ring_buffers + pipeline.preload_rings:
         return b.static_shape[1:]
     return b.static_shape[-2:]
 

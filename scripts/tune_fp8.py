@@ -3,12 +3,15 @@
 median ratio per row with its spread. Writes JSON to $OUT/fp8.json when $OUT is set.
 
     python scripts/tune_fp8.py [--rounds N] [--quick] [--modes row,row-fast,tensor,block]
-                               [--shapes MxNxK,...] [--panels P,...]
+                               [--shapes MxNxK,...] [--panels P,...] [--tiles BMxBNsSTtT,...]
 
 Rows: per granularity (tensor, row, block) and accumulation (fast: one accumulator over all of K;
 promoted: FP8 partial sums added into fp32 every 128 of K), the op as users call it and variants
 (tile widths and stages, one merged consumer role; ``--panels``: the tile order's panels of P
-tile rows, instead of the other variants) launched directly. References: the
+tile rows; ``--tiles``: tile shapes, e.g. ``64x128s8t128``; each instead of the other variants).
+Tile-hint variants run the op's own kernel (``scaled_mm_kernel`` with ``tiles``), so they time
+what a call costs; the merged-role variant needs a Target field and is launched directly (its
+host overhead shows at short kernels). References: the
 rowwise / tensorwise ``_scaled_mm`` with the same ``use_fast_accum``; block-wise rows compare with
 rowwise non-fast ``_scaled_mm`` (the issue's yardstick).
 """
@@ -26,6 +29,7 @@ import tilews.language as T
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.target import HOPPER
 from tilews.ops import fp8_scaled_mm
+from tilews.ops.fp8 import kernel_inputs, scaled_mm_kernel
 from tilews.testing import rel_err, time_ms
 from tests.helpers import load
 
@@ -51,6 +55,21 @@ def direct(prim, target):
         p.launch([a, sa, w, sb, out])
         return out
     return run
+
+
+def with_tiles(a, w, sa, sb, fast, tiles: dict):
+    """The op's call with the intrinsic's tile hints ``tiles``."""
+    args, operands = kernel_inputs(a, w.t(), sa, sb, use_fast_accum=fast)
+    kernel = scaled_mm_kernel(*args, tiles=tuple(sorted(tiles.items())))
+    return lambda: kernel(*operands)
+
+
+def tile_text(text: str) -> dict:
+    """``64x128s8t128`` -> block_M 64, block_N 128, num_stages 8, threads 128."""
+    bm, rest = text.split("x")
+    bn, rest = rest.split("s")
+    stages, threads = rest.split("t")
+    return dict(block_M=int(bm), block_N=int(bn), num_stages=int(stages), threads=int(threads))
 
 
 def inputs(M, N, K, gran):
@@ -94,7 +113,7 @@ def torch_block_wise(a, w, sa, sa_m, sb):
     return None
 
 
-def rows_for(M, N, K, gran, fast, rounds, quick, panels=()):
+def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
     a, w, sa, sb = inputs(M, N, K, gran)
     ref = exact(a, w, sa, sb, gran)
     torch_gran = "row" if gran == "block" else gran
@@ -103,31 +122,31 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=()):
     theirs = lambda: torch._scaled_mm(ta, tw.t(), tsa, tsb, out_dtype=torch.bfloat16,  # noqa: E731
                                       use_fast_accum=torch_fast)
     cands = {"op": lambda: fp8_scaled_mm(a, w.t(), sa, sb, use_fast_accum=fast)}
+    sa_m = sa.t().contiguous().t()          # the same scales stored M-major (cuBLAS's layout)
     if gran == "block":
-        sa_m = sa.t().contiguous().t()          # the same scales stored M-major (cuBLAS's layout)
         cands["op, M-major scale_a"] = lambda: fp8_scaled_mm(a, w.t(), sa_m, sb)
         theirs_block = torch_block_wise(a, w, sa, sa_m, sb)
         if theirs_block is not None:
             cands["torch block-wise"] = theirs_block
-    isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else (sa, sb.t() if gran == "block" else sb)
-    # name: (tile hints, Target fields)
-    variants = {f"panel {p}": (dict(panel=p), dict()) for p in panels}
-    if not quick and not panels:
-        variants["panel 8"] = (dict(panel=8), dict())
-    if not quick and (gran == "block" or not fast):  # the promotion is fragment math: roles split
-        variants["merged"] = (dict(), dict(split_consumers=False))
-        variants["BN 128, 5 stages"] = (dict(block_N=128, num_stages=5), dict())
-    if not quick and fast and gran != "block":
-        variants["BN 128, 4 stages"] = (dict(block_N=128, num_stages=4), dict())
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for name, (hints, fields) in variants.items():
-        target = dataclasses.replace(HOPPER, **{"num_sms": sms, **fields})
+    # variants: the op's kernel with tile hints (block-wise: M-major A scales, the op's fast form)
+    hinted = {f"panel {p}": dict(panel=p) for p in panels}
+    hinted.update({t: tile_text(t) for t in tiles})
+    if not quick and not panels and not tiles:
+        hinted["panel 8"] = dict(panel=8)
+        hinted["BN 128, 5 stages" if gran == "block" or not fast else "BN 128, 4 stages"] = \
+            dict(block_N=128, num_stages=5 if gran == "block" or not fast else 4)
+    for name, hints in hinted.items():
         try:
-            run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast, **hints), target)
+            cands[name] = with_tiles(a, w, sa_m if gran == "block" else sa, sb, fast, hints)
         except Exception as e:  # a variant that does not compile is reported, not fatal
             print(f"variant {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-            continue
-        cands[name] = lambda run=run: run(a, isa, w, isb)
+    if not quick and not panels and not tiles and (gran == "block" or not fast):   # roles split
+        isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else \
+            (sa, sb.t() if gran == "block" else sb)                           # the promotion
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        target = dataclasses.replace(HOPPER, num_sms=sms, split_consumers=False)
+        run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast), target)
+        cands["merged"] = lambda: run(a, isa, w, isb)
     out = {}
     for name, fn in cands.items():
         got, again = fn(), fn()
@@ -162,11 +181,12 @@ def main(argv) -> int:
              "block": ("block", False)}
     chosen = argv[argv.index("--modes") + 1].split(",") if "--modes" in argv else list(modes)
     panels = [int(p) for p in argv[argv.index("--panels") + 1].split(",")] if "--panels" in argv else []
+    tiles = argv[argv.index("--tiles") + 1].split(",") if "--tiles" in argv else []
     shapes = [tuple(int(d) for d in s.split("x")) for s in argv[argv.index("--shapes") + 1].split(",")] \
         if "--shapes" in argv else SHAPES[:2] if quick else SHAPES
     cases = [(s, *modes[m]) for s in shapes for m in chosen]
     for (M, N, K), gran, fast in cases:
-        rows += rows_for(M, N, K, gran, fast, rounds, quick, panels)
+        rows += rows_for(M, N, K, gran, fast, rounds, quick, panels, tiles)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "fp8.json"), "w") as f:
             json.dump(rows, f, indent=1)

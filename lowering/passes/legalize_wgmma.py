@@ -69,11 +69,12 @@ Preserves: program meaning (interpreter before == after) and locations.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 from .. import ir, protocol, roles
 from ..errors import CompileError
-from ..layouts import Blocked, WgmmaAccumulator, WgmmaOperandA
+from ..layouts import Blocked, NVMMAShared, WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, slot_shape
 from ..target import Target, bulk_copy_tensor, row_bytes
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
@@ -84,6 +85,7 @@ _SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, 
 _SCALAR_DTYPES = (ir.DType.I32, ir.DType.F32)     # the types Gluon gives Python literals
 _COUNTING = (ir.BinOpKind.ADD, ir.BinOpKind.MUL)
 REGISTER_FILE = 65536
+TMA_SHARED_ALIGN = 128      # bytes: where a bulk tensor copy may start writing shared memory
 
 
 class _Refuse(Exception):
@@ -104,6 +106,7 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     if len(wss) != 1:
         raise _Refuse("the program has no warp-specialized form (no T.ws roles and no "
                       "T.Pipelined loop of copies feeding a T.gemm)")
+    laid_out = dict(kernel.plan(LayoutPlan).layouts)
     for s in _statements(kernel.body):
         if not isinstance(s, (*_SPELLED, ir.WarpSpecialize, ir.Role)):
             raise _Refuse(f"the Gluon emitter does not spell {type(s).__name__.lower()} yet "
@@ -111,22 +114,30 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
             raise _Refuse(f"a pipelined loop inside a role (line {s.loc.line})")
         if isinstance(s, ir.Parallel):
-            _check_parallel(s)
+            _check_parallel(s, laid_out)
         if isinstance(s, ir.Reduce):
             _check_reduce(s)
         if isinstance(s, ir.AtomicAdd):
             _check_atomic(s)
     ws = wss[0]
     scalars = _scalar_locals(kernel, ws)
-    laid_out = dict(kernel.plan(LayoutPlan).layouts)
     bodies = [_seq(r.body, laid_out, target.register_copies) for r in ws.roles]
     pipeline = kernel.find_plan(PipelinePlan)
+    bulk_filled = {t.dst.buffer for body in bodies for t in walk(body) if isinstance(t, ir.Copy)
+                   and t.mechanism is ir.CopyMechanism.TMA and t.dst.buffer.scope is ir.Scope.SHARED}
     for s in kernel.body.stmts:
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
             tile = slot_shape(s.buffer, pipeline)
             if not all(ir.is_power_of_two(e) for e in tile):
                 raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
                               f"shared layouts take powers of two (line {s.loc.line})")
+            slot_bytes = math.prod(tile) * s.buffer.dtype.itemsize
+            if s.buffer in bulk_filled and slot_bytes % TMA_SHARED_ALIGN \
+                    and math.prod(s.buffer.static_shape) > math.prod(tile):
+                raise _Refuse(f"shared buffer '{s.buffer.name}' has slots of {slot_bytes} bytes; "
+                              f"a bulk (TMA) copy writes shared memory at {TMA_SHARED_ALIGN}-byte "
+                              f"aligned addresses, so each slot must be a multiple of that "
+                              f"(line {s.loc.line})")
     async_read = {b for body in bodies for t in walk(body) for b in async_shared_reads(t)}
     new_roles = tuple(dataclasses.replace(r, body=_fence(body, set(), async_read))
                       for r, body in zip(ws.roles, bodies))
@@ -217,7 +228,7 @@ def _statements(s: ir.Stmt):
     return walk(s, opaque=(ir.Parallel,))
 
 
-def _check_parallel(p: ir.Parallel) -> None:
+def _check_parallel(p: ir.Parallel, laid_out: dict) -> None:
     """The fragment math the Gluon emitter spells (see the module docstring)."""
     line = p.loc.line
     if len(p.vars) > 2:
@@ -249,7 +260,7 @@ def _check_parallel(p: ir.Parallel) -> None:
                 if not isinstance(x, ir.Load) or x.buffer.scope is ir.Scope.GLOBAL:
                     continue
                 b = x.buffer
-                if b.scope is ir.Scope.LOCAL:
+                if b.scope is ir.Scope.LOCAL or _shared_element(x, p.vars, laid_out):
                     continue
                 if b.scope is not ir.Scope.FRAGMENT:
                     raise _Refuse(f"an element read of {b.scope.value} buffer '{b.name}' inside "
@@ -260,6 +271,16 @@ def _check_parallel(p: ir.Parallel) -> None:
                 if not (whole or vector):
                     raise _Refuse(f"fragment '{b.name}' is read at line {x.loc.line or s.loc.line} "
                                   f"at indices other than the loop's variables")
+
+
+def _shared_element(x: ir.Load, loop_vars, laid_out: dict) -> bool:
+    """Whether ``x`` reads one element of a shared vector (unswizzled, its ring slot indexed) at
+    indices that do not involve the loop's variables, a value every iteration shares (the
+    emitter loads it broadcast)."""
+    layout = laid_out.get(x.buffer.name)
+    used = {v for i in x.indices for v in subexprs(i)}
+    return x.buffer.scope is ir.Scope.SHARED and isinstance(layout, NVMMAShared) \
+        and layout.rank == 1 and not used & set(loop_vars)
 
 
 def _check_atomic(s: ir.AtomicAdd) -> None:

@@ -187,6 +187,9 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, share_stagi
     out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
                               threads=kernel.threads + 128)
     shape = "" if tile_loop is None else " over a persistent tile loop (one running ring count)"
+    if pre.rings:
+        out = out.with_plan(dataclasses.replace(
+            plan, preload_rings=tuple(b.name for b in pre.rings.values())))
     return out.with_note(f"warp_specialize: T.Pipelined at line {loc.line} -> producer "
                          f"{roles.describe(producer.warpgroups)} + "
                          f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "

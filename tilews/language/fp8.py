@@ -27,6 +27,7 @@ from tilews.lowering.frontend import Macro, semantic
 from tilews.lowering.frontend.context import builder, current_loc
 from tilews.lowering.frontend.values import BufferRef, RegionRef, Scalar
 from tilews.lowering.target import bulk_copy_rows
+from tilews.targets import num_sms
 
 from .copy import copy as tile_copy
 from .elementwise import ceildiv, clear
@@ -37,6 +38,8 @@ from .loops import Parallel, Pipelined
 from .memory import alloc_fragment, alloc_shared
 
 _OUT_DTYPES = (ir.DType.BF16, ir.DType.F16, ir.DType.F32)
+_BOX_MOST = 256             # elements along one dimension of a bulk copy's box
+_ROW_LEAST = 32             # B scales in a shared row: 128 bytes, as bulk copies write
 _HINTS = ("block_M", "block_N", "num_stages", "threads", "panel")
 
 
@@ -154,25 +157,55 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
         raise _value_error(f"unknown tile hint(s) {', '.join(sorted(unknown))}; known: "
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
-    tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B), "panel": 0, **hints}
+    tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B, M, N), "panel": 0, **hints}
     _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, transpose_A_scale, promote, M, N, K,
                  **tiles)
 
 
-def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool) -> dict:
-    """Tile sizes per target. Hopper: 128 x 256 tiles over two consumer warp groups with k-tiles
-    of 128 (one scale block) and 3 stages, when the 16-bit result's staging tile fits and either
-    one accumulator holds the tile or B is K-major (then a promoting tile is two accumulators of
-    128 columns: ``_part_width``); else 128 x 128 over 5 stages. Metal: 32 x 32 tiles, so the
-    decoded float16 operand tiles (32 x 128 each) and the float32 accumulator stay inside its
-    32 KB of threadgroup memory."""
+# Hopper's tiles for the whole GEMM, largest first: (block_M, block_N, num_stages, threads). The
+# deepest ring that fits: below one tile per SM the product is bound by moving operands.
+# H100, against rowwise ``_scaled_mm`` (scripts/tune_fp8.py --tiles), block-wise / rowwise:
+# 128 x 4096 x 4096 64x64 1.08 / 0.99x (128x256: 0.60 / 0.44x); 128 x 4096 x 14336 64x64
+# 1.15 / 1.14x (0.55 / 0.59x); 128 x 14336 x 4096 128x128 0.97 / 0.98x (0.52 / 0.89x);
+# 1024 x 14336 x 4096 (448 tiles of 128x256 on 132 SMs, 85% of the last wave busy) 128x128 0.98x
+# where 128x256 reached 0.94x.
+_HOPPER_TILES = ((128, 256, 3, 256), (128, 128, 5, 256), (64, 128, 8, 128), (64, 64, 12, 128))
+_FILL = 0.75                # a tiling fills the GPU with at least this many tiles per SM
+_WAVE_USE = 0.9             # below this share of SM slots busy, 128x256 tiles give way to 128x128
+_SMEM_BYTES = 223 * 1024    # a block's 227 KB, less room for scale vectors and barriers
+
+
+def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int, N: int) -> dict:
+    """Tile sizes per target and shape. Hopper: 128 x 256 tiles (k-tiles of 128, one scale
+    block; two consumer warp groups) where there is at least one per SM, the 16-bit result's
+    staging tile fits and either one accumulator holds the tile or B is K-major (a promoting
+    tile is then two accumulators of 128 columns: ``_part_width``), unless the last wave of
+    them leaves more SMs idle than 128 x 128 tiles would; below one per SM the largest of
+    ``_HOPPER_TILES`` whose count fills the SMs, else the smallest; stages cut to fit shared
+    memory. Metal: 32 x 32 tiles, so the decoded float16 operand tiles (32 x 128 each) and the
+    float32 accumulator stay inside its 32 KB of threadgroup memory."""
     if target == "metal":
         return dict(block_M=32, block_N=32, num_stages=1, threads=128)
-    if target == "hopper":
-        wide = out is not ir.DType.F32 and (transpose_B or not promote)
-        return dict(block_M=128, block_N=256 if wide else 128, num_stages=3 if wide else 5,
-                    threads=256)
-    return dict(block_M=64, block_N=64, num_stages=2, threads=128)
+    if target != "hopper":
+        return dict(block_M=64, block_N=64, num_stages=2, threads=128)
+    sms = num_sms()
+    wide = out is not ir.DType.F32 and (transpose_B or not promote)
+    shapes = _HOPPER_TILES if wide else _HOPPER_TILES[1:]
+    count = [ceildiv(M, bm) * ceildiv(N, bn) for bm, bn, _, _ in shapes]
+    if count[0] >= sms:
+        pick = shapes[0]
+        if wide and _wave_use(count[0], sms) < min(_WAVE_USE, _wave_use(count[1], sms)):
+            pick = shapes[1]
+    else:
+        pick = next((t for t, n in zip(shapes, count) if n >= _FILL * sms), shapes[-1])
+    bm, bn, stages, threads = pick
+    room = (_SMEM_BYTES - bm * bn * out.itemsize) // ((bm + bn) * scales.SCALE_BLOCK + 4 * bm)
+    return dict(block_M=bm, block_N=bn, num_stages=max(1, min(stages, room)), threads=threads)
+
+
+def _wave_use(tiles: int, sms: int) -> float:
+    """The share of SM slots busy over the waves ``tiles`` take."""
+    return tiles / (ceildiv(tiles, sms) * sms)
 
 
 def _a_scale(gran: scales.Granularity, SA, row):
@@ -223,9 +256,9 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, sa_t, promote, M, N, K, blo
         for _ in parts:
             accs.append(_accumulator(block_M, part_N))
         if gran.block_wise:
+            ring = wgmma_path and sa_t and bulk_copy_rows(M * SA.dtype.itemsize)
             tile_scales = _BlockScales(SA, SB, sa_t, by * block_M, bx * block_N, block_M, part_N,
-                                       len(parts), K, ring=wgmma_path and sa_t
-                                       and bulk_copy_rows(M * SA.dtype.itemsize))
+                                       len(parts), K, ring=ring, b_row=ring and _bulk_row(SB, K))
         if promote:
             partial = _partial(block_M, part_N)
         for acc in accs:
@@ -257,6 +290,13 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, sa_t, promote, M, N, K, blo
             outer_scales.apply(accs)
         for p in parts:
             tile_copy(accs[p], C[by * block_M, bx * block_N + p * part_N])
+
+
+def _bulk_row(SB, K: int) -> bool:
+    """Whether a row of B's block scales (B_scale [ceil(N / 128), ceil(K / 128)]) is one bulk
+    copy: rows of whole 16-byte units, at most 256 k-blocks (a box's largest dimension)."""
+    blocks = scales.scale_blocks(K)
+    return bulk_copy_rows(blocks * SB.dtype.itemsize) and blocks <= _BOX_MOST
 
 
 class _OuterScales:
@@ -334,13 +374,20 @@ class _BlockScales:
     load them into registers one k-block ahead.
 
     B's scales: a part of the tile whose columns lie in one 128-column block gets B's scale
-    spread over the tile's rows, loaded two k-blocks ahead and moved one step per iteration:
+    spread over the tile's rows. With ``b_row`` (the A ring, and B_scale [ceil(N / 128),
+    ceil(K / 128)] with rows of whole 16-byte units and at most 256 k-blocks) each such block's
+    row of scales is one bulk copy into shared memory per tile, before its k-loop (a box
+    starting at k-block 0: a bulk copy starting inside a row faulted on an H100), and each
+    k-block reads its scale there (H100, 128 x 4096 x 4096, 64 x 128 tiles: 0.79x rowwise
+    ``_scaled_mm`` with the consumers loading them, 1.10x with those loads deleted, as fast as
+    rowwise scaling). Otherwise the consumers load them two k-blocks ahead and move them one
+    step per iteration:
     ptxas keeps that uniform value in a uniform register and moves it there as early as it can,
     which, one k-block ahead, waited on the load between the wgmma issues of the next k-block.
     Wider parts read B's scale per column in their own k-block (``columns``)."""
 
     def __init__(self, SA, SB, sa_t: bool, row0, col0, block_M: int, part_N: int, parts: int,
-                 K: int, ring: bool):
+                 K: int, ring: bool, b_row: bool):
         self.SA, self.SB, self.sa_t, self.row0 = SA, SB, sa_t, row0
         self.block_M, self.part_N = block_M, part_N
         self.cols = [col0 + q * part_N for q in _indices(parts)]
@@ -349,8 +396,14 @@ class _BlockScales:
         self.a = self._row_vector()
         self.a_ring = semantic.alloc((block_M,), ir.DType.F32, ir.Scope.SHARED, "A_scale_s") \
             if ring else None
-        self.b = [self._row_vector() for _ in _indices(spread)]          # k-block k's
-        self.b_ahead = [self._row_vector() for _ in _indices(spread)]    # k + 1's
+        row = max(_ROW_LEAST, 1 << self.last_k.bit_length())   # k-blocks: a power of 2
+        self.b_row = [semantic.alloc((row,), ir.DType.F32, ir.Scope.SHARED, "B_scale_s")
+                      for _ in _indices(spread if b_row else 0)]
+        for q, scales_of_q in enumerate(self.b_row):
+            tile_copy(self.SB[self.cols[q] // scales.SCALE_BLOCK, 0], scales_of_q)
+        ahead = 0 if self.b_row else spread
+        self.b = [self._row_vector() for _ in _indices(ahead)]          # k-block k's
+        self.b_ahead = [self._row_vector() for _ in _indices(ahead)]    # k + 1's
         self.row_scales = []
         if not ring:
             _fill(self.a, self._a_scale(0), block_M)
@@ -384,7 +437,9 @@ class _BlockScales:
         self.row_scales = []
         for q in _indices(len(self.cols)):
             s = self._row_vector()
-            if self.b:
+            if self.b_row:
+                _fill(s, lambda i, row=self.b_row[q]: self.a[i] * row[k], self.block_M)
+            elif self.b:
                 _fill(s, lambda i, b=self.b[q]: self.a[i] * b[i], self.block_M)
             else:
                 tile_copy(self.a, s)
@@ -402,7 +457,7 @@ class _BlockScales:
     def columns(self, q, k):
         """Part q's column scale for k-block k as a function of the column, or None when B's
         scale is spread over the rows."""
-        if self.b:
+        if self.b or self.b_row:
             return None
         sb = semantic.alloc((self.part_N,), ir.DType.F32, ir.Scope.FRAGMENT, "sb", hoist=True)
         _fill_columns(self.SB, sb, self.cols[q], k, self.part_N)

@@ -21,16 +21,18 @@ _OUT = (torch.bfloat16, torch.float16, torch.float32)
 @tilews.jit(out_idx=[-1])
 def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fast_accum,
                      a_dtype=T.float8_e4m3, b_dtype=T.float8_e4m3, out_dtype=T.bfloat16,
-                     transpose_A_scale=False):
+                     transpose_A_scale=False, tiles=()):
     """C = scaled (A @ B) for A [M, K] and B [N, K] (``transpose_B``) or [K, N]; the scale
     shapes choose the granularity (``tilews.lowering.fp8``); block-wise A scales
-    k-block-major with ``transpose_A_scale``."""
+    k-block-major with ``transpose_A_scale``; ``tiles``: (name, value) pairs of the intrinsic's
+    tile hints (none: the target's default tiles)."""
     @T.prim_func
     def main(A: T.Tensor((M, K), a_dtype), A_scale: T.Tensor(a_scale_shape, T.float32),
              B: T.Tensor((N, K) if transpose_B else (K, N), b_dtype),
              B_scale: T.Tensor(b_scale_shape, T.float32), C: T.Tensor((M, N), out_dtype)):
         T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B=transpose_B,
-                            use_fast_accum=use_fast_accum, transpose_A_scale=transpose_A_scale)
+                            use_fast_accum=use_fast_accum, transpose_A_scale=transpose_A_scale,
+                            **dict(tiles))
     return main
 
 
@@ -41,14 +43,18 @@ def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor
     (``transpose_A_scale``: [K / 128, M], a contiguous view), which lets the Hopper kernel
     bulk-copy each k-block's scales beside its tiles; row-major ones go as they are (copying
     them to the other layout cost more than it saved: H100, 4096^3 and 1024 x 14336 x 4096, 2.5%
-    and 3.5% below the M-major call). Returns (a scales, b scales, whether the a scales are
+    and 3.5% below the M-major call). With k-block-major a scales the b scales are bulk-copied
+    too, as a contiguous [N / 128, K / 128] tensor: torch's layout for them (the transpose of
+    one) is a view, any other a copy. Returns (a scales, b scales, whether the a scales are
     k-block-major)."""
     kb, nb = scale_blocks(K), scale_blocks(N)
     sa = scale_a.reshape(1) if scale_a.dim() == 0 else scale_a
     sb = scale_b.reshape(1) if scale_b.dim() == 0 else scale_b
     if tuple(sa.shape) == (M, kb) and tuple(sb.shape) == (kb, nb) and tuple(sb.shape) != (1, N):
         m_major = sa.t().is_contiguous()
-        return (sa.t() if m_major else sa), sb.t(), m_major
+        if not m_major:
+            return sa, sb.t(), False
+        return sa.t(), sb.t().contiguous(), True
     try:            # per tensor / row / column; block-wise b scales only in torch's orientation
         if not granularity(M, N, K, sa.shape, sb.shape).block_wise:
             return sa, sb, False

@@ -19,7 +19,7 @@ from typing import Callable
 
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
-from tilews.lowering.layouts import RowSlice
+from tilews.lowering.layouts import NVMMAShared, RowSlice
 from tilews.lowering.simplify import NONNEG_OPS
 
 from ..pysource import atom, nonneg
@@ -100,6 +100,8 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
         return ctx.scalar(b, e.loc)
     if b.scope is ir.Scope.FRAGMENT:
         return _fragment_element(ctx, e)
+    if b.scope is ir.Scope.SHARED:
+        return _shared_element(ctx, e)
     if b.scope is not ir.Scope.GLOBAL:
         raise InternalError(f"gluon backend: no rule for reading {b.scope.value} buffer '{b.name}' "
                             f"element by element", e.loc)
@@ -144,6 +146,27 @@ def _fragment_element(ctx: Ctx, e: ir.Load) -> str:
     want = RowSlice(1 - axis, f.layout)
     v = x if own == want else f"gl.convert_layout({x}, {ctx.layout_const(want, 'axis_layout')})"
     return f"gl.expand_dims({v}, {1 - axis})"
+
+
+def _shared_element(ctx: Ctx, e: ir.Load) -> str:
+    """One element of a shared vector (unswizzled, its ring slot indexed) read inside the loop
+    by every thread: the vector seen as [n, 1], n slots of one element over the same bytes, and
+    the element's slot indexed; loaded in the loop's layout as a tensor of ones in each
+    dimension, which broadcasts against the loop's."""
+    f, b = ctx.par, e.buffer
+    layout = ctx.layouts.get(b.name)
+    if f is None or not isinstance(layout, NVMMAShared) or layout.rank != 1:
+        raise InternalError(f"gluon backend: no rule for reading shared buffer '{b.name}' "
+                            f"element by element other than an unswizzled vector inside a "
+                            f"T.Parallel", e.loc)
+    *rows, at = e.indices
+    smem = ctx.name(b.name) + "".join(f".index({arg(ctx, i)})" for i in rows)
+    column = (f"{smem}._reinterpret({GL_DTYPE[b.dtype]}, [{b.static_shape[-1]}, 1], "
+              f"{ctx.layout(b, e.loc)}).index({arg(ctx, at)})")
+    if len(f.vars) == 1:
+        return f"{column}.load({f.const})"
+    row = ctx.layout_const(RowSlice(1, f.layout), "axis_layout")
+    return f"gl.expand_dims({column}.load({row}), 1)"
 
 
 def _cmp(ctx: Ctx, e: ir.Cmp) -> str:

@@ -151,10 +151,12 @@ def store(ctx: Ctx, s: ir.Store) -> None:
     value = _spell_once(ctx, s.value)
     used = set(f.vars) & {v for v in subexprs(s.value) if isinstance(v, ir.Var)}
     if len(used) < len(f.vars):
-        # broadcast to the loop's shape: a scalar splat, a vector along one axis broadcast
-        # (not added to zeros: 0.0 + x is no identity, so ptxas kept an FADD per element)
+        # broadcast to the loop's shape: a scalar splat, a vector along one axis or a shared
+        # element (a tensor of ones in each dimension) broadcast (not added to zeros: 0.0 + x
+        # is no identity, so ptxas kept an FADD per element)
         full = f"gl.full({list(f.extents)}, {{}}, {GL_DTYPE[s.value.dtype]}, layout={f.const})"
-        value = full.format(value) if not used else \
+        scalar = not used and not any(x.buffer.scope is ir.Scope.SHARED for x in _loads(s))
+        value = full.format(value) if scalar else \
             f"gl.broadcast({atom(value)}, {full.format(0)})[0]"
     if b.scope is ir.Scope.GLOBAL:
         ptr, inside = element_address(ctx, b, s.indices, s.loc)
