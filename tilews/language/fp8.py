@@ -165,10 +165,10 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
 # Hopper's tiles for the whole GEMM, largest first: (block_M, block_N, num_stages, threads). The
 # deepest ring that fits: below one tile per SM the product is bound by moving operands.
 # H100, against rowwise ``_scaled_mm`` (scripts/tune_fp8.py --tiles), block-wise / rowwise:
-# 128 x 4096 x 4096 64x64 1.08 / 0.99x (128x256: 0.60 / 0.44x); 128 x 4096 x 14336 64x64
-# 1.15 / 1.14x (0.55 / 0.59x); 128 x 14336 x 4096 128x128 0.97 / 0.98x (0.52 / 0.89x);
-# 1024 x 14336 x 4096 (448 tiles of 128x256 on 132 SMs, 85% of the last wave busy) 128x128 0.98x
-# where 128x256 reached 0.94x.
+# 128 x 4096 x 4096 64x64 1.08 / 0.99x; 128 x 4096 x 14336 64x64 1.15 / 1.14x; 128 x 14336 x
+# 4096 128x128 0.97 / 0.98x (128x256 tiles, called through the op, host time included: 0.44-0.89x
+# at these three); 1024 x 14336 x 4096 (448 tiles of 128x256 on 132 SMs: 85% of the SM slots of
+# its waves busy) 128x128 0.98x where 128x256 reached 0.94x.
 _HOPPER_TILES = ((128, 256, 3, 256), (128, 128, 5, 256), (64, 128, 8, 128), (64, 64, 12, 128))
 _FILL = 0.75                # a tiling fills the GPU with at least this many tiles per SM
 _WAVE_USE = 0.9             # below this share of SM slots busy, 128x256 tiles give way to 128x128
