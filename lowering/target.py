@@ -53,6 +53,11 @@ def bulk_copy_rows(row_bytes: int) -> bool:
     return row_bytes % 16 == 0
 
 
+def wave_use(blocks: int, num_sms: int) -> float:
+    """The share of SM slots busy over the waves ``blocks`` take (1.0: the last wave is full)."""
+    return blocks / (-(-blocks // num_sms) * num_sms)
+
+
 def row_bytes(b: ir.Buffer) -> Optional[int]:
     """The pitch of tensor ``b``'s rows in bytes (its last dim times its item size), 0 for a 1-d
     tensor (no rows to pitch), None when a dim after the first is a runtime one."""

@@ -26,7 +26,7 @@ from tilews.lowering.errors import CompileTypeError, CompileValueError
 from tilews.lowering.frontend import Macro, semantic
 from tilews.lowering.frontend.context import builder, current_loc
 from tilews.lowering.frontend.values import BufferRef, RegionRef, Scalar
-from tilews.lowering.target import bulk_copy_rows
+from tilews.lowering.target import HOPPER, bulk_copy_rows, wave_use
 from tilews.targets import num_sms
 
 from .copy import copy as tile_copy
@@ -172,7 +172,7 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
 _HOPPER_TILES = ((128, 256, 3, 256), (128, 128, 5, 256), (64, 128, 8, 128), (64, 64, 12, 128))
 _FILL = 0.75                # a tiling fills the GPU with at least this many tiles per SM
 _WAVE_USE = 0.9             # below this share of SM slots busy, 128x256 tiles give way to 128x128
-_SMEM_BYTES = 223 * 1024    # a block's 227 KB, less room for scale vectors and barriers
+_SMEM_BYTES = HOPPER.smem_bytes - 4 * 1024   # less room for scale vectors and barriers
 
 
 def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int, N: int) -> dict:
@@ -194,18 +194,13 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
     count = [ceildiv(M, bm) * ceildiv(N, bn) for bm, bn, _, _ in shapes]
     if count[0] >= sms:
         pick = shapes[0]
-        if wide and _wave_use(count[0], sms) < min(_WAVE_USE, _wave_use(count[1], sms)):
+        if wide and wave_use(count[0], sms) < min(_WAVE_USE, wave_use(count[1], sms)):
             pick = shapes[1]
     else:
         pick = next((t for t, n in zip(shapes, count) if n >= _FILL * sms), shapes[-1])
     bm, bn, stages, threads = pick
     room = (_SMEM_BYTES - bm * bn * out.itemsize) // ((bm + bn) * scales.SCALE_BLOCK + 4 * bm)
     return dict(block_M=bm, block_N=bn, num_stages=max(1, min(stages, room)), threads=threads)
-
-
-def _wave_use(tiles: int, sms: int) -> float:
-    """The share of SM slots busy over the waves ``tiles`` take."""
-    return tiles / (ceildiv(tiles, sms) * sms)
 
 
 def _a_scale(gran: scales.Granularity, SA, row):

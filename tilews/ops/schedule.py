@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from tilews.lowering.target import bulk_copy_rows
+from tilews.lowering.target import bulk_copy_rows, wave_use
 
 PROGRAMS = ("tiled", "persistent", "split_k", "split_k_fused", "swap_ab", "stream_k")
 PANELLED = ("persistent", "stream_k")       # their group: the tile panel, at least 1
@@ -206,11 +206,6 @@ def _k_splits(s: Schedule, K: int) -> bool:
 def _aligned(N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
     """Whether TMA can take the rows of A [M, K], B [K, N] and C [M, N]."""
     return all(bulk_copy_rows(n) for n in (K * dtype.itemsize, N * dtype.itemsize, N * out_dtype.itemsize))
-
-
-def wave_use(blocks: int, num_sms: int) -> float:
-    """The share of SM slots busy over the waves ``blocks`` take (1.0: the last wave is full)."""
-    return blocks / (-(-blocks // num_sms) * num_sms)
 
 
 def _split(M: int, N: int, K: int, tile: Schedule, num_sms: int, most: int = MAX_SPLITS,
