@@ -177,7 +177,7 @@ def _rowwise_operands(inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
 
 def _scale_like(shape: Sequence[int], granularity: str) -> torch.Tensor:
     """A meta tensor with the shape and the layout ``scales`` gives a scale (block scales: the
-    transpose of a contiguous tensor), for the kernel ``kernel_inputs`` picks."""
+    transpose of a contiguous tensor), for the kernel ``kernel_mapping`` picks."""
     if granularity == "block":
         return torch.empty(tuple(shape)[::-1], dtype=torch.float32, device="meta").t()
     return torch.empty(tuple(shape), dtype=torch.float32, device="meta")
@@ -185,18 +185,18 @@ def _scale_like(shape: Sequence[int], granularity: str) -> torch.Tensor:
 
 def _build_tilews(case: Case, target: str):
     """``tilews.ops.fp8_scaled_mm``'s kernel for ``target``, given what the op gives it
-    (``kernel_inputs``) and writing into a caller-given C (no out_idx)."""
-    from tilews.ops.fp8 import kernel_inputs, scaled_mm_kernel
+    (``kernel_mapping``) and writing into a caller-given C (no out_idx)."""
+    from tilews.ops.fp8 import kernel_mapping, scaled_mm_kernel
     M, N, K, _ = case.shape
     gran = _granularity(case.shape)
     like = [_scale_like(shape, gran) for shape in scale_shapes(gran, M, N, K)]
     a, w = (torch.empty(rows, K, dtype=E4M3, device="meta") for rows in (M, N))
-    args, _ = kernel_inputs(a, w.t(), *like, out_dtype=case.dtype, use_fast_accum=_fast(case.shape))
+    args, operands = kernel_mapping(a, w.t(), *like, out_dtype=case.dtype,
+                                    use_fast_accum=_fast(case.shape))
     kernel = for_target(scaled_mm_kernel.fn, target)(*args)
 
     def run(a, b, scale_a, scale_b, *rest):
-        _, operands = kernel_inputs(a, b, scale_a, scale_b, case.dtype, _fast(case.shape))
-        kernel(*operands, rest[-1])
+        kernel(*operands(a, b, scale_a, scale_b), rest[-1])
     return run
 
 

@@ -123,6 +123,18 @@ class Kernel:
             return None
         return outs[0] if len(outs) == 1 else outs
 
+    def bound(self, args: Sequence):
+        """A call ``f(*args)`` doing what calling the kernel does (its last output, or None) for
+        arguments of ``args``'s signature: the binding fixed to that signature
+        (``Binder.bound``), then the launch. The caller keys it on at least the signature."""
+        bind, launch = self.binder.bound(args), self.program.launch
+
+        def call(*args):
+            values, outs = bind(*args)
+            launch(values)
+            return outs[-1] if outs else None
+        return call
+
     def get_kernel_source(self, kernel_only: bool = True) -> str:
         """The generated program (``triton.language`` or Gluon source, or the lowered IR the
         interpreter runs). The module holds the kernel and its small host-side grid function, so

@@ -7,10 +7,13 @@ w.t()`` with w [N, K] contiguous, i.e. K-major); a row-major b is read as it is,
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
 import tilews
 import tilews.language as T
+from tilews.binding import SIGNATURES
 from tilews.lowering import dtypes
 from tilews.lowering.fp8 import granularity, scale_blocks
 
@@ -36,6 +39,26 @@ def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fas
     return main
 
 
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(1)
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t()
+
+
+def _transposed_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous()
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous()
+
+
 def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor):
     """torch's scale conventions -> the intrinsic's: block-wise b scales are [K / 128, N / 128]
     in torch's orientation, [N / 128, K / 128] in the intrinsic's (a transposed view); block-wise
@@ -45,19 +68,20 @@ def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor
     them to the other layout cost more than it saved: H100, 4096^3 and 1024 x 14336 x 4096, 2.5%
     and 3.5% below the M-major call). With k-block-major a scales the b scales are bulk-copied
     too, as a contiguous [N / 128, K / 128] tensor: torch's layout for them (the transpose of
-    one) is a view, any other a copy. Returns (a scales, b scales, whether the a scales are
-    k-block-major)."""
+    one) is a view, any other a copy. Returns (the a scales' map, the b scales' map, whether the
+    a scales are k-block-major): each map takes a tensor of this shape and strides to the
+    kernel's operand."""
     kb, nb = scale_blocks(K), scale_blocks(N)
-    sa = scale_a.reshape(1) if scale_a.dim() == 0 else scale_a
-    sb = scale_b.reshape(1) if scale_b.dim() == 0 else scale_b
-    if tuple(sa.shape) == (M, kb) and tuple(sb.shape) == (kb, nb) and tuple(sb.shape) != (1, N):
-        m_major = sa.t().is_contiguous()
-        if not m_major:
-            return sa, sb.t(), False
-        return sa.t(), sb.t().contiguous(), True
+    to_a = _flat if scale_a.dim() == 0 else _same
+    to_b = _flat if scale_b.dim() == 0 else _same
+    sa, sb = tuple(scale_a.shape) or (1,), tuple(scale_b.shape) or (1,)
+    if sa == (M, kb) and sb == (kb, nb) and sb != (1, N):
+        if not scale_a.t().is_contiguous():
+            return _same, _transposed, False
+        return _transposed, _transposed if scale_b.t().is_contiguous() else _transposed_copy, True
     try:            # per tensor / row / column; block-wise b scales only in torch's orientation
-        if not granularity(M, N, K, sa.shape, sb.shape).block_wise:
-            return sa, sb, False
+        if not granularity(M, N, K, sa, sb).block_wise:
+            return to_a, to_b, False
     except ValueError:
         pass
     raise ValueError(f"fp8_scaled_mm(): scale_a {list(scale_a.shape)} and scale_b "
@@ -67,12 +91,14 @@ def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor
                      f"scale_b [{kb}, {nb}] (128 x 128 blocks of b)")
 
 
-def kernel_inputs(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                  out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = False):
+def kernel_mapping(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = False):
     """``fp8_scaled_mm``'s inputs checked and mapped onto its kernel: (the arguments of
-    ``scaled_mm_kernel``, the operands its kernel takes before C). A column-major b is passed as
-    the [N, K] tensor it is a view of (the K-major Hopper path); block-wise b scales as the
-    intrinsic's [N / 128, K / 128] view. Reads only shapes, strides and dtypes (meta tensors do)."""
+    ``scaled_mm_kernel``, a function (a, b, scale_a, scale_b) -> the operands its kernel takes
+    before C, for inputs of these shapes, strides and dtypes). A column-major b is passed as the
+    [N, K] tensor it is a view of (the K-major Hopper path); block-wise b scales as the
+    intrinsic's [N / 128, K / 128] view. Reads only shapes, strides and dtypes (meta tensors
+    do)."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"fp8_scaled_mm(): '{name}' must be a 2-d tensor")
@@ -89,29 +115,106 @@ def kernel_inputs(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
     (M, K), (K2, N) = a.shape, b.shape
     if K2 != K:
         raise ValueError(f"fp8_scaled_mm(): a is [{M}, {K}] but b is [{K2}, {N}]: K differs")
-    sa, sb, sa_t = _scales(M, N, K, scale_a, scale_b)
+    to_sa, to_sb, sa_t = _scales(M, N, K, scale_a, scale_b)
     k_major = b.stride(0) == 1 and b.stride(1) == K          # b = w.t(), w [N, K] row-major
-    B = b.t() if k_major else b.contiguous()
-    args = (M, N, K, tuple(sa.shape), tuple(sb.shape), k_major, bool(use_fast_accum),
-            dtypes.from_torch(a.dtype), dtypes.from_torch(b.dtype), dtypes.from_torch(out_dtype),
-            sa_t)
-    return args, (a.contiguous(), sa, B, sb)
+    to_a = _same if a.is_contiguous() else _contiguous
+    to_b = _transposed if k_major else _same if b.is_contiguous() else _contiguous
+    args = (M, N, K, tuple(to_sa(scale_a).shape), tuple(to_sb(scale_b).shape), k_major,
+            bool(use_fast_accum), dtypes.from_torch(a.dtype), dtypes.from_torch(b.dtype),
+            dtypes.from_torch(out_dtype), sa_t)
+    return args, lambda a, b, sa, sb: (to_a(a), to_sa(sa), to_b(b), to_sb(sb))
+
+
+def kernel_inputs(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = False):
+    """(the arguments of ``scaled_mm_kernel``, the operands its kernel takes before C) for these
+    inputs of ``fp8_scaled_mm`` (``kernel_mapping``)."""
+    args, operands = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    return args, operands(a, b, scale_a, scale_b)
+
+
+Call = Callable[..., torch.Tensor]
+# the hot path's one lookup: each input's shape, strides, dtype and device (bias: None or its),
+# out_dtype and use_fast_accum -> the call for that kind; only checked kinds are stored
+_calls: dict[tuple, Call] = {}
 
 
 def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                  bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
                   use_fast_accum: bool = False) -> torch.Tensor:
     """``(a @ b)`` scaled by ``scale_a`` / ``scale_b``, as ``torch._scaled_mm``: a [M, K], b
     [K, N] FP8 (float8_e4m3fn / float8_e5m2, may differ); float32 scales per tensor, per row of a /
     column of b, or block-wise; ``bias`` [N] is added to the result (after the kernel, not fused);
     ``use_fast_accum=False`` promotes the tensor cores' FP8 partial sums into float32 every 128
-    of K."""
-    args, operands = kernel_inputs(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    of K.
+
+    The first call of a kind (each input's shape, strides, dtype and device, ``out_dtype``,
+    ``use_fast_accum``) checks the inputs (errors name the argument), compiles or finds the
+    kernel and keeps a call for the kind: the mapping of the inputs onto the kernel's operands
+    and the kernel's binding fixed to their signature (``Kernel.bound``). A later call of the
+    kind is one key, one lookup and that call. Under ``torch.compile`` it is the custom op
+    ``tilews::fp8_scaled_mm`` (below)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.tilews.fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+    try:
+        key = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
+               scale_a.shape, scale_a.stride(), scale_a.dtype, scale_a.device,
+               scale_b.shape, scale_b.stride(), scale_b.dtype, scale_b.device,
+               None if bias is None else (bias.shape, bias.dtype, bias.device),
+               out_dtype, use_fast_accum)
+        call = _calls[key]
+    except KeyError:
+        return _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+    except (AttributeError, TypeError):     # not tensors, or unhashable: say which
+        args, _ = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+        _check_bias(bias, args[1], a.device)
+        raise
+    return call(a, b, scale_a, scale_b, bias)
+
+
+def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) -> torch.Tensor:
+    """A new kind of call (``key``): checked, run, and its call kept for the kind."""
+    args, operands = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
     M, N, K = args[:3]
-    if bias is not None and (bias.shape != (N,) or bias.device != a.device):
-        raise ValueError(f"fp8_scaled_mm(): bias must be a [{N}] tensor on {a.device}")
+    _check_bias(bias, N, a.device)
     if M == 0 or N == 0 or K == 0:
-        out = torch.zeros(M, N, dtype=out_dtype, device=a.device)
+        def product(a, b, sa, sb):
+            return torch.zeros(M, N, dtype=out_dtype, device=a.device)
     else:
-        out = scaled_mm_kernel(*args)(*operands)
-    return out if bias is None else out.add_(bias.to(out_dtype))
+        launch = scaled_mm_kernel(*args).bound(operands(a, b, scale_a, scale_b))
+
+        def product(a, b, sa, sb):
+            return launch(*operands(a, b, sa, sb))
+    if bias is None:
+        def call(a, b, sa, sb, bias):
+            return product(a, b, sa, sb)
+    else:
+        def call(a, b, sa, sb, bias):
+            return product(a, b, sa, sb).add_(bias.to(out_dtype))
+    result = call(a, b, scale_a, scale_b, bias)
+    if len(_calls) >= SIGNATURES:
+        _calls.clear()
+    _calls[key] = call
+    return result
+
+
+def _check_bias(bias, N: int, device: torch.device) -> None:
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (N,)
+                             or bias.device != device):
+        raise ValueError(f"fp8_scaled_mm(): bias must be a [{N}] tensor on {device}")
+
+
+# --- torch.library ---------------------------------------------------------------------------------
+@torch.library.custom_op("tilews::fp8_scaled_mm", mutates_args=(),
+                         schema="(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
+                                "ScalarType out_dtype, bool use_fast_accum) -> Tensor")
+def _fp8_scaled_mm_op(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum):
+    return fp8_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+
+
+@_fp8_scaled_mm_op.register_fake
+def _fp8_scaled_mm_fake(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum):
+    args, _ = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    M, N = args[:2]
+    _check_bias(bias, N, a.device)
+    return a.new_empty((M, N), dtype=out_dtype)

@@ -251,12 +251,12 @@ class Runner:
     def direct(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Call]:
         """``self(a, b)``, and a call doing the same for operands of ``a`` and ``b``'s signature
         (shapes, strides, dtypes, devices): each kernel's binding fixed to its arguments'
-        signature (``_bound``), after copying operands that are not contiguous."""
+        signature (``Kernel.bound``), after copying operands that are not contiguous."""
         ca, cb = a.contiguous(), b.contiguous()
         counters = self._counters(ca, cb)
         args, calls = (ca, cb, *counters), []
         for kernel in self.kernels:
-            calls.append(_bound(kernel, args))
+            calls.append(kernel.bound(args))
             args = (calls[-1](*args),)
         if counters:
             # the current stream's counters, at least as many as bound here: a larger tensor
@@ -271,18 +271,6 @@ class Runner:
         if ca is a and cb is b:
             return args[0], call
         return args[0], lambda a, b: call(a.contiguous(), b.contiguous())
-
-
-def _bound(kernel, args: tuple) -> Callable[..., torch.Tensor]:
-    """``kernel(*args)`` (its last output) for arguments of ``args``'s signature: its binder's
-    binding for that signature (``Binder.bound``), then its launch."""
-    bind, launch = kernel.binder.bound(args), kernel.program.launch
-
-    def call(*args):
-        values, outs = bind(*args)
-        launch(values)
-        return outs[-1]
-    return call
 
 
 def _runner(schedule: Schedule, N: int, K: int, dtype: torch.dtype, out: torch.dtype,
