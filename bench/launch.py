@@ -8,7 +8,10 @@ The kernels, all computing C = A @ B on the same 64x64x64 operands and each retu
 * ``raw triton launch``: the plain Triton ``tl.dot`` kernel of ``tilews.bench.baselines``
   launched directly, ``kernel[grid](...)`` on a fixed one-block grid;
 * ``torch.matmul``;
-* ``tilews.ops.matmul``: the ready-made op (its schedule from the disk cache or its heuristic).
+* ``tilews.ops.matmul``: the ready-made op (its schedule from the disk cache or its heuristic);
+* ``tilews.ops.fp8_scaled_mm`` and ``torch._scaled_mm``: the same product in FP8, A and B rounded
+  to float8_e4m3fn (B column-major, as torch passes a weight), per-row and per-column float32
+  scales of 1, C in the run's dtype; their check's exact product is that of the rounded operands.
 
 Each is built and checked once against the float64 product (tolerance 1e-2 on the relative
 error); then every round times each kernel once, in an order rotating from round to round: a
@@ -55,12 +58,17 @@ FAILED = ("fail", "error")
 Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return a, b
+
+
 @dataclass(frozen=True)
 class Contender:
     """A kernel timed here: ``build(machine, a)`` returns ``call(a, b) -> C`` and what runs it,
-    or raises ``Unavailable``."""
+    or raises ``Unavailable``; ``operands`` makes what it multiplies from the run's A and B."""
     name: str
     build: Callable[[Machine, torch.Tensor], tuple[Call, str]]
+    operands: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = _same
 
 
 @dataclass
@@ -123,8 +131,41 @@ def _ops_matmul(machine: Machine, a: torch.Tensor) -> tuple[Call, str]:
     return matmul, f"tilews {ops_target(machine)}"
 
 
+def _fp8(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and B rounded to float8_e4m3fn, B column-major (``w.t()`` of a contiguous w)."""
+    return a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn).t()
+
+
+def _unit_scales(a: torch.Tensor):
+    """Per-row scales of A and per-column scales of B, all 1."""
+    return (torch.ones(SIZE, 1, device=a.device), torch.ones(1, SIZE, device=a.device))
+
+
+def _ops_fp8(machine: Machine, a: torch.Tensor) -> tuple[Call, str]:
+    from tilews.ops import fp8_scaled_mm
+
+    from .gemm import ops_target
+    (scale_a, scale_b), out = _unit_scales(a), a.dtype
+    return (lambda a, b: fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype=out),
+            f"tilews {ops_target(machine)}")
+
+
+def _torch_scaled_mm(machine: Machine, a: torch.Tensor) -> tuple[Call, str]:
+    (scale_a, scale_b), out = _unit_scales(a), a.dtype
+
+    def call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out)
+    try:
+        call(*_fp8(a, a))
+    except (RuntimeError, NotImplementedError) as e:      # how torch says "not here"
+        raise Unavailable(f"torch._scaled_mm does not run here: {' '.join(str(e).split())[:200]}") from None
+    return call, "cuBLAS" if machine.gpu else "torch CPU"
+
+
 CONTENDERS = [Contender("tilews kernel", _tilews_kernel), Contender(RAW, _raw_triton),
-              Contender("torch.matmul", _torch_matmul), Contender("tilews.ops.matmul", _ops_matmul)]
+              Contender("torch.matmul", _torch_matmul), Contender("tilews.ops.matmul", _ops_matmul),
+              Contender("tilews.ops.fp8_scaled_mm", _ops_fp8, _fp8),
+              Contender("torch._scaled_mm", _torch_scaled_mm, _fp8)]
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -133,28 +174,31 @@ def run(machine: Machine, dtype: torch.dtype, calls: int, rounds: int) -> list[L
     """Build and check every contender, then time the correct ones in ``rounds`` rotating rounds."""
     gen = torch.Generator(device=machine.device).manual_seed(0)
     a, b = (torch.randn(SIZE, SIZE, generator=gen, device=machine.device).to(dtype) for _ in range(2))
-    exact = a.double() @ b.double()
     rows, calls_of = [], {}
     for contender in CONTENDERS:
         row = LaunchRow(contender.name)
-        fn = _check(row, contender, machine, a, b, exact)
+        operands = contender.operands(a, b)
+        fn = _check(row, contender, machine, a, operands)
         if fn is not None:
-            calls_of[row.impl] = fn
+            calls_of[row.impl] = fn, operands
         rows.append(row)
     timed = [r for r in rows if r.impl in calls_of]
     for n in range(rounds if timed else 0):
         for row in timed[n % len(timed):] + timed[:n % len(timed)]:
-            row.us_runs.append(per_call_us(calls_of[row.impl], a, b, calls, machine))
+            fn, operands = calls_of[row.impl]
+            row.us_runs.append(per_call_us(fn, *operands, calls, machine))
     return rows
 
 
-def _check(row: LaunchRow, contender: Contender, machine: Machine, a: torch.Tensor, b: torch.Tensor,
-           exact: torch.Tensor) -> Optional[Call]:
-    """Build it and call it once; the call if it ran and was right, else None (the row says why)."""
+def _check(row: LaunchRow, contender: Contender, machine: Machine, a: torch.Tensor,
+           operands: tuple[torch.Tensor, torch.Tensor]) -> Optional[Call]:
+    """Build it (for the run's A, ``a``) and call it once on its ``operands``; the call if it ran
+    and matched their float64 product, else None (the row says why)."""
+    exact = operands[0].double() @ operands[1].double()
     try:
         t0 = time.perf_counter()
         fn, row.runs_on = contender.build(machine, a)
-        result = fn(a, b)
+        result = fn(*operands)
         _sync(machine)
         row.build_s = time.perf_counter() - t0
     except Unavailable as e:

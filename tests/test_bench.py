@@ -702,7 +702,8 @@ def test_ops_rows_run_only_on_the_target_the_op_picks():
     assert USER_PROGRAM.unavailable(other, machine) is None
 
 
-LAUNCH_ROWS = ["tilews kernel", "raw triton launch", "torch.matmul", "tilews.ops.matmul"]
+LAUNCH_ROWS = ["tilews kernel", "raw triton launch", "torch.matmul", "tilews.ops.matmul",
+               "tilews.ops.fp8_scaled_mm", "torch._scaled_mm"]
 
 
 def test_launch_times_every_kernel_and_writes_its_json(tmp_path):
@@ -726,7 +727,8 @@ def test_launch_times_every_kernel_and_writes_its_json(tmp_path):
         expected = None if name == "raw triton launch" else r["us"] - raw["us"]
         assert r["minus_raw_triton_us"] == pytest.approx(expected)
     assert gpu or [rows[n]["runs_on"] for n in LAUNCH_ROWS] == [
-        "tilews interpret", "triton CPU interpreter", "torch CPU", "tilews interpret"]
+        "tilews interpret", "triton CPU interpreter", "torch CPU", "tilews interpret",
+        "tilews interpret", "torch CPU"]
     lines = proc.stdout.rstrip().splitlines()
     assert gpu or "INTERPRETER TIMINGS" in proc.stdout
     assert any(ln.startswith("| kernel ") and "| minus raw triton (us) |" in ln for ln in lines)
