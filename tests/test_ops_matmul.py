@@ -71,7 +71,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(mm, "_plans", {})
     monkeypatch.setattr(mm, "_kernels", {})
     monkeypatch.setattr(mm, "_scheduled", {})
-    monkeypatch.setattr(mm, "_tuned", {})
+    monkeypatch.setattr(mm._winners, "tuned", {})
     monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
     return tmp_path
 
@@ -287,12 +287,12 @@ def test_tune_writes_the_winner_and_matmul_reads_it(fresh, monkeypatch, caplog):
     timed = [r.getMessage() for r in caplog.records if " ms" in r.getMessage()]
     assert len(timed) == len(space), [r.getMessage() for r in caplog.records]   # none dropped
     [entry] = cache_entries(fresh)
-    assert entry["schedule"] == str(winner) and entry["key"][-3:] == [80, 96, 8]
+    assert entry["winner"] == str(winner) and entry["key"][-3:] == [80, 96, 8]
     # A new process (nothing in memory) follows the disk, even an entry edited by hand.
     chosen = Schedule.from_text("swap_ab 16x64x32 s2 t128")
     [path] = (fresh / "ops" / "matmul").glob("*.json")
-    path.write_text(json.dumps({**entry, "schedule": str(chosen)}))
-    monkeypatch.setattr(mm, "_tuned", {})
+    path.write_text(json.dumps({**entry, "winner": str(chosen)}))
+    monkeypatch.setattr(mm._winners, "tuned", {})
     monkeypatch.setattr(mm, "_calls", {})
     monkeypatch.setattr(mm, "_plans", {})
     monkeypatch.setattr(mm, "_kernels", {})
@@ -327,7 +327,7 @@ def test_env_switch_tunes_at_the_first_call(fresh, monkeypatch):
     assert cache_entries(fresh) == []
     assert_product(ops.matmul(a, b), a, b, torch.bfloat16)
     [entry] = cache_entries(fresh)
-    assert entry["key"][-1] == 32 and ops.matmul_schedule(a, b) == Schedule.from_text(entry["schedule"])
+    assert entry["key"][-1] == 32 and ops.matmul_schedule(a, b) == Schedule.from_text(entry["winner"])
     assert_product(ops.matmul(a, b), a, b, torch.bfloat16)   # planned now: no second tuning
     assert len(cache_entries(fresh)) == 1
 

@@ -45,9 +45,6 @@ implementation runs directly (a custom op's dispatch costs microseconds).
 from __future__ import annotations
 
 import functools
-import json
-import logging
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -56,25 +53,20 @@ import torch
 import tilews
 import tilews.language as T
 from tilews.binding import SIGNATURES
-from tilews.cache import CacheWarning, cache_key, default_cache_dir, store_file
-from tilews.compiler import sources_digest
 from tilews.jit import compile_each
 from tilews.lowering import dtypes
 from tilews.lowering.settings import Settings
 from tilews.pass_config import PassConfigKey
-from tilews.profiler import do_bench
-from tilews.profiler.compare import assert_outputs_close
 
 from . import gemm_programs
 from .arrivals import arrival_counters
 from .schedule import Schedule, bucket, candidates, heuristic
+from .winners import Winners, attempt, device_name, fastest
 
-logger = logging.getLogger("tilews.ops")
 
 _OPERANDS = (torch.float16, torch.bfloat16)
 _OUTPUTS = (torch.float16, torch.bfloat16, torch.float32)
 _M = T.dynamic("M")
-_FORMAT = 1
 
 Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # the hot path's one lookup: (a's shape, strides, dtype, device, requires_grad, b's, out_dtype as
@@ -87,8 +79,8 @@ _plans: dict[tuple, Runner] = {}
 _kernels: dict[tuple, Runner] = {}
 # (schedule, and the operands' kind as in _calls) -> the call: ``run``'s one lookup
 _scheduled: dict[tuple, Call] = {}
-# tuning key (see _tuning_key) -> the winner tuned in this process
-_tuned: dict[tuple, Schedule] = {}
+# the tuned schedules per tuning key (see _tuning_key): this process's, and the disk's
+_winners = Winners("matmul", Schedule.from_text)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -145,7 +137,7 @@ def _plan(a, b, out_dtype, M, N, K, out) -> Runner:
     runner = _plans.get(key)
     if runner is None:
         settings = Settings.from_env()
-        if settings.tune and _stored(_tuning_key(M, N, K, a.dtype, out, a.device), settings) is None:
+        if settings.tune and _winners.get(_tuning_key(M, N, K, a.dtype, out, a.device), settings) is None:
             tune(a, b, out_dtype)
         schedule = _choice(M, N, K, a.dtype, out, a.device, settings)
         runner = _plans[key] = _runner(schedule, N, K, a.dtype, out, a.device.type)
@@ -219,7 +211,7 @@ def matmul_schedule(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.
 
 def _choice(M, N, K, dtype, out, device, settings: Settings) -> Schedule:
     """The bucket's tuned winner, else the heuristic's guess for the bucket's M."""
-    return (_stored(_tuning_key(M, N, K, dtype, out, device), settings)
+    return (_winners.get(_tuning_key(M, N, K, dtype, out, device), settings)
             or heuristic(bucket(M), N, K, dtype, out, tilews.num_sms(), device.type == "cuda"))
 
 
@@ -347,88 +339,26 @@ def tune(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = No
     ``rep``: ``do_bench``'s millisecond budgets) and keep the fastest as the bucket's schedule,
     in this process and on disk; returns it. A candidate that does not compile, raises, or
     differs from a float32 torch product by more than 1% of its largest magnitude (or 1%
-    relative) is dropped (logged on ``tilews.ops``); ``RuntimeError`` if none is left."""
+    relative) is dropped (logged on ``tilews.ops``); ``RuntimeError`` if none is left
+    (``winners.fastest``)."""
     M, N, K, out = check(a, b, out_dtype, "tune")
     if M == 0 or N == 0 or K == 0:
         raise ValueError(f"tune(): nothing to tune in an empty product (M, N, K = {M}, {N}, {K})")
     a, b = a.contiguous(), b.contiguous()
     gpu = a.device.type == "cuda"
     space = candidates(bucket(M), N, K, a.dtype, out, tilews.num_sms(), gpu)
-    runners = compile_each(space, lambda s: _attempt(_runner, s, N, K, a.dtype, out, a.device.type))
-    reference = torch.matmul(a.float(), b.float())
-    atol = 1e-2 * reference.abs().max().item()
-    reference = reference.to(out)
-    best, best_ms, failures = None, float("inf"), []
-    for s, runner in zip(space, runners):
-        try:
-            if isinstance(runner, Exception):
-                raise runner
-            assert_outputs_close(runner(a, b), reference, atol=atol, rtol=1e-2, max_mismatched_ratio=0)
-            ms = do_bench(lambda: runner(a, b), warmup=warmup, rep=rep, device=a.device)
-        except Exception as e:  # noqa: BLE001  (a failing candidate only drops out)
-            failures.append(f"{s}: {type(e).__name__}: {e}")
-            logger.info("tune: %s dropped (%s: %s)", s, type(e).__name__, e)
-            continue
-        logger.info("tune: %s %.4f ms", s, ms)
-        if ms < best_ms:
-            best, best_ms = s, ms
-    if best is None:
-        raise RuntimeError("tune(): no candidate schedule ran correctly:\n  " + "\n  ".join(failures))
-    key = _tuning_key(M, N, K, a.dtype, out, a.device)
-    _tuned[key] = best
-    _save(key, best, best_ms, Settings.from_env())
+    runners = compile_each(space, lambda s: attempt(_runner, s, N, K, a.dtype, out, a.device.type))
+    runs = [r if isinstance(r, Exception) else functools.partial(r, a, b) for r in runners]
+    best, best_ms = fastest("tune", space, runs, torch.matmul(a.float(), b.float()),
+                            warmup=warmup, rep=rep)
+    _winners.put(_tuning_key(M, N, K, a.dtype, out, a.device), best, best_ms, Settings.from_env())
     _plans.clear()          # calls planned before pick the winner up at their next call
     _calls.clear()
     return best
 
 
-def _attempt(fn, *args):
-    """``fn(*args)``, or the exception it raised."""
-    try:
-        return fn(*args)
-    except Exception as e:  # noqa: BLE001  (a schedule that does not compile is dropped by tune)
-        return e
-
-
 def _tuning_key(M, N, K, dtype, out, device) -> tuple:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return (name, str(dtype), str(out), N, K, bucket(M))
-
-
-def _file(key: tuple, settings: Settings):
-    if settings.disable_cache:
-        return None
-    digest = cache_key("tilews-ops-matmul", _FORMAT, sources_digest(), *key)
-    return (settings.cache_dir or default_cache_dir()) / "ops" / "matmul" / f"{digest}.json"
-
-
-def _stored(key: tuple, settings: Settings) -> Optional[Schedule]:
-    """The bucket's tuned winner: this process's, else the disk's (an unreadable entry is a
-    miss)."""
-    if key in _tuned:
-        return _tuned[key]
-    path = _file(key, settings)
-    if path is None:
-        return None
-    try:
-        data = json.loads(path.read_text())
-        if data["format"] == _FORMAT and data["key"] == list(key):
-            return Schedule.from_text(data["schedule"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
-
-
-def _save(key: tuple, schedule: Schedule, ms: float, settings: Settings) -> None:
-    path = _file(key, settings)
-    if path is None:
-        return
-    data = {"format": _FORMAT, "key": list(key), "schedule": str(schedule), "latency_ms": ms}
-    try:
-        store_file(path, json.dumps(data, indent=1).encode())
-    except OSError as e:
-        warnings.warn(f"tilews.ops.tune(): cannot write {path} ({e}); the winner is kept in memory "
-                      f"only", CacheWarning, stacklevel=3)
+    return (device_name(device), str(dtype), str(out), N, K, bucket(M))
 
 
 # --- torch.library ---------------------------------------------------------------------------------
