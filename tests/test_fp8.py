@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import logging
 import re
 import time
 
@@ -62,6 +64,7 @@ from tilews.lowering.plans import AsyncPlan, AsyncRefusal, SharedMemoryPlan
 from tilews.lowering.target import HOPPER
 from tilews.lowering.simplify import evaluate
 from tilews.lowering.traverse import exprs_of, subexprs, transform, walk
+from tilews import ops
 from tilews.ops import fp8_scaled_mm
 from tilews.ops import fp8 as fp8_ops
 from tilews.ops.fp8 import kernel_inputs
@@ -621,11 +624,14 @@ class TestOpsErrors:
 
 
 @pytest.fixture
-def fresh_fp8_calls():
-    """No cached ``fp8_scaled_mm`` calls before or after the test."""
-    fp8_ops._calls.clear()
-    yield
-    fp8_ops._calls.clear()
+def fresh_fp8_calls(monkeypatch, tmp_path):
+    """No cached ``fp8_scaled_mm`` calls or tuned tilings before or after the test; a tuning
+    cache in ``tmp_path`` (returned)."""
+    monkeypatch.setattr(fp8_ops, "_calls", {})
+    monkeypatch.setattr(fp8_ops._winners, "tuned", {})
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TILEWS_TUNE", raising=False)
+    return tmp_path
 
 
 def ops_scales(kind, M, N, K, seed):
@@ -815,6 +821,104 @@ def test_ops_opcheck(fresh_fp8_calls, kind):
     result = torch.library.opcheck(torch.ops.tilews.fp8_scaled_mm.default,
                                    (a, w.t(), sa, sb, None, torch.float32, False), test_utils=checks)
     assert result == dict.fromkeys(checks, "SUCCESS")
+
+
+def tuning_entries(root):
+    return [json.loads(p.read_text()) for p in (root / "ops" / "fp8_scaled_mm").glob("*.json")]
+
+
+class KernelSpy:
+    """Stands in for ``scaled_mm_kernel``: records the ``tiles`` each kernel is made with and
+    builds it; a kernel of the tiling ``wrong`` returns its result times 1.05."""
+
+    def __init__(self, monkeypatch, wrong=None):
+        self.made, self.wrong, self.real = [], wrong, fp8_ops.scaled_mm_kernel
+        monkeypatch.setattr(fp8_ops, "scaled_mm_kernel", self)
+
+    def __call__(self, *args, tiles=()):
+        if len(args) > 11:
+            args, tiles = args[:11], args[11]
+        self.made.append(tiles)
+        kernel = self.real(*args, tiles=tiles)
+        if self.wrong is not None and tiles == self.wrong.hints():
+            return lambda *operands: kernel(*operands) * 1.05
+        return kernel
+
+
+def block_inputs(M, N, K, seed):
+    a, w = fp8((M, K), E4M3, seed), fp8((N, K), E4M3, seed + 1)
+    sa, sb = ops_scales("block", M, N, K, seed + 2)
+    return a, w.t(), sa.t().contiguous().t(), sb.t().contiguous().t()      # torch's layouts
+
+
+def test_tiles_text_round_trip_and_errors():
+    t = fp8_ops.Tiles(64, 128, 8, 128)
+    assert str(t) == "64x128 s8 t128" and fp8_ops.Tiles.from_text(str(t)) == t
+    assert t.hints() == (("block_M", 64), ("block_N", 128), ("num_stages", 8), ("threads", 128))
+    for bad in ("64x128", "64x128 s8", 64, "a x b s1 t1"):
+        with pytest.raises(ValueError, match="is not a tiling"):
+            fp8_ops.Tiles.from_text(bad)
+
+
+@pytest.mark.parametrize("out, promote, transpose_B, count", [
+    (T.bfloat16, True, True, 4), (T.bfloat16, False, False, 4), (T.bfloat16, True, False, 3),
+    (T.float32, True, True, 3)])
+def test_hopper_tile_candidates_fit_shared_memory(out, promote, transpose_B, count):
+    space = fp8_language.tile_candidates("hopper", out, promote, transpose_B)
+    assert len(space) == count and (space[0]["block_N"] == 256) == (count == 4)
+    for t in space:
+        ring = t["num_stages"] * ((t["block_M"] + t["block_N"]) * SCALE_BLOCK + 4 * t["block_M"])
+        assert ring + t["block_M"] * t["block_N"] * out.itemsize <= HOPPER.smem_bytes - 4096, t
+    assert fp8_language.tile_candidates("interpret", out, promote, transpose_B) == [
+        dict(block_M=64, block_N=64, num_stages=2, threads=128),
+        dict(block_M=64, block_N=32, num_stages=2, threads=128)]
+
+
+def test_tune_fp8_keeps_the_winner_and_the_op_uses_it(fresh_fp8_calls, monkeypatch, caplog):
+    a, b, sa, sb = block_inputs(70, 136, 300, 40)
+    with caplog.at_level(logging.INFO, logger="tilews.ops"):
+        winner = ops.tune_fp8(a, b, sa, sb, warmup=1, rep=2)
+    timed = [r.getMessage() for r in caplog.records if r.getMessage().endswith(" ms")]
+    assert len(timed) == 2 and str(winner) in " ".join(timed), timed
+    [entry] = tuning_entries(fresh_fp8_calls)
+    assert entry["winner"] == str(winner)
+    assert entry["key"] == ["cpu", "float8_e4m3fn", "float8_e4m3fn", "bfloat16", "BLOCK", "BLOCK",
+                            True, False, True, 136, 300, 128]
+    # A new process (nothing in memory) follows the disk, even an entry edited by hand, for
+    # every M of the bucket; another bucket keeps the target's own tiles.
+    chosen = fp8_ops.Tiles(64, 32, 2, 128)
+    [path] = (fresh_fp8_calls / "ops" / "fp8_scaled_mm").glob("*.json")
+    path.write_text(json.dumps({**entry, "winner": str(chosen)}))
+    monkeypatch.setattr(fp8_ops._winners, "tuned", {})
+    spy = KernelSpy(monkeypatch)
+    for M in (100, 30):
+        a, b, sa, sb = block_inputs(M, 136, 300, M)
+        c = fp8_scaled_mm(a, b, sa, sb)
+        assert rel_err(c, ops_reference(a, b, sa, sb, "block", None)) < TOL[torch.bfloat16]
+    assert spy.made == [chosen.hints(), ()]
+
+
+def test_tune_fp8_drops_wrong_candidates(fresh_fp8_calls, monkeypatch):
+    bad, good = fp8_ops.Tiles(64, 64, 2, 128), fp8_ops.Tiles(64, 32, 2, 128)
+    KernelSpy(monkeypatch, wrong=bad)
+    a, b, sa, sb = block_inputs(70, 136, 300, 50)
+    assert ops.tune_fp8(a, b, sa, sb, torch.float32, warmup=1, rep=2) == good
+    monkeypatch.setattr(fp8_ops, "tile_candidates", lambda *args: [vars(bad)])
+    with pytest.raises(RuntimeError, match=r"(?s)no candidate.*64x64 s2 t128: AssertionError"):
+        ops.tune_fp8(a, b, sa, sb, torch.float32, warmup=1, rep=2)
+    with pytest.raises(ValueError, match=r"nothing to tune in an empty product \(M, N, K = 0, 136, 300\)"):
+        ops.tune_fp8(a[:0], b, sa[:0], sb)
+
+
+def test_env_switch_tunes_fp8_at_the_first_call(fresh_fp8_calls, monkeypatch):
+    monkeypatch.setenv("TILEWS_TUNE", "1")
+    assert tuning_entries(fresh_fp8_calls) == []
+    for seed in (60, 61):
+        a, b, sa, sb = block_inputs(20, 136, 300, seed)
+        c = fp8_scaled_mm(a, b, sa, sb)
+        assert rel_err(c, ops_reference(a, b, sa, sb, "block", None)) < TOL[torch.bfloat16]
+        [entry] = tuning_entries(fresh_fp8_calls)                # the second call: no tuning
+    assert entry["key"][-1] == 32
 
 
 # ----------------------------------------------------------------------------------------------

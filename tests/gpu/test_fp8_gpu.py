@@ -166,3 +166,34 @@ def test_cached_calls_take_new_data_and_replay_in_a_cuda_graph(granularity):
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, exact(*values)) < 1e-2
+
+
+def test_tune_fp8_times_the_hopper_tilings_and_the_op_uses_the_winner(monkeypatch, tmp_path):
+    """``tune_fp8`` on an H100/H200: every Hopper tiling compiles and is right (none dropped),
+    the winner is kept on disk, and the op's next call of the kind runs its kernel, correct."""
+    _hopper()
+    import logging
+    from tilews.ops import fp8 as fp8_ops
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fp8_ops._winners, "tuned", {})
+    monkeypatch.setattr(fp8_ops, "_calls", {})
+    M, N, K = 512, 1024, 1024
+    a, b, scale_a, scale_b = inputs("row", "e4m3", "col", M, N, K, seed=21)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("tilews.ops").addHandler(handler)
+    logging.getLogger("tilews.ops").setLevel(logging.INFO)
+    try:
+        winner = fp8_ops.tune_fp8(a, b, scale_a, scale_b, warmup=5, rep=20)
+    finally:
+        logging.getLogger("tilews.ops").removeHandler(handler)
+    messages = [r.getMessage() for r in records]
+    assert sum(m.endswith(" ms") for m in messages) == 4 and not any("dropped" in m for m in messages), messages
+    assert len(list((tmp_path / "ops" / "fp8_scaled_mm").glob("*.json"))) == 1
+    made = []
+    real = fp8_ops.scaled_mm_kernel
+    monkeypatch.setattr(fp8_ops, "scaled_mm_kernel", lambda *args: made.append(args[11:]) or real(*args))
+    c = fp8_scaled_mm(a, b, scale_a, scale_b)
+    assert made == [(winner.hints(),)]
+    assert rel_err(c, exact(a, b, scale_a, scale_b)) < 1e-2

@@ -198,9 +198,26 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
             pick = shapes[1]
     else:
         pick = next((t for t, n in zip(shapes, count) if n >= _FILL * sms), shapes[-1])
-    bm, bn, stages, threads = pick
+    return _fitted(pick, out)
+
+
+def _fitted(tile: tuple, out: ir.DType) -> dict:
+    """Hopper tile hints of (block_M, block_N, num_stages, threads), the stages cut so the ring
+    and the result's staging tile fit shared memory."""
+    bm, bn, stages, threads = tile
     room = (_SMEM_BYTES - bm * bn * out.itemsize) // ((bm + bn) * scales.SCALE_BLOCK + 4 * bm)
     return dict(block_M=bm, block_N=bn, num_stages=max(1, min(stages, room)), threads=threads)
+
+
+def tile_candidates(target: str, out: ir.DType, promote: bool, transpose_B: bool) -> list[dict]:
+    """The whole GEMM's tile hints worth timing on ``target`` (``tilews.ops.tune_fp8``): on
+    Hopper each of ``_HOPPER_TILES`` that ``_tiles`` may pick for this result and B (stages
+    fitted); elsewhere the target's default tiles and tiles of half their width."""
+    if target == "hopper":
+        wide = out is not ir.DType.F32 and (transpose_B or not promote)
+        return [_fitted(t, out) for t in (_HOPPER_TILES if wide else _HOPPER_TILES[1:])]
+    first = _tiles(target, out, promote, transpose_B, 1, 1)
+    return [first, {**first, "block_N": first["block_N"] // 2}]
 
 
 def _a_scale(gran: scales.Granularity, SA, row):

@@ -1,11 +1,12 @@
 """Ready-made ops written in the tile language: ``tilews.ops.attention``,
-``tilews.ops.matmul_bias_act``, ``tilews.ops.fp8_scaled_mm``, and ``tilews.ops.matmul`` with its
-schedules (``tune``, ``run``, ``matmul_schedule``, ``Schedule``)."""
+``tilews.ops.matmul_bias_act``, ``tilews.ops.fp8_scaled_mm`` with its tilings (``tune_fp8``,
+``Tiles``), and ``tilews.ops.matmul`` with its schedules (``tune``, ``run``, ``matmul_schedule``,
+``Schedule``)."""
 from .attention import attention
 from .epilogue import matmul_bias_act
-from .fp8 import fp8_scaled_mm
+from .fp8 import Tiles, fp8_scaled_mm, tune_fp8
 from .matmul import matmul, matmul_schedule, run, tune
 from .schedule import Schedule
 
-__all__ = ["Schedule", "attention", "fp8_scaled_mm", "matmul", "matmul_bias_act", "matmul_schedule",
-           "run", "tune"]
+__all__ = ["Schedule", "Tiles", "attention", "fp8_scaled_mm", "matmul", "matmul_bias_act",
+           "matmul_schedule", "run", "tune", "tune_fp8"]

@@ -7,6 +7,8 @@ w.t()`` with w [N, K] contiguous, i.e. K-major); a row-major b is read as it is,
 """
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -14,8 +16,14 @@ import torch
 import tilews
 import tilews.language as T
 from tilews.binding import SIGNATURES
+from tilews.jit import compile_each
+from tilews.language.fp8 import tile_candidates
 from tilews.lowering import dtypes
-from tilews.lowering.fp8 import granularity, scale_blocks
+from tilews.lowering.fp8 import SCALE_BLOCK, granularity, scale_blocks
+from tilews.lowering.settings import Settings
+
+from .schedule import bucket
+from .winners import Winners, attempt, device_name, fastest
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT = (torch.bfloat16, torch.float16, torch.float32)
@@ -181,7 +189,9 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
         def product(a, b, sa, sb):
             return torch.zeros(M, N, dtype=out_dtype, device=a.device)
     else:
-        launch = scaled_mm_kernel(*args).bound(operands(a, b, scale_a, scale_b))
+        tiles = _tiles_for(args, a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+        kernel = scaled_mm_kernel(*args, tiles.hints()) if tiles else scaled_mm_kernel(*args)
+        launch = kernel.bound(operands(a, b, scale_a, scale_b))
 
         def product(a, b, sa, sb):
             return launch(*operands(a, b, sa, sb))
@@ -202,6 +212,99 @@ def _check_bias(bias, N: int, device: torch.device) -> None:
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (N,)
                              or bias.device != device):
         raise ValueError(f"fp8_scaled_mm(): bias must be a [{N}] tensor on {device}")
+
+
+# --- tuning ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tiles:
+    """Tile hints of the whole GEMM (``T.fp8_scaled_matmul``'s ``block_M``, ``block_N``,
+    ``num_stages``, ``threads``); ``str`` writes ``64x128 s8 t128``, ``from_text`` reads it."""
+    block_M: int
+    block_N: int
+    num_stages: int
+    threads: int
+
+    def __str__(self) -> str:
+        return f"{self.block_M}x{self.block_N} s{self.num_stages} t{self.threads}"
+
+    @classmethod
+    def from_text(cls, text: str) -> "Tiles":
+        match = re.fullmatch(r"(\d+)x(\d+) s(\d+) t(\d+)", text.strip()) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(f"Tiles.from_text: {text!r} is not a tiling (expected e.g. '64x128 s8 t128')")
+        return cls(*map(int, match.groups()))
+
+    def hints(self) -> tuple:
+        """As ``scaled_mm_kernel``'s ``tiles``: (name, value) pairs."""
+        return tuple(vars(self).items())
+
+
+# the tuned tilings per tuning key (see _tuning_key): this process's, and the disk's
+_winners = Winners("fp8_scaled_mm", Tiles.from_text)
+
+
+def _granularity(args: tuple):
+    M, N, K, sa_shape, sb_shape = args[:5]
+    return granularity(M, N, K, sa_shape[::-1] if args[10] else sa_shape, sb_shape)
+
+
+def _tuning_key(args: tuple, device: torch.device) -> tuple:
+    """What a tuned tiling is kept for: the device, the granularity and the kernel's arguments
+    but M, whose bucket stands for it (``schedule.bucket``)."""
+    M, N, K, sa_shape, sb_shape, k_major, fast, a_dtype, b_dtype, out, sa_t = args
+    gran = _granularity(args)
+    return (device_name(device), str(a_dtype), str(b_dtype), str(out), gran.a.name, gran.b.name,
+            k_major, fast, sa_t, N, K, bucket(M))
+
+
+def _tiles_for(args, a, b, scale_a, scale_b, out_dtype, use_fast_accum) -> Optional[Tiles]:
+    """The tiling of a new kind of call: the tuned one of its key, else (``TILEWS_TUNE=1``) one
+    tuned now on these inputs, else None (the target's choice per shape)."""
+    settings = Settings.from_env()
+    tiles = _winners.get(_tuning_key(args, a.device), settings)
+    if tiles is None and settings.tune:
+        tiles = tune_fp8(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    return tiles
+
+
+def tune_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+             out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = False, *,
+             warmup: float = 25, rep: float = 100) -> Tiles:
+    """Time the whole GEMM's tilings (``tilews.language.fp8.tile_candidates`` for the target the
+    op's kernel compiles for) on these inputs of ``fp8_scaled_mm`` and keep the fastest for their
+    key (the device, dtypes, granularity and scale layouts, N, K and M's bucket), in this process
+    and on disk; returns it. Candidates are checked against a float32 torch product of the
+    scaled inputs and dropped as ``tilews.ops.tune`` drops schedules (``winners.fastest``).
+    Calls of kinds made before pick the winner up (the op's cached calls are cleared)."""
+    args, operands = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    M, N, K = args[:3]
+    if M == 0 or N == 0 or K == 0:
+        raise ValueError(f"tune_fp8(): nothing to tune in an empty product (M, N, K = {M}, {N}, {K})")
+    inputs = operands(a, b, scale_a, scale_b)
+    target = scaled_mm_kernel(*args).target
+    promote = not args[6] or _granularity(args).block_wise
+    space = [Tiles(**t) for t in tile_candidates(target, args[9], promote, args[5])]
+    kernels = compile_each(space, lambda t: attempt(scaled_mm_kernel, *args, t.hints()))
+    runs = [k if isinstance(k, Exception) else (lambda k=k: k(*inputs)) for k in kernels]
+    best, ms = fastest("tune_fp8", space, runs, _float32_product(a, b, scale_a, scale_b),
+                       warmup=warmup, rep=rep)
+    _winners.put(_tuning_key(args, a.device), best, ms, Settings.from_env())
+    _calls.clear()
+    return best
+
+
+def _float32_product(a, b, scale_a, scale_b) -> torch.Tensor:
+    """(a * scale_a) @ (b * scale_b) in float32, block scales spread over their 128 (x 128)
+    elements (torch's conventions: scale_b [K / 128, N / 128])."""
+    def spread(scale, rows, cols):
+        s = scale.float().reshape(scale.shape if scale.dim() == 2 else (1, 1))
+        if s.shape[0] not in (1, rows):
+            s = s.repeat_interleave(SCALE_BLOCK, 0)[:rows]
+        if s.shape[1] not in (1, cols):
+            s = s.repeat_interleave(SCALE_BLOCK, 1)[:, :cols]
+        return s
+    (M, K), N = a.shape, b.shape[1]
+    return (a.float() * spread(scale_a, M, K)) @ (b.float() * spread(scale_b, K, N))
 
 
 # --- torch.library ---------------------------------------------------------------------------------
