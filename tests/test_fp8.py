@@ -1245,6 +1245,8 @@ def test_bulk_copies_into_ring_slots_off_128_bytes_are_refused(monkeypatch):
     (8192, 8192, torch.bfloat16, (128, 256, 3, 256)),
     (8192, 8192, torch.float32, (128, 128, 4, 256)),       # fp32 staging: no 128 x 256, fewer stages
     (16, 4096, torch.bfloat16, (64, 64, 12, 128)),         # none fills: the smallest
+    (16, 14336, torch.bfloat16, (64, 128, 8, 128)),        # 112 of 64 x 128: no 128-row tiles
+    (64, 14336, torch.float32, (64, 128, 7, 128)),         # fp32 staging: one stage fewer
 ])
 def test_whole_gemm_tiles_follow_the_shape(monkeypatch, M, N, out, want):
     monkeypatch.setattr(fp8_language, "num_sms", lambda: 132)

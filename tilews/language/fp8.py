@@ -181,8 +181,9 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
     staging tile fits and either one accumulator holds the tile or B is K-major (a promoting
     tile is then two accumulators of 128 columns: ``_part_width``), unless the last wave of
     them leaves more SMs idle than 128 x 128 tiles would; below one per SM the largest of
-    ``_HOPPER_TILES`` whose count fills the SMs, else the smallest; stages cut to fit shared
-    memory. Metal: 32 x 32 tiles, so the decoded float16 operand tiles (32 x 128 each) and the
+    ``_HOPPER_TILES`` whose count fills the SMs, else the smallest; for M <= 64 the 64-row
+    ones only (``tune_fp8`` on an H100: 64 x 128 beat 128 x 128 at 16 and 64 x 14336 x 4096);
+    stages cut to fit shared memory. Metal: 32 x 32 tiles, so the decoded float16 operand tiles (32 x 128 each) and the
     float32 accumulator stay inside its 32 KB of threadgroup memory."""
     if target == "metal":
         return dict(block_M=32, block_N=32, num_stages=1, threads=128)
@@ -191,6 +192,8 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
     sms = num_sms()
     wide = out is not ir.DType.F32 and (transpose_B or not promote)
     shapes = _HOPPER_TILES if wide else _HOPPER_TILES[1:]
+    if M <= 64:             # a 128-row tile would be half empty
+        shapes = [t for t in shapes if t[0] == 64]
     count = [ceildiv(M, bm) * ceildiv(N, bn) for bm, bn, _, _ in shapes]
     if count[0] >= sms:
         pick = shapes[0]
