@@ -99,7 +99,7 @@ def torch_block_wise(a, w, sa, sa_m, sb):
     """torch's own block-wise scaled matmul (1x128 blocks of a, 128x128 of b), if this torch and
     GPU have one, with the first scale layouts it accepts; else None (the reason printed)."""
     for name, scale_a in (("row-major", sa), ("M-major", sa_m)):
-        for sb_name, scale_b in (("row-major", sb), ("transposed", sb.t().contiguous().t())):
+        for sb_name, scale_b in (("transposed", sb), ("row-major", sb.contiguous())):
             call = lambda scale_a=scale_a, scale_b=scale_b: torch._scaled_mm(  # noqa: E731
                 a, w.t(), scale_a, scale_b, out_dtype=torch.bfloat16)
             try:
@@ -116,6 +116,8 @@ def torch_block_wise(a, w, sa, sa_m, sb):
 def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
     a, w, sa, sb = inputs(M, N, K, gran)
     ref = exact(a, w, sa, sb, gran)
+    if gran == "block":     # b's scales in torch's layout (the transpose of a contiguous tensor)
+        sb = sb.t().contiguous().t()
     torch_gran = "row" if gran == "block" else gran
     ta, tw, tsa, tsb = (a, w, sa, sb) if torch_gran == gran else inputs(M, N, K, "row")
     torch_fast = fast and gran != "block"
