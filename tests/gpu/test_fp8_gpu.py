@@ -197,3 +197,19 @@ def test_tune_fp8_times_the_hopper_tilings_and_the_op_uses_the_winner(monkeypatc
     c = fp8_scaled_mm(a, b, scale_a, scale_b)
     assert made == [(winner.hints(),)]
     assert rel_err(c, exact(a, b, scale_a, scale_b)) < 1e-2
+
+
+def test_torch_compile_traces_through_the_op():
+    """``torch.compile(fullgraph=True)`` (inductor) of a function calling the op: the custom op
+    ``tilews::fp8_scaled_mm`` runs inside the compiled graph, the same numbers as eager."""
+    _hopper()
+    M, N, K = 256, 512, 1024
+    a, b, scale_a, scale_b = inputs("block", "e4m3", "col", M, N, K, seed=31)
+    bias = torch.randn(N, device="cuda").to(torch.bfloat16)
+
+    def f(a, b, scale_a, scale_b, bias):
+        return torch.relu(fp8_scaled_mm(a, b, scale_a, scale_b, bias=bias))
+    want = f(a, b, scale_a, scale_b, bias)
+    assert rel_err(want, (exact(a, b, scale_a, scale_b) + bias.double()).relu()) < 1e-2
+    got = torch.compile(f, fullgraph=True)(a, b, scale_a, scale_b, bias)
+    assert torch.equal(got, want)
