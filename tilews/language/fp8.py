@@ -183,15 +183,15 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
     them leaves more SMs idle than 128 x 128 tiles would; below one per SM the largest of
     ``_HOPPER_TILES`` whose count fills the SMs, else the smallest; for M <= 64 the 64-row
     ones only (``tune_fp8`` on an H100: 64 x 128 beat 128 x 128 at 16 and 64 x 14336 x 4096);
-    stages cut to fit shared memory. Metal: 32 x 32 tiles, so the decoded float16 operand tiles (32 x 128 each) and the
-    float32 accumulator stay inside its 32 KB of threadgroup memory."""
+    stages cut to fit shared memory. Metal: 32 x 32 tiles, so the decoded float16 operand tiles
+    (32 x 128 each) and the float32 accumulator stay inside its 32 KB of threadgroup memory."""
     if target == "metal":
         return dict(block_M=32, block_N=32, num_stages=1, threads=128)
     if target != "hopper":
         return dict(block_M=64, block_N=64, num_stages=2, threads=128)
     sms = num_sms()
-    wide = out is not ir.DType.F32 and (transpose_B or not promote)
-    shapes = _HOPPER_TILES if wide else _HOPPER_TILES[1:]
+    shapes = _hopper_shapes(out, promote, transpose_B)
+    wide = shapes[0] == _HOPPER_TILES[0]
     if M <= 64:             # a 128-row tile would be half empty
         shapes = [t for t in shapes if t[0] == 64]
     count = [ceildiv(M, bm) * ceildiv(N, bn) for bm, bn, _, _ in shapes]
@@ -202,6 +202,13 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
     else:
         pick = next((t for t, n in zip(shapes, count) if n >= _FILL * sms), shapes[-1])
     return _fitted(pick, out)
+
+
+def _hopper_shapes(out: ir.DType, promote: bool, transpose_B: bool) -> tuple:
+    """``_HOPPER_TILES`` this result and B allow: 128 x 256 only where the 16-bit result's
+    staging tile fits and one accumulator holds the tile or B is K-major."""
+    wide = out is not ir.DType.F32 and (transpose_B or not promote)
+    return _HOPPER_TILES if wide else _HOPPER_TILES[1:]
 
 
 def _fitted(tile: tuple, out: ir.DType) -> dict:
@@ -217,8 +224,7 @@ def tile_candidates(target: str, out: ir.DType, promote: bool, transpose_B: bool
     Hopper each of ``_HOPPER_TILES`` that ``_tiles`` may pick for this result and B (stages
     fitted); elsewhere the target's default tiles and tiles of half their width."""
     if target == "hopper":
-        wide = out is not ir.DType.F32 and (transpose_B or not promote)
-        return [_fitted(t, out) for t in (_HOPPER_TILES if wide else _HOPPER_TILES[1:])]
+        return [_fitted(t, out) for t in _hopper_shapes(out, promote, transpose_B)]
     first = _tiles(target, out, promote, transpose_B, 1, 1)
     return [first, {**first, "block_N": first["block_N"] // 2}]
 
