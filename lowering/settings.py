@@ -31,8 +31,9 @@ SWITCHES = (
     ("TILEWS_DEBUG_FRONTEND", "re-raise the raw Python error behind a frontend `CompileError`"),
     ("TILEWS_OVERLAP_SOFTMAX", "Hopper: keep a block's P V gemm in flight under the next block's "
                                "softmax (overlap_softmax; on unless set to an off value)"),
-    ("TILEWS_TUNE", "`tilews.ops.matmul` tunes each new shape bucket at its first call (winners "
-                    "kept on disk) instead of using its heuristic"),
+    ("TILEWS_TUNE", "`tilews.ops.matmul` and `tilews.ops.fp8_scaled_mm` tune each new shape "
+                    "bucket at its first call (winners kept on disk) instead of using their "
+                    "heuristics"),
     ("TILEWS_CXX", "the C++17 compiler of the Metal CPU harness (default: `g++`, else `clang++`)"),
 )
 
