@@ -352,6 +352,50 @@ def test_whole_gemm_hints_never_change_results(block_M, block_N, panel, target):
     assert rel_err(c, ref) < 1e-6
 
 
+def scaled_gemm_with_bias(M, N, K, sa_shape, sb_shape, bias_shape, bias_dtype, out_dtype, sa_t=False):
+    """The whole-GEMM form, B [N, K], with a bias; C is a parameter."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float8_e4m3), A_scale: T.Tensor(sa_shape, T.float32),
+             B: T.Tensor((N, K), T.float8_e4m3), B_scale: T.Tensor(sb_shape, T.float32),
+             Bias: T.Tensor(bias_shape, bias_dtype), C: T.Tensor((M, N), out_dtype)):
+        T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, bias=Bias,  # <- the bias call
+                            transpose_B=True, transpose_A_scale=sa_t)
+    return main
+
+
+@pytest.mark.parametrize("target", ["interpret", "triton"])
+@pytest.mark.parametrize("gran, bias_dtype, out", [
+    ("tensor-1", torch.bfloat16, torch.bfloat16), ("row-2d", torch.float32, torch.float16),
+    ("block", torch.float16, torch.float32), ("block-t", torch.bfloat16, torch.bfloat16)])
+def test_whole_gemm_adds_the_bias_in_the_epilogue(target, gran, bias_dtype, out):
+    """C = scaled product + bias[column], rounded once; N = 136 leaves a ragged last tile."""
+    M, N, K = 100, 136, 300
+    sas, sbs = GRANS[gran](M, N, K)
+    prim = scaled_gemm_with_bias(M, N, K, sas, sbs, (N,), _T[bias_dtype], _T[out], sa_t=gran == "block-t")
+    a, b = fp8((M, K), E4M3, 11), fp8((N, K), E4M3, 12)
+    sa, sb = positive(sas, 13), positive(sbs, 14)
+    bias = (torch.randn(N, generator=torch.Generator().manual_seed(15)) * 20).to(bias_dtype)
+    c = poisoned(M, N, dtype=out)
+    tilews.jit(target=target)(prim)(a, sa, b, sb, bias, c)
+    want = reference(a, a_scale_as_given(gran, sa), b, sb, gran.startswith("block")) + bias.double()
+    assert c.isfinite().all()
+    assert rel_err(c, want) < TOL[out]
+
+
+BIAS_LINE = marked_line(scaled_gemm_with_bias, "# <- the bias call")
+
+
+@pytest.mark.parametrize("bias_shape, bias_dtype, exc, fragment", [
+    ((137,), T.bfloat16, CompileValueError, "bias is [137], not [N] = [136]"),
+    ((1, 136), T.float32, CompileValueError, "bias is [1, 136], not [N] = [136]"),
+    ((136,), T.int32, CompileTypeError, "bias is i32; a bias must be bfloat16, float16 or float32"),
+])
+def test_whole_gemm_bias_errors(bias_shape, bias_dtype, exc, fragment):
+    M, N, K = 100, 136, 300
+    prim = scaled_gemm_with_bias(M, N, K, (M, 1), (1, N), bias_shape, bias_dtype, T.bfloat16)
+    expect_error(exc, prim, BIAS_LINE, fragment)
+
+
 # ----------------------------------------------------------------------------------------------
 # 3. properties: tiny to huge scales, float32 C
 
@@ -564,6 +608,8 @@ def tile_error_kernel(kind):
                 T.fp8_scaled_matmul(A_s, S, B_s, 1.0, C_f, transpose_B=True)  # <- global scale
             elif kind == "transposed_scale":
                 T.fp8_scaled_matmul(A_s, sa, B_s, 1.0, C_f, transpose_A_scale=True)  # <- transposed scale
+            elif kind == "bias":
+                T.fp8_scaled_matmul(A_s, sa, B_s, 1.0, C_f, transpose_B=True, bias=S)  # <- tile bias
             else:
                 T.fp8_scaled_matmul(A_s, sa, B_s, 1.0, C_f, transpose_B=True)  # <- tile call
             T.copy(C_f, C[by * 64, bx * 64])
@@ -579,6 +625,7 @@ def tile_error_kernel(kind):
     ("global_scale", CompileTypeError, "# <- global scale", ["A_scale is a global tensor"]),
     ("transposed_scale", CompileValueError, "# <- transposed scale",
      ["transpose_A_scale only apply to the whole-GEMM form"]),
+    ("bias", CompileValueError, "# <- tile bias", ["bias only apply to the whole-GEMM form"]),
 ])
 def test_tile_form_errors(kind, exc, marker, fragments):
     expect_error(exc, tile_error_kernel(kind), marked_line(tile_error_kernel, marker), *fragments)
@@ -671,6 +718,23 @@ def test_ops_fp8_scaled_mm(kind, layout, with_bias, out):
     assert rel_err(c, ops_reference(a, b, sa, sb, kind, bias)) < TOL[out_dtype]
 
 
+@pytest.mark.parametrize("bias_kind", ["float64", "strided", "fp16 into fp32"])
+def test_ops_bias_of_any_layout_and_float_dtype(fresh_fp8_calls, bias_kind):
+    """A bias the kernel takes as it is (a result dtype, contiguous) goes in directly; others are
+    converted to the result's dtype first; cached calls do the same with new values."""
+    M, N, K = 70, 136, 300
+    out = torch.float32 if bias_kind == "fp16 into fp32" else torch.bfloat16
+    for seed in (1, 2):
+        a, w = fp8((M, K), E4M3, seed), fp8((N, K), E4M3, seed + 10)
+        sa, sb = ops_scales("row", M, N, K, seed + 20)
+        values = torch.randn(2 * N, generator=torch.Generator().manual_seed(seed)) * 10
+        bias = {"float64": values[:N].double(), "strided": values.to(torch.bfloat16)[::2],
+                "fp16 into fp32": values[:N].half()}[bias_kind]
+        c = fp8_scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=out)
+        assert rel_err(c, ops_reference(a, w.t(), sa, sb, "row", bias)) < TOL[out]
+    assert len(fp8_ops._calls) == 1
+
+
 def test_ops_block_scales_in_either_layout_give_the_same_numbers():
     """torch's block-wise A scales are M-major (strides (1, M)): the kernel takes them
     k-block-major (``transpose_A_scale``), row-major ones as they are; the same numbers."""
@@ -741,7 +805,7 @@ def test_ops_cached_call_does_each_piece_of_work_once(fresh_fp8_calls, monkeypat
     a, w = fp8((M, K), E4M3, 1), fp8((N, K), E4M3, 2)
     fp8_scaled_mm(a, w.t(), sa, sb)
     args, operands = kernel_inputs(a, w.t(), sa, sb)
-    kernel = fp8_ops.scaled_mm_kernel(*args)
+    kernel = fp8_ops.scaled_mm_kernel(*args, ())           # as the op makes it: no tiling tuned
 
     def again(*args, **kwargs):
         raise AssertionError("a cached call did this again")
@@ -765,7 +829,7 @@ def test_ops_cached_call_costs_little_more_than_the_kernel(fresh_fp8_calls, monk
     sa, sb = ops_scales("block", M, N, K, 3)
     sa, sb = sa.t().contiguous().t(), sb.t().contiguous().t()      # torch's block-wise layouts
     args, operands = kernel_inputs(a, w.t(), sa, sb)
-    kernel = fp8_ops.scaled_mm_kernel(*args)
+    kernel = fp8_ops.scaled_mm_kernel(*args, ())           # as the op makes it: no tiling tuned
     monkeypatch.setattr(kernel.program, "launch", lambda values: None)
     b = w.t()
     n, best = 2000, {}
@@ -1509,3 +1573,29 @@ def test_persistent_parts_are_stored_through_their_own_staging_tiles(gran):
         shared = _epilogue_staging(lower(before, off))
         for names, waits in shared.values():
             assert len(set(names)) == 1 and waits == [0, 0], (names, waits)
+
+
+@pytest.mark.parametrize("gran", ["row-2d", "block-t"])
+def test_hopper_bias_is_added_by_each_consumer_in_its_epilogue(gran):
+    """Warp-specialized and persistent with a bias: each consumer role reads the bias of its
+    tile's columns after its k-loop (no producer load of it), the interpreter oracle agrees
+    with the program before lowering over 10 schedules, and it compiles for sm_90a."""
+    M, N, K = 384, 520, 304
+    sas, sbs = GRANS[gran](M, N, K)
+    prim = scaled_gemm_with_bias(M, N, K, sas, sbs, (N,), T.bfloat16, T.bfloat16,
+                                 sa_t=gran == "block-t")
+    before = build_kernel(prim, target="hopper")
+    after = lower(before, dataclasses.replace(HOPPER, num_sms=2))
+    assert after.find_plan(AsyncPlan) is not None
+    program = gluon_program(after)
+    assert program.asm["ttgir"].count("ttg.warp_specialize(") == 1
+    consumers = re.findall(r"def main_ws\d\(.*?(?=\n(?:@gluon\.jit|def ))", program.source, re.S)
+    reads = [body.count("gl.load(Bias +") for body in consumers]
+    assert sorted(reads)[0] == 0 and sorted(reads)[-1] > 0, reads     # producer: none
+    a, b = fp8((M, K), E4M3, 121), fp8((N, K), E4M3, 122)
+    sa, sb = positive(sas, 123), positive(sbs, 124)
+    bias = torch.randn(N).to(torch.bfloat16)
+    args = [a, sa, b, sb, bias, torch.empty(M, N, dtype=torch.bfloat16)]
+    want = run_interp(before, args, 5)
+    for seed in range(10):
+        assert torch.equal(run_interp(after, args, 5, seed), want), seed

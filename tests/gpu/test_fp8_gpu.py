@@ -213,3 +213,22 @@ def test_torch_compile_traces_through_the_op():
     assert rel_err(want, (exact(a, b, scale_a, scale_b) + bias.double()).relu()) < 1e-2
     got = torch.compile(f, fullgraph=True)(a, b, scale_a, scale_b, bias)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row", "block"])
+def test_bias_is_fused_and_right(granularity):
+    """A bias added in the Hopper kernel's epilogue: against float64 and, where torch takes a
+    bias for the case, ``torch._scaled_mm(..., bias=)``."""
+    _hopper()
+    M, N, K = 1000, 520, 4000
+    a, b, scale_a, scale_b = inputs(granularity, "e4m3", "col", M, N, K, seed=41)
+    bias = (torch.randn(N, device="cuda") * 4).to(torch.bfloat16)
+    c = fp8_scaled_mm(a, b, scale_a, scale_b, bias=bias)
+    assert not c.isnan().any()
+    assert rel_err(c, exact(a, b, scale_a, scale_b) + bias.double()) < 1e-2
+    if granularity != "block":
+        try:
+            theirs = torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=torch.bfloat16)
+        except TORCH_REFUSES:
+            return
+        assert rel_err(c, theirs) < 1e-2

@@ -10,6 +10,8 @@ Two forms, told apart by where the call is:
   the float32 accumulator. ``use_fast_accum=False`` (the default, as in ``torch._scaled_mm``)
   promotes per-tensor/row products every 128 of K too, which bounds the error of the tensor cores'
   limited-precision FP8 accumulation; ``True`` accumulates over all of K in one accumulator.
+  ``bias`` [N] (bf16, fp16 or fp32) is added to the scaled float32 result in the epilogue, before
+  C's one rounding.
 * **tile operation** (inside ``T.Kernel``): ``C += (A @ op(B)) * a_scale[i] * b_scale[j]`` on
   shared (or fragment) FP8 tiles, a float32 accumulator fragment C, and scales that are vectors of
   the tile's rows / columns (fragments of [BM] / [BN]), one-element buffers, or scalar values. The
@@ -30,7 +32,7 @@ from tilews.lowering.target import HOPPER, bulk_copy_rows, wave_use
 from tilews.targets import num_sms
 
 from .copy import copy as tile_copy
-from .elementwise import ceildiv, clear
+from .elementwise import cast, ceildiv, clear
 from .elementwise import min as min_
 from .gemm import gemm
 from .kernel import Kernel, use_swizzle
@@ -64,7 +66,7 @@ def _library_macro(fn):
 
 
 def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
-                      use_fast_accum: bool = False, transpose_A_scale: bool = False,
+                      use_fast_accum: bool = False, transpose_A_scale: bool = False, bias=None,
                       **hints) -> None:
     """See the module docstring. ``transpose_A_scale`` (whole GEMM, block-wise scales): A_scale
     is given as [ceil(K / 128), M], k-block-major, the layout ``torch._scaled_mm`` wants block-wise
@@ -75,10 +77,11 @@ def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
     form's tile choice; they never change results."""
     if builder().kernel is None:
         _whole_gemm(A, A_scale, B, B_scale, C, bool(transpose_B), bool(use_fast_accum),
-                    bool(transpose_A_scale), hints)
+                    bool(transpose_A_scale), bias, hints)
     else:
-        if hints or transpose_A_scale:
-            named = [*hints] + (["transpose_A_scale"] if transpose_A_scale else [])
+        if hints or transpose_A_scale or bias is not None:
+            named = [*hints] + (["transpose_A_scale"] if transpose_A_scale else []) + \
+                (["bias"] if bias is not None else [])
             raise CompileValueError(f"T.fp8_scaled_matmul: {', '.join(named)} only apply to the "
                                     f"whole-GEMM form (without T.Kernel)", current_loc())
         _scaled_accumulate(A, A_scale, B, B_scale, C, bool(transpose_B))
@@ -116,6 +119,11 @@ def _check_scale(name: str, dtype: ir.DType) -> None:
         raise _type_error(f"{name} is {dtype.value}; scales must be float32")
 
 
+def _check_bias(name: str, dtype: ir.DType) -> None:
+    if dtype not in _OUT_DTYPES:
+        raise _type_error(f"{name} is {dtype.value}; a bias must be bfloat16, float16 or float32")
+
+
 def _check_out(name: str, dtype: ir.DType) -> None:
     if dtype not in _OUT_DTYPES:
         raise _type_error(f"{name} is {dtype.value}; the result must be bfloat16, float16 or "
@@ -125,7 +133,7 @@ def _check_out(name: str, dtype: ir.DType) -> None:
 # ---- the whole GEMM --------------------------------------------------------------------------
 
 def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transpose_A_scale: bool,
-                hints: dict) -> None:
+                bias, hints: dict) -> None:
     a_shape = _global_shape("A", A, _check_fp8)
     b_shape = _global_shape("B", B, _check_fp8)
     c_shape = _global_shape("C", C, _check_out)
@@ -140,6 +148,8 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
                            f"{'' if transpose_B else ' (B is [K, N]; transpose_B=True takes [N, K])'}")
     if tuple(c_shape) != (M, N):
         raise _value_error(f"C is {list(c_shape)}, not [M, N] = [{M}, {N}]")
+    if bias is not None and tuple(_global_shape("bias", bias, _check_bias)) != (N,):
+        raise _value_error(f"bias is {list(bias.shape)}, not [N] = [{N}]")
     if transpose_A_scale:
         kb = scales.scale_blocks(K)
         if tuple(sa_shape) != (kb, M) or tuple(sb_shape) != (scales.scale_blocks(N), kb):
@@ -158,8 +168,8 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
     tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B, M, N), "panel": 0, **hints}
-    _scaled_gemm(A, A_scale, B, B_scale, C, gran, transpose_B, transpose_A_scale, promote, M, N, K,
-                 **tiles)
+    _scaled_gemm(A, A_scale, B, B_scale, C, bias, gran, transpose_B, transpose_A_scale, promote,
+                 M, N, K, **tiles)
 
 
 # Hopper's tiles for the whole GEMM, largest first: (block_M, block_N, num_stages, threads). The
@@ -262,8 +272,8 @@ def _part_width(block_N: int, promote: bool, wgmma_path: bool) -> int:
 
 
 @_library_macro
-def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, sa_t, promote, M, N, K, block_M, block_N,
-                 num_stages, threads, panel):
+def _scaled_gemm(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, block_M,
+                 block_N, num_stages, threads, panel):
     block_K = scales.SCALE_BLOCK
     wgmma_path = _wgmma_path(transpose_B, N, K, C.dtype)
     part_N = _part_width(block_N, promote, wgmma_path)
@@ -308,9 +318,24 @@ def _scaled_gemm(A, SA, B, SB, C, gran, transpose_B, sa_t, promote, M, N, K, blo
             else:
                 gemm(A_s, B_s, accs[0], transpose_B=transpose_B)
         if not gran.block_wise:
-            outer_scales.apply(accs)
+            outer_scales.apply(accs, _column_reader(Bias, bx * block_N))
+        else:
+            _add_bias(accs, _column_reader(Bias, bx * block_N))
         for p in parts:
             tile_copy(accs[p], C[by * block_M, bx * block_N + p * part_N])
+
+
+def _column_reader(Bias, col0):
+    """``j -> Bias[col0 + j]`` in float32; None without a bias."""
+    if Bias is None:
+        return None
+    return lambda j: cast(Bias[col0 + j], ir.DType.F32)
+
+
+def _add_bias(accs: list, bias) -> None:
+    """``accs`` (a tile's parts, left to right) plus ``bias(column)``, when there is one."""
+    if bias is not None:
+        _scale_parts(accs, None, None, bias)
 
 
 def _bulk_row(SB, K: int) -> bool:
@@ -341,12 +366,13 @@ class _OuterScales:
             self.columns = semantic.alloc((block_N,), ir.DType.F32, ir.Scope.FRAGMENT, "sb")
             _fill(self.columns, self.column_scale, block_N)
 
-    def apply(self, accs: list) -> None:
-        """Scale the tile, held as ``accs``: parts of equal width, left to right."""
+    def apply(self, accs: list, bias=None) -> None:
+        """Scale the tile, held as ``accs``: parts of equal width, left to right; then add
+        ``bias(column)`` when given."""
         if self.rows is not None:
-            _scale_parts(accs, lambda i: self.rows[i], lambda j: self.columns[j])
+            _scale_parts(accs, lambda i: self.rows[i], lambda j: self.columns[j], bias)
         else:
-            _scale_parts(accs, self.row_scale, self.column_scale)
+            _scale_parts(accs, self.row_scale, self.column_scale, bias)
 
 
 @_library_macro
@@ -356,11 +382,21 @@ def _fill(frag, value, n):
 
 
 @_library_macro
-def _scale_parts(accs, row_scale, column_scale):
+def _scale_parts(accs, row_scale, column_scale, bias):
     block_M, part_N = accs[0].shape
     for i, j in Parallel(block_M, part_N):
         for q in _indices(len(accs)):
-            accs[q][i, j] = accs[q][i, j] * row_scale(i) * column_scale(q * part_N + j)
+            accs[q][i, j] = _epilogue(accs[q][i, j], row_scale, column_scale, bias, i,
+                                      q * part_N + j)
+
+
+def _epilogue(x, row_scale, column_scale, bias, i, j):
+    """``x * row_scale(i) * column_scale(j) + bias(j)``, each part only when given."""
+    if row_scale is not None:
+        x = x * row_scale(i)
+    if column_scale is not None:
+        x = x * column_scale(j)
+    return x if bias is None else x + bias(j)
 
 
 def _accumulator(block_M: int, width: int) -> BufferRef:

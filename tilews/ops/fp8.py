@@ -32,18 +32,27 @@ _OUT = (torch.bfloat16, torch.float16, torch.float32)
 @tilews.jit(out_idx=[-1])
 def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fast_accum,
                      a_dtype=T.float8_e4m3, b_dtype=T.float8_e4m3, out_dtype=T.bfloat16,
-                     transpose_A_scale=False, tiles=()):
+                     transpose_A_scale=False, tiles=(), bias_dtype=None):
     """C = scaled (A @ B) for A [M, K] and B [N, K] (``transpose_B``) or [K, N]; the scale
     shapes choose the granularity (``tilews.lowering.fp8``); block-wise A scales
     k-block-major with ``transpose_A_scale``; ``tiles``: (name, value) pairs of the intrinsic's
-    tile hints (none: the target's default tiles)."""
+    tile hints (none: the target's default tiles); with ``bias_dtype``, a Bias [N] parameter
+    before C, added in the epilogue."""
+    a, b = T.Tensor((M, K), a_dtype), T.Tensor((N, K) if transpose_B else (K, N), b_dtype)
+    sa, sb = T.Tensor(a_scale_shape, T.float32), T.Tensor(b_scale_shape, T.float32)
+    c = T.Tensor((M, N), out_dtype)
+    options = dict(transpose_B=transpose_B, use_fast_accum=use_fast_accum,
+                   transpose_A_scale=transpose_A_scale, **dict(tiles))
+    if bias_dtype is None:
+        @T.prim_func
+        def main(A: a, A_scale: sa, B: b, B_scale: sb, C: c):
+            T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, **options)
+        return main
+    bias = T.Tensor((N,), bias_dtype)
+
     @T.prim_func
-    def main(A: T.Tensor((M, K), a_dtype), A_scale: T.Tensor(a_scale_shape, T.float32),
-             B: T.Tensor((N, K) if transpose_B else (K, N), b_dtype),
-             B_scale: T.Tensor(b_scale_shape, T.float32), C: T.Tensor((M, N), out_dtype)):
-        T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B=transpose_B,
-                            use_fast_accum=use_fast_accum, transpose_A_scale=transpose_A_scale,
-                            **dict(tiles))
+    def main(A: a, A_scale: sa, B: b, B_scale: sb, Bias: bias, C: c):  # noqa: F811
+        T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, bias=Bias, **options)
     return main
 
 
@@ -152,7 +161,8 @@ def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
                   use_fast_accum: bool = False) -> torch.Tensor:
     """``(a @ b)`` scaled by ``scale_a`` / ``scale_b``, as ``torch._scaled_mm``: a [M, K], b
     [K, N] FP8 (float8_e4m3fn / float8_e5m2, may differ); float32 scales per tensor, per row of a /
-    column of b, or block-wise; ``bias`` [N] is added to the result (after the kernel, not fused);
+    column of b, or block-wise; ``bias`` [N] is added to the scaled float32 result in the kernel's
+    epilogue (one rounding into ``out_dtype``);
     ``use_fast_accum=False`` promotes the tensor cores' FP8 partial sums into float32 every 128
     of K.
 
@@ -168,7 +178,7 @@ def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
         key = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
                scale_a.shape, scale_a.stride(), scale_a.dtype, scale_a.device,
                scale_b.shape, scale_b.stride(), scale_b.dtype, scale_b.device,
-               None if bias is None else (bias.shape, bias.dtype, bias.device),
+               None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
                out_dtype, use_fast_accum)
         call = _calls[key]
     except KeyError:
@@ -181,26 +191,32 @@ def fp8_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
 
 
 def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) -> torch.Tensor:
-    """A new kind of call (``key``): checked, run, and its call kept for the kind."""
+    """A new kind of call (``key``): checked, run, and its call kept for the kind. A bias goes
+    into the kernel's epilogue, as it is where its dtype is one a result may have and it is
+    contiguous, else converted to ``out_dtype`` (contiguous) per call."""
     args, operands = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
     M, N, K = args[:3]
     _check_bias(bias, N, a.device)
     if M == 0 or N == 0 or K == 0:
-        def product(a, b, sa, sb):
-            return torch.zeros(M, N, dtype=out_dtype, device=a.device)
+        def call(a, b, sa, sb, bias):
+            out = torch.zeros(M, N, dtype=out_dtype, device=a.device)
+            return out if bias is None else out.add_(bias.to(out_dtype))
     else:
         tiles = _tiles_for(args, a, b, scale_a, scale_b, out_dtype, use_fast_accum)
-        kernel = scaled_mm_kernel(*args, tiles.hints()) if tiles else scaled_mm_kernel(*args)
-        launch = kernel.bound(operands(a, b, scale_a, scale_b))
+        hints = tiles.hints() if tiles else ()
+        if bias is None:
+            launch = scaled_mm_kernel(*args, hints).bound(operands(a, b, scale_a, scale_b))
 
-        def product(a, b, sa, sb):
-            return launch(*operands(a, b, sa, sb))
-    if bias is None:
-        def call(a, b, sa, sb, bias):
-            return product(a, b, sa, sb)
-    else:
-        def call(a, b, sa, sb, bias):
-            return product(a, b, sa, sb).add_(bias.to(out_dtype))
+            def call(a, b, sa, sb, bias):
+                return launch(*operands(a, b, sa, sb))
+        else:
+            as_is = bias.dtype in _OUT and bias.is_contiguous()
+            to_bias = _same if as_is else lambda t: t.to(out_dtype).contiguous()
+            kernel = scaled_mm_kernel(*args, hints, bias_dtype=dtypes.from_torch(to_bias(bias).dtype))
+            launch = kernel.bound((*operands(a, b, scale_a, scale_b), to_bias(bias)))
+
+            def call(a, b, sa, sb, bias):
+                return launch(*operands(a, b, sa, sb), to_bias(bias))
     result = call(a, b, scale_a, scale_b, bias)
     if len(_calls) >= SIGNATURES:
         _calls.clear()
