@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from tilews.lowering.fp8 import SCALE_BLOCK, scale_blocks
+from tilews.ops.fp8 import expand_scale
 
 from . import gemm
 from .kernels import for_target
@@ -118,19 +119,10 @@ def scales(granularity: str, M: int, N: int, K: int, gen: torch.Generator,
     return tuple(positive_scale(shape[::-1], gen, device).t() for shape in shapes)
 
 
-def expand(scale: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """``scale`` in float64, broadcastable against an operand of ``shape``: a per-tensor or
-    per-row/column scale as it is, a block scale repeated over the 128 elements of each block."""
-    s = scale.double()
-    for dim, size in enumerate(shape):
-        if s.dim() == 2 and s.shape[dim] not in (1, size):
-            s = s.repeat_interleave(SCALE_BLOCK, dim=dim).narrow(dim, 0, size)
-    return s
-
-
 def exact(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
     """float64 (a * scale_a) @ (b * scale_b)."""
-    return (a.double() * expand(scale_a, a.shape)) @ (b.double() * expand(scale_b, b.shape))
+    return (a.double() * expand_scale(scale_a.double(), a.shape)) @ \
+        (b.double() * expand_scale(scale_b.double(), b.shape))
 
 
 def _powers_of_two(shape: Sequence[int], gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -147,8 +139,8 @@ def _block_inputs(M: int, N: int, K: int, gen: torch.Generator, device: torch.de
     pow_a, pow_w = _powers_of_two((M, kb), gen, device), _powers_of_two((nb, kb), gen, device)
     scale_a = (row * pow_a).t().contiguous().t()
     scale_b = (column_block * pow_w).t()
-    a_rowwise = (a.double() * expand(pow_a, a.shape)).to(E4M3)
-    w_rowwise = (w.double() * expand(pow_w, w.shape)).to(E4M3)
+    a_rowwise = (a.double() * expand_scale(pow_a.double(), a.shape)).to(E4M3)
+    w_rowwise = (w.double() * expand_scale(pow_w.double(), w.shape)).to(E4M3)
     column = column_block.repeat_interleave(SCALE_BLOCK)[:N].reshape(1, N)
     return a, w.t(), scale_a, scale_b, a_rowwise, w_rowwise.t(), row, column
 

@@ -973,6 +973,19 @@ def test_tune_fp8_drops_wrong_candidates(fresh_fp8_calls, monkeypatch):
         ops.tune_fp8(a[:0], b, sa[:0], sb)
 
 
+def test_tune_fp8_takes_1d_row_and_column_scales(fresh_fp8_calls):
+    """Scales [M] and [N], which the op accepts as per row / column: the tuner's float32
+    reference scales rows of a and columns of b by them."""
+    M, N, K = 70, 136, 300
+    a, w = fp8((M, K), E4M3, 70), fp8((N, K), E4M3, 71)
+    sa, sb = ops_scales("row", M, N, K, 72)
+    winner = ops.tune_fp8(a, w.t(), sa.reshape(M), sb.reshape(N), warmup=1, rep=2)
+    assert winner in [fp8_ops.Tiles(**t) for t in fp8_language.tile_candidates(
+        "interpret", T.bfloat16, True, True)]
+    c = fp8_scaled_mm(a, w.t(), sa.reshape(M), sb.reshape(N))
+    assert rel_err(c, ops_reference(a, w.t(), sa, sb, "row", None)) < TOL[torch.bfloat16]
+
+
 def test_env_switch_tunes_fp8_at_the_first_call(fresh_fp8_calls, monkeypatch):
     monkeypatch.setenv("TILEWS_TUNE", "1")
     assert tuning_entries(fresh_fp8_calls) == []

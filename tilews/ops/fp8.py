@@ -310,17 +310,20 @@ def tune_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
 
 
 def _float32_product(a, b, scale_a, scale_b) -> torch.Tensor:
-    """(a * scale_a) @ (b * scale_b) in float32, block scales spread over their 128 (x 128)
-    elements (torch's conventions: scale_b [K / 128, N / 128])."""
-    def spread(scale, rows, cols):
-        s = scale.float().reshape(scale.shape if scale.dim() == 2 else (1, 1))
-        if s.shape[0] not in (1, rows):
-            s = s.repeat_interleave(SCALE_BLOCK, 0)[:rows]
-        if s.shape[1] not in (1, cols):
-            s = s.repeat_interleave(SCALE_BLOCK, 1)[:, :cols]
-        return s
-    (M, K), N = a.shape, b.shape[1]
-    return (a.float() * spread(scale_a, M, K)) @ (b.float() * spread(scale_b, K, N))
+    """(a * scale_a) @ (b * scale_b) in float32 (a 1-d scale of a is per row, of b per column)."""
+    sa = scale_a.float().reshape(-1, 1) if scale_a.dim() < 2 else scale_a.float()
+    sb = scale_b.float().reshape(1, -1) if scale_b.dim() < 2 else scale_b.float()
+    return (a.float() * expand_scale(sa, a.shape)) @ (b.float() * expand_scale(sb, b.shape))
+
+
+def expand_scale(scale: torch.Tensor, shape) -> torch.Tensor:
+    """``scale`` broadcastable against an operand of ``shape``: a per-tensor or per-row/column
+    scale as it is, a 2-d block scale repeated over the 128 elements of each block along each
+    dimension it does not match (torch's conventions: b [K, N] has scale_b [K / 128, N / 128])."""
+    for dim, size in enumerate(shape):
+        if scale.dim() == 2 and scale.shape[dim] not in (1, size):
+            scale = scale.repeat_interleave(SCALE_BLOCK, dim=dim).narrow(dim, 0, size)
+    return scale
 
 
 # --- torch.library ---------------------------------------------------------------------------------
