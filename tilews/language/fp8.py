@@ -195,10 +195,8 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
     ones only (``tune_fp8`` on an H100: 64 x 128 beat 128 x 128 at 16 and 64 x 14336 x 4096);
     stages cut to fit shared memory. Metal: 32 x 32 tiles, so the decoded float16 operand tiles
     (32 x 128 each) and the float32 accumulator stay inside its 32 KB of threadgroup memory."""
-    if target == "metal":
-        return dict(block_M=32, block_N=32, num_stages=1, threads=128)
     if target != "hopper":
-        return dict(block_M=64, block_N=64, num_stages=2, threads=128)
+        return _default_tiles(target)
     sms = num_sms()
     shapes = _hopper_shapes(out, promote, transpose_B)
     wide = shapes[0] == _HOPPER_TILES[0]
@@ -212,6 +210,13 @@ def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int,
     else:
         pick = next((t for t, n in zip(shapes, count) if n >= _FILL * sms), shapes[-1])
     return _fitted(pick, out)
+
+
+def _default_tiles(target: str) -> dict:
+    """The tiles of a target other than Hopper, whatever the shape."""
+    if target == "metal":
+        return dict(block_M=32, block_N=32, num_stages=1, threads=128)
+    return dict(block_M=64, block_N=64, num_stages=2, threads=128)
 
 
 def _hopper_shapes(out: ir.DType, promote: bool, transpose_B: bool) -> tuple:
@@ -235,7 +240,7 @@ def tile_candidates(target: str, out: ir.DType, promote: bool, transpose_B: bool
     fitted); elsewhere the target's default tiles and tiles of half their width."""
     if target == "hopper":
         return [_fitted(t, out) for t in _hopper_shapes(out, promote, transpose_B)]
-    first = _tiles(target, out, promote, transpose_B, 1, 1)
+    first = _default_tiles(target)
     return [first, {**first, "block_N": first["block_N"] // 2}]
 
 
