@@ -896,6 +896,7 @@ class KernelSpy:
 
     def __init__(self, monkeypatch, wrong=None):
         self.made, self.wrong, self.real = [], wrong, fp8_ops.scaled_mm_kernel
+        self.target = self.real.target
         monkeypatch.setattr(fp8_ops, "scaled_mm_kernel", self)
 
     def __call__(self, *args, tiles=()):

@@ -15,6 +15,7 @@ import torch
 
 import tilews
 import tilews.language as T
+from tilews import targets
 from tilews.binding import SIGNATURES
 from tilews.jit import compile_each
 from tilews.language.fp8 import tile_candidates
@@ -212,8 +213,9 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
         else:
             as_is = bias.dtype in _OUT and bias.is_contiguous()
             to_bias = _same if as_is else lambda t: t.to(out_dtype).contiguous()
-            kernel = scaled_mm_kernel(*args, hints, bias_dtype=dtypes.from_torch(to_bias(bias).dtype))
-            launch = kernel.bound((*operands(a, b, scale_a, scale_b), to_bias(bias)))
+            first = to_bias(bias)
+            kernel = scaled_mm_kernel(*args, hints, bias_dtype=dtypes.from_torch(first.dtype))
+            launch = kernel.bound((*operands(a, b, scale_a, scale_b), first))
 
             def call(a, b, sa, sb, bias):
                 return launch(*operands(a, b, sa, sb), to_bias(bias))
@@ -297,7 +299,7 @@ def tune_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     if M == 0 or N == 0 or K == 0:
         raise ValueError(f"tune_fp8(): nothing to tune in an empty product (M, N, K = {M}, {N}, {K})")
     inputs = operands(a, b, scale_a, scale_b)
-    target = scaled_mm_kernel(*args).target
+    target = targets.resolve(scaled_mm_kernel.target)[0]
     promote = not args[6] or _granularity(args).block_wise
     space = [Tiles(**t) for t in tile_candidates(target, args[9], promote, args[5])]
     kernels = compile_each(space, lambda t: attempt(scaled_mm_kernel, *args, t.hints()))
