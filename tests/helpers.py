@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import torch
 
@@ -79,3 +80,8 @@ def gluon_program(lowered) -> CheckedProgram:
     from tilews.triton_ext.toolchain import triton_version
     return CheckedProgram(lowered, GluonProgram(emit(lowered), lowered, services().store,
                                                 triton_version()))
+
+
+def tuned_entries(root, op: str) -> list[dict]:
+    """The tuned winners ``op`` has written to disk under the tilews cache folder ``root``."""
+    return [json.loads(p.read_text()) for p in (root / "ops" / op).glob("*.json")]

@@ -72,7 +72,7 @@ from tilews.triton_ext.gluon import emit as gluon_emit
 from tilews.triton_ext.passes.fp8_verifier import verify_fp8
 from tilews.triton_ext.toolchain import ptxas_report
 
-from .helpers import gluon_program, load, marked_line, poisoned, rel_err, roles
+from .helpers import gluon_program, load, marked_line, poisoned, rel_err, roles, tuned_entries
 from .test_ws_oracle import run_interp
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -886,10 +886,6 @@ def test_ops_opcheck(fresh_fp8_calls, kind):
     assert result == dict.fromkeys(checks, "SUCCESS")
 
 
-def tuning_entries(root):
-    return [json.loads(p.read_text()) for p in (root / "ops" / "fp8_scaled_mm").glob("*.json")]
-
-
 class KernelSpy:
     """Stands in for ``scaled_mm_kernel``: records the ``tiles`` each kernel is made with and
     builds it; a kernel of the tiling ``wrong`` returns its result times 1.05."""
@@ -944,7 +940,7 @@ def test_tune_fp8_keeps_the_winner_and_the_op_uses_it(fresh_fp8_calls, monkeypat
         winner = ops.tune_fp8(a, b, sa, sb, warmup=1, rep=2)
     timed = [r.getMessage() for r in caplog.records if r.getMessage().endswith(" ms")]
     assert len(timed) == 2 and str(winner) in " ".join(timed), timed
-    [entry] = tuning_entries(fresh_fp8_calls)
+    [entry] = tuned_entries(fresh_fp8_calls, "fp8_scaled_mm")
     assert entry["winner"] == str(winner)
     assert entry["key"] == ["cpu", "float8_e4m3fn", "float8_e4m3fn", "bfloat16", "BLOCK", "BLOCK",
                             True, False, True, 136, 300, 128]
@@ -989,12 +985,12 @@ def test_tune_fp8_takes_1d_row_and_column_scales(fresh_fp8_calls):
 
 def test_env_switch_tunes_fp8_at_the_first_call(fresh_fp8_calls, monkeypatch):
     monkeypatch.setenv("TILEWS_TUNE", "1")
-    assert tuning_entries(fresh_fp8_calls) == []
+    assert tuned_entries(fresh_fp8_calls, "fp8_scaled_mm") == []
     for seed in (60, 61):
         a, b, sa, sb = block_inputs(20, 136, 300, seed)
         c = fp8_scaled_mm(a, b, sa, sb)
         assert rel_err(c, ops_reference(a, b, sa, sb, "block", None)) < TOL[torch.bfloat16]
-        [entry] = tuning_entries(fresh_fp8_calls)                # the second call: no tuning
+        [entry] = tuned_entries(fresh_fp8_calls, "fp8_scaled_mm")     # the second call: no tuning
     assert entry["key"][-1] == 32
 
 

@@ -53,7 +53,7 @@ from tilews.ops.schedule import (FUSED_MIN_K_TILES, MAX_SPLITS, PROGRAMS, SMEM_B
                                  STREAM_K_MAX_TAIL,
                                  Schedule, bucket, candidates, fit_stages, heuristic)
 
-from .helpers import randn, rel_err
+from .helpers import randn, rel_err, tuned_entries
 
 mm = importlib.import_module("tilews.ops.matmul")     # the module (``ops.matmul`` is the function)
 
@@ -274,10 +274,6 @@ def test_empty_products(fresh, M, N, K):
 
 
 # --- tuning -------------------------------------------------------------------------------------
-def cache_entries(root):
-    return [json.loads(p.read_text()) for p in (root / "ops" / "matmul").glob("*.json")]
-
-
 def test_tune_writes_the_winner_and_matmul_reads_it(fresh, monkeypatch, caplog):
     a, b = operands(5, 80, 96, torch.float16)
     with caplog.at_level(logging.INFO, logger="tilews.ops"):
@@ -286,7 +282,7 @@ def test_tune_writes_the_winner_and_matmul_reads_it(fresh, monkeypatch, caplog):
     assert winner in space
     timed = [r.getMessage() for r in caplog.records if " ms" in r.getMessage()]
     assert len(timed) == len(space), [r.getMessage() for r in caplog.records]   # none dropped
-    [entry] = cache_entries(fresh)
+    [entry] = tuned_entries(fresh, "matmul")
     assert entry["winner"] == str(winner) and entry["key"][-3:] == [80, 96, 8]
     # A new process (nothing in memory) follows the disk, even an entry edited by hand.
     chosen = Schedule.from_text("swap_ab 16x64x32 s2 t128")
@@ -324,12 +320,12 @@ def test_tune_drops_wrong_candidates(fresh, monkeypatch):
 def test_env_switch_tunes_at_the_first_call(fresh, monkeypatch):
     monkeypatch.setenv("TILEWS_TUNE", "1")
     a, b = operands(20, 80, 96, torch.bfloat16)
-    assert cache_entries(fresh) == []
+    assert tuned_entries(fresh, "matmul") == []
     assert_product(ops.matmul(a, b), a, b, torch.bfloat16)
-    [entry] = cache_entries(fresh)
+    [entry] = tuned_entries(fresh, "matmul")
     assert entry["key"][-1] == 32 and ops.matmul_schedule(a, b) == Schedule.from_text(entry["winner"])
     assert_product(ops.matmul(a, b), a, b, torch.bfloat16)   # planned now: no second tuning
-    assert len(cache_entries(fresh)) == 1
+    assert len(tuned_entries(fresh, "matmul")) == 1
 
 
 def test_tune_rejects_empty_products():
