@@ -2,6 +2,8 @@
 ``T.const`` specialization, ``T.dynamic`` dims, ``T.empty`` outputs, ``fn.compile``."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ import tilews.language as T
 from tilews.errors import CompileError
 
 from .helpers import randn as rand
+
+jit_module = importlib.import_module("tilews.jit")  # the module; tilews.jit is the decorator
 
 
 @tilews.jit
@@ -234,3 +238,17 @@ def test_par_compile_returns_kernels_in_order():
     ks = matmul_relu.par_compile(configs)
     assert [k.ir_after is not None for k in ks] == [True, True]
     assert ks[1] is matmul_relu.compile(**configs[1])
+
+
+@pytest.mark.parametrize("version,safe", [((3, 10, 14), False), ((3, 11, 7), False),
+                                          ((3, 11, 8), True), ((3, 12, 1), False),
+                                          ((3, 12, 2), True), ((3, 13, 0), True)])
+def test_ast_is_thread_safe_from_the_cpython_fix(version, safe):
+    assert jit_module.ast_is_thread_safe(version) is safe
+
+
+def test_compile_each_stays_on_the_calling_thread_where_ast_is_not_thread_safe(monkeypatch):
+    import threading
+    monkeypatch.setattr(jit_module, "ast_is_thread_safe", lambda: False)
+    threads = jit_module.compile_each(range(4), lambda i: (i, threading.get_ident()))
+    assert threads == [(i, threading.get_ident()) for i in range(4)]

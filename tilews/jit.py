@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
@@ -131,13 +132,27 @@ class JitFunction:
         return compile_each(configs, one, num_workers)
 
 
+def ast_is_thread_safe(version: tuple = tuple(sys.version_info[:3])) -> bool:
+    """Whether ``ast.parse`` may run in several threads at once on this Python. Before 3.11.8 and
+    3.12.2 its recursion counter was shared between threads (CPython gh-106905), so Triton parsing
+    two kernels at once could fail with "SystemError: AST constructor recursion depth mismatch"."""
+    if version[:2] == (3, 11):
+        return version >= (3, 11, 8)
+    if version[:2] == (3, 12):
+        return version >= (3, 12, 2)
+    return version >= (3, 13)
+
+
 def compile_each(items: Sequence, compile_one: Callable, max_workers: Optional[int] = None) -> list:
-    """``compile_one(item)`` for each item, in parallel threads, the results in the items' order.
+    """``compile_one(item)`` for each item, the results in the items' order: in parallel threads,
+    or one after the other where this Python's ``ast`` is not thread-safe (``ast_is_thread_safe``).
     The first compiles on this thread: Triton's first import is not safe from several threads at
     once, so it must be done before the others start."""
     if not items:
         return []
     first = compile_one(items[0])
+    if not ast_is_thread_safe():
+        return [first] + [compile_one(item) for item in items[1:]]
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         return [first] + list(pool.map(compile_one, items[1:]))
 
