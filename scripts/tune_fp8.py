@@ -29,7 +29,8 @@ import tilews.language as T
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.target import HOPPER
 from tilews.ops import fp8_scaled_mm
-from tilews.ops.fp8 import kernel_inputs, scaled_mm_kernel
+from tilews.bench.fp8 import exact
+from tilews.ops.fp8 import Tiles, kernel_inputs, scaled_mm_kernel
 from tilews.testing import rel_err, time_ms
 from tests.helpers import load
 
@@ -57,19 +58,12 @@ def direct(prim, target):
     return run
 
 
-def with_tiles(a, w, sa, sb, fast, tiles: dict):
-    """The op's call with the intrinsic's tile hints ``tiles``."""
+def with_tiles(a, w, sa, sb, fast, tiles: tuple):
+    """The op's call with the intrinsic's tile hints ``tiles`` ((name, value) pairs; a ``Tiles``'
+    ``hints()`` are the ones the op itself compiles with)."""
     args, operands = kernel_inputs(a, w.t(), sa, sb, use_fast_accum=fast)
-    kernel = scaled_mm_kernel(*args, tiles=tuple(sorted(tiles.items())))
+    kernel = scaled_mm_kernel(*args, tiles)
     return lambda: kernel(*operands)
-
-
-def tile_text(text: str) -> dict:
-    """``64x128s8t128`` -> block_M 64, block_N 128, num_stages 8, threads 128."""
-    bm, rest = text.split("x")
-    bn, rest = rest.split("s")
-    stages, threads = rest.split("t")
-    return dict(block_M=int(bm), block_N=int(bn), num_stages=int(stages), threads=int(threads))
 
 
 def inputs(M, N, K, gran):
@@ -83,16 +77,6 @@ def inputs(M, N, K, gran):
     else:
         sa, sb = torch.rand(M, kb, device="cuda") + 0.5, torch.rand(kb, nb, device="cuda") + 0.5
     return a, w, sa, sb
-
-
-def exact(a, w, sa, sb, gran):
-    A, B = a.double(), w.double().t()
-    K, N = B.shape
-    if gran == "block":
-        A = A * sa.double().repeat_interleave(128, 1)[:, :K]
-        B = B * sb.double().repeat_interleave(128, 0)[:K].repeat_interleave(128, 1)[:, :N]
-        return A @ B
-    return (A @ B) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
 
 
 def torch_block_wise(a, w, sa, sa_m, sb):
@@ -115,7 +99,7 @@ def torch_block_wise(a, w, sa, sa_m, sb):
 
 def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
     a, w, sa, sb = inputs(M, N, K, gran)
-    ref = exact(a, w, sa, sb, gran)
+    ref = exact(a, w.t(), sa, sb)
     if gran == "block":     # b's scales in torch's layout (the transpose of a contiguous tensor)
         sb = sb.t().contiguous().t()
     torch_gran = "row" if gran == "block" else gran
@@ -131,12 +115,12 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
         if theirs_block is not None:
             cands["torch block-wise"] = theirs_block
     # variants: the op's kernel with tile hints (block-wise: M-major A scales, the op's fast form)
-    hinted = {f"panel {p}": dict(panel=p) for p in panels}
-    hinted.update({t: tile_text(t) for t in tiles})
+    hinted = {f"panel {p}": (("panel", p),) for p in panels}
+    hinted.update({t: Tiles.from_text(t).hints() for t in tiles})
     if not quick and not panels and not tiles:
-        hinted["panel 8"] = dict(panel=8)
+        hinted["panel 8"] = (("panel", 8),)
         hinted["BN 128, 5 stages" if gran == "block" or not fast else "BN 128, 4 stages"] = \
-            dict(block_N=128, num_stages=5 if gran == "block" or not fast else 4)
+            (("block_N", 128), ("num_stages", 5 if gran == "block" or not fast else 4))
     for name, hints in hinted.items():
         try:
             cands[name] = with_tiles(a, w, sa_m if gran == "block" else sa, sb, fast, hints)
@@ -154,7 +138,7 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
         got, again = fn(), fn()
         out[name] = dict(err=rel_err(got, ref), nan=bool(got.isnan().any()),
                          deterministic=bool(torch.equal(got, again)))
-    err_torch = rel_err(theirs(), exact(ta, tw, tsa, tsb, torch_gran))
+    err_torch = rel_err(theirs(), exact(ta, tw.t(), tsa, tsb))
     times = {n: [] for n in [*cands, "torch"]}
     for r in range(rounds):
         order = ["torch", *cands] if r % 2 == 0 else [*cands, "torch"]

@@ -914,6 +914,7 @@ def block_inputs(M, N, K, seed):
 def test_tiles_text_round_trip_and_errors():
     t = fp8_ops.Tiles(64, 128, 8, 128)
     assert str(t) == "64x128 s8 t128" and fp8_ops.Tiles.from_text(str(t)) == t
+    assert fp8_ops.Tiles.from_text("64x128s8t128") == t          # scripts/tune_fp8.py --tiles
     assert t.hints() == (("block_M", 64), ("block_N", 128), ("num_stages", 8), ("threads", 128))
     for bad in ("64x128", "64x128 s8", 64, "a x b s1 t1"):
         with pytest.raises(ValueError, match="is not a tiling"):

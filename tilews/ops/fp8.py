@@ -236,7 +236,8 @@ def _check_bias(bias, N: int, device: torch.device) -> None:
 @dataclass(frozen=True)
 class Tiles:
     """Tile hints of the whole GEMM (``T.fp8_scaled_matmul``'s ``block_M``, ``block_N``,
-    ``num_stages``, ``threads``); ``str`` writes ``64x128 s8 t128``, ``from_text`` reads it."""
+    ``num_stages``, ``threads``); ``str`` writes ``64x128 s8 t128``, ``from_text`` reads it (the
+    spaces optional: ``64x128s8t128`` fits a comma-separated command-line list)."""
     block_M: int
     block_N: int
     num_stages: int
@@ -247,7 +248,7 @@ class Tiles:
 
     @classmethod
     def from_text(cls, text: str) -> "Tiles":
-        match = re.fullmatch(r"(\d+)x(\d+) s(\d+) t(\d+)", text.strip()) if isinstance(text, str) else None
+        match = re.fullmatch(r"(\d+)x(\d+) ?s(\d+) ?t(\d+)", text.strip()) if isinstance(text, str) else None
         if match is None:
             raise ValueError(f"Tiles.from_text: {text!r} is not a tiling (expected e.g. '64x128 s8 t128')")
         return cls(*map(int, match.groups()))
