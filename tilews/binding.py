@@ -170,12 +170,18 @@ class Binder:
             b = self.params[i].param
             shapes.append(tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name] for d in b.shape))
             dtypes.append(b.dtype.torch_dtype)
-        if len(self.signatures) >= SIGNATURES:
-            self.signatures.clear()
         spans = tuple(_offsets(a) for a in args)
-        sig = self.signatures[key] = BoundSignature(tuple(shapes), tuple(dtypes), device,
-                                                    tuple(sizes[q.name] for q in self._dims), spans)
-        return sig
+        return remember(self.signatures, key, BoundSignature(
+            tuple(shapes), tuple(dtypes), device, tuple(sizes[q.name] for q in self._dims), spans))
+
+
+def remember(cache: dict, key, value):
+    """``cache[key] = value``, the cache emptied first where it holds ``SIGNATURES`` entries
+    (it starts over); returns ``value``. The bound on every per-call-signature cache."""
+    if len(cache) >= SIGNATURES:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _offsets(a) -> Optional[tuple[int, int]]:

@@ -16,7 +16,7 @@ import torch
 import tilews
 import tilews.language as T
 from tilews import targets
-from tilews.binding import SIGNATURES
+from tilews.binding import remember
 from tilews.jit import compile_each
 from tilews.language.fp8 import tile_candidates
 from tilews.lowering import dtypes
@@ -220,9 +220,7 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
             def call(a, b, sa, sb, bias):
                 return launch(*operands(a, b, sa, sb), to_bias(bias))
     result = call(a, b, scale_a, scale_b, bias)
-    if len(_calls) >= SIGNATURES:
-        _calls.clear()
-    _calls[key] = call
+    remember(_calls, key, call)
     return result
 
 

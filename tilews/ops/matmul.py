@@ -52,7 +52,7 @@ import torch
 
 import tilews
 import tilews.language as T
-from tilews.binding import SIGNATURES
+from tilews.binding import remember
 from tilews.jit import compile_each
 from tilews.lowering import dtypes
 from tilews.lowering.settings import Settings
@@ -112,9 +112,7 @@ def _first_call(key: tuple, a, b, out_dtype) -> torch.Tensor:
         result = call(a, b)
     else:
         result, call = _plan(a, b, out_dtype, M, N, K, out).direct(a, b)
-    if len(_calls) >= SIGNATURES:
-        _calls.clear()
-    _calls[key] = call
+    remember(_calls, key, call)
     return result
 
 
@@ -196,9 +194,7 @@ def run(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype], sche
         result = call(a, b)
     else:
         result, call = _runner(schedule, N, K, a.dtype, out, a.device.type).direct(a, b)
-    if len(_scheduled) >= SIGNATURES:
-        _scheduled.clear()
-    _scheduled[key] = call
+    remember(_scheduled, key, call)
     return result
 
 
