@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from tilews.lowering.fp8 import SCALE_BLOCK, scale_blocks
-from tilews.ops.fp8 import expand_scale
+from tilews.ops.fp8 import expand_scale, scaled_product
 
 from . import gemm
 from .kernels import for_target
@@ -120,9 +120,8 @@ def scales(granularity: str, M: int, N: int, K: int, gen: torch.Generator,
 
 
 def exact(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
-    """float64 (a * scale_a) @ (b * scale_b)."""
-    return (a.double() * expand_scale(scale_a.double(), a.shape)) @ \
-        (b.double() * expand_scale(scale_b.double(), b.shape))
+    """float64 (a * scale_a) @ (b * scale_b) (``tilews.ops.fp8.scaled_product``)."""
+    return scaled_product(a, b, scale_a, scale_b, torch.float64)
 
 
 def _powers_of_two(shape: Sequence[int], gen: torch.Generator, device: torch.device) -> torch.Tensor:

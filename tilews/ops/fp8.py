@@ -303,18 +303,21 @@ def tune_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     space = [Tiles(**t) for t in tile_candidates(target, args[9], promote, args[5])]
     kernels = compile_each(space, lambda t: attempt(scaled_mm_kernel, *args, t.hints()))
     runs = [k if isinstance(k, Exception) else (lambda k=k: k(*inputs)) for k in kernels]
-    best, ms = fastest("tune_fp8", space, runs, _float32_product(a, b, scale_a, scale_b),
+    best, ms = fastest("tune_fp8", space, runs, scaled_product(a, b, scale_a, scale_b, torch.float32),
                        warmup=warmup, rep=rep)
     _winners.put(_tuning_key(args, a.device), best, ms, Settings.from_env())
     _calls.clear()
     return best
 
 
-def _float32_product(a, b, scale_a, scale_b) -> torch.Tensor:
-    """(a * scale_a) @ (b * scale_b) in float32 (a 1-d scale of a is per row, of b per column)."""
-    sa = scale_a.float().reshape(-1, 1) if scale_a.dim() < 2 else scale_a.float()
-    sb = scale_b.float().reshape(1, -1) if scale_b.dim() < 2 else scale_b.float()
-    return (a.float() * expand_scale(sa, a.shape)) @ (b.float() * expand_scale(sb, b.shape))
+def scaled_product(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """``(a * scale_a) @ (b * scale_b)`` in ``dtype`` for inputs of ``fp8_scaled_mm`` (a 1-d
+    scale of a is per row, of b per column; block scales spread by ``expand_scale``): the
+    bench's float64 reference, ``tune_fp8``'s float32 one."""
+    sa = scale_a.to(dtype).reshape(-1, 1) if scale_a.dim() < 2 else scale_a.to(dtype)
+    sb = scale_b.to(dtype).reshape(1, -1) if scale_b.dim() < 2 else scale_b.to(dtype)
+    return (a.to(dtype) * expand_scale(sa, a.shape)) @ (b.to(dtype) * expand_scale(sb, b.shape))
 
 
 def expand_scale(scale: torch.Tensor, shape) -> torch.Tensor:
