@@ -2,7 +2,7 @@
 
 A backend takes a kernel from the frontend to something that runs on one target::
 
-    lowered = backend.lower(kernel, observe)   # its pass pipeline, for its Target
+    lowered = backend.lower(kernel, observe)   # its pipeline, with its BackendConfig
     reason  = backend.refuses(lowered)         # None, or why this program is not for it
     source  = backend.emit(lowered)            # the generated code (emitters only spell plans)
     program = backend.load(lowered, source, options)   # a Program: launch(values), asm, rules
@@ -25,9 +25,10 @@ from typing import Callable, Optional, Protocol
 
 from . import ir
 from .arguments import ArgumentRules
-from .passes import Observer, lower
+from .capabilities import Capabilities
+from .config import BackendConfig
+from .pipeline import Observer, Pipeline, lower
 from .settings import Settings
-from .target import Target
 
 
 class ArtifactStore(Protocol):
@@ -69,16 +70,24 @@ class Program(Protocol):
 
 
 class Backend(abc.ABC):
-    """One backend: a name, the target it builds for, and the four steps above."""
+    """One backend: a name, its config (capabilities, pipeline, options), and the four steps
+    above. A backend class says what it builds with: its ``pipeline`` and the ``capabilities``
+    of the machine it builds for (``tilews.backends.configure`` makes its config from them)."""
     name: str = ""
     options: frozenset[str] = frozenset()   # the ``tilews.jit`` options it takes
+    pipeline: Pipeline
 
-    def __init__(self, target: Target, services: Services):
-        self.target = target
+    def __init__(self, config: BackendConfig, services: Services):
+        self.config = config
         self.services = services
 
+    @classmethod
+    @abc.abstractmethod
+    def capabilities(cls, machine: Machine) -> Capabilities:
+        """The machine this backend builds for, as its passes see it."""
+
     def lower(self, kernel: ir.Kernel, observe: Optional[Observer] = None) -> ir.Kernel:
-        return lower(kernel, self.target, observe, dump_dir=self.services.settings.dump_ir)
+        return lower(kernel, self.config, observe, dump_dir=self.services.settings.dump_ir)
 
     def refuses(self, lowered: ir.Kernel) -> Optional[str]:
         """Why this backend cannot run ``lowered`` (the next one of the chain is tried)."""
@@ -94,4 +103,4 @@ class Backend(abc.ABC):
 
     def fingerprint(self) -> tuple:
         """What, besides the IR and tilews's own sources, determines this backend's output."""
-        return (self.name, repr(self.target))
+        return (self.name, repr(self.config))

@@ -17,7 +17,6 @@ none with --auto-only), launched directly (host time differs: compare kernels of
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from examples.attention import ws_mha_fwd_program
 from tilews.ops.attention import mha_fwd_program
 from tilews.ops.epilogue import matmul_epilogue
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.testing import rel_err, time_ms
 from tests.helpers import load
 
@@ -59,7 +58,7 @@ def sdpa(backend):
 
 def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=(), switches=()):
     rows = []
-    target = dataclasses.replace(HOPPER, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    target = HOPPER.replace(num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
     for B, H, S, D in [s for s in (SHAPES[:2] if quick else SHAPES) if dim in (None, s[3])]:
         for causal in (False, True):
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -74,7 +73,7 @@ def attention_rows(rounds, quick, auto_only=False, dim=None, blocks=(), switches
                 cands[f"auto {text}"] = hop(mha_fwd_program)(B, H, S, D, causal, block_M=bm, block_N=bn_,
                                                              num_stages=st, threads=threads)
             for text, name, value in switches:
-                prog = load(build_kernel(prim), "gluon", dataclasses.replace(target, **{name: value}))
+                prog = load(build_kernel(prim), "gluon", target.replace(**{name: value}))
                 cands[f"auto, {text}"] = lambda q, k, v, p=prog: _launch(p, q, k, v)
             if D <= 128 and not auto_only:
                 cands["explicit T.ws"] = hop(ws_mha_fwd_program)(B, H, S, D, causal, block_N=bn, stages=stages)
@@ -131,9 +130,10 @@ def epilogue_rows(rounds, quick):
 
 
 def _switch(text: str) -> tuple:
-    """'FIELD=on|off|N' -> (text, a Hopper target field, its value), checked before any GPU work."""
+    """'FIELD=on|off|N' -> (text, a field of the Hopper backend's config, its value), checked
+    before any GPU work."""
     name, _, value = text.partition("=")
-    fields = {f.name for f in dataclasses.fields(HOPPER)}
+    fields = set(HOPPER.field_owners())
     if name not in fields or not (value in ("on", "off") or value.isdigit()):
         raise SystemExit(f"--target: {text!r} is not FIELD=on|off|N with FIELD one of {sorted(fields)}")
     return text, name, int(value) if value.isdigit() else value == "on"

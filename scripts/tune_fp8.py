@@ -17,7 +17,6 @@ rowwise non-fast ``_scaled_mm`` (the issue's yardstick).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import statistics
@@ -27,7 +26,7 @@ import torch
 
 import tilews.language as T
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.ops import fp8_scaled_mm
 from tilews.bench.fp8 import exact
 from tilews.ops.fp8 import Tiles, kernel_inputs, scaled_mm_kernel
@@ -130,7 +129,7 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
         isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else \
             (sa, sb.t() if gran == "block" else sb)                           # the promotion
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        target = dataclasses.replace(HOPPER, num_sms=sms, split_consumers=False)
+        target = HOPPER.replace(num_sms=sms, split_consumers=False)
         run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast), target)
         cands["merged"] = lambda: run(a, isa, w, isb)
     out = {}

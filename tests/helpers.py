@@ -63,13 +63,13 @@ class CheckedProgram:
         return getattr(self.program, name)
 
 
-def load(kernel, backend: str, target=None) -> CheckedProgram:
+def load(kernel, backend: str, config=None) -> CheckedProgram:
     """``kernel`` (frontend IR) lowered, emitted and loaded by ``backend`` ("interpret", "tl",
-    "gluon"), for ``target`` if given (else the backend's own choice for this machine)."""
+    "gluon"), with ``config`` if given (else the backend's own for this machine)."""
     from tilews import backends
     b = backends.make(backend, services())
-    if target is not None:
-        b = type(b)(target, b.services)
+    if config is not None:
+        b = type(b)(config, b.services)
     lowered = b.lower(kernel)
     return CheckedProgram(lowered, b.load(lowered, b.emit(lowered), {}))
 

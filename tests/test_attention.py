@@ -43,10 +43,10 @@ from examples.attention import ws_mha_fwd_program
 from tilews.lowering import ir, layouts, verify, verify_async
 from tilews.lowering.errors import DeadlockError, RaceError, UninitializedReadError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import (AsyncPlan, AsyncRefusal, ConsumerSplit, LayoutPlan, PipelinePlan,
                                    SharedMemoryPlan)
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import buffers_read, buffers_written, transform, walk
 from tilews.ops.attention import attention, mha_fwd_program
 
@@ -62,10 +62,10 @@ _T_DTYPES = {torch.float16: T.float16, torch.bfloat16: T.bfloat16}
 # docs/ws-semantics.md #2); that role with P V deferred.
 SCHEDULES = {
     "default": HOPPER,
-    "split": dataclasses.replace(HOPPER, overlap_softmax=False),
-    "merged": dataclasses.replace(HOPPER, split_consumers=False, overlap_softmax=False),
-    "overlap": dataclasses.replace(HOPPER, split_consumers=False, overlap_softmax=True),
-    "pingpong": dataclasses.replace(HOPPER, pingpong=True),
+    "split": HOPPER.replace(overlap_softmax=False),
+    "merged": HOPPER.replace(split_consumers=False, overlap_softmax=False),
+    "overlap": HOPPER.replace(split_consumers=False, overlap_softmax=True),
+    "pingpong": HOPPER.replace(pingpong=True),
 }
 
 

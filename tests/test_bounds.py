@@ -21,8 +21,9 @@ import tilews
 import tilews.language as T
 from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import legalize_wgmma, lower
-from tilews.lowering.target import HOPPER
+from tilews.lowering.passes import legalize_wgmma
+from tilews.lowering.pipeline import lower
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import transform
 from tilews.triton_ext.gluon import emit as gluon_emit
 

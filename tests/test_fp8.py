@@ -59,9 +59,9 @@ from tilews.errors import CompileTypeError, CompileValueError
 from tilews.lowering import interpreter, ir, verify_async
 from tilews.lowering.fp8 import SCALE_BLOCK, Granularity, Scaling, accepted, granularity
 from tilews.lowering.frontend import Macro, build_kernel
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import AsyncPlan, AsyncRefusal, SharedMemoryPlan
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.simplify import evaluate
 from tilews.lowering.traverse import exprs_of, subexprs, transform, walk
 from tilews import ops
@@ -1250,7 +1250,7 @@ def test_b_block_scales_are_preloaded_per_tile(tiles, sms):
     prim = scaled_gemm(M, N, K, sas, sbs, True, False, T.float8_e4m3, T.float8_e4m3, T.bfloat16,
                        sa_t=True, **hints)
     before = build_kernel(prim, target="hopper")
-    after = lower(before, dataclasses.replace(HOPPER, num_sms=sms))
+    after = lower(before, HOPPER.replace(num_sms=sms))
     assert after.find_plan(AsyncPlan) is not None, after.find_plan(AsyncRefusal)
     by_wg = roles(after)
     rows = [s for s in walk(by_wg[(0,)].body) if isinstance(s, ir.Copy) and s.src.buffer.name == "B_scale"]
@@ -1306,7 +1306,7 @@ def test_bulk_copies_into_ring_slots_off_128_bytes_are_refused(monkeypatch):
     sas, sbs = GRANS["block-t"](M, N, K)
     prim = scaled_gemm(M, N, K, sas, sbs, True, False, T.float8_e4m3, T.float8_e4m3, T.bfloat16,
                        sa_t=True, **WIDE)
-    after = lower(build_kernel(prim, target="hopper"), dataclasses.replace(HOPPER, num_sms=2))
+    after = lower(build_kernel(prim, target="hopper"), HOPPER.replace(num_sms=2))
     refusal = after.find_plan(AsyncRefusal)
     assert refusal is not None and "'B_scale_s" in refusal.reason and "128" in refusal.reason
 
@@ -1560,7 +1560,7 @@ def test_persistent_parts_are_stored_through_their_own_staging_tiles(gran):
     prim = scaled_gemm(M, N, K, sas, sbs, True, False, T.float8_e4m3, T.float8_e4m3, T.bfloat16,
                        **WIDE)
     before = build_kernel(prim, target="hopper")
-    target = dataclasses.replace(HOPPER, num_sms=2)
+    target = HOPPER.replace(num_sms=2)
     after = lower(before, target)
     assert any(n.startswith("persist:") for n in after.notes)
     staging = _epilogue_staging(after)
@@ -1579,8 +1579,8 @@ def test_persistent_parts_are_stored_through_their_own_staging_tiles(gran):
     with pytest.raises(CompileError, match="while the bulk store from line .* may still read it"):
         verify_async.run(loosened)
     need = SharedMemoryPlan.of(after.body).total_bytes
-    for off in (dataclasses.replace(target, staging_per_store=False),
-                dataclasses.replace(target, smem_bytes=need - 1)):
+    for off in (target.replace(staging_per_store=False),
+                target.replace(smem_bytes=need - 1)):
         shared = _epilogue_staging(lower(before, off))
         for names, waits in shared.values():
             assert len(set(names)) == 1 and waits == [0, 0], (names, waits)
@@ -1596,7 +1596,7 @@ def test_hopper_bias_is_added_by_each_consumer_in_its_epilogue(gran):
     prim = scaled_gemm_with_bias(M, N, K, sas, sbs, (N,), T.bfloat16, T.bfloat16,
                                  sa_t=gran == "block-t")
     before = build_kernel(prim, target="hopper")
-    after = lower(before, dataclasses.replace(HOPPER, num_sms=2))
+    after = lower(before, HOPPER.replace(num_sms=2))
     assert after.find_plan(AsyncPlan) is not None
     program = gluon_program(after)
     assert program.asm["ttgir"].count("ttg.warp_specialize(") == 1

@@ -11,7 +11,6 @@ the hook with the spec's ``fp8_promote_every``.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -25,9 +24,9 @@ import pytest
 import tilews.language as T
 from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import AsyncPlan
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.triton_ext import passes
 
 from .helpers import gluon_program
@@ -90,7 +89,7 @@ KERNELS = {"per_tensor": fp8_gemm, "block_scaled": block_scaled_gemm}
 @functools.lru_cache(maxsize=None)
 def program(name: str):
     # one consumer role: one FP8 wgmma per module, the text the edits below expect
-    return gluon_program(lower(build_kernel(KERNELS[name]()), dataclasses.replace(HOPPER, split_consumers=False)))
+    return gluon_program(lower(build_kernel(KERNELS[name]()), HOPPER.replace(split_consumers=False)))
 
 
 def ttgir(name: str) -> str:

@@ -24,9 +24,9 @@ import tilews
 import tilews.language as T
 from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import AsyncPlan, AsyncRefusal
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import exprs_of, subexprs, walk
 from tilews.ops import matmul_bias_act
 from tilews.ops.epilogue import matmul_epilogue
@@ -101,7 +101,7 @@ ORACLE = [
 @pytest.mark.parametrize("case", ORACLE, ids=str)
 def test_oracle_before_equals_after(case):
     before = build_kernel(case.prim())
-    after = lower(before, dataclasses.replace(HOPPER, num_sms=case.sms))
+    after = lower(before, HOPPER.replace(num_sms=case.sms))
     assert after.find_plan(AsyncPlan) is not None, after.find_plan(AsyncRefusal)
     persistent = [s for s in walk(after.body) if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT]
     if case.sms:
@@ -125,7 +125,7 @@ def test_oracle_before_equals_after(case):
 
 
 def test_bias_is_read_in_the_consumer_role():
-    after = lower(build_kernel(Epi(200, 88, 104, "gelu", sms=4).prim()), dataclasses.replace(HOPPER, num_sms=4))
+    after = lower(build_kernel(Epi(200, 88, 104, "gelu", sms=4).prim()), HOPPER.replace(num_sms=4))
     ws = next(s for s in walk(after.body) if isinstance(s, ir.WarpSpecialize))
     producer, consumer = ws.roles
 
@@ -174,7 +174,7 @@ COMPILED = {
 @functools.lru_cache(maxsize=None)
 def compiled(name):
     case, sms = COMPILED[name]
-    k = lower(build_kernel(case.prim()), dataclasses.replace(HOPPER, num_sms=sms))
+    k = lower(build_kernel(case.prim()), HOPPER.replace(num_sms=sms))
     assert k.find_plan(AsyncPlan) is not None
     return k, gluon_program(k)
 

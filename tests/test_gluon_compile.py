@@ -28,8 +28,10 @@ import tilews.language as T
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import legalize_wgmma, lower
-from tilews.lowering.target import HOPPER, TRITON_CPU
+from tilews.lowering.passes import legalize_wgmma
+from tilews.lowering.pipeline import lower
+from tilews.triton_ext.gluon.backend import HOPPER
+from tilews.triton_ext.tl.backend import TRITON_CPU
 from tilews.lowering.traverse import transform, walk
 from tilews.lowering.plans import AsyncPlan, AsyncRefusal, SharedMemoryPlan
 from tilews.triton_ext.gluon import GluonProgram, emit

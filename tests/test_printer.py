@@ -4,8 +4,9 @@ from __future__ import annotations
 import tilews.language as T
 from tilews.lowering import ir, printer, roles
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
-from tilews.lowering.target import HOPPER, METAL
+from tilews.lowering.pipeline import lower
+from tilews.metal.backend import METAL
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import exprs_of, subexprs, walk
 
 

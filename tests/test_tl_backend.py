@@ -21,8 +21,8 @@ import tilews.language as T
 from tilews import CompileError
 from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
-from tilews.lowering.target import TRITON_CPU, TRITON_GPU
+from tilews.lowering.pipeline import lower
+from tilews.triton_ext.tl.backend import TRITON_CPU, TRITON_GPU
 from tilews.triton_ext.tl import emit
 
 from examples.ws_gemm import ws_matmul_program

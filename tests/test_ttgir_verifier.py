@@ -26,8 +26,8 @@ import pytest
 import tilews.language as T
 from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
-from tilews.lowering.target import HOPPER
+from tilews.lowering.pipeline import lower
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.ops import gemm_programs
 from tilews.ops.attention import mha_fwd_program
 from tilews.triton_ext import passes

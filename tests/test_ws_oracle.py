@@ -16,9 +16,9 @@ from tilews import CompileError
 from tilews.lowering import interpreter, ir, layouts, verify_async
 from tilews.lowering.errors import DeadlockError, RaceError, UninitializedReadError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import AsyncPlan, LayoutPlan, SharedMemoryPlan
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import transform, walk
 
 from .helpers import poisoned, randn
@@ -70,7 +70,7 @@ def test_register_staged_producer_copies(num_stages, N):
     M, K = 96, 100
     prim = matmul.fn(M, N, K, block_M=64, block_N=32, block_K=32, num_stages=num_stages)
     a, b = randn(M, K, dtype=torch.float16, seed=3), randn(K, N, dtype=torch.float16, seed=4)
-    target = dataclasses.replace(HOPPER, register_copies=True)
+    target = HOPPER.replace(register_copies=True)
     after = assert_same_under_schedules(prim, [a, b, torch.empty(M, N, dtype=torch.float16)], 2,
                                         target=target)
     plan = after.plan(AsyncPlan)
@@ -429,14 +429,14 @@ def test_large_gemm_becomes_persistent_automatically(sms):
     prim = matmul.fn(M, N, K, block_M=64, block_N=32, block_K=32, num_stages=2)
     a, b = randn(M, K, dtype=torch.float16, seed=25), randn(K, N, dtype=torch.float16, seed=26)
     before = build_kernel(prim)
-    target = dataclasses.replace(HOPPER, num_sms=sms)
+    target = HOPPER.replace(num_sms=sms)
     after = lower(before, target)
     assert [ir.as_int(g) for g in after.grid] == [sms]
     assert any("persist: 12 tiles > " in n for n in after.notes)
     want = run_interp(before, [a, b, torch.empty(M, N, dtype=torch.float16)], 2)
     for seed in SEEDS:
         assert torch.equal(run_interp(after, [a, b, torch.empty(M, N, dtype=torch.float16)], 2, seed), want)
-    small = lower(before, dataclasses.replace(HOPPER, num_sms=12))      # 12 tiles fit: unchanged grid
+    small = lower(before, HOPPER.replace(num_sms=12))      # 12 tiles fit: unchanged grid
     assert [ir.as_int(g) for g in small.grid] == [3, 4]
 
 

@@ -11,48 +11,56 @@ only when a chain that holds them is built (the Triton ones import Triton lazily
 | hopper      | gluon -> tl                   |
 | metal       | metal                         |
 
-Pass configs (``tilews.pass_config``) shape a chain: without warp specialization the backends in
-``WARP_SPECIALIZED`` are left out, and with fast math (register copies) every backend builds for
-its target with ``fast_math`` (``register_copies``) set (part of its fingerprint, so of the cache
-key).
+A backend's config (``BackendConfig``: capabilities, pipeline, schedule policy, code options) is
+made in one place, ``configure``: the capabilities from the machine as the backend sees it, the
+policy from the settings, the code options from the pass configs (all part of its fingerprint, so
+of the cache key). Without warp specialization (``tl.disable_warp_specialized``) the backends in
+``WARP_SPECIALIZED`` are left out of a chain.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 from tilews.lowering.backend import Backend, Services
+from tilews.lowering.config import BackendConfig, CodegenOptions, SchedulePolicy
 
 from .pass_config import PassOptions
 
-# backend name -> the module whose make(services) builds it
-BACKENDS = {"interpret": "tilews.lowering.interpreter.backend",
-            "tl": "tilews.triton_ext.tl.backend",
-            "gluon": "tilews.triton_ext.gluon.backend",
-            "metal": "tilews.metal.backend"}
+# backend name -> (module, class)
+BACKENDS = {"interpret": ("tilews.lowering.interpreter.backend", "InterpreterBackend"),
+            "tl": ("tilews.triton_ext.tl.backend", "TlBackend"),
+            "gluon": ("tilews.triton_ext.gluon.backend", "GluonBackend"),
+            "metal": ("tilews.metal.backend", "MetalBackend")}
 CHAINS = {"interpret": ("interpret",), "triton": ("tl",), "hopper": ("gluon", "tl"),
           "metal": ("metal",)}
 # the backends that warp-specialize (with TMA producers): off under tl.disable_warp_specialized
 WARP_SPECIALIZED = frozenset({"gluon"})
 
 
-def make(name: str, services: Services) -> Backend:
-    return importlib.import_module(BACKENDS[name]).make(services)
+def backend_class(name: str) -> type[Backend]:
+    module, cls = BACKENDS[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def configure(cls: type[Backend], services: Services, passes: PassOptions = PassOptions()) -> BackendConfig:
+    """The config backend ``cls`` builds with, here: the one place where the machine, the
+    settings and the pass configs become capabilities, a schedule policy and code options."""
+    return BackendConfig(cls.capabilities(services.machine), cls.pipeline,
+                         SchedulePolicy(overlap_softmax=services.settings.overlap_softmax),
+                         CodegenOptions(fast_math=passes.fast_math,
+                                        register_copies=passes.register_copies))
+
+
+def make(name: str, services: Services, passes: PassOptions = PassOptions()) -> Backend:
+    cls = backend_class(name)
+    return cls(configure(cls, services, passes), services)
 
 
 def chain(target: str, services: Services, passes: PassOptions = PassOptions()) -> tuple[Backend, ...]:
     """The backends serving ``target`` (a resolved target name) under ``passes``, in the order
     they are tried."""
-    built, left_out = [], skipped(target, passes)
-    for name in CHAINS[target]:
-        if name in left_out:
-            continue
-        backend = make(name, services)
-        choices = {k: True for k in ("fast_math", "register_copies") if getattr(passes, k)}
-        if choices:
-            backend = type(backend)(dataclasses.replace(backend.target, **choices), services)
-        built.append(backend)
-    return tuple(built)
+    left_out = skipped(target, passes)
+    return tuple(make(name, services, passes) for name in CHAINS[target] if name not in left_out)
 
 
 def skipped(target: str, passes: PassOptions) -> tuple[str, ...]:
@@ -65,10 +73,4 @@ def skipped(target: str, passes: PassOptions) -> tuple[str, ...]:
 def option_names(target: str) -> frozenset[str]:
     """The ``tilews.jit`` options the backends serving ``target`` (a resolved target name) take:
     the union of their ``Backend.options``."""
-    names: set[str] = set()
-    for name in CHAINS[target]:
-        module = importlib.import_module(BACKENDS[name])
-        names.update(*(cls.options for cls in vars(module).values()
-                       if isinstance(cls, type) and issubclass(cls, Backend)
-                       and cls.__module__ == module.__name__))
-    return frozenset(names)
+    return frozenset().union(*(backend_class(name).options for name in CHAINS[target]))

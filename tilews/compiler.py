@@ -134,7 +134,7 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
     program = backend.load(lowered.ir_after, lowered.source, options or {})
     shared = lowered.ir_after.find_plan(SharedMemoryPlan)
     report = CompileReport(
-        target=target if backend.target.name == target else f"{target} -> {backend.target.name}",
+        target=target if backend.config.name == target else f"{target} -> {backend.config.name}",
         backend=backend.name, notes=notes + lowered.ir_after.notes,
         passes=(("frontend", frontend_ms),) + lowered.pass_ms, cache_hit=hit,
         shared_bytes=shared.total_bytes if shared is not None else 0,

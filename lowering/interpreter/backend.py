@@ -4,12 +4,25 @@ Options (``tilews.jit``): ``seed`` (the scheduler's), ``accumulate_f64``.
 """
 from __future__ import annotations
 
-
 from .. import ir, printer
 from ..arguments import ArgumentRules
-from ..backend import Backend, Services
-from ..target import INTERPRET
+from ..backend import Backend, Machine
+from ..capabilities import INTERPRETER, Capabilities
+from ..config import BackendConfig
+from ..passes import legalize, plan_buffers, swizzle_grid, warp_specialize
+from ..pipeline import Pass, Phase, Pipeline
 from .program import execute
+
+PIPELINE = Pipeline((
+    # An explicit T.ws program becomes its roles' projections, which the interpreter runs
+    # concurrently (under its seeded scheduler); a program without roles is unchanged.
+    Phase("specialize", (Pass.of(warp_specialize),)),
+    Phase("plan memory", (Pass.of(plan_buffers),)),
+    # Copy mechanisms (masks where bounds are not proven) and unroll rules, as every backend.
+    Phase("legalize", (Pass.of(legalize),)),
+    # Last: a swizzled grid's block indices become the panel order.
+    Phase("grid", (Pass.of(swizzle_grid),)),
+))
 
 
 class InterpreterProgram:
@@ -30,6 +43,11 @@ class InterpreterProgram:
 class InterpreterBackend(Backend):
     name = "interpret"
     options = frozenset({"seed", "accumulate_f64"})
+    pipeline = PIPELINE
+
+    @classmethod
+    def capabilities(cls, machine: Machine) -> Capabilities:
+        return INTERPRETER
 
     def emit(self, lowered: ir.Kernel) -> str:
         return printer.to_text(lowered)
@@ -39,5 +57,4 @@ class InterpreterBackend(Backend):
                                   bool(options.get("accumulate_f64", False)))
 
 
-def make(services: Services) -> InterpreterBackend:
-    return InterpreterBackend(INTERPRET, services)
+INTERPRET = BackendConfig(INTERPRETER, PIPELINE)   # the interpreter's config without pass configs

@@ -1,11 +1,11 @@
-"""check_barriers: refuse, at compile time, a warp-specialized program whose barriers deadlock, on
-targets where a deadlock hangs the machine.
+"""check_barriers: refuse, at compile time, a warp-specialized program whose barriers deadlock.
+In the pipelines of backends where a deadlock hangs the machine (gluon); the interpreter
+(``interpret``) reports a deadlock at run time instead, under the schedule that shows it.
 
 Requires:  the roles as the user wrote them: the source form (``Role`` blocks inside the program;
-           despecialize leaves it so on a target with warp specialization). A split form (one
+           no pass before it rewrites roles). A split form (one
            ``WarpSpecialize``) is read the same way (``roles.streams``).
-Ensures:   on a target with ``warp_specialization`` and ``hangs_on_deadlock`` (hopper), for a
-           program with barrier operations:
+Ensures:   for a program with barrier operations:
            * with roles, each barrier's arrive count is one whole arriving roles can complete
              (``protocol.phase_arrivals``, the rule Hopper's translation applies), else
              ``CompileError`` at the barrier's allocation;
@@ -14,8 +14,6 @@ Ensures:   on a target with ``warp_specialization`` and ``hangs_on_deadlock`` (h
              every role, ``finished`` or its blocked wait (line, barrier, parity, barrier state);
            * where the protocol depends on what the check cannot follow (below), a note saying
              that it was not checked, why, and where.
-           On other targets the kernel is returned unchanged: the interpreter (``interpret``)
-           reports a deadlock at run time, under the schedule that shows it.
 Preserves: the kernel (a check: returned as is, at most with a note).
 
 Why on the program as written, before warp_specialize: errors then name the user's statements
@@ -58,7 +56,7 @@ from typing import Iterator, Optional
 from .. import ir, protocol, roles
 from ..errors import CompileError
 from ..simplify import evaluate
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import subexprs, walk
 
 MAX_OPERATIONS = 1 << 20   # barrier operations simulated, over all cases
@@ -91,9 +89,7 @@ class _Task:
     done: bool = False
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not (target.warp_specialization and target.hangs_on_deadlock):
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if not protocol.syncs_in(kernel.body):
         return kernel
     if roles.role_sets(kernel.body):
@@ -102,17 +98,17 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
             if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER:
                 protocol.phase_arrivals(s.buffer, arriving.get(s.buffer.name, ()))
     try:
-        _Check(kernel, target).run()
+        _Check(kernel, config).run()
     except _Unchecked as e:
         return kernel.with_note(f"check_barriers: the barrier protocol is not checked for deadlocks "
-                                f"on target '{target.name}': {e.why} (line {e.loc.line})")
+                                f"on target '{config.name}': {e.why} (line {e.loc.line})")
     return kernel
 
 
 class _Check:
-    def __init__(self, kernel: ir.Kernel, target: Target):
+    def __init__(self, kernel: ir.Kernel, config: BackendConfig):
         self.kernel = kernel
-        self.target = target
+        self.config = config
         self.streams = roles.streams(kernel)[1]
         self.budget = MAX_OPERATIONS
         self._syncs: dict[int, bool] = {}
@@ -260,7 +256,7 @@ class _Check:
             state = protocol.barrier_state(*op.key, phase, op.count - arrived, op.count, 0)
             blocked.append((t.name, protocol.wait_text(op.stmt.loc, op.parity, *op.key, state)))
         first = next(t.waiting for t in tasks if not t.done)
-        notes = [f"on target '{self.target.name}' these waits never pass and the kernel hangs; "
+        notes = [f"on target '{self.config.name}' these waits never pass and the kernel hangs; "
                  f"the reference interpreter (target 'interpret') reports this deadlock when it "
                  f"runs the program",
                  "a wait on parity p passes once the barrier's phase of parity p has completed: on "

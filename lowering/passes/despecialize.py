@@ -1,8 +1,8 @@
 """despecialize: run a warp-specialized program as one stream, where that is valid.
 
 Requires:  the source form (``Role`` blocks inside the program, no ``WarpSpecialize``).
-Ensures:   on a target with ``warp_specialization`` the kernel is returned unchanged. Otherwise, if
-           the program has roles or barriers: every ``Role`` is replaced by its body (program
+           In the pipelines of backends that run one stream of threads (tl, metal).
+Ensures:   if the program has roles or barriers: every ``Role`` is replaced by its body (program
            order), every ``BarrierArrive``/``BarrierWait`` and barrier ``Alloc`` is removed and every
            ``Copy.barrier`` is cleared, with a note saying so — but only after checking that running
            the statements in source order satisfies the barrier protocol: every wait would already
@@ -29,7 +29,7 @@ from typing import Optional
 from .. import ir, protocol, roles
 from ..errors import CompileError, InternalError
 from ..simplify import evaluate
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import rewrite, walk
 
 # Iterations simulated before giving up on a loop whose barrier behaviour never repeats.
@@ -38,9 +38,7 @@ MAX_ITERATIONS = 4096
 State = tuple  # sorted ((barrier name, index), (phase parity, pending arrivals)) pairs
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if target.warp_specialization:
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     stmts = list(walk(kernel.body))
     if any(isinstance(s, ir.WarpSpecialize) for s in stmts):
         raise InternalError("despecialize expects the source form (Role blocks), not "
@@ -48,9 +46,9 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     found = roles.role_sets(kernel.body)
     if not found and not any(_is_barrier_op(s) for s in stmts):
         return kernel
-    _Simulation(kernel, target).stmt(kernel.body, frozenset([()]), {}, None)
+    _Simulation(kernel, config).stmt(kernel.body, frozenset([()]), {}, None)
     body = rewrite(kernel.body, _strip)
-    note = (f"despecialize: target '{target.name}' has no warp specialization; "
+    note = (f"despecialize: target '{config.name}' has no warp specialization; "
             + (f"roles {', '.join(roles.describe(r) for r in found)} run as one stream in source "
                f"order, " if found else "")
             + f"{sum(isinstance(s, (ir.BarrierArrive, ir.BarrierWait)) for s in stmts)} barrier "
@@ -80,9 +78,9 @@ def _strip(s: ir.Stmt) -> Optional[ir.Stmt]:
 
 
 class _Simulation:
-    def __init__(self, kernel: ir.Kernel, target: Target):
+    def __init__(self, kernel: ir.Kernel, config: BackendConfig):
         self.kernel = kernel
-        self.target = target
+        self.config = config
         self.arrivers = {name: [roles.describe(w) for w in ws]
                          for name, ws in protocol.arriving_roles(kernel.body).items()}
 
@@ -156,7 +154,7 @@ class _Simulation:
         return int(v)
 
     def _prefix(self) -> str:
-        return f"cannot run the roles as one stream on target '{self.target.name}': "
+        return f"cannot run the roles as one stream on target '{self.config.name}': "
 
     def _blocked(self, s: ir.BarrierWait, key, parity: int, env: dict, role) -> CompileError:
         name = key[0] if len(s.barrier.buffer.arrive_counts) == 1 else f"{key[0]}[{key[1]}]"
@@ -168,7 +166,7 @@ class _Simulation:
         at = ", ".join(f"{v.name}={val}" for v, val in env.items())
         msg = (f"{who} waits on `{name}` (parity {parity}) before {by} on it in program "
                f"order{f' (at {at})' if at else ''}; cannot run as one stream on target "
-               f"'{self.target.name}', which has no warp specialization")
+               f"'{self.config.name}', which has no warp specialization")
         notes = ["without warp specialization the roles run one after another in source order: "
                  "put the producing role's section before the consuming one's, or compile for a "
                  "target with warp specialization (hopper)"]

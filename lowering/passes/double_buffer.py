@@ -1,8 +1,8 @@
 """double_buffer: a ``T.Pipelined`` loop on a target without asynchronous copies loads the next
 tile into a second shared buffer while it computes on this one (Metal).
 
-Requires:  legalize_metal has run (``FragmentStoragePlan``: the block's shared bytes); the target has
-           ``double_buffer``. Elsewhere the kernel is returned unchanged.
+Requires:  legalize_metal has run (``FragmentStoragePlan``: the block's shared bytes). In the pipelines of
+           backends without asynchronous copies (metal).
 Ensures:   a ``T.Pipelined`` loop with ``num_stages >= 2`` and step 1 whose body is a run of copies
            from global memory into whole shared buffers (the producers, each buffer filled by one
            of them and used nowhere but in this loop) followed by statements that never write those
@@ -32,15 +32,13 @@ from typing import Optional
 
 from .. import ir
 from ..plans import FragmentStoragePlan, SharedMemoryPlan
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import buffers_read, buffers_written, footprint, fresh_name, rewrite_loops, transform, walk
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.double_buffer:
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     state = {"kernel": kernel, "notes": []}
-    body = rewrite_loops(kernel.body, lambda loop: _rewrite(loop, state, target))
+    body = rewrite_loops(kernel.body, lambda loop: _rewrite(loop, state, config))
     kernel = dataclasses.replace(state["kernel"], body=body)
     for n in state["notes"]:
         kernel = kernel.with_note(n)
@@ -74,7 +72,7 @@ def _producer(s: ir.Stmt) -> bool:
             and s.dst.buffer.scope is ir.Scope.SHARED and s.dst.is_whole)
 
 
-def _rewrite(loop: ir.For, state: dict, target: Target) -> Optional[list]:
+def _rewrite(loop: ir.For, state: dict, config: BackendConfig) -> Optional[list]:
     kernel = state["kernel"]
     split = _split(loop, kernel)
     if split is None:
@@ -83,10 +81,10 @@ def _rewrite(loop: ir.For, state: dict, target: Target) -> Optional[list]:
     buffers = [p.dst.buffer for p in producers]
     extra = sum(b.nbytes for b in buffers)
     storage = kernel.plan(FragmentStoragePlan)
-    if storage.shared_bytes + extra > target.smem_bytes:
+    if storage.shared_bytes + extra > config.caps.smem_bytes:
         state["notes"].append(f"double_buffer: the loop at line {loop.loc.line} runs single-buffered: "
                               f"a second copy of {', '.join(b.name for b in buffers)} ({extra} bytes) "
-                              f"does not fit the {target.smem_bytes} bytes of shared memory")
+                              f"does not fit the {config.caps.smem_bytes} bytes of shared memory")
         return None
     second = {b: dataclasses.replace(b, name=fresh_name(kernel, b.name + "_1")) for b in buffers}
     shared = kernel.plan(SharedMemoryPlan)

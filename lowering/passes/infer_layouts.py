@@ -2,7 +2,8 @@
 ``T.Parallel`` loop over fragments, and of every shared buffer a warp-group MMA or a bulk copy
 reads.
 
-Requires:  warp_specialize and plan_buffers have run; applies on targets with ``wgmma``.
+Requires:  warp_specialize and plan_buffers have run; in the pipelines of backends with
+           warp-group MMA (gluon).
 Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
            * a ``WgmmaAccumulator`` for each gemm accumulator, splitting M across the warp
              groups of its role first (a merged ``T.ws(1, 2)`` consumer holds one accumulator,
@@ -36,13 +37,11 @@ from typing import Iterator, Optional
 
 from .. import ir, layouts
 from ..plans import LayoutPlan, PipelinePlan, slot_shape
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import buffers_read, buffers_written, element_accesses, walk
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.wgmma:
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     chosen: dict[str, object] = {}
     frames: dict[str, object] = {}
     for ws in (s for s in walk(kernel.body) if isinstance(s, ir.WarpSpecialize)):

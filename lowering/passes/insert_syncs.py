@@ -1,7 +1,7 @@
 """insert_syncs: block barriers where threads share memory across statements (Metal).
 
-Requires:  legalize_metal has run (``FragmentStoragePlan``); the target has ``block_syncs``. Elsewhere
-           the kernel is returned unchanged.
+Requires:  legalize_metal has run (``FragmentStoragePlan``). In the pipelines of backends that spell
+           block barriers between statements that share on-chip memory (metal).
 Ensures:   between any two statements A (earlier) and B of one thread stream where A writes memory
            that B reads or writes, or A reads memory B writes, a ``BlockSync`` stands on every path
            from A to B (including around loops, from one iteration's tail to the next's head), for
@@ -20,16 +20,14 @@ import dataclasses
 
 from .. import ir
 from ..plans import FragmentStoragePlan
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import buffers_read, buffers_written, walk
 
 Pending = tuple[frozenset, frozenset]     # (buffers read, buffers written) since the last sync
 NONE: Pending = (frozenset(), frozenset())
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.block_syncs:
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     plan = kernel.plan(FragmentStoragePlan)
     shared = {name for name, where in plan.storage if where == "shared"}
     body, _ = _Syncs(shared).seq(kernel.body, NONE)

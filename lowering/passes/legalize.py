@@ -8,17 +8,17 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            has ``mask_low``: per dim, True unless the same interval analysis proves its start or
            index non-negative (then an emitter's mask need not check ``>= 0`` there; starts that
            may be negative make the copy MASKED). Every ``Gemm.instr`` is DOT, or DOT_F32_OPERANDS
-           on ``target.triton_interpreter`` for float operands narrower than 32 bits (its dot is
+           on ``config.caps.triton_interpreter`` for float operands narrower than 32 bits (its dot is
            wrong on bf16; the upcast is exact). ``T.unroll`` loops whose bounds are not build-time
-           constants become serial loops (with a note). On ``target.power_of_two_tiles``, an
+           constants become serial loops (with a note). On ``config.caps.power_of_two_tiles``, an
            on-chip buffer, parallel extent or tile region that is not a power of two is a
            ``CompileError`` at its line saying what to change. On targets without warp
            specialization (one stream of ``threads`` threads) a ``StreamPlan``: ``num_warps``
-           (threads // 32, rounded down to a power of two on ``target.power_of_two_tiles``, which
+           (threads // 32, rounded down to a power of two on ``config.caps.power_of_two_tiles``, which
            are Triton's targets; a note if that changed it),
            ``wide_offsets`` (the global buffers that may hold 2**31 elements or more: a static
            shape that large, or any runtime dim; their offsets need 64 bits), and on
-           ``target.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
+           ``config.caps.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
            compile-time constants, which costs nothing there) and ``loops_as_while`` (its ``for``
            cannot iterate to a bound held in a tensor).
 Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
@@ -33,25 +33,25 @@ from typing import Optional
 from .. import ir
 from ..errors import CompileError
 from ..plans import StreamPlan
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import transform, walk
 
 Interval = Optional[tuple[int, int]]
 HUGE = 1 << 64   # an upper bound known only to be finite (above every index a kernel computes)
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if target.power_of_two_tiles:
-        _check_power_of_two(kernel, target)
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
+    if config.caps.power_of_two_tiles:
+        _check_power_of_two(kernel, config)
     env = {d: (0, HUGE) for b in kernel.buffer_params for d in b.shape if isinstance(d, ir.Var)}
     env.update({v: _span(g) for v, g in zip(kernel.block_vars, kernel.grid)})
     notes: list[str] = []
-    body = _Decide(target, notes).seq(kernel.body, env)
+    body = _Decide(config, notes).seq(kernel.body, env)
     kernel = dataclasses.replace(kernel, body=body)
     for n in notes:
         kernel = kernel.with_note(n)
-    if not target.warp_specialization:
-        kernel = _stream_plan(kernel, target)
+    if not config.caps.warp_specialization:
+        kernel = _stream_plan(kernel, config)
     return kernel
 
 
@@ -60,12 +60,12 @@ def _span(extent: ir.Expr) -> Interval:
     return (0, HUGE) if n is None else (0, n - 1)
 
 
-def _stream_plan(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def _stream_plan(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     warps = kernel.threads // 32
-    n = 1 << (warps.bit_length() - 1) if target.power_of_two_tiles else warps
+    n = 1 << (warps.bit_length() - 1) if config.caps.power_of_two_tiles else warps
     wide = tuple(b.name for b in kernel.buffer_params if _may_hold_2_31(b))
-    kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=target.triton_interpreter,
-                                         loops_as_while=target.triton_interpreter, wide_offsets=wide))
+    kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=config.caps.triton_interpreter,
+                                         loops_as_while=config.caps.triton_interpreter, wide_offsets=wide))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")
@@ -89,8 +89,8 @@ def _may_hold_2_31(b: ir.Buffer) -> bool:
 class _Decide:
     """Rebuilds statements with their decisions; ``env`` maps variables to value intervals."""
 
-    def __init__(self, target: Target, notes: list[str]):
-        self.target = target
+    def __init__(self, config: BackendConfig, notes: list[str]):
+        self.config = config
         self.notes = notes
 
     def seq(self, s: ir.Seq, env: dict) -> ir.Seq:
@@ -104,7 +104,7 @@ class _Decide:
             return dataclasses.replace(s, mechanism=mech)
         if isinstance(s, ir.Gemm):
             narrow = s.a.buffer.dtype.is_float and s.a.buffer.dtype.bits < 32
-            f32 = self.target.triton_interpreter and narrow
+            f32 = self.config.caps.triton_interpreter and narrow
             instr = ir.GemmInstr.DOT_F32_OPERANDS if f32 else ir.GemmInstr.DOT
             return dataclasses.replace(s, instr=instr)
         if isinstance(s, ir.For):
@@ -200,20 +200,20 @@ def _interval(e: ir.Expr, env: dict) -> Interval:
 # power-of-two tiles
 
 
-def _check_power_of_two(kernel: ir.Kernel, target: Target) -> None:
+def _check_power_of_two(kernel: ir.Kernel, config: BackendConfig) -> None:
     for s in walk(kernel.body):
         if isinstance(s, ir.Alloc) and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT,
                                                            ir.Scope.LOCAL):
             b = s.buffer
             _require_pow2(b.static_shape, f"{b.scope.value} buffer '{b.name}' has shape "
-                          f"{list(b.static_shape)}", target, s.loc)
+                          f"{list(b.static_shape)}", config, s.loc)
         elif isinstance(s, ir.Parallel):
-            _require_pow2(s.extents, f"T.Parallel has extents {list(s.extents)}", target, s.loc,
+            _require_pow2(s.extents, f"T.Parallel has extents {list(s.extents)}", config, s.loc,
                           ["cover a ragged range with the larger extent and guard the tail with "
                            "an `if`"])
         for r in _regions(s):
             _require_pow2(r.tile_shape, f"this operation moves a {list(r.tile_shape)} tile of "
-                          f"'{r.buffer.name}'", target, s.loc)
+                          f"'{r.buffer.name}'", config, s.loc)
 
 
 def _regions(s: ir.Stmt):
@@ -227,9 +227,9 @@ def _regions(s: ir.Stmt):
         yield from (s.dst, s.value)
 
 
-def _require_pow2(dims, what: str, target: Target, loc: ir.Loc, notes=()) -> None:
+def _require_pow2(dims, what: str, config: BackendConfig, loc: ir.Loc, notes=()) -> None:
     for d, n in enumerate(dims):
         if not ir.is_power_of_two(n):
             lo, hi = 1 << (n.bit_length() - 1), 1 << n.bit_length()
-            raise CompileError(f"{what}, but target '{target.name}' needs power-of-two tile "
+            raise CompileError(f"{what}, but target '{config.name}' needs power-of-two tile "
                                f"extents: change dim {d} from {n} to {lo} or {hi}", loc, notes)

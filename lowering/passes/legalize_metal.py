@@ -1,7 +1,7 @@
 """legalize_metal: where each fragment lives on a target of SIMD threads with simdgroup matrices.
 
-Requires:  legalize has run (one stream: no roles or barriers; copy mechanisms decided); the target
-           has ``simdgroup_matrix`` (Metal). Elsewhere the kernel is returned unchanged.
+Requires:  legalize has run (one stream: no roles or barriers; copy mechanisms decided). In the
+           pipelines of backends with simdgroup matrices (metal).
 Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment and local buffer one
            storage, decided from every access the program makes to it:
 
@@ -26,7 +26,7 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
            (``scratch``: per element type, 64-element slots per simdgroup) for staged matrix
            copies, reductions across simdgroups and T.Parallel loops over matrices. The block's
            shared bytes (shared buffers, spilled fragments, the staging areas) are checked
-           against ``target.smem_bytes``.
+           against ``config.caps.smem_bytes``.
 Errors:    ``CompileError`` at the user's line for what Metal cannot run (the frontend already holds
            ``threads`` to multiples of 32 up to 1024, Metal's limits too): a gemm whose tile dims are not multiples of 8, whose
            operands are not float16/bfloat16/float32 (FP8 decoded), or whose accumulator is not
@@ -43,7 +43,7 @@ from typing import Optional
 from .. import ir
 from ..errors import CompileError
 from ..plans import FragmentStoragePlan, MatrixTiling, SharedMemoryPlan
-from ..target import Target
+from ..config import BackendConfig
 from . import plan_buffers
 from ..traverse import element_accesses, exprs_of, subexprs, substmts, transform, walk
 
@@ -55,12 +55,10 @@ ACCUMULATORS = (ir.DType.F32, ir.DType.F16)
 ON_CHIP = (ir.Scope.FRAGMENT, ir.Scope.LOCAL)
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.simdgroup_matrix:
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     decoded = _decode_fp8_operands(kernel)
     if decoded is not kernel:     # float16 tiles take twice the FP8 bytes: place them again
-        kernel = plan_buffers.run(decoded, target)
+        kernel = plan_buffers.run(decoded, config)
     simdgroups = kernel.threads // SIMD
     tilings = {}
     for s in walk(kernel.body):
@@ -75,12 +73,12 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     spilled = [(b.name, b.nbytes) for b in uses.buffers.values() if storage[b.name] == "shared"]
     total = shared + sum(n for _, n in spilled) + sum(MATRIX * MATRIX * simdgroups * n * t.itemsize
                                                       for t, n in scratch)
-    if total > target.smem_bytes:
+    if total > config.caps.smem_bytes:
         biggest = sorted(list(kernel.plan(SharedMemoryPlan).ranges) + [(n, 0, b) for n, b in spilled],
                          key=lambda r: -r[2])[:3]
         raise CompileError(
             f"kernel '{kernel.name}' needs {total} bytes of threadgroup memory on target "
-            f"'{target.name}', more than its {target.smem_bytes}", kernel.loc,
+            f"'{config.name}', more than its {config.caps.smem_bytes}", kernel.loc,
             [f"largest: {', '.join(f'{n} ({b} bytes)' for n, _, b in biggest)}",
              "fragments that are reduced, read across threads or fed to T.gemm live in threadgroup "
              "memory on Metal; shrink block_M/block_N/block_K"])

@@ -1,8 +1,8 @@
 """legalize_wgmma: on Hopper, decide whether the Gluon path can run the program, and record every
 choice its emitter spells; otherwise say why and leave the program to ``triton.language``.
 
-Requires:  warp_specialize, plan_buffers, infer_layouts and legalize have run; applies on targets
-           with ``wgmma`` and ``tma``.
+Requires:  warp_specialize, plan_buffers, infer_layouts and legalize have run; in the pipelines
+           of backends with warp-group MMA and TMA (gluon).
 Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the construct and line (the
            backend then refuses the program and the next backend of its chain compiles it from the
            frontend IR). With an ``AsyncPlan``:
@@ -76,7 +76,8 @@ from .. import ir, protocol, roles
 from ..errors import CompileError
 from ..layouts import Blocked, NVMMAShared, WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, slot_shape
-from ..target import Target, bulk_copy_tensor, row_bytes
+from ..capabilities import bulk_copy_tensor, row_bytes
+from ..config import BackendConfig
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
 
@@ -92,16 +93,14 @@ class _Refuse(Exception):
     pass
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not (target.wgmma and target.tma):
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     try:
-        return _legalize(kernel, target)
+        return _legalize(kernel, config)
     except _Refuse as why:
         return kernel.with_plan(AsyncRefusal(str(why)))
 
 
-def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     wss = [s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)]
     if len(wss) != 1:
         raise _Refuse("the program has no warp-specialized form (no T.ws roles and no "
@@ -121,7 +120,7 @@ def _legalize(kernel: ir.Kernel, target: Target) -> ir.Kernel:
             _check_atomic(s)
     ws = wss[0]
     scalars = _scalar_locals(kernel, ws)
-    bodies = [_seq(r.body, laid_out, target.register_copies) for r in ws.roles]
+    bodies = [_seq(r.body, laid_out, config.codegen.register_copies) for r in ws.roles]
     pipeline = kernel.find_plan(PipelinePlan)
     bulk_filled = {t.dst.buffer for body in bodies for t in walk(body) if isinstance(t, ir.Copy)
                    and t.mechanism is ir.CopyMechanism.TMA and t.dst.buffer.scope is ir.Scope.SHARED}

@@ -24,12 +24,12 @@ import dataclasses
 
 from .. import ir, schedule
 from ..plans import AsyncPlan
-from ..target import Target
+from ..config import BackendConfig
 from ..simplify import fold
 from ..traverse import rewrite_loops, transform
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if kernel.find_plan(AsyncPlan) is None:
         return kernel
     return dataclasses.replace(kernel, body=rewrite_loops(

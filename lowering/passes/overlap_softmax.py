@@ -4,7 +4,7 @@ math — FlashAttention-3's intra-warp-group overlap.
 Requires:  legalize_wgmma made an ``AsyncPlan``; warp_specialize gave each group of ring buffers
            its own full/empty pair, waited right before its first reader and released right after
            its last (attention: K before Q K^T, V before P V).
-Ensures:   (1) the *deferred* form, when ``target.overlap_softmax`` (on for Hopper; the
+Ensures:   (1) the *deferred* form, when ``config.policy.overlap_softmax`` (on for Hopper; the
            ``TILEWS_OVERLAP_SOFTMAX=off`` switch turns it off). A role loop
            ``for k in serial(start, stop, step)`` (step a positive constant) whose body is
 
@@ -35,7 +35,7 @@ Ensures:   (1) the *deferred* form, when ``target.overlap_softmax`` (on for Hopp
            for it. wgmma groups complete in order, so ``gemm_wait 1`` completes the first gemm.
            Every gemm issued in an iteration is waited for in it (Gluon carries only completed
            accumulators through loops); the loop carries P and the output.
-           (2) the *promotion* form, when ``target.overlap_promotion`` (opt-in: on an H100 it
+           (2) the *promotion* form, when ``config.policy.overlap_promotion`` (opt-in: on an H100 it
            measured 10-20% slower for block-scaled FP8 GEMMs, scripts/tune_fp8.py): a loop
            ``barrier_wait R[i(k)] p(k); H(k); gemm A, B -> X [wgmma]; gemm_wait 0; T(k);
            barrier_arrive E[i(k)]`` whose tail ``T`` holds no gemm, ``R`` holding >= 2
@@ -59,12 +59,12 @@ from typing import Optional
 from .. import ir, schedule
 from ..plans import AsyncPlan, LayoutPlan
 from ..simplify import fold
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import footprint, touched, transform, walk
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not (target.overlap_softmax or target.overlap_promotion) or kernel.find_plan(AsyncPlan) is None:
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
+    if not (config.policy.overlap_softmax or config.policy.overlap_promotion) or kernel.find_plan(AsyncPlan) is None:
         return kernel
     layouts = dict(kernel.plan(LayoutPlan).layouts)
     allocs: list[ir.Alloc] = []
@@ -72,7 +72,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     stmts = []
     for s in kernel.body.stmts:
         if isinstance(s, ir.WarpSpecialize):
-            s = dataclasses.replace(s, roles=tuple(_role(r, layouts, allocs, deferred, target)
+            s = dataclasses.replace(s, roles=tuple(_role(r, layouts, allocs, deferred, config)
                                                    for r in s.roles))
         stmts.append(s)
     if not allocs and not deferred:
@@ -91,26 +91,26 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     return out
 
 
-def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, target: Target) -> ir.Role:
-    return dataclasses.replace(role, body=_body(role.body, (), layouts, allocs, deferred, target))
+def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, config: BackendConfig) -> ir.Role:
+    return dataclasses.replace(role, body=_body(role.body, (), layouts, allocs, deferred, config))
 
 
 def _body(body: ir.Seq, outer: tuple, layouts: dict, allocs: list, deferred: list,
-          target: Target) -> ir.Seq:
+          config: BackendConfig) -> ir.Seq:
     """``body`` with its loops rewritten, those inside a persistent tile loop included;
     ``outer``: the role's statements around ``body``."""
     out = []
     for s in body.stmts:
         others = outer + tuple(t for t in body.stmts if t is not s)
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT:
-            out.append(dataclasses.replace(s, body=_body(s.body, others, layouts, allocs, deferred, target)))
+            out.append(dataclasses.replace(s, body=_body(s.body, others, layouts, allocs, deferred, config)))
             continue
         if not isinstance(s, ir.For):
             out.append(s)
             continue
-        parts = _match_deferred(s) if target.overlap_softmax else None
+        parts = _match_deferred(s) if config.policy.overlap_softmax else None
         promoted = _match_promotion(s, others) \
-            if target.overlap_promotion and parts is None else None
+            if config.policy.overlap_promotion and parts is None else None
         if parts is not None:
             out += _defer(s, *parts)
             deferred.append(s)

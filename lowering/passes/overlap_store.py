@@ -22,11 +22,11 @@ from typing import Optional
 
 from .. import ir
 from ..plans import AsyncPlan
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import buffers_read, buffers_written, rewrite_loops, walk
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if kernel.find_plan(AsyncPlan) is None:
         return kernel
     return dataclasses.replace(kernel, body=rewrite_loops(kernel.body, _deferred))

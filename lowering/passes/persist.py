@@ -4,10 +4,11 @@ A block of a short kernel (attention's causal rows, a GEMM's few k blocks) spend
 starting (barriers, the first loads) and finishing (its result store) with the tensor cores
 idle; a block that loops over tiles loads the next tile while it finishes this one.
 
-Requires:  a verified kernel; applies on targets with warp-group MMA whose ``num_sms`` is known.
+Requires:  a verified kernel; in the pipelines of backends with warp-group
+           MMA (gluon); applies where ``config.caps.num_sms`` is known.
 Ensures:   a kernel with a 2-d or 3-d grid of static extents bound to (bx, by[, bz]), whose body
            is [allocations, prelude, one T.Pipelined loop that plan_pipeline accepts, epilogue],
-           with more tiles (the grid's product) than ``target.num_sms``, becomes
+           with more tiles (the grid's product) than ``config.caps.num_sms``, becomes
            ``T.Kernel(num_sms) as block_id`` + one ``T.Persistent`` tile loop holding the former
            body with the block indices replaced by the tile's coordinates: 2-d, (by, bx) in
            panels of ``kernel.swizzle_panel`` (default 16) rows; 3-d, the launch order (bx
@@ -27,21 +28,21 @@ import math
 from .. import ir, schedule
 from ..plans import PipelinePlan
 from ..simplify import fold
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import transform
 from . import plan_pipeline
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    sms = target.num_sms
-    if not (target.wgmma and sms) or len(kernel.grid) not in (2, 3):
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
+    sms = config.caps.num_sms
+    if not sms or len(kernel.grid) not in (2, 3):
         return kernel
     extents = [ir.as_int(g) for g in kernel.grid]
     if None in extents or math.prod(extents) <= sms:
         return kernel
     if any(isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT for s in kernel.body.stmts):
         return kernel
-    if plan_pipeline.run(kernel, target).find_plan(PipelinePlan) is None:
+    if plan_pipeline.run(kernel, config).find_plan(PipelinePlan) is None:
         return kernel
     loc = kernel.loc
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731

@@ -25,7 +25,7 @@ Ensures:   a barrier buffer ``turns`` of n mbarriers, each completed by one role
            barrier passes parity 1, so role 0 goes first) and the issues run ws(1), ws(2), ...,
            ws(n), ws(1), ... The ``AsyncPlan`` counts the new barriers and scalars, the
            ``SharedMemoryPlan`` places the barriers after the last range; where that exceeds
-           ``target.smem_bytes`` the kernel is unchanged, with a note.
+           ``config.caps.smem_bytes`` the kernel is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -34,14 +34,14 @@ import dataclasses
 
 from .. import ir, protocol, roles
 from ..plans import AsyncPlan, ConsumerSplit, SharedMemoryPlan
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import fresh_name, transform, walk
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     split = kernel.find_plan(ConsumerSplit)
     plan = kernel.find_plan(AsyncPlan)
-    if not target.pingpong or split is None or plan is None or len(split.roles) < 2:
+    if not config.policy.pingpong or split is None or plan is None or len(split.roles) < 2:
         return kernel
     ws = next(s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize))
     by_groups = {r.warpgroups: r for r in ws.roles}
@@ -53,7 +53,7 @@ def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     turns = ir.Buffer(fresh_name(kernel, "turns"), (_const(n, loc),), ir.DType.I64, ir.Scope.BARRIER,
                       (threads,) * n, loc)
     shared = kernel.plan(SharedMemoryPlan).placed(turns.name, 8 * n, 8)
-    if shared.total_bytes > target.smem_bytes:
+    if shared.total_bytes > config.caps.smem_bytes:
         return kernel.with_note(f"pingpong: no room for {n} more mbarriers in shared memory; the "
                                 f"consumer warp groups issue their gemms without taking turns")
     counters, replaced = [], {}

@@ -7,7 +7,7 @@ Requires:  warp_specialize has run (rings and roles are final). On targets witho
 Ensures:   a ``SharedMemoryPlan``: ranges ((name, offset, bytes), ...) with every range disjoint from
            every other (buffers of concurrently running roles never share bytes; no reuse is
            attempted), 128-byte aligned for tiles and 8-byte for barriers, and their total bytes;
-           a total above ``target.smem_bytes`` is a ``CompileError`` at the kernel naming the
+           a total above ``config.caps.smem_bytes`` is a ``CompileError`` at the kernel naming the
            largest buffers and what to shrink.
 Preserves: the program.
 """
@@ -16,17 +16,17 @@ from __future__ import annotations
 from .. import ir
 from ..plans import SharedMemoryPlan
 from ..errors import CompileError
-from ..target import Target
+from ..config import BackendConfig
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     plan = SharedMemoryPlan.of(kernel.body)
     top = plan.total_bytes
-    if top > target.smem_bytes:
+    if top > config.caps.smem_bytes:
         biggest = sorted(plan.ranges, key=lambda o: -o[2])[:3]
         raise CompileError(
             f"kernel '{kernel.name}' needs {top} bytes of shared memory, more than the "
-            f"{target.smem_bytes} target '{target.name}' has",
+            f"{config.caps.smem_bytes} target '{config.name}' has",
             kernel.loc,
             [f"largest: {', '.join(f'{n} ({b} bytes)' for n, _, b in biggest)}",
              "shrink block_M/block_N/block_K or num_stages (each stage holds one tile of every "

@@ -1,6 +1,7 @@
 """plan_pipeline: decide which statements of a ``T.Pipelined`` loop produce and which consume.
 
-Requires:  a verified kernel; runs on targets with warp-group MMA (``target.wgmma``) only.
+Requires:  a verified kernel; in the pipelines of backends with
+           warp-group MMA (gluon).
 Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop, epilogue] — or
            [allocations, one T.Persistent tile loop whose body is [prelude, pipelined loop,
            epilogue]] — where the
@@ -23,12 +24,12 @@ from typing import Optional
 from .. import ir
 from ..plans import PipelinePlan
 from ..roles import role_sets
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import buffers_read, buffers_written, subexprs, touched, walk
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.wgmma or role_sets(kernel.body):
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
+    if role_sets(kernel.body):
         return kernel
     loops = [s for s in walk(kernel.body) if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED]
     if not loops:

@@ -8,7 +8,8 @@ warp group's softmax runs under another's gemms (the ping-pong FlashAttention-3 
 named barriers). Three warp groups of 64 rows (a 192-row tile) also make the only consumer of
 three that Gluon can run: a partition's warps are a power of two.
 
-Requires:  warp_specialize has run; applies on targets with ``wgmma`` (and ``split_consumers``)
+Requires:  warp_specialize has run; in the pipelines of backends with warp-group
+           MMA (gluon), under ``config.policy.split_consumers``,
            to kernels with a ``PipelinePlan`` (the automatic schedule), persistent ones included.
 Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fragment math (a
            ``T.Parallel`` or a reduction) inside its innermost loop (not only in a persistent
@@ -40,13 +41,13 @@ from typing import Optional
 
 from .. import ir
 from ..plans import ConsumerSplit, PipelinePlan
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import buffers_read, buffers_written, element_accesses, touched, transform, walk
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     plan = kernel.find_plan(PipelinePlan)
-    if not (target.wgmma and target.split_consumers) or plan is None:
+    if not config.policy.split_consumers or plan is None:
         return kernel
     wss = [s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)]
     consumer = next((r for ws in wss for r in ws.roles

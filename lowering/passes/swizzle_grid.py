@@ -19,11 +19,11 @@ import dataclasses
 
 from .. import ir, schedule
 from ..simplify import fold
-from ..target import Target
+from ..config import BackendConfig
 from ..traverse import fresh_name
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if not kernel.swizzle_panel:
         return kernel
     if len(kernel.grid) < 2:

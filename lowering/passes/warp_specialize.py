@@ -20,7 +20,7 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              one ``preloaded``/``reloadable`` barrier pair per slot) once the consumer has
              released that slot's previous tile (it arrives on ``reloadable`` after its loop):
              the next tile's preloads, and the ring copies after them, are issued while this
-             tile computes. Where two slots would exceed ``target.smem_bytes``, or the target
+             tile computes. Where two slots would exceed ``config.caps.smem_bytes``, or the target
              asks for one (``preload_slots``), there is one (the next tile's loads wait for
              this tile's loop; a note says so where shared memory is why). ``threads`` grows
              by one warp group.
@@ -33,7 +33,7 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              producer's ring position is one running count over (tile, k), and the consumer keeps
              its prelude and epilogue per tile (docs/ws-semantics.md #11), so the producer loads the next
              tile while the consumer stores this one. The consumer's epilogue stages each
-             fragment -> global copy through its own shared tile where ``target.smem_bytes``
+             fragment -> global copy through its own shared tile where ``config.caps.smem_bytes``
              holds them all and the target asks for it (``staging_per_store``, persistent kernels
              only: ``overlap_store`` then keeps their stores in flight together); otherwise
              copies of one tile shape share one staging tile.
@@ -47,42 +47,41 @@ import dataclasses
 from typing import Callable
 
 from .. import ir, roles, schedule
-from ..target import Target, bulk_copy_tensor
+from ..capabilities import bulk_copy_tensor
+from ..config import BackendConfig
 from ..simplify import fold
 from ..traverse import buffers_read, rewrite, subexprs, touched, transform, walk
 from ..plans import PipelinePlan, SharedMemoryPlan
 
 
-def run(kernel: ir.Kernel, target: Target) -> ir.Kernel:
-    if not target.warp_specialization:
-        return kernel
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if roles.role_sets(kernel.body):
         split = roles.split(kernel)
-        return _stage_epilogues(split) if target.tma else split
+        return _stage_epilogues(split) if config.caps.tma else split
     plan: PipelinePlan | None = kernel.find_plan(PipelinePlan)
     if plan is None:
         return kernel
     persistent = plan.tile_loop_index is not None
-    own_staging = persistent and target.staging_per_store
-    if not persistent or not plan.preloads or target.preload_slots < 2:
-        return _fitting(kernel, plan, 1, own_staging, target)
-    doubled = _fitting(kernel, plan, 2, own_staging, target)
+    own_staging = persistent and config.policy.staging_per_store
+    if not persistent or not plan.preloads or config.policy.preload_slots < 2:
+        return _fitting(kernel, plan, 1, own_staging, config)
+    doubled = _fitting(kernel, plan, 2, own_staging, config)
     need = SharedMemoryPlan.of(doubled.body).total_bytes
-    if need <= target.smem_bytes:
+    if need <= config.caps.smem_bytes:
         return doubled
-    return _fitting(kernel, plan, 1, own_staging, target).with_note(
+    return _fitting(kernel, plan, 1, own_staging, config).with_note(
         f"warp_specialize: one slot for the preloads of each tile (the next tile's loads wait for "
         f"this tile's loop): two would need {need} bytes of shared memory, more than the "
-        f"{target.smem_bytes} of target '{target.name}'")
+        f"{config.caps.smem_bytes} of target '{config.name}'")
 
 
 def _fitting(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, own_staging: bool,
-             target: Target) -> ir.Kernel:
+             config: BackendConfig) -> ir.Kernel:
     """``_auto``, each epilogue store staged in its own tile when asked and shared memory holds
     them, else one tile per shape shared by the stores (each waited for before the next)."""
     if own_staging:
         out = _auto(kernel, plan, preload_slots, share_staging=False)
-        if SharedMemoryPlan.of(out.body).total_bytes <= target.smem_bytes:
+        if SharedMemoryPlan.of(out.body).total_bytes <= config.caps.smem_bytes:
             return out
     return _auto(kernel, plan, preload_slots, share_staging=True)
 

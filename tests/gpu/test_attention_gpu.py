@@ -4,7 +4,6 @@ NaN (unwritten elements), rel err < 1e-2, bit-identical results over two runs, a
 target "hopper" (never a silent fallback to triton.language)."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from examples.attention import reference as sdpa
 from examples.attention import ws_mha_fwd
 from tilews.ops import attention, matmul_bias_act
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.ops.attention import mha_fwd, mha_fwd_program
 from tilews.ops.epilogue import matmul_epilogue
 from tilews.testing import rel_err
@@ -148,7 +147,7 @@ def test_attention_consumers_taking_turns(block_M, threads, causal, S):
     _hopper()
     B, H, D = 2, 8, 64
     prim = mha_fwd_program(B, H, S, D, causal, block_M=block_M, block_N=128, threads=threads, num_stages=2)
-    prog = load(build_kernel(prim), "gluon", dataclasses.replace(HOPPER, pingpong=True))
+    prog = load(build_kernel(prim), "gluon", HOPPER.replace(pingpong=True))
     assert any(n.startswith("pingpong:") for n in prog.kernel.notes), prog.kernel.notes
 
     def run(q, k, v):

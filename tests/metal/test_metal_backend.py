@@ -16,7 +16,8 @@ import torch
 import tilews
 import tilews.language as T
 from tilews import CompileError
-from tilews.lowering import passes
+from tilews.lowering.pipeline import lower
+from tilews.metal.backend import MetalBackend
 from tilews.lowering.plans import FragmentStoragePlan
 from tilews.metal import harness
 from tilews.metal.source import ATTRIBUTES
@@ -319,8 +320,7 @@ def test_fused_epilogue_on_matrices(reduce_rows):
 def test_missing_barriers_are_caught_by_the_thread_sanitizer(monkeypatch):
     """The planted bug: without insert_syncs, the harness under the thread sanitizer reports the
     race between the copy into shared memory and the gemm reading it."""
-    without = tuple((n, (lambda k, t: k) if n == "insert_syncs" else run) for n, run in passes.PIPELINE)
-    monkeypatch.setattr(passes, "PIPELINE", without)
+    monkeypatch.setattr(MetalBackend, "pipeline", MetalBackend.pipeline.without("insert_syncs"))
     monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1")     # the cached kernel has its barriers
     k = metal(matmul.fn)(32, 32, 32, block_M=32, block_N=32, block_K=16, dtype=T.float32)
     assert "threadgroup_barrier" not in k.get_kernel_source()
@@ -386,8 +386,8 @@ def test_mlx_accepts_an_emitted_kernel(capfd, tmp_path):
 
 def test_returning_or_ordered_atomics_are_refused_by_name():
     from ..test_tl_backend import last_block_sum
-    from tilews.lowering.target import METAL
+    from tilews.metal.backend import METAL
     with pytest.raises(CompileError, match="T.atomic_add into 'Count' with return_prev=True: the "
                                            "Metal backend spells relaxed adds"):
         from tilews.metal.emit import emit
-        emit(passes.lower(last_block_sum(4), METAL))
+        emit(lower(last_block_sum(4), METAL))

@@ -13,9 +13,9 @@ from tilews.lowering import ir, verify_async
 from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.layouts import WgmmaAccumulator
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import LayoutPlan
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import exprs_of, subexprs, transform, walk
 from tilews.ops.attention import mha_fwd_program
 from examples.attention import reference
@@ -32,7 +32,7 @@ def program(causal):
 
 @functools.lru_cache(maxsize=None)
 def lowered(causal, split=True, overlap=False):
-    target = dataclasses.replace(HOPPER, split_consumers=split, overlap_softmax=overlap)
+    target = HOPPER.replace(split_consumers=split, overlap_softmax=overlap)
     return lower(build_kernel(program(causal)), target)
 
 

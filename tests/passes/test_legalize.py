@@ -8,9 +8,12 @@ import tilews.language as T
 from tilews import CompileError
 from tilews.lowering import ir, printer
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import legalize, lower
+from tilews.lowering.passes import legalize
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import StreamPlan
-from tilews.lowering.target import HOPPER, INTERPRET, TRITON_CPU, TRITON_GPU
+from tilews.lowering.interpreter.backend import INTERPRET
+from tilews.triton_ext.gluon.backend import HOPPER
+from tilews.triton_ext.tl.backend import TRITON_CPU, TRITON_GPU
 from tilews.lowering.traverse import subexprs, walk
 
 THIS = Path(__file__)
@@ -80,7 +83,8 @@ def test_num_warps_rounds_down(expect):
 
 @pytest.mark.parametrize("target", [HOPPER, INTERPRET], ids=["hopper", "interpret"])
 def test_warp_specialized_targets_get_only_decisions(target):
-    before = lower(gemm(128, 128, 80), target, upto="infer_layouts")
+    names = target.pipeline.pass_names
+    before = lower(gemm(128, 128, 80), target, upto=names[names.index("legalize") - 1])
     k = legalize.run(before, target)
     assert k.plans == before.plans
     copies = [s.mechanism for s in walk(k.body) if isinstance(s, ir.Copy)]

@@ -15,8 +15,8 @@ import torch
 from tilews.lowering import ir
 from tilews.lowering.errors import DeadlockError, RaceError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
-from tilews.lowering.target import HOPPER
+from tilews.lowering.pipeline import lower
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import transform, walk
 from tilews.ops.attention import mha_fwd_program
 from examples.attention import reference
@@ -35,7 +35,7 @@ def program(causal, seq_len=200, block_M=128, threads=256, dim=D):
 @functools.lru_cache(maxsize=None)
 def lowered(causal, seq_len=200, block_M=128, threads=256, sms=3, slots=2):
     return lower(build_kernel(program(causal, seq_len, block_M, threads)),
-                 dataclasses.replace(HOPPER, num_sms=sms, preload_slots=slots))
+                 HOPPER.replace(num_sms=sms, preload_slots=slots))
 
 
 def inputs(seq_len, seed=0):
@@ -120,7 +120,7 @@ def test_one_slot_where_the_target_asks_or_two_would_not_fit():
                 and s.buffer.name == "reloadable").arrive_counts == (256,)
     # head dim 256: Q and O of 64 KB each and a K/V stage: a second Q slot exceeds 227 KB
     big = lower(build_kernel(mha_fwd_program(B, H, 200, 256, True, block_M=128, block_N=64, num_stages=1,
-                                             threads=256)), dataclasses.replace(HOPPER, num_sms=1))
+                                             threads=256)), HOPPER.replace(num_sms=1))
     assert [ir.as_int(d) for d in _q_slot(big)[0].shape] == [128, 256]
     assert any(n.startswith("warp_specialize: one slot for the preloads") and "262" in n for n in big.notes), big.notes
 
@@ -169,7 +169,7 @@ def test_a_producer_refilling_a_slot_without_its_release_is_caught():
     slot whose second tile's Q K^T may still be reading it: a race, or a wrong result. (With
     rows at least as long as the ring, the ring's own waits order the two.)"""
     prog = mha_fwd_program(B, H, 300, D, True, block_M=128, block_N=128, num_stages=3, threads=256)
-    right = lower(build_kernel(prog), dataclasses.replace(HOPPER, num_sms=1))
+    right = lower(build_kernel(prog), HOPPER.replace(num_sms=1))
     k = _without(right, lambda s: isinstance(s, ir.BarrierWait) and s.barrier.buffer.name == "reloadable")
     args = inputs(300, seed=3)
     want = run_interp(build_kernel(prog), args, 3)
@@ -218,7 +218,7 @@ def test_a_counter_left_behind_by_the_peeled_p_v_is_caught():
 
 def test_persistent_attention_compiles_for_sm90a():
     k = lower(build_kernel(mha_fwd_program(2, 4, 1000, D, True, block_M=128, block_N=128, num_stages=2,
-                                           threads=256)), dataclasses.replace(HOPPER, num_sms=8))
+                                           threads=256)), HOPPER.replace(num_sms=8))
     assert any(n.startswith("persist: 64 tiles > 8 SMs") for n in k.notes)
     p = gluon_program(k)
     src, ttgir = p.source, p.asm["ttgir"]
@@ -257,7 +257,7 @@ def test_persistent_block_sparse_attention_means_the_program():
     the blocks it ran across tiles, and Q is still loaded per tile."""
     from .test_ring_groups import inputs as sparse_inputs, sparse_attention
     before = build_kernel(sparse_attention())
-    after = lower(before, dataclasses.replace(HOPPER, num_sms=3))
+    after = lower(before, HOPPER.replace(num_sms=3))
     assert any(n.startswith("persist: 4 tiles > 3 SMs") for n in after.notes), after.notes
     assert any(isinstance(s, ir.Alloc) and s.buffer.name == "reloadable" for s in walk(after.body))
     for seed in range(2):
@@ -277,7 +277,7 @@ def test_tilelangs_own_program_persistent_means_the_program(causal):
                                         num_stages=2, threads=256)
     q = randn(1, 2, 320, D, dtype=torch.float16, seed=1)
     kv = [randn(1, 2, 384, D, dtype=torch.float16, seed=s) for s in (2, 3)]
-    target = dataclasses.replace(HOPPER, num_sms=4)
+    target = HOPPER.replace(num_sms=4)
     assert any(n.startswith("persist: 6 tiles > 4 SMs") for n in lower(k.ir_before, target).notes)
     assert_same_under_schedules(k.ir_before, [q, *kv, torch.empty(1, 2, 320, D, dtype=torch.float16)], 3,
                                 seeds=range(4), target=target)

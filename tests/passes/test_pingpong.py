@@ -14,9 +14,9 @@ import torch
 from tilews.lowering import ir
 from tilews.lowering.errors import DeadlockError
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import AsyncPlan, SharedMemoryPlan
-from tilews.lowering.target import HOPPER
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import transform, walk
 from tilews.ops.attention import mha_fwd_program
 from examples.attention import reference
@@ -24,7 +24,7 @@ from examples.attention import reference
 from ..helpers import gluon_program, randn, rel_err
 from ..test_ws_oracle import run_interp
 
-PINGPONG = dataclasses.replace(HOPPER, pingpong=True)
+PINGPONG = HOPPER.replace(pingpong=True)
 B, H, S, D = 1, 2, 200, 64          # 200: the last key block is ragged
 
 
@@ -129,10 +129,10 @@ def test_a_turn_passed_to_the_wrong_role_deadlocks():
 
 
 def test_off_by_default_and_only_for_split_consumers():
-    assert not HOPPER.pingpong
+    assert not HOPPER.policy.pingpong
     k = lowered(True, target=HOPPER)
     assert not any(isinstance(s, ir.Alloc) and s.buffer.name == "turns" for s in walk(k.body))
-    merged = lowered(True, target=dataclasses.replace(PINGPONG, split_consumers=False))
+    merged = lowered(True, target=PINGPONG.replace(split_consumers=False))
     assert not any(note.startswith("pingpong:") for note in merged.notes)
     from examples.gemm import matmul
     gemm = lower(build_kernel(matmul.fn(256, 256, 128, block_M=128, block_N=128, block_K=64,

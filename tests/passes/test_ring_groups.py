@@ -13,8 +13,8 @@ import torch
 import tilews.language as T
 from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
-from tilews.lowering.passes import lower
-from tilews.lowering.target import HOPPER
+from tilews.lowering.pipeline import lower
+from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import walk
 
 from ..helpers import gluon_program, randn

@@ -5,9 +5,9 @@ import tilews.language as T
 from tilews.lowering import ir, printer
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.interpreter import run
-from tilews.lowering.passes import lower
+from tilews.lowering.pipeline import lower
 from tilews.lowering.simplify import evaluate
-from tilews.lowering.target import INTERPRET
+from tilews.lowering.interpreter.backend import INTERPRET
 from tilews.lowering.traverse import walk
 
 from examples.gemm import matmul

@@ -28,7 +28,7 @@ from tilews.lowering.errors import CompileTypeError, CompileValueError
 from tilews.lowering.frontend import Macro, semantic
 from tilews.lowering.frontend.context import builder, current_loc
 from tilews.lowering.frontend.values import BufferRef, RegionRef, Scalar
-from tilews.lowering.target import HOPPER, bulk_copy_rows, wave_use
+from tilews.lowering.capabilities import SM90, bulk_copy_rows, wave_use
 from tilews.targets import num_sms
 
 from .copy import copy as tile_copy
@@ -182,7 +182,7 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
 _HOPPER_TILES = ((128, 256, 3, 256), (128, 128, 5, 256), (64, 128, 8, 128), (64, 64, 12, 128))
 _FILL = 0.75                # a tiling fills the GPU with at least this many tiles per SM
 _WAVE_USE = 0.9             # below this share of SM slots busy, 128x256 tiles give way to 128x128
-_SMEM_BYTES = HOPPER.smem_bytes - 4 * 1024   # less room for scale vectors and barriers
+_SMEM_BYTES = SM90.smem_bytes - 4 * 1024   # less room for scale vectors and barriers
 
 
 def _tiles(target: str, out: ir.DType, promote: bool, transpose_B: bool, M: int, N: int) -> dict:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from tilews.lowering.target import HOPPER, bulk_copy_rows, wave_use
+from tilews.lowering.capabilities import SM90, bulk_copy_rows, wave_use
 
 PROGRAMS = ("tiled", "persistent", "split_k", "split_k_fused", "swap_ab", "stream_k")
 PANELLED = ("persistent", "stream_k")       # their group: the tile panel, at least 1
@@ -153,7 +153,7 @@ MIN_WAVE_USE = 0.8          # below this share of its SM slots busy, a tiling is
 SPLIT_K_MIN_K_TILES = 6     # each K slice at least this many block_K tiles long
 MAX_SPLITS = 16
 REBALANCE_SPLITS = 3        # at most this many slices to even out a tiling that fills the SMs
-SMEM_BYTES = HOPPER.smem_bytes   # shared memory of one block on Hopper (stages are cut to fit)
+SMEM_BYTES = SM90.smem_bytes   # shared memory of one block on Hopper (stages are cut to fit)
 
 
 def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype, num_sms: int,

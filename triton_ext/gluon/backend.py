@@ -1,6 +1,6 @@
 """The Gluon backend: warp-specialized Hopper (sm_90a) kernels.
 
-It lowers for ``HOPPER`` (with the machine's SM count, for persistent grids) and refuses a program
+It lowers for sm_90 (with the machine's SM count, for persistent grids) and refuses a program
 whose lowering made an ``AsyncRefusal`` instead of an ``AsyncPlan`` (the next backend of the
 chain, ``tl``, compiles it). Loading compiles the source for sm_90a (compile-only on a machine
 without a GPU). Its output depends on the Triton version and on our TTGIR passes, both part of its
@@ -12,24 +12,61 @@ import dataclasses
 from typing import Optional
 
 from tilews.lowering import ir
-from tilews.lowering.backend import Backend, Services
+from tilews.lowering.backend import Backend, Machine
+from tilews.lowering.capabilities import SM90, Capabilities
+from tilews.lowering.config import BackendConfig
+from tilews.lowering.passes import (check_barriers, infer_layouts, legalize, legalize_wgmma,
+                                    overlap_mma, overlap_softmax, overlap_store, persist, pingpong,
+                                    plan_buffers, plan_pipeline, split_consumers, swizzle_grid,
+                                    warp_specialize)
+from tilews.lowering.pipeline import Pass, Phase, Pipeline
 from tilews.lowering.plans import AsyncRefusal
-from tilews.lowering.target import HOPPER
 
 from ..toolchain import triton_version
 from .emit import emit
 from .launch import GluonProgram
 
 
+PIPELINE = Pipeline((
+    # The roles as written, before passes rewrite them: a deadlock hangs the GPU, so it is
+    # refused at the user's lines.
+    Phase("check", (Pass.of(check_barriers),)),
+    # Before layouts and buffers: warp specialization decides which buffers become rings and
+    # which roles exist, so later passes plan for the buffers and roles that really exist.
+    # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop;
+    # then one consumer role per warp group where their rows are independent.
+    Phase("specialize", (Pass.of(persist), Pass.of(plan_pipeline), Pass.of(warp_specialize),
+                         Pass.of(split_consumers))),
+    # Rings and roles are final: place shared buffers and check the budget, then layouts.
+    Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
+    # The copy mechanisms, then Hopper's choices (TMA, wgmma, register budgets) or the reason to
+    # use triton.language (the tl backend of the chain).
+    Phase("legalize", (Pass.of(legalize), Pass.of(legalize_wgmma))),
+    # After the instruction choice: the next block's first gemm under this block's fragment math
+    # (attention's Q K^T under the softmax), the split consumer warp groups taking turns to issue
+    # those gemms, one wgmma in flight across iterations of a GEMM main loop, and a tile's
+    # result store in flight under the next tile's main loop (persistent kernels).
+    Phase("overlap", (Pass.of(overlap_softmax), Pass.of(pingpong), Pass.of(overlap_mma),
+                      Pass.of(overlap_store))),
+    # Last: persist made its own panels, and legalize read block ranges from the 2-d grid.
+    Phase("grid", (Pass.of(swizzle_grid),)),
+))
+
+
 class GluonBackend(Backend):
     name = "gluon"
+    pipeline = PIPELINE
+
+    @classmethod
+    def capabilities(cls, machine: Machine) -> Capabilities:
+        return dataclasses.replace(SM90, num_sms=machine.num_sms)
 
     def refuses(self, lowered: ir.Kernel) -> Optional[str]:
         refusal = lowered.find_plan(AsyncRefusal)
         return None if refusal is None else refusal.reason
 
     def emit(self, lowered: ir.Kernel) -> str:
-        return emit(lowered, self.target.fast_math)
+        return emit(lowered, self.config.codegen.fast_math)
 
     def load(self, lowered: ir.Kernel, source: str, options: dict) -> GluonProgram:
         return GluonProgram(source, lowered, self.services.store, triton_version())
@@ -39,6 +76,4 @@ class GluonBackend(Backend):
         return super().fingerprint() + (triton_version(), ttgir_passes.cache_key_part())
 
 
-def make(services: Services) -> GluonBackend:
-    return GluonBackend(dataclasses.replace(HOPPER, num_sms=services.machine.num_sms,
-                                            overlap_softmax=services.settings.overlap_softmax), services)
+HOPPER = BackendConfig(SM90, PIPELINE)   # the backend's config without pass configs, SM count unknown
