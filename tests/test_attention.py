@@ -537,7 +537,7 @@ def test_compiled_attention(name):
     assert store and fence and min(fence) < store.start()
     assert count(r"ttng\.async_tma_copy_local_to_global", ttgir) == len(epilogues)
     assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)
-    assert k.plan(SharedMemoryPlan).total_bytes <= p.metadata["shared"] <= HOPPER.smem_bytes
+    assert k.plan(SharedMemoryPlan).total_bytes <= p.metadata["shared"] <= HOPPER.caps.smem_bytes
 
 
 # ----------------------------------------------------------------------------------------------

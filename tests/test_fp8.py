@@ -929,7 +929,7 @@ def test_hopper_tile_candidates_fit_shared_memory(out, promote, transpose_B, cou
     assert len(space) == count and (space[0]["block_N"] == 256) == (count == 4)
     for t in space:
         ring = t["num_stages"] * ((t["block_M"] + t["block_N"]) * SCALE_BLOCK + 4 * t["block_M"])
-        assert ring + t["block_M"] * t["block_N"] * out.itemsize <= HOPPER.smem_bytes - 4096, t
+        assert ring + t["block_M"] * t["block_N"] * out.itemsize <= HOPPER.caps.smem_bytes - 4096, t
     assert fp8_language.tile_candidates("interpret", out, promote, transpose_B) == [
         dict(block_M=64, block_N=64, num_stages=2, threads=128),
         dict(block_M=64, block_N=32, num_stages=2, threads=128)]
