@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from . import ir
+from .errors import InternalError
 from .traverse import walk
 
 
@@ -159,7 +160,7 @@ class MatrixTiling:
 @dataclass(frozen=True)
 class FragmentStoragePlan(Plan):
     """Where each fragment and local buffer of a kernel run as one stream of SIMD threads lives
-    (targets with ``simdgroup_matrix``), by buffer name:
+    (targets with ``simdgroup_matrix``), by buffer name, and how the statements over them run:
 
     * ``"registers"``: element ``f`` (row-major flat index) in thread ``f % threads``, slot
       ``f // threads``; every access is the owning thread's (whole-buffer copies and fills, and
@@ -174,16 +175,60 @@ class FragmentStoragePlan(Plan):
 
     ``shared_bytes``: the block's shared memory: shared buffers, spilled fragments and scratch;
     ``scratch``: (element type, slots) of the per-simdgroup staging areas, each slot 64 elements,
-    that staged matrix copies, reductions across simdgroups and T.Parallel loops over matrices
-    (a slot per matrix buffer) use."""
+    that staged matrix copies, reductions across simdgroups (float32 partials) and T.Parallel
+    loops over matrices (a slot per matrix buffer) use; ``simdgroups``: the block's simdgroups, of
+    ``simd_width`` threads each.
+
+    Per statement, keyed by what later passes keep (``double_buffer`` repeats a loop's statements
+    with other indices and buffers, ``insert_syncs`` adds barriers), each read through its method,
+    which raises ``InternalError`` for a statement legalize_metal did not decide:
+
+    * ``matrix_copies`` (``staged``): for each copy out of a matrix buffer, by ``copy_key`` (source
+      buffer, destination buffer, destination extents, mechanism: what decides it), whether it goes
+      through the simdgroup's scratch slot (it masks, converts, or writes a destination whose rows
+      are not contiguous) rather than storing the matrices straight to the destination;
+    * ``reductions`` (``simdgroups_per_output``): by result buffer, how many simdgroups reduce each
+      of its outputs together (1: each simdgroup takes whole outputs; more: they combine their
+      float32 partials through scratch);
+    * ``parallels`` (``matrix_loop``): by the name of a T.Parallel loop's first variable, the matrix
+      buffers it touches as (name, element type, scratch slot among that type's slots), in name
+      order; none for a loop whose iterations are dealt to the threads element by element."""
     made_by: ClassVar[str] = "legalize_metal"
     storage: tuple[tuple[str, str], ...]
     tilings: tuple[tuple[str, MatrixTiling], ...]
     shared_bytes: int
-    scratch: tuple = ()
+    scratch: tuple[tuple[ir.DType, int], ...]
+    simdgroups: int
+    simd_width: int
+    matrix_copies: tuple[tuple[tuple, bool], ...]
+    reductions: tuple[tuple[str, int], ...]
+    parallels: tuple[tuple[str, tuple[tuple[str, ir.DType, int], ...]], ...]
 
     def of(self, name: str) -> str:
         return dict(self.storage)[name]
 
     def tiling(self, name: str) -> MatrixTiling:
         return dict(self.tilings)[name]
+
+    @staticmethod
+    def copy_key(s: ir.Copy) -> tuple:
+        """What decides how a copy out of a matrix buffer runs (no later pass changes it)."""
+        return s.src.buffer.name, s.dst.buffer.name, s.dst.extents, s.mechanism.value
+
+    def staged(self, s: ir.Copy) -> bool:
+        return _decided(self.matrix_copies, self.copy_key(s), s,
+                        f"copy out of matrix buffer '{s.src.buffer.name}'")
+
+    def simdgroups_per_output(self, s: ir.Reduce) -> int:
+        return _decided(self.reductions, s.dst.name, s, f"reduction into '{s.dst.name}'")
+
+    def matrix_loop(self, s: ir.Parallel) -> tuple[tuple[str, ir.DType, int], ...]:
+        return _decided(self.parallels, s.vars[0].name, s, f"T.Parallel over '{s.vars[0].name}'")
+
+
+def _decided(table: tuple, key, s: ir.Stmt, what: str):
+    for k, v in table:
+        if k == key:
+            return v
+    raise InternalError(f"FragmentStoragePlan has no decision for the {what} (legalize_metal "
+                        f"decides every one)", s.loc)

@@ -1,5 +1,6 @@
 """What the MSL emitter keeps while it writes one kernel: names, lines, the plans it spells, and the
-``T.Parallel`` loop it is inside.
+``T.Parallel`` loop it is inside. The block's shape (its simdgroups and their width) comes from the
+``FragmentStoragePlan``.
 
 Names: a user's buffer or variable keeps its name unless MSL or the emitter needs it (keywords,
 the ``tws_`` prefix of the emitter's own names), then it gets a suffix. The emitter's own locals
@@ -13,11 +14,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tilews.lowering import ir, simplify
-from tilews.lowering.errors import CompileError
+from tilews.lowering.errors import InternalError
 from tilews.lowering.plans import FragmentStoragePlan, StreamPlan
 
 TID, SG, LANE = "tws_tid", "tws_sg", "tws_lane"
-SIMD = 32
 
 _RESERVED = set("""
 alignas alignof and asm auto bool break case catch char class const constexpr continue decltype
@@ -33,7 +33,8 @@ select as_type fabs floor ceil pow fmin fmax INFINITY NAN main
 def msl_type(dt: ir.DType, loc: ir.Loc) -> str:
     name = dt.record.msl
     if not name:
-        raise CompileError(f"{dt} has no Metal type (Metal has no 64-bit floats); use float32", loc)
+        raise InternalError(f"metal backend: {dt} has no Metal type (legalize_metal should have "
+                            f"refused it)", loc)
     return name
 
 
@@ -52,7 +53,8 @@ class Ctx:
         self.storage: FragmentStoragePlan = kernel.plan(FragmentStoragePlan)
         self.wide = frozenset(kernel.plan(StreamPlan).wide_offsets)
         self.threads = kernel.threads
-        self.simdgroups = kernel.threads // SIMD
+        self.simdgroups = self.storage.simdgroups
+        self.lanes = self.storage.simd_width          # threads of one simdgroup
         self.lines: list[str] = []
         self.helpers: set[str] = set()      # header snippets the body needs
         self.par: Optional[ParallelFrame] = None

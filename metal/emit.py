@@ -1,7 +1,10 @@
 """The MSL emitter: a kernel lowered for Metal -> an ``MslKernel`` (``metal/source.py``).
 
-It spells what lowering decided and decides nothing: where each fragment lives and how the
-simdgroups share a gemm's accumulator (``FragmentStoragePlan``), where the block barriers go
+It spells what lowering decided and decides nothing: where each fragment lives, how the
+simdgroups share a gemm's accumulator, which copies out of it stage through scratch, how many
+simdgroups share each output of a reduction, which ``T.Parallel`` loops run per simdgroup tile and
+the scratch slots they use (``FragmentStoragePlan``, made by ``legalize_metal``, which also refused
+what Metal cannot run: this module raises only ``InternalError``), where the block barriers go
 (``BlockSync``), which copies mask (``Copy.mechanism``). One threadgroup runs one block of
 ``kernel.threads`` threads:
 
@@ -31,13 +34,12 @@ import math
 from typing import Callable
 
 from tilews.lowering import ir
-from tilews.lowering.errors import CompileError, InternalError
-from tilews.lowering.passes import legalize_metal
+from tilews.lowering.errors import InternalError
 from tilews.lowering.plans import MatrixTiling
 from tilews.lowering.simplify import nonneg
 from tilews.lowering.traverse import buffers_read, buffers_written, walk
 
-from .context import LANE, SG, SIMD, TID, Ctx, ParallelFrame, msl_type
+from .context import LANE, SG, TID, Ctx, ParallelFrame, msl_type
 from .exprs import as_type, convert, decoded, element, in_bounds, offset, read, spell, strides
 from .source import MslKernel, MslParam
 
@@ -48,9 +50,6 @@ _GRID = ("x", "y", "z")
 
 def emit(kernel: ir.Kernel) -> MslKernel:
     ctx = Ctx(kernel)
-    if len(kernel.block_vars) > 3:
-        raise CompileError(f"T.Kernel has a {len(kernel.block_vars)}-d grid; Metal launches up to 3 "
-                           f"dimensions", kernel.loc)
     params = _prelude(ctx, kernel)
     _declarations(ctx, kernel)
     stmt(ctx, kernel.body)
@@ -200,10 +199,6 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
     if s.mechanism not in (ir.CopyMechanism.DIRECT, ir.CopyMechanism.MASKED):
         raise InternalError(f"metal backend: no rule for copy mechanism {s.mechanism.value}", s.loc)
     src, dst = s.src, s.dst
-    if src.tile_shape != dst.tile_shape:
-        raise CompileError(f"T.copy moves a {list(src.tile_shape)} tile of '{src.buffer.name}' into a "
-                           f"{list(dst.tile_shape)} region of '{dst.buffer.name}'; the tiles must "
-                           f"have the same shape", s.loc)
     if ctx.where(src.buffer) == "matrix":
         _matrix_copy(ctx, s)
         return
@@ -330,7 +325,7 @@ def _matrix_copy(ctx: Ctx, s: ir.Copy) -> None:
     b = src.buffer
     tiling = ctx.storage.tiling(b.name)
     dims = [d for d, n in enumerate(dst.extents) if n != 1]
-    direct = not legalize_metal.staged(s)
+    direct = not ctx.storage.staged(s)
     starts = [spell(ctx, x) for x in dst.starts]
     name = ctx.name(b.name)
     with _simdgroup_tile(ctx, tiling) as (row, col):
@@ -350,7 +345,7 @@ def _matrix_copy(ctx: Ctx, s: ir.Copy) -> None:
                 ctx.line(f"simdgroup_store({tile}, {scratch}, 8);")
                 ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
                 q = ctx.fresh("q")
-                with ctx.block(f"for (int {q} = int({LANE}); {q} < {SCRATCH}; {q} += {SIMD})"):
+                with ctx.block(f"for (int {q} = int({LANE}); {q} < {SCRATCH}; {q} += {ctx.lanes})"):
                     idx = list(starts)
                     idx[dims[0]] = f"({idx[dims[0]]} + {r0} + {q} / 8)"
                     idx[dims[1]] = f"({idx[dims[1]]} + {c0} + {q} % 8)"
@@ -399,12 +394,12 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
         out = v if s.clear else combine.format(old, v)
         return f"{dst_name}[{o}] = {convert(ctx, out, dst.dtype, s.loc)};"
 
-    per = legalize_metal.simdgroups_per_output(s, ctx.simdgroups)
+    per = ctx.storage.simdgroups_per_output(s)
     o, v, r = ctx.fresh("o"), ctx.fresh("v"), ctx.fresh("r")
     if per == 1:
         with ctx.block(f"for (int {o} = int({SG}); {o} < {outputs}; {o} += {ctx.simdgroups})"):
             ctx.line(f"{acc_t} {v} = {_identity(s.kind, acc_t)};")
-            with ctx.block(f"for (int {r} = int({LANE}); {r} < {red}; {r} += {SIMD})"):
+            with ctx.block(f"for (int {r} = int({LANE}); {r} < {red}; {r} += {ctx.lanes})"):
                 ctx.line(f"{v} = {combine.format(v, element_of(o, r))};")
             ctx.line(f"{v} = {_SIMD[s.kind]}({v});")
             ctx.line(f"if ({LANE} == 0) {result(o, v)}")
@@ -414,8 +409,8 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
         ctx.line(f"const int {o} = int({SG}) / {per};")
         ctx.line(f"{acc_t} {v} = {_identity(s.kind, acc_t)};")
         with ctx.block(f"if ({o} < {outputs})"):
-            with ctx.block(f"for (int {r} = int({SG}) % {per} * {SIMD} + int({LANE}); {r} < {red}; "
-                           f"{r} += {per * SIMD})"):
+            with ctx.block(f"for (int {r} = int({SG}) % {per} * {ctx.lanes} + int({LANE}); "
+                           f"{r} < {red}; {r} += {per * ctx.lanes})"):
                 ctx.line(f"{v} = {combine.format(v, element_of(o, r))};")
         ctx.line(f"{v} = {_SIMD[s.kind]}({v});")
         ctx.line(f"if ({LANE} == 0) {scratch}[{SG}] = {v};")
@@ -450,8 +445,8 @@ _ATOMIC = {ir.DType.F32: "atomic_float", ir.DType.I32: "atomic_int", ir.DType.U3
 def _atomic(ctx: Ctx, b: ir.Buffer, indices: list[str], value: str, mask_low, loc: ir.Loc) -> str:
     kind = _ATOMIC.get(b.dtype)
     if kind is None or b.scope is not ir.Scope.GLOBAL:
-        raise CompileError(f"T.atomic_add into '{b.name}' ({b.scope.value}, {b.dtype}): Metal adds "
-                           f"atomically to float32, int32 and uint32 in global memory", loc)
+        raise InternalError(f"metal backend: no atomic add into '{b.name}' ({b.scope.value}, "
+                            f"{b.dtype}) (legalize_metal should have refused it)", loc)
     ptr = f"(device {kind}*)({ctx.name(b.name)} + {offset(ctx, b, indices)})"
     text = f"atomic_fetch_add_explicit({ptr}, {value}, memory_order_relaxed);"
     cond = in_bounds(ctx, b, indices, mask_low)
@@ -461,9 +456,9 @@ def _atomic(ctx: Ctx, b: ir.Buffer, indices: list[str], value: str, mask_low, lo
 def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     b = s.dst.buffer
     if s.prev is not None or s.order != "relaxed":
-        what = "return_prev=True" if s.prev is not None else f"memory_order={s.order!r}"
-        raise CompileError(f"T.atomic_add into '{b.name}' with {what}: the Metal backend spells "
-                           f"relaxed adds that return nothing", s.loc)
+        raise InternalError(f"metal backend: no rule for an atomic add that returns its previous "
+                            f"value or orders memory ({s.order}); legalize_metal should have refused "
+                            f"it", s.loc)
     if isinstance(s.value, ir.Region):
         src = s.value
         with each_element(ctx, _tile_size(src)) as (e, slot):
@@ -476,7 +471,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
 
 
 def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
-    matrices = legalize_metal.matrix_buffers(s, dict(ctx.storage.storage))
+    matrices = ctx.storage.matrix_loop(s)
     if matrices:
         _matrix_parallel(ctx, s, matrices)
         return
@@ -493,34 +488,33 @@ def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
             stmt(ctx, s.body)
 
 
-def _matrix_parallel(ctx: Ctx, s: ir.Parallel, matrices: list) -> None:
+def _matrix_parallel(ctx: Ctx, s: ir.Parallel, matrices: tuple) -> None:
     """A T.Parallel over matrix buffers, per simdgroup tile: each 8x8 tile of every matrix it
-    touches is stored to the simdgroup's scratch, each lane runs the body on two elements of it,
-    and the tiles it writes are loaded back."""
-    tiling = ctx.storage.tiling(matrices[0].name)
+    touches is stored to its scratch slot (``matrices``: the plan's (name, element type, slot)),
+    each lane runs the body on two elements of it, and the tiles it writes are loaded back."""
+    tiling = ctx.storage.tiling(matrices[0][0])
     tn = tiling.tiles_n
     written = {b.name for t in walk(s) for b in buffers_written(t)}
-    areas = [(b, _slot(ctx, b.dtype, sum(c.dtype == b.dtype for c in matrices[:k])))
-             for k, b in enumerate(matrices)]
+    areas = [(name, _slot(ctx, dtype, k)) for name, dtype, k in matrices]   # (buffer, its slot)
     with _simdgroup_tile(ctx, tiling) as (row, col):
         t = ctx.fresh("t")
         with ctx.block(f"for (int {t} = 0; {t} < {tiling.tiles_m * tn}; ++{t})"):
-            for b, area in areas:
-                ctx.line(f"simdgroup_store({ctx.name(b.name)}[{t}], {area}, 8);")
+            for name, area in areas:
+                ctx.line(f"simdgroup_store({ctx.name(name)}[{t}], {area}, 8);")
             ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
             q = ctx.fresh("q")
-            with ctx.block(f"for (int {q} = int({LANE}); {q} < {SCRATCH}; {q} += {SIMD})"):
+            with ctx.block(f"for (int {q} = int({LANE}); {q} < {SCRATCH}; {q} += {ctx.lanes})"):
                 i, j = s.vars
                 ctx.nonneg.update(s.vars)
                 ctx.line(f"const int {ctx.name(i.name)} = {row} + {t} / {tn} * 8 + {q} / 8;")
                 ctx.line(f"const int {ctx.name(j.name)} = {col} + {t} % {tn} * 8 + {q} % 8;")
-                staged = tuple((b.name, f"({area})[{q}]") for b, area in areas)
+                staged = tuple((name, f"({area})[{q}]") for name, area in areas)
                 with ctx.parallel(ParallelFrame(s.vars, s.extents, "", staged)):
                     stmt(ctx, s.body)
             ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
-            for b, area in areas:
-                if b.name in written:
-                    ctx.line(f"simdgroup_load({ctx.name(b.name)}[{t}], {area}, 8);")
+            for name, area in areas:
+                if name in written:
+                    ctx.line(f"simdgroup_load({ctx.name(name)}[{t}], {area}, 8);")
             ctx.line("simdgroup_barrier(mem_flags::mem_threadgroup);")
 
 

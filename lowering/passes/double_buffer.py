@@ -23,7 +23,10 @@ Ensures:   a ``T.Pipelined`` loop with ``num_stages >= 2`` and step 1 whose body
            needs two. Copies keep their mechanisms: a substituted producer runs only for indices
            the original loop reaches.
 Preserves: program meaning (each tile is loaded before its consumers and overwritten only after
-           them, in program order) and every node's loc.
+           them, in program order), every node's loc, and the keys of the ``FragmentStoragePlan``'s
+           per-statement decisions: a repeated consumer keeps its ``T.Parallel`` variables, its
+           reductions' results and its copies' matrix sources, destinations and extents (only
+           indices and the producers' buffers, which consumers never write, are substituted).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""legalize_metal: where each fragment lives on a target of SIMD threads with simdgroup matrices.
+"""legalize_metal: where each fragment lives on a target of SIMD threads with simdgroup matrices,
+how the statements over fragments run there, and what Metal cannot run.
 
 Requires:  legalize has run (one stream: no roles or barriers; copy mechanisms decided). In the
            pipelines of backends with simdgroup matrices (metal).
@@ -22,16 +23,28 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
            Every gemm's accumulator gets a ``MatrixTiling`` over the block's simdgroups (the most
            simdgroups that divide its rows and columns into multiples of 8, the most square tiles
            per simdgroup among those). Shared buffers that feed a gemm with FP8 elements become
-           float16 (every FP8 value is exact there; the copy into them decodes). Staging areas
-           (``scratch``: per element type, 64-element slots per simdgroup) for staged matrix
-           copies, reductions across simdgroups and T.Parallel loops over matrices. The block's
-           shared bytes (shared buffers, spilled fragments, the staging areas) are checked
-           against ``config.caps.smem_bytes``.
+           float16 (every FP8 value is exact there; the copy into them decodes). The plan also
+           records the block's simdgroups and their width (32 threads), and how each statement
+           over fragments runs, by keys the later passes (``double_buffer``, ``insert_syncs``) keep:
+           whether a copy out of a matrix accumulator is staged through scratch (it masks,
+           converts, or writes rows that are not contiguous) or stored straight; how many
+           simdgroups reduce each output of a reduction together (several only for fewer float
+           outputs than simdgroups); which matrix buffers a ``T.Parallel`` touches (it then runs
+           per simdgroup tile) and the scratch slot of each. Staging areas (``scratch``: per
+           element type, 64-element slots per simdgroup) for those staged copies, reductions and
+           loops. The block's shared bytes (shared buffers, spilled fragments, the staging areas)
+           are checked against ``config.caps.smem_bytes``. The emitter spells these decisions and
+           recomputes none of them.
 Errors:    ``CompileError`` at the user's line for what Metal cannot run (the frontend already holds
-           ``threads`` to multiples of 32 up to 1024, Metal's limits too): a gemm whose tile dims are not multiples of 8, whose
-           operands are not float16/bfloat16/float32 (FP8 decoded), or whose accumulator is not
-           float32/float16; a tile-form operand that is not the last two dims of its buffer; more
-           shared memory than the target has (naming the largest buffers).
+           ``threads`` to multiples of 32 up to 1024, Metal's limits too, grids to 3 dims, copies to
+           tiles of one shape and atomic adds to global memory): a gemm whose tile dims are not
+           multiples of 8, whose operands are not float16/bfloat16/float32 (FP8 decoded), or whose
+           accumulator is not float32/float16; a tile-form operand that is not the last two dims of
+           its buffer; more shared memory than the target has (naming the largest buffers); then,
+           at the first such node in program order, a value of a type Metal lacks (float64: a
+           parameter, a buffer, a constant, a cast) and an atomic add that returns the previous
+           value, has a memory order other than relaxed, or adds elements other than float32,
+           int32 or uint32.
 Preserves: program meaning and every node's loc (FP8 -> float16 is exact).
 """
 from __future__ import annotations
@@ -41,7 +54,7 @@ import math
 from typing import Optional
 
 from .. import ir
-from ..errors import CompileError
+from ..errors import CompileError, InternalError
 from ..plans import FragmentStoragePlan, MatrixTiling, SharedMemoryPlan
 from ..config import BackendConfig
 from . import plan_buffers
@@ -52,6 +65,7 @@ MATRIX = 8
 REPLICATED_MAX_BYTES = 256
 GEMM_OPERANDS = (ir.DType.F16, ir.DType.BF16, ir.DType.F32)
 ACCUMULATORS = (ir.DType.F32, ir.DType.F16)
+ATOMICS = (ir.DType.F32, ir.DType.I32, ir.DType.U32)   # what Metal adds atomically
 ON_CHIP = (ir.Scope.FRAGMENT, ir.Scope.LOCAL)
 
 
@@ -68,7 +82,8 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     uses = _Uses()
     uses.stmt(kernel.body, None)
     storage = _decide(uses, tilings)
-    scratch = _scratch(kernel, storage)
+    statements = _Statements(kernel, storage, simdgroups)
+    scratch = statements.scratch()
     shared = kernel.plan(SharedMemoryPlan).total_bytes
     spilled = [(b.name, b.nbytes) for b in uses.buffers.values() if storage[b.name] == "shared"]
     total = shared + sum(n for _, n in spilled) + sum(MATRIX * MATRIX * simdgroups * n * t.itemsize
@@ -82,8 +97,10 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
             [f"largest: {', '.join(f'{n} ({b} bytes)' for n, _, b in biggest)}",
              "fragments that are reduced, read across threads or fed to T.gemm live in threadgroup "
              "memory on Metal; shrink block_M/block_N/block_K"])
+    _check_spellable(kernel)     # after the budget, as when the emitter refused these
     plan = FragmentStoragePlan(tuple(sorted(storage.items())), tuple(sorted(tilings.items())),
-                               total, scratch)
+                               total, scratch, simdgroups, SIMD, statements.table("copies"),
+                               statements.table("reductions"), statements.table("parallels"))
     return kernel.with_plan(plan)
 
 
@@ -111,6 +128,49 @@ def _check_gemm(s: ir.Gemm) -> None:
     if s.c.buffer.dtype not in ACCUMULATORS:
         raise CompileError(f"T.gemm accumulator '{s.c.buffer.name}' is {s.c.buffer.dtype}; Metal "
                            f"accumulates in float32 or float16", s.loc)
+
+
+# ----------------------------------------------------------------------------------------------
+# values and atomics
+
+
+def _check_spellable(kernel: ir.Kernel) -> None:
+    """Refuses, at the first such node in program order, a value of a type Metal does not have
+    (float64) and an atomic add Metal does not spell (returning the previous value, ordered, or of
+    an element type other than float32, int32, uint32; the frontend keeps atomics to global
+    memory)."""
+    for p in kernel.params:
+        _check_type(p.dtype, p.loc)
+    for _, e in kernel.block_defs:
+        _check_expr_types(e, kernel.loc)
+    for s in walk(kernel.body):
+        if isinstance(s, ir.Alloc) and s.buffer.scope is not ir.Scope.BARRIER:
+            _check_type(s.buffer.dtype, s.loc)
+        if isinstance(s, ir.AtomicAdd):
+            _check_atomic(s)
+        for e in exprs_of(s):
+            _check_expr_types(e, s.loc)
+
+
+def _check_type(dtype: ir.DType, loc: ir.Loc) -> None:
+    if not dtype.record.msl:
+        raise CompileError(f"{dtype} has no Metal type (Metal has no 64-bit floats); use float32", loc)
+
+
+def _check_expr_types(e: ir.Expr, loc: ir.Loc) -> None:
+    for x in subexprs(e):
+        _check_type(x.dtype, x.loc if x.loc.line > 0 else loc)
+
+
+def _check_atomic(s: ir.AtomicAdd) -> None:
+    b = s.dst.buffer
+    if s.prev is not None or s.order != "relaxed":
+        what = "return_prev=True" if s.prev is not None else f"memory_order={s.order!r}"
+        raise CompileError(f"T.atomic_add into '{b.name}' with {what}: the Metal backend spells "
+                           f"relaxed adds that return nothing", s.loc)
+    if b.dtype not in ATOMICS:
+        raise CompileError(f"T.atomic_add into '{b.name}' ({b.scope.value}, {b.dtype}): Metal adds "
+                           f"atomically to float32, int32 and uint32 in global memory", s.loc)
 
 
 def _tiling(s: ir.Gemm, simdgroups: int) -> MatrixTiling:
@@ -281,7 +341,55 @@ def _same_layout(b: ir.Buffer, u: _Use, storage: dict[str, str]) -> bool:
                                                and other.static_shape == b.static_shape)
 
 
-def staged(s: ir.Copy) -> bool:
+# ----------------------------------------------------------------------------------------------
+# how the statements over fragments run
+
+
+class _Statements:
+    """The per-statement decisions of the plan (``matrix_copies``, ``reductions``, ``parallels``),
+    each by the key the plan reads it by, and the scratch they need."""
+
+    def __init__(self, kernel: ir.Kernel, storage: dict[str, str], simdgroups: int):
+        self.tables: dict[str, dict] = {"copies": {}, "reductions": {}, "parallels": {}}
+        self.slots: dict[ir.DType, int] = {}
+        for s in walk(kernel.body):
+            if isinstance(s, ir.Copy) and storage.get(s.src.buffer.name) == "matrix":
+                staged = _staged(s)
+                self._decide("copies", FragmentStoragePlan.copy_key(s), staged, s)
+                if staged:
+                    self._need(s.src.buffer.dtype, 1)
+            elif isinstance(s, ir.Reduce):
+                per = _simdgroups_per_output(s, simdgroups)
+                self._decide("reductions", s.dst.name, per, s)
+                if per > 1:
+                    self._need(ir.DType.F32, 1)
+            elif isinstance(s, ir.Parallel):
+                matrices = _matrix_buffers(s, storage)
+                loop = tuple((b.name, b.dtype, sum(c.dtype == b.dtype for c in matrices[:k]))
+                             for k, b in enumerate(matrices))
+                self._decide("parallels", s.vars[0].name, loop, s)
+                for dtype in {b.dtype for b in matrices}:
+                    self._need(dtype, sum(b.dtype == dtype for b in matrices))
+
+    def _decide(self, table: str, key, value, s: ir.Stmt) -> None:
+        if self.tables[table].setdefault(key, value) != value:
+            raise InternalError(f"legalize_metal: two statements keyed {key!r} are decided "
+                                f"differently", s.loc)
+
+    def _need(self, dtype: ir.DType, n: int) -> None:
+        self.slots[dtype] = max(self.slots.get(dtype, 0), n)
+
+    def table(self, name: str) -> tuple:
+        return tuple(sorted(self.tables[name].items(), key=lambda kv: repr(kv[0])))
+
+    def scratch(self) -> tuple:
+        """(element type, 64-element slots per simdgroup) of the staging areas: a slot of the
+        accumulator's type for a staged matrix copy, one of float32 for a reduction across
+        simdgroups, and per T.Parallel over matrix buffers one slot for each of them."""
+        return tuple(sorted(self.slots.items(), key=lambda kv: kv[0].value))
+
+
+def _staged(s: ir.Copy) -> bool:
     """Whether a copy out of a matrix accumulator goes through the simdgroup's scratch area (it
     masks, converts, or writes a destination whose rows are not contiguous); else it stores the
     matrices straight to the destination."""
@@ -290,34 +398,14 @@ def staged(s: ir.Copy) -> bool:
             or dims[-1] != len(s.dst.extents) - 1)
 
 
-def _scratch(kernel: ir.Kernel, storage: dict[str, str]) -> tuple:
-    """(element type, 64-element slots per simdgroup) of the staging areas: a slot of the
-    accumulator's type for a staged matrix copy, one of float32 for a reduction across
-    simdgroups, and per T.Parallel over matrix buffers one slot for each of them."""
-    slots: dict[ir.DType, int] = {}
-
-    def need(dtype: ir.DType, n: int) -> None:
-        slots[dtype] = max(slots.get(dtype, 0), n)
-    for s in walk(kernel.body):
-        if isinstance(s, ir.Copy) and storage.get(s.src.buffer.name) == "matrix" and staged(s):
-            need(s.src.buffer.dtype, 1)
-        if isinstance(s, ir.Reduce) and simdgroups_per_output(s, kernel.threads // SIMD) > 1:
-            need(ir.DType.F32, 1)
-        if isinstance(s, ir.Parallel):
-            staged_here = matrix_buffers(s, storage)
-            for dtype in {b.dtype for b in staged_here}:
-                need(dtype, sum(b.dtype == dtype for b in staged_here))
-    return tuple(sorted(slots.items(), key=lambda kv: kv[0].value))
-
-
-def matrix_buffers(s: ir.Parallel, storage: dict[str, str]) -> list[ir.Buffer]:
+def _matrix_buffers(s: ir.Parallel, storage: dict[str, str]) -> list[ir.Buffer]:
     """The matrix buffers a T.Parallel touches, in a fixed order (their scratch slots)."""
     found = {b.name: b for t in walk(s) for b, _ in element_accesses(t)
              if storage.get(b.name) == "matrix"}
     return [found[n] for n in sorted(found)]
 
 
-def simdgroups_per_output(s: ir.Reduce, simdgroups: int) -> int:
+def _simdgroups_per_output(s: ir.Reduce, simdgroups: int) -> int:
     """How many simdgroups reduce each output of ``s`` together: one (each simdgroup takes whole
     outputs) unless there are fewer outputs than simdgroups and the values are floats, then all
     simdgroups share the outputs, combining their partials through scratch."""

@@ -8,7 +8,9 @@ errors a program Metal cannot run gets.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -16,9 +18,11 @@ import torch
 import tilews
 import tilews.language as T
 from tilews import CompileError
+from tilews.lowering.errors import InternalError
+from tilews.lowering.frontend import build_kernel
 from tilews.lowering.pipeline import lower
-from tilews.metal.backend import MetalBackend
 from tilews.lowering.plans import FragmentStoragePlan
+from tilews.metal.backend import METAL, MetalBackend
 from tilews.metal import harness
 from tilews.metal.source import ATTRIBUTES
 
@@ -27,7 +31,7 @@ from examples.softmax import softmax
 from examples.ws_gemm import ws_matmul_program
 from tilews.ops.attention import mha_fwd_program
 
-from ..helpers import poisoned, rel_err
+from ..helpers import marked_line, poisoned, rel_err
 from ..test_fp8 import PAIRS, run_gemm
 from .test_launchers import expected_mlx_decls, mlx_source, mx, needs_mlx, split_kernel
 
@@ -384,10 +388,119 @@ def test_mlx_accepts_an_emitted_kernel(capfd, tmp_path):
     assert body.rstrip("\n") == msl.body.rstrip("\n")
 
 
-def test_returning_or_ordered_atomics_are_refused_by_name():
-    from ..test_tl_backend import last_block_sum
-    from tilews.metal.backend import METAL
-    with pytest.raises(CompileError, match="T.atomic_add into 'Count' with return_prev=True: the "
-                                           "Metal backend spells relaxed adds"):
-        from tilews.metal.emit import emit
-        emit(lower(last_block_sum(4), METAL))
+# ----------------------------------------------------------------------------------------------
+# what Metal cannot spell: legalize_metal refuses it at the user's line, before the emitter
+
+
+def f64_buffer():
+    @T.prim_func
+    def main(A: T.Tensor((16,), T.float64)):  # <- error
+        with T.Kernel(1, threads=32) as bx:
+            for i in T.Parallel(16):
+                A[i] = 1.0
+    return main
+
+
+def f64_scalar():
+    @T.prim_func
+    def main(A: T.Tensor((16,), T.float32), s: T.float64):  # <- error
+        with T.Kernel(1, threads=32) as bx:
+            for i in T.Parallel(16):
+                A[i] = A[i] + 1.0
+    return main
+
+
+def f64_local():
+    @T.prim_func
+    def main(A: T.Tensor((16,), T.float32)):
+        with T.Kernel(1, threads=32) as bx:
+            L = T.alloc_local((4,), T.float64)  # <- error
+            L[0] = 1.0
+            for i in T.Parallel(16):
+                A[i] = L[0]
+    return main
+
+
+def f64_cast():
+    @T.prim_func
+    def main(A: T.Tensor((16,), T.float32)):
+        with T.Kernel(1, threads=32) as bx:
+            for i in T.Parallel(16):
+                A[i] = T.cast(T.cast(A[i], T.float64) * 2, T.float32)  # <- error
+    return main
+
+
+def atomic_return_prev():
+    @T.prim_func
+    def main(A: T.Tensor((16,), T.int32), B: T.Tensor((16,), T.int32)):
+        with T.Kernel(1, threads=32) as bx:
+            p = T.atomic_add(A[0], 1, return_prev=True)  # <- error
+            for i in T.Parallel(1):
+                B[i] = p
+    return main
+
+
+def atomic_ordered():
+    @T.prim_func
+    def main(A: T.Tensor((16,), T.int32)):
+        with T.Kernel(1, threads=32) as bx:
+            T.atomic_add(A[0], 1, memory_order="release")  # <- error
+    return main
+
+
+def atomic_f16():
+    @T.prim_func
+    def main(A: T.Tensor((16,), T.float16)):
+        with T.Kernel(1, threads=32) as bx:
+            T.atomic_add(A[0], 1.0)  # <- error
+    return main
+
+
+def atomic_f16_tile():
+    @T.prim_func
+    def main(A: T.Tensor((64,), T.float16), B: T.Tensor((64,), T.float16)):
+        with T.Kernel(1, threads=32) as bx:
+            F = T.alloc_fragment((64,), T.float16)
+            T.copy(A[0:64], F)
+            T.atomic_add(B[0:64], F)  # <- error
+    return main
+
+
+F64 = "float64 has no Metal type (Metal has no 64-bit floats); use float32"
+
+
+@pytest.mark.parametrize("program, message", [
+    (f64_buffer, F64), (f64_scalar, F64), (f64_local, F64), (f64_cast, F64),
+    (atomic_return_prev, "T.atomic_add into 'A' with return_prev=True: the Metal backend spells "
+                         "relaxed adds that return nothing"),
+    (atomic_ordered, "T.atomic_add into 'A' with memory_order='release': the Metal backend spells "
+                     "relaxed adds that return nothing"),
+    (atomic_f16, "T.atomic_add into 'A' (global, float16): Metal adds atomically to float32, int32 "
+                 "and uint32 in global memory"),
+    (atomic_f16_tile, "T.atomic_add into 'B' (global, float16): Metal adds atomically to float32, "
+                      "int32 and uint32 in global memory"),
+], ids=["f64-buffer", "f64-scalar", "f64-local", "f64-cast", "atomic-return-prev",
+        "atomic-ordered", "atomic-f16", "atomic-f16-tile"])
+def test_what_metal_cannot_spell_is_refused_at_the_users_line(program, message):
+    with pytest.raises(CompileError) as info:
+        metal(program)()
+    e = info.value
+    assert type(e) is CompileError, repr(e)          # a user error, not an InternalError
+    assert e.message == message
+    assert e.loc.file == __file__ and e.loc.line == marked_line(program), str(e)
+    assert "legalize_metal" not in str(e) and "emit.py" not in str(e), str(e)
+    # lowering refuses it (legalize_metal): the emitter never sees the program
+    with pytest.raises(CompileError, match=re.escape(message)):
+        lower(build_kernel(program()), METAL, upto="legalize_metal")
+
+
+def test_the_emitter_raises_only_internal_errors():
+    """A program lowering did not refuse but the emitter cannot spell is a bug of lowering: the
+    emitter says so with an InternalError (here: the plan without its decision for a copy)."""
+    from tilews.metal.emit import emit
+    lowered = lower(build_kernel(matmul.fn(64, 64, 48, block_M=32, block_N=32, block_K=16)),
+                           METAL)
+    plan = lowered.plan(FragmentStoragePlan)
+    broken = lowered.with_plan(dataclasses.replace(plan, matrix_copies=()))
+    with pytest.raises(InternalError, match="no decision for the copy out of matrix buffer 'C_f'"):
+        emit(broken)
