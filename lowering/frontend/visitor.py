@@ -14,7 +14,7 @@ import operator
 from typing import Any, Optional
 
 from .. import ir
-from ..errors import CompileError
+from ..errors import CompileError, InternalError
 from . import semantic
 from .context import Builder
 from .values import BufferRef, ElementRef, Scalar, binary, compare, logical_not
@@ -111,7 +111,7 @@ class KernelVisitor:
             return method(node)
         try:
             return method(node)
-        except CompileError:
+        except (CompileError, InternalError):
             raise
         except Exception as e:  # a user's mistake surfacing as a Python error at this line
             raise CompileError(f"{type(e).__name__}: {e}", self.b.loc) from None
