@@ -62,13 +62,12 @@ def source_files() -> list[Path]:
     """Every Python source of the installed tilews: the modules of ``tilews`` and
     ``tilews.language``, and every module under ``tilews.lowering``, ``tilews.triton_ext`` and
     ``tilews.metal`` (the benchmark is not part of code generation)."""
-    import tilews
     import tilews.language
     import tilews.lowering
     import tilews.metal
     import tilews.triton_ext
-    found = []
-    for package, pattern in ((tilews, "*.py"), (tilews.language, "*.py"), (tilews.lowering, "**/*.py"),
+    found = sorted(Path(__file__).parent.glob("*.py"))     # tilews itself (this module's package)
+    for package, pattern in ((tilews.language, "*.py"), (tilews.lowering, "**/*.py"),
                              (tilews.triton_ext, "**/*.py"), (tilews.metal, "**/*.py")):
         found += sorted(Path(package.__file__).parent.glob(pattern))
     return found

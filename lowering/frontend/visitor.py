@@ -201,8 +201,8 @@ class KernelVisitor:
         if node.value is None:
             if self._eager_top_level() and isinstance(node.target, ast.Name) \
                     and node.target.id in self.b.eager.runtime:
-                from .eager import declare
-                self.bind(node.target.id, declare(node.target.id, self.eval(node.annotation)))
+                self.bind(node.target.id,
+                          self.b.eager.declare(node.target.id, self.eval(node.annotation)))
                 return
             raise self.error("annotated names without a value are not supported in kernels "
                              "(an eager function declares its parameters so, before T.Kernel)")
@@ -308,8 +308,7 @@ class KernelVisitor:
     def stmt_Return(self, node) -> None:
         in_kernel = self.b.kernel is not None and "body" not in self.b.kernel
         if self.b.eager is not None and not self.macro and self.depth == 0 and not in_kernel:
-            from .eager import record_return
-            record_return(None if node.value is None else self.eval(node.value))
+            self.b.eager.record_return(None if node.value is None else self.eval(node.value))
             return
         if not self.macro:
             raise self.error("a kernel body cannot return a value; write results to output tensors")
