@@ -121,6 +121,21 @@ def test_a_pass_raising_a_python_error_is_an_internal_error(monkeypatch):
     assert "KeyError: 'planted'" in (folder / "error.txt").read_text()
 
 
+def test_without_the_disk_cache_the_reproducer_goes_to_a_temporary_folder(monkeypatch):
+    import tempfile
+    from tilews.lowering.passes import legalize
+
+    def planted(s, env):
+        raise KeyError("planted")
+    monkeypatch.setattr(legalize, "_mask_low", planted)
+    monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1")
+    with pytest.raises(tilews.InternalError) as e:
+        tilews.jit(out_idx=[-1], target="interpret")(doubler)(64)
+    folder = reproducer(e.value)
+    assert folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("tilews-internal-error-main-")
+    assert (folder / "frontend.tir").is_file()
+
+
 def test_the_hopper_chain_reports_an_internal_error_of_gluon_as_one(monkeypatch):
     """An InternalError in gluon's lowering is not a refusal: tl is not tried, and the message
     does not say gluon refused the program."""

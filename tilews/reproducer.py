@@ -3,7 +3,8 @@
 ``tilews.compiler`` runs each backend's ``lower``/``refuses``/``emit`` and its ``load`` inside
 ``Attempt.guard``, and every launch of the loaded program through ``Attempt.guard_launch``:
 
-* a ``CompileError`` (the user's program cannot be compiled) passes through unchanged;
+* a ``CompileError`` (the user's program cannot be compiled) passes through unchanged, and so
+  does a ``CacheLockTimeout`` (another process holds the disk cache: not a bug);
 * an ``InternalError`` raised by a pass or emitter, and any foreign exception (a ``KeyError`` in a
   pass, a numpy error, Triton's ``CompilationError``, ptxas) becomes an ``InternalError`` that says
   it is a bug in tilews, names the user's line where it can be found and the folder of a
@@ -44,6 +45,8 @@ from tilews.lowering.loc import Loc
 from tilews.lowering.settings import Settings
 from tilews.lowering.traverse import walk
 
+from .cache import CacheLockTimeout
+
 _SUFFIX = {"metal": ".metal", "interpret": ".tir"}     # of the generated source; else Python
 _ORIGIN = re.compile(r"#\s*tilews:\s*(\S+):(\d+)")
 _serial = itertools.count()
@@ -65,7 +68,7 @@ class Attempt:
         self.stage = stage
         try:
             yield self
-        except CompileError:
+        except (CompileError, CacheLockTimeout):   # the user's program; this machine's cache
             raise
         except InternalError as e:
             if e.reproducer is not None:
@@ -168,10 +171,8 @@ def _folder(settings: Settings, name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     leaf = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{stamp}-{os.getpid()}-{next(_serial)}"
     if not settings.disable_cache:
-        from .cache import default_cache_dir
-        root = settings.cache_dir if settings.cache_dir is not None else default_cache_dir()
         try:
-            folder = Path(root) / "internal-errors" / leaf
+            folder = settings.cache_root() / "internal-errors" / leaf
             folder.mkdir(parents=True)
             return folder
         except OSError:
