@@ -36,7 +36,8 @@ from .report import write_csv, write_json
 from .results import Report
 from .runner import Impl, plan, run_shape, steps
 from .shapes import Shape, ShapeError, assign_shapes, form, parse_shapes
-from .workload import DTYPES, Case, Pending, Workload, registry
+from .workload import DTYPES, Case, Pending, Workload
+from .workloads import registry
 
 TARGETS = ("hopper", "triton", "interpret", "metal")
 ROUNDS = {True: 5, False: 2}      # default --rounds on a GPU / without one (interpreter timings)

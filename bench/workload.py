@@ -1,10 +1,10 @@
-"""What a benchmarked workload provides, and the registry of workloads.
+"""What a benchmarked workload provides (the registry of workloads is ``tilews.bench.workloads``).
 
 A workload (GEMM, the GEMM with a fused epilogue, attention, the FP8 scaled GEMM) knows its
 shapes, inputs, FLOP count and exact reference, the tilews variants to build per target, and the
 references to compare against. The runner (``tilews.bench.runner``) does the same for every
 workload: check, time, compare. Adding one means a module like ``tilews.bench.gemm`` and its
-entry in ``registry()``.
+entry in ``workloads.registry()``; the workload modules import this one, never the reverse.
 
 ``variants`` and ``references`` are plain lists so a test can add a deliberately wrong kernel.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Optional, Union
+from typing import Callable, ContextManager, Optional
 
 import torch
 
@@ -101,9 +101,3 @@ def standard_preset(machine: Machine, quick: bool) -> str:
     if not machine.gpu:
         return "cpu"
     return "gpu-quick" if quick else "bench"
-
-
-def registry() -> dict[str, Union[Workload, Pending]]:
-    from . import attention, epilogue, fp8, gemm
-    return {"gemm": gemm.WORKLOAD, "epilogue": epilogue.WORKLOAD, "attention": attention.WORKLOAD,
-            "fp8": fp8.WORKLOAD}

@@ -142,9 +142,12 @@ class DType(str, enum.Enum):
 
     def __call__(self, value):
         """A value of this dtype in a kernel: a Python number becomes a typed constant, a runtime
-        value is converted (``T.cast``)."""
-        from .frontend import semantic
-        return semantic.cast(value, self)
+        value is converted (``T.cast``): by the frontend's ``cast``, registered when the frontend
+        is imported (``register_cast``), so this module imports no frontend."""
+        if _kernel_cast is None:
+            raise RuntimeError(f"T.{self.record.tilelang}(...) builds a kernel value: import "
+                               f"tilews.language first")
+        return _kernel_cast(value, self)
 
     def __repr__(self) -> str:
         return f"T.{self.record.tilelang}"
@@ -157,6 +160,15 @@ class DType(str, enum.Enum):
 
 
 assert set(_BY_SHORT) == {d.value for d in DType}, "every DType has exactly one record"
+
+# what calling a dtype does in a kernel (``DType.__call__``): the frontend's cast
+_kernel_cast = None
+
+
+def register_cast(cast) -> None:
+    """Called once by the frontend (``frontend/values.py``) with its ``cast(value, dtype)``."""
+    global _kernel_cast
+    _kernel_cast = cast
 
 
 def _coerce(value) -> "DType | None":

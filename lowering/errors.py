@@ -2,13 +2,23 @@
 
 Rendered once (``CompileError.__str__``): ``file:line:col: message``, the source line, a caret
 and any notes. ``tilews.errors`` re-exports these.
+
+Two kinds of compile failure, never confused (docs/design.md §7, "Errors"):
+
+* ``CompileError``: the user's program cannot be compiled (a refusal, a limit, a mistake); the
+  user fixes their program.
+* ``InternalError``: a bug in tilews (a pass let through something a later stage has no rule
+  for, a pass or emitter crashed, Triton rejected the generated code). It is *not* a
+  ``CompileError``, so no ``except CompileError`` (a fallback chain, a caller) can take it for a
+  refusal. ``tilews.compiler`` is the boundary that turns any foreign exception of lowering,
+  emitting or loading into one and writes a reproducer, whose folder ``reproducer`` names.
 """
 from __future__ import annotations
 
 import linecache
 from typing import Optional, Sequence
 
-from .ir import Loc
+from .loc import Loc
 
 
 class CompileError(Exception):
@@ -21,18 +31,40 @@ class CompileError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        if self.loc is None or self.loc.line <= 0:
-            head = self.message
-            lines = []
-        else:
-            head = f"{self.loc.file}:{self.loc.line}:{self.loc.col}: {self.message}"
-            src = linecache.getline(self.loc.file, self.loc.line).rstrip("\n")
-            lines = [f"    {src}", "    " + " " * self.loc.col + "^"] if src else []
-        return "\n".join([head, *lines, *(f"note: {n}" for n in self.notes)])
+        return _render(self.message, self.loc, self.notes)
 
 
-class InternalError(CompileError):
-    """A bug in tilews (a pass let through something a later stage has no rule for)."""
+def _render(message: str, loc: Optional[Loc], notes: Sequence[str]) -> str:
+    """``file:line:col: message``, the source line and a caret (where ``loc`` is known), notes."""
+    if loc is None or loc.line <= 0:
+        head = message
+        lines = []
+    else:
+        head = f"{loc.file}:{loc.line}:{loc.col}: {message}"
+        src = linecache.getline(loc.file, loc.line).rstrip("\n")
+        lines = [f"    {src}", "    " + " " * loc.col + "^"] if src else []
+    return "\n".join([head, *lines, *(f"note: {n}" for n in notes)])
+
+
+class InternalError(Exception):
+    """A bug in tilews, not in the user's program: a pass let through something a later stage has
+    no rule for, a pass or emitter crashed, or Triton (ptxas, a C++ compiler) rejected the code
+    tilews generated. Located at the user's line where known; ``reproducer`` is the folder the
+    compiler wrote the IR and generated source to (None until it has)."""
+
+    def __init__(self, message: str, loc: Optional[Loc] = None, notes: Sequence[str] = (),
+                 reproducer: Optional[str] = None):
+        self.message = message
+        self.loc = loc
+        self.notes = tuple(notes)
+        self.reproducer = reproducer
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        report = (f"please report it with the reproducer written to {self.reproducer}"
+                  if self.reproducer else "please report it")
+        return _render(f"internal error: {self.message}", self.loc,
+                       (*self.notes, f"this is a bug in tilews, not in your program; {report}"))
 
 
 class RaceError(Exception):

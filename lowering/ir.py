@@ -16,20 +16,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from .dtypes import DTYPE_ALIASES, DType  # noqa: F401  (re-exported: ir.DType)
-
-
-@dataclass(frozen=True)
-class Loc:
-    """A position in the user's source."""
-    file: str
-    line: int
-    col: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
-
-
-UNKNOWN_LOC = Loc("<unknown>", 0, 0)
+from .errors import InternalError
+from .loc import UNKNOWN_LOC, Loc  # noqa: F401  (re-exported: ir.Loc)
 
 
 def _loc() -> Loc:
@@ -500,7 +488,6 @@ class Kernel:
         """The plan of type ``kind``; an ``InternalError`` if no pass made one."""
         found = self.find_plan(kind)
         if found is None:
-            from .errors import InternalError
             raise InternalError(f"kernel '{self.name}' has no {kind.__name__} (made by the "
                                 f"{kind.made_by} pass, which has not run or did not apply)", self.loc)
         return found

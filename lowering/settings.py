@@ -85,3 +85,15 @@ class Settings:
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    cxx=_text("TILEWS_CXX", environ))
+
+    def cache_root(self) -> Path:
+        """Where caches live: ``cache_dir``, else the platform's user cache dir
+        (``~/.cache/tilews``; the XDG default where ``platformdirs`` is missing)."""
+        if self.cache_dir is not None:
+            return self.cache_dir
+        try:
+            import platformdirs
+        except ImportError:  # minimal environments (e.g. a bare GPU image): the XDG default
+            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            return Path(base) / "tilews"
+        return Path(platformdirs.user_cache_dir("tilews", appauthor=False))

@@ -7,7 +7,7 @@ Contract (docs: metal-contract.md, "The CPU harness"):
   generated driver (``translation_unit``), and returns a ``HarnessKernel``. The header comment of
   ``msl_cpu.h`` gives the semantics (e.g. a simdgroup_load origin ``ulong2(col, row)`` is in memory
   coordinates, transposed or not). Compiled files are cached under
-  ``default_cache_dir()/metal-harness/<sha256 of text, header, compiler and flags>``; with
+  ``Settings.cache_root()/metal-harness/<sha256 of text, header, compiler and flags>``; with
   ``TILEWS_DISABLE_CACHE`` on, nothing is written there (a private temporary folder instead).
 * ``HarnessKernel.run(args, grid)``: ``args`` follow ``kernel.params``: C-contiguous numpy arrays or
   contiguous torch CPU tensors of the param's element type (half and bfloat may also come as 2-byte
@@ -40,6 +40,7 @@ import ast
 import atexit
 import ctypes
 import functools
+import hashlib
 import os
 import pathlib
 import re
@@ -53,7 +54,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tilews.cache import cache_key, default_cache_dir
 from tilews.lowering.settings import Settings
 
 from .source import ATTRIBUTES, MslKernel
@@ -120,7 +120,7 @@ def build(kernel: MslKernel, sanitizer: Optional[str] = None) -> "HarnessKernel"
         _check_sanitizer(cxx, sanitizer)
     text = translation_unit(kernel)
     flags = _COMMON_FLAGS + _FLAGS[sanitizer]
-    key = cache_key("tilews.metal.harness", 1, text, HEADER.read_text(), cxx, _version(cxx), flags)
+    key = _key("tilews.metal.harness", 1, text, HEADER.read_text(), cxx, _version(cxx), flags)
     path, seconds = _compiled(kernel.name, text, cxx, flags, key, ".so" if sanitizer is None else ".exe")
     return HarnessKernel(kernel, sanitizer, path, seconds)
 
@@ -297,6 +297,11 @@ def _check_threadgroup_memory(kernel: MslKernel) -> None:
 # ---- compiling and caching -----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
+def _key(*parts) -> str:
+    """The sha256 of ``parts`` (strings, ints and tuples of strings: ``repr`` is stable for them)."""
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def _version(cxx: str) -> str:
     proc = subprocess.run([cxx, "--version"], capture_output=True, text=True)
     return proc.stdout.splitlines()[0] if proc.stdout else ""
@@ -312,7 +317,7 @@ def _private_dir() -> pathlib.Path:
 def _output_dir() -> pathlib.Path:
     if Settings.from_env().disable_cache:
         return _private_dir()
-    folder = default_cache_dir() / "metal-harness"
+    folder = Settings.from_env().cache_root() / "metal-harness"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:

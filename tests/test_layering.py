@@ -6,7 +6,11 @@
   shared modules of ``triton_ext`` (``pysource``, ``modules``, ``toolchain``, ``passes``) and its
   own package — never the other backend, never the ``tilews`` user surface;
 * no module outside ``tilews/`` reads a ``TILEWS_*`` environment variable except
-  ``lowering/settings.py``.
+  ``lowering/settings.py``;
+* on the graph of imports between our modules (function-level imports included: they are how
+  cycles hide), the core IR modules reach no frontend and no pass, the emitters reach no pass,
+  ``metal``/``triton_ext``/``lowering`` import nothing of the user surface, and no two modules
+  import each other, directly or around a longer cycle.
 """
 from __future__ import annotations
 
@@ -127,4 +131,177 @@ def test_the_metal_emitter_imports_no_pass():
     assert {p.name for p in modules} >= {"emit.py", "exprs.py", "context.py"}
     for path in modules:
         bad = {m for m in _imports(path) if m.startswith("tilews.lowering.passes")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+# ----------------------------------------------------------------------------------------------
+# the import graph of every module of lowering, triton_ext, metal, tilews and bench
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_module_name(p): p for folder in PACKAGES for p in _modules(folder)}
+
+
+MODULES = _all_modules()
+
+
+def _resolve(name: str) -> str:
+    """The module ``name`` lives in (``tilews.lowering.ir.Loc`` -> ``tilews.lowering.ir``);
+    "" for a name outside our packages."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of import nodes under ``if TYPE_CHECKING:`` (never executed: no edge)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
+def _edges(path: Path) -> set[str]:
+    """The modules of ours that ``path`` imports anywhere (top level or in a function). ``from
+    pkg import sub`` is an edge to ``pkg.sub`` when that is a module (not to ``pkg``: a parent
+    package's ``__init__`` runs for any submodule, and counting it would tie every module to
+    ``tilews/__init__.py``); ``from mod import name`` is an edge to ``mod``."""
+    me = _module_name(path)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {_resolve(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            found |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else _resolve(mod)
+                      for a in node.names}
+    return found - {"", me}
+
+
+GRAPH = {m: _edges(p) for m, p in MODULES.items()}
+
+
+def _reach(start: str) -> dict[str, str]:
+    """Every module ``start`` imports, directly or not: module -> the module importing it on one
+    path from ``start``."""
+    seen, todo = {start: ""}, [start]
+    while todo:
+        m = todo.pop()
+        for n in sorted(GRAPH[m]):
+            if n not in seen:
+                seen[n] = m
+                todo.append(n)
+    del seen[start]
+    return seen
+
+
+def _path(reached: dict[str, str], target: str) -> str:
+    chain = [target]
+    while reached.get(chain[-1]):
+        chain.append(reached[chain[-1]])
+    return " -> ".join(reversed(chain))
+
+
+def _cycles() -> list[list[str]]:
+    """The strongly connected components of GRAPH with more than one module (Tarjan's
+    algorithm, iterative)."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in sorted(GRAPH):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(GRAPH[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(GRAPH[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a longer cycle."""
+    found = [" <-> ".join(c) + "\n    " + "\n    ".join(f"{m} imports {sorted(GRAPH[m] & set(c))}"
+                                                      for m in c) for c in _cycles()]
+    assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def test_the_cycle_check_finds_cycles(monkeypatch):
+    """The checker itself: a planted pair, and a planted three-module loop, are found."""
+    monkeypatch.setitem(GRAPH, "tilews.lowering.ir", GRAPH["tilews.lowering.ir"] | {"tilews.lowering.printer"})
+    assert ["tilews.lowering.ir", "tilews.lowering.printer"] in _cycles()
+    monkeypatch.setitem(GRAPH, "tilews.lowering.ir", GRAPH["tilews.lowering.ir"] | {"tilews.lowering.verify"})
+    assert any({"tilews.lowering.ir", "tilews.lowering.verify"} <= set(c) for c in _cycles())
+
+
+def test_the_graph_counts_function_level_imports():
+    assert "tilews.lowering.pipeline" in _edges(ROOT / "lowering" / "backend.py")
+    # a function-level import: tilews.compiler imports the language package inside a function
+    assert "tilews.language" in GRAPH["tilews.compiler"]
+    # an import under TYPE_CHECKING runs never: no edge
+    assert "tilews.kernel" not in GRAPH["tilews.profiler.profiler"]
+
+
+# the IR and what every stage shares: no frontend, no pass, reached in any number of steps
+CORE = ("ir", "dtypes", "loc", "errors", "printer", "verify", "plans", "traverse", "simplify",
+        "layouts", "capabilities", "config", "pipeline", "settings", "arguments")
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_the_core_ir_reaches_no_frontend_and_no_pass(name):
+    reached = _reach(f"tilews.lowering.{name}")
+    bad = [_path(reached, m) for m in reached
+           if m.startswith(("tilews.lowering.frontend", "tilews.lowering.passes"))]
+    assert not bad, "\n".join(bad)
+
+
+EMITTERS = ("tilews.triton_ext.tl.emit", "tilews.triton_ext.gluon.emit", "tilews.metal.emit")
+
+
+@pytest.mark.parametrize("emitter", EMITTERS)
+def test_an_emitter_reaches_no_pass(emitter):
+    """An emitter (and the helper modules it imports) spells what passes decided: it runs none."""
+    reached = _reach(emitter)
+    bad = [_path(reached, m) for m in reached if m.startswith("tilews.lowering.passes")]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("folder", ["lowering", "triton_ext", "metal"])
+def test_the_compiler_imports_nothing_of_the_user_surface(folder):
+    """lowering, triton_ext and metal import only each other (never tilews.cache, tilews.jit,
+    ...): what they need from outside comes in Services."""
+    ours = ("tilews.lowering", "tilews.triton_ext", "tilews.metal")
+    for path in _modules(folder):
+        bad = {m for m in _edges(path) if not m.startswith(ours)}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"

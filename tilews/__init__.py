@@ -3,7 +3,8 @@ run by a reference interpreter. TileLang's top-level names are here too (``impor
 tilelang``): ``jit``, ``autotune``, ``TensorSupplyType``, ``PassConfigKey``."""
 __version__ = "0.1.0"
 
-from .errors import CompileError, DeadlockError, OutOfBoundsError, RaceError, UninitializedReadError  # noqa: E402
+from .errors import (CompileError, DeadlockError, InternalError, OutOfBoundsError, RaceError,  # noqa: E402
+                     UninitializedReadError)
 from .jit import jit  # noqa: E402
 from .kernel import CompileReport, Kernel  # noqa: E402
 from .pass_config import PassConfigKey  # noqa: E402
@@ -11,6 +12,6 @@ from .profiler import TensorSupplyType  # noqa: E402
 from .autotuner import autotune  # noqa: E402
 from .targets import num_sms  # noqa: E402
 
-__all__ = ["CompileError", "CompileReport", "DeadlockError", "Kernel", "OutOfBoundsError",
+__all__ = ["CompileError", "CompileReport", "DeadlockError", "InternalError", "Kernel", "OutOfBoundsError",
            "PassConfigKey", "RaceError", "TensorSupplyType", "UninitializedReadError",
            "__version__", "autotune", "jit", "num_sms"]

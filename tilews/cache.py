@@ -77,15 +77,7 @@ class CacheLockTimeout(TimeoutError):
 
 
 def default_cache_dir() -> pathlib.Path:
-    configured = Settings.from_env().cache_dir
-    if configured is not None:
-        return configured
-    try:
-        import platformdirs
-    except ImportError:  # minimal environments (e.g. a bare GPU image): the XDG default
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return pathlib.Path(base) / "tilews"
-    return pathlib.Path(platformdirs.user_cache_dir("tilews", appauthor=False))
+    return Settings.from_env().cache_root()
 
 
 def cache_disabled() -> bool:

@@ -29,6 +29,7 @@ from tilews.lowering.settings import Settings
 from tilews.lowering.traverse import walk
 
 from .kernel import CompileReport, Kernel
+from .reproducer import Attempt
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Lowered:
     pass_ms: tuple[tuple[str, float], ...] = field(default=())
 
 
-def _lower(backend: Backend, kernel: ir.Kernel) -> Lowered:
+def _lower(backend: Backend, kernel: ir.Kernel, attempt: Attempt) -> Lowered:
     times: list[tuple[str, float]] = []
     last = [time.perf_counter()]
 
@@ -49,9 +50,11 @@ def _lower(backend: Backend, kernel: ir.Kernel) -> Lowered:
         times.append((name, (now - last[0]) * 1e3))
         last[0] = now
 
-    after = backend.lower(kernel, observe)
-    reason = backend.refuses(after)
-    source = None if reason else backend.emit(after)
+    with attempt.guard("lowering"):
+        after = attempt.lowered = backend.lower(kernel, observe)
+    with attempt.guard("emitting"):
+        reason = backend.refuses(after)
+        source = attempt.source = None if reason else backend.emit(after)
     return Lowered(after, source, reason, tuple(times[1:]))
 
 
@@ -59,13 +62,12 @@ def source_files() -> list[Path]:
     """Every Python source of the installed tilews: the modules of ``tilews`` and
     ``tilews.language``, and every module under ``tilews.lowering``, ``tilews.triton_ext`` and
     ``tilews.metal`` (the benchmark is not part of code generation)."""
-    import tilews
     import tilews.language
     import tilews.lowering
     import tilews.metal
     import tilews.triton_ext
-    found = []
-    for package, pattern in ((tilews, "*.py"), (tilews.language, "*.py"), (tilews.lowering, "**/*.py"),
+    found = sorted(Path(__file__).parent.glob("*.py"))     # tilews itself (this module's package)
+    for package, pattern in ((tilews.language, "*.py"), (tilews.lowering, "**/*.py"),
                              (tilews.triton_ext, "**/*.py"), (tilews.metal, "**/*.py")):
         found += sorted(Path(package.__file__).parent.glob(pattern))
     return found
@@ -113,9 +115,12 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
     chain = backends.chain(target, services, passes)
     refusals: list[str] = []
     for n, backend in enumerate(chain):
+        # a bug in lowering or emitting is an InternalError with a reproducer (tilews.reproducer);
+        # it is not a CompileError, so the fallback below never takes it for a refusal
+        attempt = Attempt(before, backend.name, target, settings)
         try:
             payload, hit = store.fetch(_key_parts(before, backend),
-                                       lambda: pickle.dumps(_lower(backend, before)))
+                                       lambda: pickle.dumps(_lower(backend, before, attempt)))
         except CompileError as e:
             if not refusals:
                 raise
@@ -129,9 +134,14 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
         nxt = chain[n + 1].name if n + 1 < len(chain) else None
         notes += lowered.ir_after.notes + (f"{target}: {refusals[-1]}; using {nxt}",)
     else:
-        raise InternalError(f"target '{target}': every backend refused the program "
-                            f"({lowered.refusal})", before.loc)
-    program = backend.load(lowered.ir_after, lowered.source, options or {})
+        attempt.lowered = lowered.ir_after
+        raise attempt.internal(InternalError(f"target '{target}': every backend refused the "
+                                             f"program ({lowered.refusal})", before.loc))
+    attempt.lowered, attempt.source = lowered.ir_after, lowered.source
+    with attempt.guard("loading"):
+        program = backend.load(lowered.ir_after, lowered.source, options or {})
+    # Triton compiles a tl program at its first launch (or interprets it at each)
+    program = attempt.guard_launch(program)
     shared = lowered.ir_after.find_plan(SharedMemoryPlan)
     report = CompileReport(
         target=target if backend.config.name == target else f"{target} -> {backend.config.name}",

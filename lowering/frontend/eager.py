@@ -152,6 +152,32 @@ class EagerState:
     returned: Optional[list] = None
     declared: dict[str, Any] = field(default_factory=dict)    # runtime parameter -> its value
 
+    # what the visitor calls at an eager body's top level (through ``Builder.eager``, so the
+    # visitor imports nothing of this module)
+    def declare(self, name: str, annotation: Any) -> Any:
+        """``name: annotation`` at the top of an eager body: the runtime parameter's value."""
+        if isinstance(annotation, semantic.TensorSpec):
+            value = semantic.tensor_param(name, annotation)
+        elif isinstance(annotation, ir.DType):
+            value = semantic.scalar_param(name, annotation)
+        else:
+            raise semantic.err(f"parameter '{name}' is declared with {annotation!r}; use "
+                               f"T.Tensor(shape, dtype) or a scalar dtype (T.int32, ...)")
+        self.declared[name] = value
+        return value
+
+    def record_return(self, value: Any) -> None:
+        """``return C`` at the top of an eager body: the outputs it returns."""
+        values = [] if value is None else list(value) if isinstance(value, (tuple, list)) else [value]
+        outputs = [o.buffer for o in self.outputs]
+        for v in values:
+            if not isinstance(v, BufferRef) or v.buffer not in outputs:
+                raise semantic.err(f"an eager function returns its T.empty outputs only; {v!r} is "
+                                   f"not one")
+        if len({v.buffer for v in values}) != len(values):
+            raise semantic.err("an output is returned twice")
+        self.returned = values
+
 
 class _Undeclared:
     """A runtime parameter before its ``X: T.Tensor(...)`` line: any use is an error there."""
@@ -208,33 +234,6 @@ def _state(what: str) -> EagerState:
     return state
 
 
-def declare(name: str, annotation: Any) -> Any:
-    """``name: annotation`` at the top of an eager body: the runtime parameter's value."""
-    state = builder().eager
-    if isinstance(annotation, semantic.TensorSpec):
-        value = semantic.tensor_param(name, annotation)
-    elif isinstance(annotation, ir.DType):
-        value = semantic.scalar_param(name, annotation)
-    else:
-        raise semantic.err(f"parameter '{name}' is declared with {annotation!r}; use "
-                           f"T.Tensor(shape, dtype) or a scalar dtype (T.int32, ...)")
-    state.declared[name] = value
-    return value
-
-
-def record_return(value: Any) -> None:
-    state = builder().eager
-    values = [] if value is None else list(value) if isinstance(value, (tuple, list)) else [value]
-    outputs = [o.buffer for o in state.outputs]
-    for v in values:
-        if not isinstance(v, BufferRef) or v.buffer not in outputs:
-            raise semantic.err(f"an eager function returns its T.empty outputs only; {v!r} is not "
-                               f"one")
-    if len({v.buffer for v in values}) != len(values):
-        raise semantic.err("an output is returned twice")
-    state.returned = values
-
-
 def build_eager(src: KernelSource, constants: dict[str, Any], consts: dict[str, int],
                 sig: EagerSignature, *, debug: bool = False, target: str = "") -> ir.Kernel:
     """Build the IR of an eager function for one set of build-time ``constants`` (every
@@ -252,7 +251,7 @@ def build_eager(src: KernelSource, constants: dict[str, Any], consts: dict[str, 
                 v.bind(a.arg, constants[a.arg])
                 continue
             ann = src.fn.__annotations__.get(a.arg)
-            v.bind(a.arg, declare(a.arg, ann) if isinstance(ann, (semantic.TensorSpec, ir.DType))
+            v.bind(a.arg, b.eager.declare(a.arg, ann) if isinstance(ann, (semantic.TensorSpec, ir.DType))
                    else _Undeclared(a.arg))
         v.visit_body(src.tree.body)
         state = b.eager

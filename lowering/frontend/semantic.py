@@ -15,26 +15,12 @@ from ..roles import describe
 from ..traverse import walk
 from . import block_wide
 from .context import builder, current_loc
-from .values import BufferRef, ElementRef, RegionRef, Scalar, promote, to_expr
+from .values import (BufferRef, ElementRef, RegionRef, Scalar, as_dtype, cast,  # noqa: F401
+                     promote, to_expr)   # as_dtype, cast: here for callers (semantic.cast)
 
 
 def err(msg: str, notes: Sequence[str] = ()) -> CompileError:
     return CompileError(msg, current_loc(), notes)
-
-
-# ----------------------------------------------------------------------------------------------
-# dtypes
-
-
-def as_dtype(x) -> ir.DType:
-    """A DType from anything ``T.dtype`` accepts (a DType, a TileLang/numpy name, a torch or numpy
-    dtype, ``bool``/``int``/``float``)."""
-    if isinstance(x, ir.DType):
-        return x
-    try:
-        return ir.DType(x)
-    except ValueError as e:
-        raise err(str(e)) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -628,30 +614,6 @@ def math_call(fn: ir.MathFn, *args):
     return Scalar(ir.Call(fn, exprs, dt, current_loc()))
 
 
-def cast(x, dtype) -> Scalar:
-    """``x`` as ``dtype``: a Python number becomes a constant of that type (converted as a C cast
-    would: float -> int truncates), a runtime value is converted."""
-    dt = as_dtype(dtype)
-    if isinstance(x, (bool, int, float)):
-        return Scalar(ir.Const(_number_as(x, dt), dt, current_loc()))
-    e = to_expr(x, None)
-    if e.dtype == dt:
-        return Scalar(e)
-    return Scalar(ir.Cast(e, dt, current_loc()))
-
-
-def _number_as(x, dt: ir.DType):
-    if dt.is_float:
-        return float(x)
-    if dt is ir.DType.BOOL:
-        return bool(x)
-    if isinstance(x, float) and not math.isfinite(x):
-        raise err(f"{x} has no {dt} value")
-    v = int(x)
-    lo, hi = (0, 2 ** dt.bits) if dt.record.kind == "uint" else (-2 ** (dt.bits - 1), 2 ** (dt.bits - 1))
-    if not lo <= v < hi:
-        raise err(f"{x} is out of range for {dt} [{lo}, {hi - 1}]")
-    return v
 
 
 def select(cond, a, b):

@@ -8,9 +8,10 @@ indexing one gives an ``ElementRef`` (all indices scalar: an element, or a regio
 """
 from __future__ import annotations
 
+import math
 from typing import Union
 
-from .. import ir
+from .. import dtypes, ir
 from ..errors import CompileError
 from ..simplify import difference, fold_binop
 from .context import current_loc
@@ -120,7 +121,6 @@ class Scalar:
 
     def astype(self, dtype) -> "Scalar":
         """``T.cast(self, dtype)`` (TileLang's method spelling)."""
-        from .semantic import cast
         return cast(self, dtype)
 
     # arithmetic -------------------------------------------------------------------------------
@@ -258,3 +258,48 @@ def ceildiv(a, b):
         return (a + b - 1) // b
     return -(-a // b)
 
+
+
+# ----------------------------------------------------------------------------------------------
+# dtypes
+
+
+def as_dtype(x) -> ir.DType:
+    """A DType from anything ``T.dtype`` accepts (a DType, a TileLang/numpy name, a torch or numpy
+    dtype, ``bool``/``int``/``float``)."""
+    if isinstance(x, ir.DType):
+        return x
+    try:
+        return ir.DType(x)
+    except ValueError as e:
+        raise CompileError(str(e), current_loc()) from None
+
+
+def cast(x, dtype) -> Scalar:
+    """``x`` as ``dtype``: a Python number becomes a constant of that type (converted as a C cast
+    would: float -> int truncates), a runtime value is converted. Also what calling a dtype does
+    (``T.float16(x)``: ``dtypes.DType.__call__``)."""
+    dt = as_dtype(dtype)
+    if isinstance(x, (bool, int, float)):
+        return Scalar(ir.Const(_number_as(x, dt), dt, current_loc()))
+    e = to_expr(x, None)
+    if e.dtype == dt:
+        return Scalar(e)
+    return Scalar(ir.Cast(e, dt, current_loc()))
+
+
+def _number_as(x, dt: ir.DType):
+    if dt.is_float:
+        return float(x)
+    if dt is ir.DType.BOOL:
+        return bool(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        raise CompileError(f"{x} has no {dt} value", current_loc())
+    v = int(x)
+    lo, hi = (0, 2 ** dt.bits) if dt.record.kind == "uint" else (-2 ** (dt.bits - 1), 2 ** (dt.bits - 1))
+    if not lo <= v < hi:
+        raise CompileError(f"{x} is out of range for {dt} [{lo}, {hi - 1}]", current_loc())
+    return v
+
+
+dtypes.register_cast(cast)   # what a dtype called in a kernel does (DType.__call__)

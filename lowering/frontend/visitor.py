@@ -14,7 +14,7 @@ import operator
 from typing import Any, Optional
 
 from .. import ir
-from ..errors import CompileError
+from ..errors import CompileError, InternalError
 from . import semantic
 from .context import Builder
 from .values import BufferRef, ElementRef, Scalar, binary, compare, logical_not
@@ -111,7 +111,7 @@ class KernelVisitor:
             return method(node)
         try:
             return method(node)
-        except CompileError:
+        except (CompileError, InternalError):
             raise
         except Exception as e:  # a user's mistake surfacing as a Python error at this line
             raise CompileError(f"{type(e).__name__}: {e}", self.b.loc) from None
@@ -201,8 +201,8 @@ class KernelVisitor:
         if node.value is None:
             if self._eager_top_level() and isinstance(node.target, ast.Name) \
                     and node.target.id in self.b.eager.runtime:
-                from .eager import declare
-                self.bind(node.target.id, declare(node.target.id, self.eval(node.annotation)))
+                self.bind(node.target.id,
+                          self.b.eager.declare(node.target.id, self.eval(node.annotation)))
                 return
             raise self.error("annotated names without a value are not supported in kernels "
                              "(an eager function declares its parameters so, before T.Kernel)")
@@ -308,8 +308,7 @@ class KernelVisitor:
     def stmt_Return(self, node) -> None:
         in_kernel = self.b.kernel is not None and "body" not in self.b.kernel
         if self.b.eager is not None and not self.macro and self.depth == 0 and not in_kernel:
-            from .eager import record_return
-            record_return(None if node.value is None else self.eval(node.value))
+            self.b.eager.record_return(None if node.value is None else self.eval(node.value))
             return
         if not self.macro:
             raise self.error("a kernel body cannot return a value; write results to output tensors")

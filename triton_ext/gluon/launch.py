@@ -46,8 +46,9 @@ def compile_only(source: str, kernel: ir.Kernel, store: ArtifactStore, triton_ve
             "target": list(TARGET), "params": [_param_spec(p) for p in kernel.params],
             "fp8_promote_every": kernel.fp8_promote_every}
     if triton_version == "absent":
-        raise InternalError("target 'hopper' needs Triton (pip install triton==3.6.0 on Linux)",
-                            kernel.loc)
+        # the machine's setup, not a bug: the program cannot be compiled here
+        raise CompileError("target 'hopper' needs Triton (pip install triton==3.6.0 on Linux)",
+                           kernel.loc)
     from tilews.triton_ext import passes as ttgir_passes
     # the stage hook is not part of Triton's cache key: it is part of ours
     parts = ("tilews-gluon-asm", 2, triton_version, ttgir_passes.cache_key_part(), source,
