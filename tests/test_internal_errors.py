@@ -213,9 +213,9 @@ def _compile_planted_for_gpu() -> None:
     from triton.compiler import ASTSource
 
     from tilews.lowering.frontend import build_kernel
-    from tilews.lowering.passes import lower
+    from tilews.lowering.pipeline import lower
     from tilews.lowering.settings import Settings
-    from tilews.lowering.target import TRITON_GPU
+    from tilews.triton_ext.tl.backend import TRITON_GPU
     from tilews.reproducer import Attempt
 
     from .helpers import services

@@ -124,16 +124,6 @@ def test_the_checker_sees_relative_imports():
     assert "tilews.lowering.ir" in _imports(probe) and "tilews.lowering.errors.CompileError" in _imports(probe)
 
 
-def test_the_metal_emitter_imports_no_pass():
-    """The Metal backend spells the plans lowering made (``lowering/plans.py``): no module of it
-    imports a pass (``tilews.lowering.passes``) to recompute a decision or a check."""
-    modules = _modules("metal")
-    assert {p.name for p in modules} >= {"emit.py", "exprs.py", "context.py"}
-    for path in modules:
-        bad = {m for m in _imports(path) if m.startswith("tilews.lowering.passes")}
-        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
-
-
 # ----------------------------------------------------------------------------------------------
 # the import graph of every module of lowering, triton_ext, metal, tilews and bench
 
