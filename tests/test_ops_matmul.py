@@ -38,6 +38,7 @@
   inputs against float64, relative Frobenius error 1e-5 (~1e-7 measured), every CPU schedule,
   both flag values, each its own plan and kernels, the frontend IR recording ``precision=ieee``
   only for the exact one; ``opcheck`` and the fake implementation take float32.
+* ``import tilews`` leaves ``tilews.ops`` unimported until first used (a fresh process).
 
 Runtime: about 15 s on 2 cores.
 """
@@ -580,3 +581,15 @@ def test_allow_tf32_is_read_at_each_call(fresh, monkeypatch):
     ops.matmul(*h)
     assert len(mm._calls) == 3
 
+
+def test_import_tilews_leaves_ops_for_first_use():
+    import subprocess
+    import sys
+    code = ("import sys, tilews\n"
+            "assert 'tilews.ops' not in sys.modules\n"
+            "assert 'ops' in dir(tilews) and not hasattr(tilews, 'no_such_name')\n"
+            "assert 'tilews.ops' not in sys.modules\n"
+            "matmul = tilews.ops.matmul\n"
+            "import tilews.ops\n"
+            "assert 'tilews.ops' in sys.modules and matmul is tilews.ops.matmul\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
