@@ -279,6 +279,15 @@ class GemmInstr(enum.Enum):
     WGMMA = "wgmma"                # Hopper warp-group MMA, issued asynchronously (see GemmWait)
 
 
+class GemmPrecision(enum.Enum):
+    """How float32 operands may be multiplied (the frontend records the program's choice;
+    ignored for other operand dtypes). The interpreter, Metal and Triton's CPU interpreter
+    multiply float32 exactly either way; TF32 permits tensor cores that round the operands to
+    tf32 (10-bit mantissa), as ``torch.backends.cuda.matmul.allow_tf32`` does."""
+    TF32 = "tf32"                  # Triton's input_precision "tf32"; wgmma's float32 form
+    IEEE = "ieee"                  # exact float32 products: no wgmma (legalize_wgmma refuses)
+
+
 @dataclass(frozen=True)
 class Gemm(Stmt):
     """C (+)= op(A) @ op(B)."""
@@ -289,6 +298,7 @@ class Gemm(Stmt):
     transpose_b: bool = False
     clear_accum: bool = False
     instr: GemmInstr = GemmInstr.UNDECIDED
+    precision: GemmPrecision = GemmPrecision.TF32
     loc: Loc = _loc()
 
 

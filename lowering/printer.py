@@ -72,6 +72,8 @@ def _stmt_line(s: ir.Stmt) -> str:
                                ("clear_accum", s.clear_accum)) if v]
         if s.instr is not ir.GemmInstr.UNDECIDED:
             flags.append(f"instr={s.instr.value}")
+        if s.precision is not ir.GemmPrecision.TF32:
+            flags.append(f"precision={s.precision.value}")
         tail = f" [{', '.join(flags)}]" if flags else ""
         return f"gemm {region(s.a)}, {region(s.b)} -> {region(s.c)}{tail}"
     if isinstance(s, ir.Fill):

@@ -17,6 +17,10 @@ Hopper lowering, and compile-only sm_90a builds.
    operands from shared memory through transposed views; split_k's grid has three dims.
 4. Refusal: a runtime K (a runtime dim after A's first) sends Hopper to ``tl`` with the reason in
    the report, and the program still computes correctly on the CPU targets.
+5. float32 (compile-only, the generated source): ``tiled`` at ``precision="ieee"`` is refused
+   by Gluon (wgmma's float32 form is tf32) and spelled ``tl.dot(..., input_precision="ieee")``;
+   at ``"tf32"`` its N-major B tile keeps it off wgmma too (``input_precision="tf32"``); a
+   K-major float32 gemm at ``"tf32"`` is a tf32 wgmma in the PTX.
 """
 from __future__ import annotations
 
@@ -599,3 +603,54 @@ def test_runtime_k_computes_on_cpu(target):
     for M, K in ((5, 100), (70, 64)):
         a, b = inputs(M, DYNAMIC_N, K, torch.float16, seed=40 + K)
         close(k(a, b), a.double() @ b.double(), *TOL["fp16"])
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. float32 precision on Hopper (compile-only)
+
+
+@pytest.mark.parametrize("precision, refusal", [
+    ("ieee", "wgmma's float32 form rounds to tf32, and T.gemm at line"),
+    ("tf32", "tf32 wgmma reads K-major operands only, and the B tile"),
+])
+def test_float32_tiled_goes_to_tl_with_its_precision(precision, refusal):
+    k = compiled("hopper", G.tiled, T.dynamic("M"), 256, 256, out=True, block_M=64, block_N=128,
+                 block_K=32, num_stages=2, dtype=T.float32, out_dtype=T.float32, precision=precision)
+    assert k.report.backend == "tl" and any(refusal in n for n in k.report.notes), k.report.notes
+    dots = re.findall(r"tl\.dot\([^\n]*", k.get_kernel_source())
+    assert dots and all(f'input_precision="{precision}"' in d for d in dots), dots
+
+
+@tilews.jit(target="hopper", out_idx=[-1])
+def k_major_f32(M, N, K, precision, block_M=64, block_N=128, block_K=32):
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float32), B: T.Tensor((N, K), T.float32),
+             C: T.Tensor((M, N), T.float32)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), T.float32)
+            B_s = T.alloc_shared((block_N, block_K), T.float32)
+            C_f = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(C_f)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=2):
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[bx * block_N, k * block_K], B_s)
+                T.gemm(A_s, B_s, C_f, transpose_B=True, precision=precision)
+            T.copy(C_f, C[by * block_M, bx * block_N])
+    return main
+
+
+def test_float32_k_major_tf32_is_a_tf32_wgmma():
+    k = k_major_f32(256, 256, 256, "tf32")
+    assert k.report.backend == "gluon", k.report.notes
+    assert "warpgroup_mma(" in k.get_kernel_source()
+    mmas = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[.\w]+", k.asm["ptx"]))
+    assert mmas == {"wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"}
+    exact = k_major_f32(256, 256, 256, "ieee")
+    assert exact.report.backend == "tl"
+    assert 'input_precision="ieee"' in exact.get_kernel_source()
+
+
+def test_an_unknown_precision_is_an_error_at_the_users_line():
+    with pytest.raises(tilews.CompileError, match="must be 'tf32' or 'ieee'") as e:
+        k_major_f32(256, 256, 256, "fp64")
+    assert e.value.loc.line == k_major_f32.fn.__code__.co_firstlineno + 13

@@ -33,6 +33,13 @@
   the op when grad is needed, not without it or under ``no_grad``; ``torch.compile`` of a
   forward and backward.
 
+* float32 operands: ``torch.matmul``'s rule, TF32 where ``allow_tf32`` is set (read per call,
+  part of the keys), exact otherwise: on the CPU (the interpreter, exact either way) random
+  inputs against float64, relative Frobenius error 1e-5 (~1e-7 measured), every CPU schedule,
+  both flag values, each its own plan and kernels, the frontend IR recording ``precision=ieee``
+  only for the exact one; ``opcheck`` and the fake implementation take float32.
+* ``import tilews`` leaves ``tilews.ops`` unimported until first used (a fresh process).
+
 Runtime: about 15 s on 2 cores.
 """
 from __future__ import annotations
@@ -246,7 +253,8 @@ A, B = randn(4, 8, dtype=torch.float16), randn(8, 3, dtype=torch.float16)
 @pytest.mark.parametrize("args, exc, match", [
     ((A[0], B), ValueError, r"'a' must be a 2-d tensor, got 1-d \[8\]"),
     ((A, B[None]), ValueError, r"'b' must be a 2-d tensor, got 3-d"),
-    ((A.float(), B), TypeError, r"'a' is torch.float32"),
+    ((A.double(), B), TypeError, r"'a' is torch.float64"),
+    ((A.float(), B), TypeError, r"'b' is torch.float16; .* \(a is torch.float32\)"),
     ((A, B.bfloat16()), TypeError, r"'b' is torch.bfloat16; .* \(a is torch.float16\)"),
     ((A, B[:5]), ValueError, r"a is \[4, 8\] but b is \[5, 3\]"),
     ((A, B, torch.int32), TypeError, r"out_dtype must be .* got torch.int32"),
@@ -353,8 +361,9 @@ def test_torch_compile_traces_through_the_custom_op(fresh):
 
 @pytest.mark.parametrize("out", [None, torch.float32])
 @pytest.mark.parametrize("grad", ["", "a", "ab"])
-def test_opcheck(fresh, out, grad):
-    a, b = operands(5, 80, 96, torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_opcheck(fresh, out, grad, dtype):
+    a, b = operands(5, 80, 96, dtype)
     a.requires_grad_("a" in grad), b.requires_grad_("b" in grad)
     result = torch.library.opcheck(torch.ops.tilews.matmul.default, (a, b, out))
     assert set(result.values()) == {"SUCCESS"}
@@ -532,3 +541,55 @@ def test_a_bound_binding_still_checks_alignment(fresh):
     shifted = randn(70 * 96 + 1, dtype=torch.float16)[1:].view(70, 96)   # same signature, 2-byte offset
     with pytest.raises(ValueError, match="parameter 'A' must have a 16-byte aligned address"):
         bind(shifted, b)
+
+
+# --- float32 operands ------------------------------------------------------------------------------
+@pytest.fixture(params=[False, True], ids=["ieee", "tf32"])
+def allow_tf32(request, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("M, N, K", [(70, 80, 96), (5, 33, 130), (1, 64, 7)])
+def test_float32_operands(fresh, allow_tf32, M, N, K):
+    a, b = operands(M, N, K, torch.float32, seed=M)
+    assert_product(ops.matmul(a, b), a, b, torch.float32)
+    assert_product(ops.matmul(a, b, torch.bfloat16), a, b, torch.bfloat16)
+    precision = "tf32" if allow_tf32 else "ieee"
+    assert {k[-1] for k in mm._kernels} == {precision}
+    gemms = [k.ir_text("before") for r in mm._kernels.values() for k in r.kernels]
+    gemms = [text for text in gemms if "gemm " in text]
+    assert gemms and all(("precision=ieee" in text) == (not allow_tf32) for text in gemms)
+
+
+@pytest.mark.parametrize("text", CPU_SCHEDULES)
+def test_float32_every_schedule(fresh, text):
+    a, b = operands(37, 70, 96, torch.float32, seed=3)
+    assert_product(ops.run(a, b, None, Schedule.from_text(text)), a, b, torch.float32)
+
+
+def test_allow_tf32_is_read_at_each_call(fresh, monkeypatch):
+    a, b = operands(70, 80, 96, torch.float32)
+    for flag in (False, True, False):
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", flag)
+        assert_product(ops.matmul(a, b), a, b, torch.float32)
+    assert len(mm._calls) == 2 and sorted(k[-1] for k in mm._plans) == ["ieee", "tf32"]
+    # 16-bit operands: the flag changes nothing
+    h = [t.half() for t in (a, b)]
+    ops.matmul(*h)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    ops.matmul(*h)
+    assert len(mm._calls) == 3
+
+
+def test_import_tilews_leaves_ops_for_first_use():
+    import subprocess
+    import sys
+    code = ("import sys, tilews\n"
+            "assert 'tilews.ops' not in sys.modules\n"
+            "assert 'ops' in dir(tilews) and not hasattr(tilews, 'no_such_name')\n"
+            "assert 'tilews.ops' not in sys.modules\n"
+            "matmul = tilews.ops.matmul\n"
+            "import tilews.ops\n"
+            "assert 'tilews.ops' in sys.modules and matmul is tilews.ops.matmul\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

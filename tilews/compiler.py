@@ -17,7 +17,7 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tilews import backends, cache, pass_config, targets
 from tilews.lowering import ir, printer
@@ -89,26 +89,48 @@ def _key_parts(kernel: ir.Kernel, backend: Backend) -> tuple:
             kernel.loc.file, lines)
 
 
-def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int] = (),
-                   param_specs: Optional[dict[str, Any]] = None,
-                   extra_names: Optional[dict[str, Any]] = None,
-                   options: Optional[dict[str, Any]] = None,
-                   user_params: Optional[Sequence[str]] = None,
-                   build: Optional[Callable[..., ir.Kernel]] = None,
-                   settings: Optional[Settings] = None,
-                   pass_configs: Optional[dict] = None) -> Kernel:
-    """``user_params``: the parameters the caller passes or receives, in order (default: all of
-    the function's; ``out_idx`` indexes them). ``build(debug=, target=)``: how the frontend IR
-    is built (default: ``build_kernel`` of ``src`` with ``param_specs`` and ``extra_names``).
-    ``pass_configs``: TileLang's switches (``tilews.pass_config``); what they change is in the
-    backends' fingerprints (so in the cache key) and in the report's notes."""
+@dataclass(frozen=True)
+class BuildRequest:
+    """What one specialization of a kernel compiles: what varies with the ``@tilews.jit`` style.
+    ``build(debug, target)`` makes the frontend IR (``debug``: ``Settings.debug_frontend``;
+    ``target``: the resolved target's name); ``user_params``: the parameters the caller passes
+    or receives, in order (``out_idx`` indexes them)."""
+    source: KernelSource
+    build: Callable[[bool, str], ir.Kernel]
+    user_params: tuple[str, ...]
+    out_idx: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, src: KernelSource, out_idx: Sequence[int] = (),
+           param_specs: Optional[dict[str, Any]] = None, extra_names: Optional[dict[str, Any]] = None,
+           user_params: Optional[Sequence[str]] = None) -> "BuildRequest":
+        """``build_kernel`` of ``src`` (``param_specs``, ``extra_names``: the direct style's)."""
+        def build(debug: bool, target: str) -> ir.Kernel:
+            return build_kernel(src, param_specs, extra_names, debug=debug, target=target)
+        params = src.param_names if user_params is None else user_params
+        return cls(src, build, tuple(params), tuple(out_idx))
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """How every specialization of a kernel is compiled: the target's name (``"auto"`` too),
+    the backend's options, TileLang's pass configs (``tilews.pass_config``: what they change is
+    in the backends' fingerprints, so in the cache key, and in the report's notes) and the
+    settings (default: ``Settings.from_env()`` at each compile)."""
+    target: str = "auto"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    pass_configs: Mapping = field(default_factory=dict)
+    settings: Optional[Settings] = None
+
+
+def compile_kernel(request: BuildRequest, config: CompileConfig = CompileConfig()) -> Kernel:
+    """The compiled ``Kernel`` of ``request`` under ``config`` (the module docstring)."""
     t0 = time.perf_counter()
-    settings = settings or Settings.from_env()
-    passes = pass_config.resolve(pass_configs)
-    target, notes = targets.resolve(target_name)
+    settings = config.settings or Settings.from_env()
+    passes = pass_config.resolve(dict(config.pass_configs))
+    target, notes = targets.resolve(config.target)
     notes += passes.notes(target, backends.skipped(target, passes))
-    before = (build or functools.partial(build_kernel, src, param_specs, extra_names))(
-        debug=settings.debug_frontend, target=target)
+    before = request.build(settings.debug_frontend, target)
     frontend_ms = (time.perf_counter() - t0) * 1e3
     store = cache.DiskCache.from_settings(settings)
     services = Services(store, settings, targets.machine())
@@ -139,7 +161,7 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
                                              f"program ({lowered.refusal})", before.loc))
     attempt.lowered, attempt.source = lowered.ir_after, lowered.source
     with attempt.guard("loading"):
-        program = backend.load(lowered.ir_after, lowered.source, options or {})
+        program = backend.load(lowered.ir_after, lowered.source, dict(config.options))
     # Triton compiles a tl program at its first launch (or interprets it at each)
     program = attempt.guard_launch(program)
     shared = lowered.ir_after.find_plan(SharedMemoryPlan)
@@ -151,5 +173,5 @@ def compile_kernel(src: KernelSource, *, target_name: str, out_idx: Sequence[int
         compile_ms=(time.perf_counter() - t0) * 1e3)
     if settings.print_source:
         print(lowered.source)
-    return Kernel(before, lowered.ir_after, user_params or src.param_names, out_idx, program,
+    return Kernel(before, lowered.ir_after, request.user_params, request.out_idx, program,
                   report, settings)

@@ -15,6 +15,14 @@
   constants (part of the key); ones annotated with a dtype are runtime scalars. Calling it with
   torch tensors specializes, compiles (cached) and launches.
 
+The three styles share one memo of compiled kernels (``JitFunction._kernel``), keyed by one
+function, ``keys.specialization_key``, on values that hash by content (tensors by signature,
+numbers and strings with their type, lists / tuples / dicts / sets element by element, dtypes;
+other objects by their own hash): the factory's arguments by parameter name, the eager
+style's build-time values, ``T.const`` values and target, the direct style's constants and
+named dims. An argument with no hash is a ``TypeError`` naming it, but a factory call with one
+compiles without the memo.
+
 Every wrapper has ``mode``, ``fn``, ``param_names``, ``pass_configs``, ``compile(...)`` (-> a
 ``Kernel``) and ``with_pass_configs(extra)`` (the autotuner's interface); the eager and direct ones
 also ``kernel_inputs(...)``: the call's arguments the compiled kernel takes.
@@ -32,7 +40,7 @@ from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import KernelSource, eager, kernel_source, semantic
 
 from . import backends, keys, targets
-from .compiler import compile_kernel
+from .compiler import BuildRequest, CompileConfig, compile_kernel
 from .kernel import Kernel
 from .targets import TARGET_NAMES
 
@@ -57,8 +65,7 @@ def jit(fn: Optional[Callable] = None, *, out_idx: Optional[Sequence[int] | int]
 
     def wrap(f):
         if isinstance(f, KernelSource):
-            return compile_kernel(f, target_name=target, out_idx=outs, options=options,
-                                  pass_configs=configs)
+            return compile_kernel(BuildRequest.of(f, outs), CompileConfig(target, options, configs))
         if _is_eager(f):
             if outs:
                 raise ValueError(f"'{f.__name__}' declares its outputs with T.empty; out_idx is "
@@ -100,7 +107,9 @@ def _is_eager(f: Callable) -> bool:
 
 
 class JitFunction:
-    """What the three styles share: the user's function, target, backend options, pass configs."""
+    """What the three styles share: the user's function, target, backend options, pass configs,
+    and the memo of compiled kernels (``_kernel``: one key function, ``keys.specialization_key``;
+    the styles differ only in the named values they key on and the ``BuildRequest`` of a miss)."""
     mode = ""
 
     def __init__(self, fn: Callable, out_idx: list[int], target: str, options: dict,
@@ -117,9 +126,25 @@ class JitFunction:
         return type(self)(self.fn, self.out_idx, self.target, self.options,
                           {**self.pass_configs, **extra})
 
-    def _compile(self, src: KernelSource, target: str, **how) -> Kernel:
-        return compile_kernel(src, target_name=target, out_idx=how.pop("out_idx", self.out_idx),
-                              options=self.options, pass_configs=self.pass_configs, **how)
+    def _kernel(self, values: dict[str, Any], request: Callable[[], BuildRequest],
+                target: Optional[str] = None, memo: bool = True) -> Kernel:
+        """The kernel specialized on ``values`` (named build-time values): from the memo, or
+        compiled from ``request()`` for ``target`` (default: this function's) and remembered.
+        An unhashable value is ``Unhashable`` naming it, unless ``memo`` is False: then such a
+        call compiles without the memo (the factory style's documented behaviour)."""
+        try:
+            key = keys.specialization_key(values)
+        except keys.Unhashable as e:
+            if memo:
+                raise TypeError(f"{self.__name__}(): {e}") from None
+            key = None
+        kernel = self._kernels.get(key) if key is not None else None
+        if kernel is None:
+            config = CompileConfig(target or self.target, self.options, self.pass_configs)
+            kernel = compile_kernel(request(), config)
+            if key is not None:
+                self._kernels[key] = kernel
+        return kernel
 
     def get_kernel_source(self, *args, **kwargs) -> str:
         return self.compile(*args, **kwargs).get_kernel_source()
@@ -161,22 +186,26 @@ class KernelFactory(JitFunction):
     """Factory style: ``factory(*args)`` -> compiled ``Kernel`` (cached per argument set)."""
     mode = "factory"
 
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.signature = inspect.signature(self.fn)
+
     def __call__(self, *args, **kwargs) -> Kernel:
+        """Keyed on the arguments by parameter name, defaults applied (``f(1, n=2)`` and
+        ``f(1, 2)`` are one key); unhashable ones compile without the memo."""
         try:
-            key = (args, tuple(sorted(kwargs.items())))
-            hash(key)
-        except TypeError:
-            key = None
-        if key is not None and key in self._kernels:
-            return self._kernels[key]
-        prim = self.fn(*args, **kwargs)
-        if not isinstance(prim, KernelSource):
-            raise TypeError(f"'{self.fn.__name__}' must return a @T.prim_func kernel, got "
-                            f"{type(prim).__name__}")
-        k = self._compile(prim, self.target)
-        if key is not None:
-            self._kernels[key] = k
-        return k
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.__name__}(): {e}") from None
+        bound.apply_defaults()
+
+        def request() -> BuildRequest:
+            prim = self.fn(*args, **kwargs)
+            if not isinstance(prim, KernelSource):
+                raise TypeError(f"'{self.fn.__name__}' must return a @T.prim_func kernel, got "
+                                f"{type(prim).__name__}")
+            return BuildRequest.of(prim, self.out_idx)
+        return self._kernel(dict(bound.arguments), request, memo=False)
 
     compile = __call__
 
@@ -219,19 +248,17 @@ class EagerKernel(JitFunction):
     def _prepare(self, args, kwargs, need_inputs: bool) -> tuple[Kernel, list]:
         constants, consts, inputs = self._bind(args, kwargs, need_inputs)
         target = self._target(inputs)
-        key = (targets.resolve(target)[0], self._frozen(constants), tuple(sorted(consts.items())))
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            sig, src = self.eager_signature, self.src
+        sig, src = self.eager_signature, self.src
 
+        def request() -> BuildRequest:
             def build(debug: bool, target: str) -> ir.Kernel:
                 return eager.build_eager(src, constants, consts, sig, debug=debug, target=target)
             n_in = len(sig.runtime)
-            kernel = self._compile(src, target, build=build,
-                                   user_params=list(sig.runtime) + list(sig.outputs),
-                                   out_idx=list(range(n_in, n_in + len(sig.outputs))))
-            self._kernels[key] = kernel
-        return kernel, inputs
+            return BuildRequest(src, build, sig.runtime + sig.outputs,
+                                tuple(range(n_in, n_in + len(sig.outputs))))
+        # T.const names are keyed apart from the parameters (one may share a parameter's name)
+        values = {**constants, "T.const": consts, "<target>": targets.resolve(target)[0]}
+        return self._kernel(values, request, target), inputs
 
     def _bind(self, args, kwargs, need_inputs: bool) -> tuple[dict, dict, list]:
         """(build-time values by parameter, T.const values, runtime arguments in order)."""
@@ -283,17 +310,6 @@ class EagerKernel(JitFunction):
             raise TypeError(f"{self.__name__}(): T.const '{name}' must be an int, got {value!r}")
         return int(value)
 
-    def _frozen(self, constants: dict) -> tuple:
-        """The build-time values as part of the compile key."""
-        key = []
-        for p in sorted(constants):
-            try:
-                key.append((p, keys.frozen(constants[p])))
-            except TypeError:
-                raise TypeError(f"{self.__name__}(): build-time argument '{p}' "
-                                f"({constants[p]!r}) is not hashable") from None
-        return tuple(key)
-
     def _target(self, inputs: list) -> str:
         """``"auto"`` follows the tensors: CPU tensors run on the interpreter."""
         if self.target != "auto":
@@ -325,13 +341,9 @@ class DirectKernel(JitFunction):
 
     def compile(self, *args, **constants) -> Kernel:
         """The kernel specialized for these arguments (tensors give dtypes and named dims)."""
-        key, specs, names = self._specialize(args, constants)
-        k = self._kernels.get(key)
-        if k is None:
-            k = self._compile(self.src, self.target, param_specs=specs, extra_names=names,
-                              user_params=[p.name for p in self.runtime])
-            self._kernels[key] = k
-        return k
+        values, specs, names = self._specialize(args, constants)
+        return self._kernel(values, lambda: BuildRequest.of(
+            self.src, self.out_idx, specs, names, [p.name for p in self.runtime]))
 
     def kernel_inputs(self, *args, **_constants) -> list:
         """The call's arguments the compiled kernel takes (tensors and runtime scalars)."""
@@ -349,7 +361,7 @@ class DirectKernel(JitFunction):
             raise TypeError(f"'{self.fn.__name__}' takes {len(ins)} argument(s), got {len(args)}")
         specs: dict[str, Any] = {}
         names: dict[str, int] = {}
-        key: list = []
+        values: dict[str, Any] = {}     # the key's inputs: constants, and the named dims
         given = dict(zip([p.name for p in ins], args))
         for p in self.params:
             ann = p.annotation
@@ -360,7 +372,6 @@ class DirectKernel(JitFunction):
                 if p.name not in given and p in ins:
                     raise TypeError(f"missing argument '{p.name}'")
                 specs[p.name] = self._tensor_spec(p.name, ann, given.get(p.name), names)
-                key.append((p.name, ann.dtype))
             elif isinstance(ann, ir.DType):
                 if p.name not in given:
                     raise TypeError(f"missing argument '{p.name}'")
@@ -374,13 +385,12 @@ class DirectKernel(JitFunction):
                     value = p.default
                 else:
                     raise TypeError(f"missing argument '{p.name}'")
-                specs[p.name] = value
-                key.append((p.name, repr(value)))
+                specs[p.name] = values[p.name] = value
         unknown = set(constants) - {p.name for p in self.params}
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}")
-        key.append(tuple(sorted(names.items())))
-        return tuple(key), specs, names
+        values["T.Tensor dims"] = names     # not an identifier: no parameter has this name
+        return values, specs, names
 
     def _tensor_spec(self, name: str, ann: semantic.TensorSpec, tensor, names: dict):
         shape = []

@@ -461,7 +461,8 @@ def _emit_copy(s: ir.Region, d: ir.Region, barrier, what: str) -> None:
     builder().emit(ir.Copy(s, d, bar, ir.CopyMechanism.UNDECIDED, current_loc()))
 
 
-def gemm(a, b, c, transpose_a: bool, transpose_b: bool, clear_accum: bool) -> None:
+def gemm(a, b, c, transpose_a: bool, transpose_b: bool, clear_accum: bool,
+         precision: ir.GemmPrecision = ir.GemmPrecision.TF32) -> None:
     _tile_op("T.gemm")
     ra, rb, rc = (as_region(x, f"T.gemm operand {n}") for x, n in ((a, "A"), (b, "B"), (c, "C")))
     for r, n in ((ra, "A"), (rb, "B"), (rc, "C")):
@@ -491,7 +492,7 @@ def gemm(a, b, c, transpose_a: bool, transpose_b: bool, clear_accum: bool) -> No
     if da.is_int != (dc is ir.DType.I32):
         raise err(f"T.gemm: {da.value} operands need a {'i32' if da.is_int else 'float'} accumulator")
     builder().emit(ir.Gemm(ra, rb, rc, bool(transpose_a), bool(transpose_b), bool(clear_accum),
-                           ir.GemmInstr.UNDECIDED, current_loc()))
+                           ir.GemmInstr.UNDECIDED, precision, current_loc()))
 
 
 def fill(dst, value) -> None:

@@ -8,7 +8,8 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
   ``barrier=`` (global -> shared) it is asynchronous: it reads the source and registers its bytes
   as expected transactions on the barrier's current phase at issue; the data lands at a later
   point chosen by the scheduler, decrementing the transaction count.
-* ``Gemm``: C (+)= op(A) @ op(B), accumulated in C's value dtype (``values.Numerics``).
+* ``Gemm``: C (+)= op(A) @ op(B), accumulated in C's value dtype (``values.Numerics``); float32
+  operands are multiplied exactly whatever ``Gemm.precision`` says (TF32 permits rounding, never asks it).
 * ``Fill``, ``Reduce`` (``clear=False`` combines with dst), ``Store``, ``AtomicAdd`` (element
   and tile forms, bounds-masked; lanes hitting one element all add; ``prev`` receives the value
   before the add; every ``order`` holds, since blocks run one statement at a time).

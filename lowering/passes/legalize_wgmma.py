@@ -23,7 +23,9 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
            * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
              fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``;
-             FP8 gemms only with K-major tiles (A untransposed, B [N, K] with ``transpose_B``);
+             FP8 gemms only with K-major tiles (A untransposed, B [N, K] with ``transpose_B``),
+             float32 gemms only with ``precision`` TF32 (wgmma's float32 form; IEEE is refused)
+             and, as FP8, K-major tiles;
            * fragment math is kept as written: ``T.Parallel`` loops of rank 1 or 2 whose stores
              (possibly under an ``if``) write fragments indexed by all the loop's variables in
              order, or global elements whose indices use every loop variable, and which read
@@ -397,6 +399,9 @@ def _seq(body: ir.Seq, layouts: dict, registers: bool) -> ir.Seq:
             if out[-1].mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
                 out.append(ir.BulkStoreWait(0, s.loc))    # overlap_store may defer it
         elif isinstance(s, ir.Gemm):
+            if s.a.buffer.dtype is ir.DType.F32 and s.precision is not ir.GemmPrecision.TF32:
+                raise _Refuse(f"wgmma's float32 form rounds to tf32, and T.gemm at line "
+                              f"{s.loc.line} asks for exact float32 products (precision='ieee')")
             _check_wgmma_shape(s, layouts)
             if s.b.buffer.scope is not ir.Scope.SHARED:
                 raise _Refuse(f"gemm operand B is not in shared memory (line {s.loc.line})")
@@ -460,6 +465,10 @@ def _check_wgmma_shape(s: ir.Gemm, layouts: dict) -> None:
                       f"{'A' if s.transpose_a else 'B'} tile of T.gemm at line {s.loc.line} is "
                       f"stored {'M' if s.transpose_a else 'N'}-major (B as [K, N]; give B as [N, K] "
                       f"with transpose_B=True for the warp-specialized path)")
+    if s.a.buffer.dtype is ir.DType.F32 and (s.transpose_a or not s.transpose_b):
+        raise _Refuse(f"tf32 wgmma reads K-major operands only, and the "
+                      f"{'A' if s.transpose_a else 'B'} tile of T.gemm at line {s.loc.line} is "
+                      f"stored {'M' if s.transpose_a else 'N'}-major")
 
 
 def _fence(body: ir.Seq, pending: set, async_read: set) -> ir.Seq:

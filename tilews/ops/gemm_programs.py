@@ -2,7 +2,8 @@
 
 Each is a ``tilews.jit`` factory over the problem shape and a schedule's knobs; ``matmul_schedule``
 says which program and knobs a shape gets. All compute ``C = A @ B`` for A [M, K] and B [K, N]
-(row-major) with float32 accumulation:
+(row-major) with float32 accumulation; ``precision`` is ``T.gemm``'s, for float32 operands
+(``"tf32"``: tensor cores may round them; ``"ieee"``: exact products):
 
 * ``tiled``: one block per output tile (the warp-specialized TMA ring on Hopper); 64-row tiles
   for small M, narrow tiles for small N.
@@ -33,7 +34,7 @@ import tilews.language as T
 
 @tilews.jit(out_idx=[-1])
 def tiled(M, N, K, block_M=128, block_N=128, block_K=64, num_stages=3, threads=128, swizzle=0,
-          dtype=T.bfloat16, out_dtype=T.bfloat16):
+          dtype=T.bfloat16, out_dtype=T.bfloat16, precision="tf32"):
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
@@ -46,14 +47,14 @@ def tiled(M, N, K, block_M=128, block_N=128, block_K=64, num_stages=3, threads=1
             for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
                 T.copy(A[by * block_M, k * block_K], A_s)
                 T.copy(B[k * block_K, bx * block_N], B_s)
-                T.gemm(A_s, B_s, C_f)
+                T.gemm(A_s, B_s, C_f, precision=precision)
             T.copy(C_f, C[by * block_M, bx * block_N])
     return main
 
 
 @tilews.jit(out_idx=[-1])
 def persistent(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256,
-               num_sms=132, group_size=8, dtype=T.bfloat16, out_dtype=T.bfloat16):
+               num_sms=132, group_size=8, dtype=T.bfloat16, out_dtype=T.bfloat16, precision="tf32"):
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), out_dtype)):
         with T.Kernel(num_sms, threads=threads) as block_id:
@@ -66,7 +67,7 @@ def persistent(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thre
                 for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
                     T.copy(A[bx * block_M, k * block_K], A_s)
                     T.copy(B[k * block_K, by * block_N], B_s)
-                    T.gemm(A_s, B_s, C_f)
+                    T.gemm(A_s, B_s, C_f, precision=precision)
                 T.copy(C_f, C[bx * block_M, by * block_N])
     return main
 
@@ -85,7 +86,7 @@ def split_width(N: int, block_N: int) -> int:
 
 @tilews.jit(out_idx=[-1])
 def split_k(M, N, K, splits=4, block_M=64, block_N=128, block_K=64, num_stages=4, threads=128,
-            dtype=T.bfloat16):
+            dtype=T.bfloat16, precision="tf32"):
     """Partial products in float32: W[:, s * Np : s * Np + N] = A[:, Ks] @ B[Ks, :] for the s-th
     slice Ks of K (Np = ``split_width(N, block_N)``; columns N..Np of each slice are zeros)."""
     per = k_tiles_per_split(K, block_K, splits)
@@ -96,13 +97,13 @@ def split_k(M, N, K, splits=4, block_M=64, block_N=128, block_K=64, num_stages=4
              W: T.Tensor((M, splits * Np), T.float32)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
-            _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages)
+            _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages, precision)
             T.copy(C_f, W[by * block_M, bz * Np + bx * block_N])
     return main
 
 
 @T.macro
-def _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages):
+def _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages, precision):
     """C_f = the product of A's row tile ``by`` and B's column tile ``bx`` (C_f's shape) over
     the ``per`` k tiles of K slice ``bz``, through a ``num_stages`` ring."""
     block_M, block_N = C_f.shape
@@ -112,7 +113,7 @@ def _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages):
     for k in T.Pipelined(per, num_stages=num_stages):
         T.copy(A[by * block_M, (bz * per + k) * block_K], A_s)
         T.copy(B[(bz * per + k) * block_K, bx * block_N], B_s)
-        T.gemm(A_s, B_s, C_f)
+        T.gemm(A_s, B_s, C_f, precision=precision)
 
 
 @tilews.jit(out_idx=[-1])
@@ -136,7 +137,7 @@ ARRIVAL_SLOTS = T.dynamic("arrival_slots")
 
 @tilews.jit(out_idx=[-2, -1])
 def split_k_fused(M, N, K, splits=2, block_M=16, block_N=64, block_K=128, num_stages=4, threads=128,
-                  dtype=T.bfloat16, out_dtype=T.bfloat16):
+                  dtype=T.bfloat16, out_dtype=T.bfloat16, precision="tf32"):
     """C = A @ B, K cut into ``splits`` slices, one block per (output tile, slice), summed in the
     same kernel. Each block stores its float32 partial into W (``split_k``'s layout), then adds 1
     to ``Arrivals[tile]`` (acq_rel, tiles numbered row by row); the block that sees
@@ -156,7 +157,7 @@ def split_k_fused(M, N, K, splits=2, block_M=16, block_N=64, block_K=128, num_st
              C: T.Tensor((M, N), out_dtype)):
         with T.Kernel(n_tiles, T.ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
             C_f = T.alloc_fragment((block_M, block_N), T.float32)
-            _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages)
+            _k_slice(A, B, C_f, bx, by, bz, per, block_K, num_stages, precision)
             T.copy(C_f, W[by * block_M, bz * Np + bx * block_N])
             tile = by * n_tiles + bx
             arrived = T.atomic_add(Arrivals[tile], 1, memory_order="acq_rel", return_prev=True)
@@ -241,7 +242,7 @@ class StreamK:
 
 
 @T.macro
-def _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages):
+def _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages, precision):
     """C_f = the product of A's row tile ``by`` and B's column tile ``bx`` over k tiles
     [k_lo, k_hi), through a ``num_stages`` ring of A_s and B_s."""
     block_M, block_K = A_s.shape
@@ -250,13 +251,13 @@ def _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages):
     for k in T.Pipelined(k_lo, k_hi, num_stages=num_stages):
         T.copy(A[by * block_M, k * block_K], A_s)
         T.copy(B[k * block_K, bx * block_N], B_s)
-        T.gemm(A_s, B_s, C_f)
+        T.gemm(A_s, B_s, C_f, precision=precision)
 
 
 @tilews.jit(out_idx=[-2, -1])
 def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, threads=256,
              num_sms=132, group_size=16, sk_waves=0, shared_first=False, dtype=T.bfloat16,
-             out_dtype=T.bfloat16):
+             out_dtype=T.bfloat16, precision="tf32"):
     """C = A @ B on ``num_sms`` persistent blocks, the tiles of the last partial wave shared
     out by k iterations (``StreamK``), so no block idles while others finish a wave. Each block
     runs its whole tiles, then its segments of the shared tiles (``shared_first``: the other
@@ -292,7 +293,7 @@ def stream_k(M, N, K, block_M=128, block_N=256, block_K=64, num_stages=3, thread
             for u in T.Persistent([sk.units], num_sms, b):
                 t, k_lo, k_hi = sk.unit(b, u, shared_first)
                 by, bx = T.grouped_tile(t, [tm, tn], group_size)
-                _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages)
+                _k_range(A, B, A_s, B_s, C_f, by, bx, k_lo, k_hi, num_stages, precision)
                 C_tile = C[by * block_M, bx * block_N]
                 if k_hi - k_lo == ipt:
                     T.copy(C_f, C_tile)
@@ -341,7 +342,7 @@ def _sum_partials(C_f, W, rows, start, stop):
 
 @tilews.jit(out_idx=[-1])
 def swap_ab(M, N, K, block_N=128, block_M=32, block_K=64, num_stages=6, threads=128,
-            dtype=T.bfloat16, out_dtype=T.bfloat16):
+            dtype=T.bfloat16, out_dtype=T.bfloat16, precision="tf32"):
     """C^T tiles: [block_N, block_M] = B[:, n-tile]^T @ A[m-tile, :]^T, stored transposed."""
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), out_dtype)):
@@ -353,7 +354,7 @@ def swap_ab(M, N, K, block_N=128, block_M=32, block_K=64, num_stages=6, threads=
             for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
                 T.copy(A[by * block_M, k * block_K], A_s)
                 T.copy(B[k * block_K, bx * block_N], B_s)
-                T.gemm(B_s, A_s, Ct_f, transpose_A=True, transpose_B=True)
+                T.gemm(B_s, A_s, Ct_f, transpose_A=True, transpose_B=True, precision=precision)
             for i, j in T.Parallel(block_N, block_M):
                 C[by * block_M + j, bx * block_N + i] = Ct_f[i, j]
     return main

@@ -1,5 +1,13 @@
-"""``tilews.ops.matmul(a, b, out_dtype=None)``: C = A @ B for fp16/bf16 A [M, K] and B [K, N],
+"""``tilews.ops.matmul(a, b, out_dtype=None)``: C = A @ B for fp16/bf16/fp32 A [M, K] and B [K, N],
 with the GEMM program and knobs (``Schedule``) picked per shape.
+
+float32 operands are multiplied as ``torch.matmul`` multiplies them: on tensor cores that round
+them to tf32 when ``torch.backends.cuda.matmul.allow_tf32`` is set (read at each call, part of
+every key below), exactly otherwise. The choice is the programs' ``T.gemm(precision=...)``
+(``"tf32"`` / ``"ieee"``): on Hopper exact float32 never runs on wgmma (``legalize_wgmma``
+refuses it; ``tl.dot(input_precision="ieee")``), and the programs' N-major B tile keeps tf32 off
+wgmma too (``tl.dot(input_precision="tf32")``). CPU tensors (tilews's interpreter) are exact
+either way.
 
 Choosing (once per M bucket, N, K, dtypes and device; ``schedule.bucket``): the tuned winner
 kept for that bucket (in memory, else on disk under ``<tilews cache dir>/ops/matmul/``, keyed by
@@ -12,7 +20,7 @@ and stream_k are one kernel given this stream's arrival counters (``arrivals``).
 on tilews's interpreter.
 
 Calling: the first call of a kind (each operand's shape, strides, dtype, device and
-``requires_grad``, and ``out_dtype``) checks the arguments (errors name the argument:
+``requires_grad``, ``out_dtype``, and for float32 operands ``allow_tf32``) checks the arguments (errors name the argument:
 ``TypeError`` for a dtype or a non-tensor, ``ValueError`` for shapes and devices), plans it (the
 runner of its (bucket, N, K, dtypes, devices), chosen as above) and keeps a call for that kind:
 the kernel's argument binding fixed to that signature (``Binder.bound``: no signature key or
@@ -64,18 +72,18 @@ from .schedule import Schedule, bucket, candidates, heuristic
 from .winners import Winners, attempt, device_name, fastest
 
 
-_OPERANDS = (torch.float16, torch.bfloat16)
+_OPERANDS = (torch.float16, torch.bfloat16, torch.float32)
 _OUTPUTS = (torch.float16, torch.bfloat16, torch.float32)
 _M = T.dynamic("M")
 
 Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # the hot path's one lookup: (a's shape, strides, dtype, device, requires_grad, b's, out_dtype as
-# given) -> the call for that kind; only checked kinds are stored
+# given, tf32 allowed for float32 operands) -> the call for that kind; only checked kinds are stored
 _calls: dict[tuple, Call] = {}
-# _plan_key (bucket(M), K, b.shape, dtypes, out_dtype as given, devices) -> runner: a new kind's
-# plan; only checked, non-empty argument kinds are stored
+# _plan_key (bucket(M), K, b.shape, dtypes, out_dtype as given, devices, precision) -> runner: a
+# new kind's plan; only checked, non-empty argument kinds are stored
 _plans: dict[tuple, Runner] = {}
-# (schedule, N, K, dtype, out_dtype, device type) -> runner
+# (schedule, N, K, dtype, out_dtype, device type, precision) -> runner
 _kernels: dict[tuple, Runner] = {}
 # (schedule, and the operands' kind as in _calls) -> the call: ``run``'s one lookup
 _scheduled: dict[tuple, Call] = {}
@@ -84,14 +92,16 @@ _winners = Winners("matmul", Schedule.from_text)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``a @ b`` for fp16/bf16 a [M, K] and b [K, N] (the same dtype), in ``out_dtype``
-    (float16, bfloat16 or float32; default a's dtype) with float32 accumulation (module
+    """``a @ b`` for fp16/bf16/fp32 a [M, K] and b [K, N] (the same dtype), in ``out_dtype``
+    (float16, bfloat16 or float32; default a's dtype) with float32 accumulation; float32
+    operands in tf32 when ``torch.backends.cuda.matmul.allow_tf32`` is set (module
     docstring)."""
     if torch.compiler.is_compiling():
         return torch.ops.tilews.matmul(a, b, out_dtype)
     try:
         key = (a.shape, a.stride(), a.dtype, a.device, a.requires_grad,
-               b.shape, b.stride(), b.dtype, b.device, b.requires_grad, out_dtype)
+               b.shape, b.stride(), b.dtype, b.device, b.requires_grad, out_dtype,
+               a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32)
         call = _calls[key]
     except KeyError:
         return _first_call(key, a, b, out_dtype)
@@ -111,7 +121,7 @@ def _first_call(key: tuple, a, b, out_dtype) -> torch.Tensor:
         call = functools.partial(_zeros, (M, N), out)
         result = call(a, b)
     else:
-        result, call = _plan(a, b, out_dtype, M, N, K, out).direct(a, b)
+        result, call = _plan(a, b, out_dtype, M, N, K, out, _precision(a.dtype, key[-1])).direct(a, b)
     remember(_calls, key, call)
     return result
 
@@ -128,23 +138,36 @@ def _zeros(shape, dtype, a, b) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, device=a.device)
 
 
-def _plan(a, b, out_dtype, M, N, K, out) -> Runner:
+def _precision(dtype: torch.dtype, tf32: bool) -> str:
+    """``T.gemm``'s precision for operands of ``dtype``: for float32 ``"tf32"`` where
+    ``allow_tf32`` (``tf32``) is set, else ``"ieee"``; ``"tf32"``, the default and without
+    effect, for 16-bit operands."""
+    return "ieee" if dtype is torch.float32 and not tf32 else "tf32"
+
+
+def _call_precision(dtype: torch.dtype) -> str:
+    """The precision of a call now (``allow_tf32`` read at the call)."""
+    return _precision(dtype, torch.backends.cuda.matmul.allow_tf32)
+
+
+def _plan(a, b, out_dtype, M, N, K, out, precision: str) -> Runner:
     """The runner of checked, non-empty ``a`` and ``b``: chosen once per ``_plan_key`` (with
     ``TILEWS_TUNE=1``, after tuning the bucket if nothing is stored for it)."""
-    key = _plan_key(a, b, out_dtype)
+    key = _plan_key(a, b, out_dtype, precision)
     runner = _plans.get(key)
     if runner is None:
         settings = Settings.from_env()
-        if settings.tune and _winners.get(_tuning_key(M, N, K, a.dtype, out, a.device), settings) is None:
+        tuning = _tuning_key(M, N, K, a.dtype, out, a.device, precision)
+        if settings.tune and _winners.get(tuning, settings) is None:
             tune(a, b, out_dtype)
-        schedule = _choice(M, N, K, a.dtype, out, a.device, settings)
-        runner = _plans[key] = _runner(schedule, N, K, a.dtype, out, a.device.type)
+        schedule = _choice(M, N, K, a.dtype, out, a.device, settings, precision)
+        runner = _plans[key] = _runner(schedule, N, K, a.dtype, out, a.device.type, precision)
     return runner
 
 
-def _plan_key(a, b, out_dtype) -> tuple:
+def _plan_key(a, b, out_dtype, precision: str) -> tuple:
     M, K = a.shape
-    return bucket(M), K, b.shape, a.dtype, b.dtype, out_dtype, a.device, b.device
+    return bucket(M), K, b.shape, a.dtype, b.dtype, out_dtype, a.device, b.device, precision
 
 
 def check(a, b, out_dtype, op: str = "matmul") -> tuple[int, int, int, torch.dtype]:
@@ -157,8 +180,8 @@ def check(a, b, out_dtype, op: str = "matmul") -> tuple[int, int, int, torch.dty
             raise ValueError(f"{op}(): '{name}' must be a 2-d tensor, got {t.dim()}-d "
                              f"{list(t.shape)}")
         if t.dtype not in _OPERANDS or t.dtype != a.dtype:
-            raise TypeError(f"{op}(): '{name}' is {t.dtype}; a and b must both be torch.float16 "
-                            f"or both torch.bfloat16 (a is {a.dtype})")
+            raise TypeError(f"{op}(): '{name}' is {t.dtype}; a and b must both be torch.float16, "
+                            f"both torch.bfloat16 or both torch.float32 (a is {a.dtype})")
     out = a.dtype if out_dtype is None else out_dtype
     if out not in _OUTPUTS:
         raise TypeError(f"{op}(): out_dtype must be torch.float16, torch.bfloat16 or "
@@ -177,7 +200,7 @@ def run(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype], sche
     kind of call, and then called as directly as ``matmul``'s cached calls)."""
     try:
         key = (schedule, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
-               b.device, out_dtype)
+               b.device, out_dtype, a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32)
         call = _scheduled[key]
     except KeyError:
         pass
@@ -193,7 +216,8 @@ def run(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype], sche
         call = functools.partial(_zeros, (M, N), out)
         result = call(a, b)
     else:
-        result, call = _runner(schedule, N, K, a.dtype, out, a.device.type).direct(a, b)
+        precision = _precision(a.dtype, key[-1])
+        result, call = _runner(schedule, N, K, a.dtype, out, a.device.type, precision).direct(a, b)
     remember(_scheduled, key, call)
     return result
 
@@ -202,12 +226,12 @@ def matmul_schedule(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.
     """The schedule ``matmul`` uses for inputs like these: the tuned winner of their bucket, else
     the heuristic's (this never tunes)."""
     M, N, K, out = check(a, b, out_dtype, "matmul_schedule")
-    return _choice(M, N, K, a.dtype, out, a.device, Settings.from_env())
+    return _choice(M, N, K, a.dtype, out, a.device, Settings.from_env(), _call_precision(a.dtype))
 
 
-def _choice(M, N, K, dtype, out, device, settings: Settings) -> Schedule:
+def _choice(M, N, K, dtype, out, device, settings: Settings, precision: str) -> Schedule:
     """The bucket's tuned winner, else the heuristic's guess for the bucket's M."""
-    return (_winners.get(_tuning_key(M, N, K, dtype, out, device), settings)
+    return (_winners.get(_tuning_key(M, N, K, dtype, out, device, precision), settings)
             or heuristic(bucket(M), N, K, dtype, out, tilews.num_sms(), device.type == "cuda"))
 
 
@@ -262,20 +286,20 @@ class Runner:
 
 
 def _runner(schedule: Schedule, N: int, K: int, dtype: torch.dtype, out: torch.dtype,
-            device_type: str) -> Runner:
-    key = (schedule, N, K, dtype, out, device_type)
+            device_type: str, precision: str) -> Runner:
+    key = (schedule, N, K, dtype, out, device_type, precision)
     found = _kernels.get(key)
     if found is None:
         found = _kernels[key] = _build(schedule, N, K, dtypes.from_torch(dtype),
-                                       dtypes.from_torch(out), device_type)
+                                       dtypes.from_torch(out), device_type, precision)
     return found
 
 
-def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str) -> Runner:
+def _build(s: Schedule, N: int, K: int, dtype, out, device_type: str, precision: str) -> Runner:
     """The compiled kernel(s) of ``s`` with a runtime M (stream_k's: per M, ``PerM``)."""
     target = "auto" if device_type == "cuda" else "interpret"
     blocks = dict(block_M=s.block_M, block_N=s.block_N, block_K=s.block_K, num_stages=s.num_stages,
-                  threads=s.threads)
+                  threads=s.threads, precision=precision)
     program = functools.partial(_program, target=target, registers=s.registers)
     if s.program == "split_k":
         partial = program("split_k")(_M, N, K, splits=s.splits, dtype=dtype, **blocks)
@@ -343,18 +367,23 @@ def tune(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = No
     a, b = a.contiguous(), b.contiguous()
     gpu = a.device.type == "cuda"
     space = candidates(bucket(M), N, K, a.dtype, out, tilews.num_sms(), gpu)
-    runners = compile_each(space, lambda s: attempt(_runner, s, N, K, a.dtype, out, a.device.type))
+    precision = _call_precision(a.dtype)
+    runners = compile_each(space, lambda s: attempt(_runner, s, N, K, a.dtype, out, a.device.type,
+                                                    precision))
     runs = [r if isinstance(r, Exception) else functools.partial(r, a, b) for r in runners]
     best, best_ms = fastest("tune", space, runs, torch.matmul(a.float(), b.float()),
                             warmup=warmup, rep=rep)
-    _winners.put(_tuning_key(M, N, K, a.dtype, out, a.device), best, best_ms, Settings.from_env())
+    _winners.put(_tuning_key(M, N, K, a.dtype, out, a.device, precision), best, best_ms,
+                 Settings.from_env())
     _plans.clear()          # calls planned before pick the winner up at their next call
     _calls.clear()
     return best
 
 
-def _tuning_key(M, N, K, dtype, out, device) -> tuple:
-    return (device_name(device), str(dtype), str(out), N, K, bucket(M))
+def _tuning_key(M, N, K, dtype, out, device, precision: str) -> tuple:
+    """float32 operands' precision is part of the dtype's field (16-bit keys are unchanged)."""
+    operands = f"{dtype}/{precision}" if dtype is torch.float32 else str(dtype)
+    return (device_name(device), operands, str(out), N, K, bucket(M))
 
 
 # --- torch.library ---------------------------------------------------------------------------------

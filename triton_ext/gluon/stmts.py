@@ -204,6 +204,10 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
     else:
         a = _smem(ctx, s.a, s.loc) + (".permute((1, 0))" if s.transpose_a else "")
     use = ", use_acc=False" if s.clear_accum else ""
+    if s.a.buffer.dtype is ir.DType.F32 and s.precision is not ir.GemmPrecision.TF32:
+        raise InternalError(f"gluon backend: wgmma has no {s.precision.value} float32 form", s.loc)
+    # float32 operands: tf32, Triton's default input precision. (Triton 3.6's warpgroup_mma
+    # cannot take precision= from a kernel: its constexpr reaches str.lower.)
     ctx.line(f"{c} = warpgroup_mma({a}, {b}, {c}{use}, is_async=True)")
     ctx.defined.add(s.c.buffer.name)
 

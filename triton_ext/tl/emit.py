@@ -132,6 +132,8 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
     if not s.clear_accum:
         cur = tiles.tile_value(ctx, s.c, s.loc)
         args += f", acc={cur if acc == c.dtype else f'{cur}.to({TL_DTYPE[acc]})'}"
+    if s.a.buffer.dtype is ir.DType.F32:      # float32 operands: the precision the IR recorded
+        args += f", input_precision=\"{s.precision.value}\""
     tiles.assign(ctx, c, f"tl.dot({args}, out_dtype={TL_DTYPE[acc]})", s.c.tile_shape, acc)
 
 
