@@ -313,7 +313,7 @@ def test_lowered_structure(case):
     # completes when both consumer warp groups (256 threads: every consumer role) released a stage
     # (split consumers take turns issuing their gemms: one arrival per phase of each 'turns' barrier)
     counts = dict(plan.barrier_counts)
-    turns = {"turns": (1,) * len(cons)} if (len(cons) > 1 and SCHEDULES[case.schedule].pingpong
+    turns = {"turns": (1,) * len(cons)} if (len(cons) > 1 and SCHEDULES[case.schedule].policy.pingpong
                                             and not case.explicit) else {}
     assert counts == {q_bar: (1,), **{full[x]: (1,) * case.stages for x in "KV"},
                       **{empty[x]: (len(cons),) * case.stages for x in "KV"}, **turns}
@@ -340,7 +340,7 @@ def test_lowered_structure(case):
         assert all(g.a.buffer.name == q_shared and g.b.buffer.name.startswith("K") and g.transpose_b for g in qk)
         assert all(g.b.buffer.name.startswith("V") and g.a.buffer.dtype == g.b.buffer.dtype for g in pv)
         assert all(g.instr is ir.GemmInstr.WGMMA for g in qk + pv)
-        if not SCHEDULES[case.schedule].overlap_softmax:
+        if not SCHEDULES[case.schedule].policy.overlap_softmax:
             assert len(pv) == 1
         # the epilogue: registers -> shared, fence, TMA store of this role's rows, wait
         kinds = [type(s).__name__ for s in r.body.stmts[-4:]]
@@ -472,12 +472,12 @@ def test_compiled_attention(name):
     assert sorted(int(b) for b in re.findall(r"ttng\.barrier_expect %\w+, (\d+)", ttgir)) == \
         sorted([bm * D * 2, *rings])
     # ... plus one per split consumer role taking turns (pingpong)
-    taking_turns = k.find_plan(ConsumerSplit) is not None and SCHEDULES[c.schedule].pingpong
+    taking_turns = k.find_plan(ConsumerSplit) is not None and SCHEDULES[c.schedule].policy.pingpong
     turns = len(consumers(k)) if taking_turns else 0
     assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 1 + 2 * len(rings) * c.stages + turns
     # the deferred P V (overlap_softmax): Q K^T of block k completes while P V of block k - 1 is
     # still in flight (wait for all but one), then P V (wait for none)
-    deferred = SCHEDULES[c.schedule].overlap_softmax
+    deferred = SCHEDULES[c.schedule].policy.overlap_softmax
     assert bool(re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)) == deferred
     # wgmma: a consumer role of G warp groups computes its R rows as R / (64 G) 64-row slabs per
     # warp group, and the PTX holds one program text per role (every warp group of the role runs

@@ -102,13 +102,17 @@ def test_triton_failing_on_generated_code_is_an_internal_error(monkeypatch):
     assert error.startswith(str(e.value)) and "AttributeError" in error and "Traceback" in error
 
 
-def test_a_pass_raising_a_python_error_is_an_internal_error(monkeypatch):
-    """A plain ``KeyError`` inside a pass (legalize's decision for one statement)."""
+@pytest.fixture
+def key_error_in_legalize(monkeypatch):
+    """A plain ``KeyError`` planted inside a pass (legalize's decision for one statement)."""
     from tilews.lowering.passes import legalize
 
     def planted(s, env):
         raise KeyError("planted")
     monkeypatch.setattr(legalize, "_mask_low", planted)
+
+
+def test_a_pass_raising_a_python_error_is_an_internal_error(key_error_in_legalize):
     with pytest.raises(tilews.InternalError) as e:
         tilews.jit(out_idx=[-1], target="interpret")(doubler)(64)
     text = assert_reports_a_bug(e, LOOP)   # the statement legalize was deciding
@@ -121,13 +125,9 @@ def test_a_pass_raising_a_python_error_is_an_internal_error(monkeypatch):
     assert "KeyError: 'planted'" in (folder / "error.txt").read_text()
 
 
-def test_without_the_disk_cache_the_reproducer_goes_to_a_temporary_folder(monkeypatch):
+def test_without_the_disk_cache_the_reproducer_goes_to_a_temporary_folder(key_error_in_legalize,
+                                                                         monkeypatch):
     import tempfile
-    from tilews.lowering.passes import legalize
-
-    def planted(s, env):
-        raise KeyError("planted")
-    monkeypatch.setattr(legalize, "_mask_low", planted)
     monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1")
     with pytest.raises(tilews.InternalError) as e:
         tilews.jit(out_idx=[-1], target="interpret")(doubler)(64)

@@ -179,8 +179,8 @@ def test_register_copies_switch():
     services = Services(None, Settings.from_env())
     on = chain("hopper", services, resolve({"tl.enable_lower_ldgstg": True}))
     off = chain("hopper", services, resolve({}))
-    assert [b.target.register_copies for b in on] == [True, True]
-    assert [b.target.register_copies for b in off] == [False, False]
+    assert [b.config.codegen.register_copies for b in on] == [True, True]
+    assert [b.config.codegen.register_copies for b in off] == [False, False]
     assert on[0].fingerprint() != off[0].fingerprint()
     k = tilews.jit(out_idx=[-1], target="triton",
                    pass_configs={"tl.enable_lower_ldgstg": True})(matmul)(32, 32, 32)
