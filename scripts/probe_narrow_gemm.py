@@ -100,7 +100,7 @@ def handwritten(M, N, K, a, b, sms):
     cands = {"ops.matmul": tilews.ops.matmul}
     sched = matmul_schedule(a, b)
     if sched.program == "split_k":
-        part = _runner(sched, N, K, a.dtype, a.dtype, "cuda").kernels[0]
+        part = _runner(sched, N, K, a.dtype, a.dtype, "cuda", "tf32").kernels[0]
         cands[f"partial only ({sched})"] = lambda x, y, p=part: p(x, y)
     BM = 16 if M <= 16 else (32 if M <= 32 else 64)
     for BN in (64, 128):

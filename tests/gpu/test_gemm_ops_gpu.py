@@ -149,7 +149,7 @@ def test_split_k_fused_is_deterministic_and_keeps_streams_apart(text, M, backend
     from tilews.ops.arrivals import _counters
     from tilews.ops.matmul import _runner
     schedule = Schedule.from_text(text)
-    runner = _runner(schedule, 4096, 4096, torch.bfloat16, torch.bfloat16, "cuda")
+    runner = _runner(schedule, 4096, 4096, torch.bfloat16, torch.bfloat16, "cuda", "tf32")
     runner = runner.runner(M) if schedule.program == "stream_k" else runner
     assert runner.kernels[0].report.backend == backend
     a, b = _inputs(M, 4096, 4096)
