@@ -55,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tilews.ops as ops
-from tilews.ops.schedule import (FUSED_MIN_K_TILES, MAX_SPLITS, PROGRAMS, SMEM_BYTES,
+from tilews.ops.schedule import (FLOAT32, FUSED_MIN_K_TILES, MAX_SPLITS, PROGRAMS, SMEM_BYTES,
                                  REGISTER_STAGED, SPLIT_K_MIN_K_TILES, SPLITTING, STREAM_K,
                                  STREAM_K_MAX_TAIL,
                                  Schedule, bucket, candidates, fit_stages, heuristic)
@@ -158,6 +158,20 @@ def test_heuristic_on_cpu_and_with_float32_out():
         "tiled 64x64x32 s2 t128"
     # the 128x256 float32 output tile takes shared memory from the ring
     assert heuristic(4096, 4096, 4096, torch.bfloat16, torch.float32, 132, True).num_stages == 2
+
+
+@pytest.mark.parametrize("precision, want", [("ieee", "tiled 64x128x32 s4 t128"),
+                                              ("tf32", "tiled 128x128x32 s4 t256")])
+def test_float32_operands_get_their_own_tiles(precision, want):
+    """float32 runs on the tl path on Hopper: k-blocks of 32 (stages fit), per precision, above
+    the narrow rows (which keep their 16-bit picks); the tuning space holds both."""
+    narrow = heuristic(16, 4096, 4096, torch.float32, torch.float32, 132, True, precision)
+    assert narrow.program == "split_k_fused" and narrow.block_M == 16
+    for M, N, K in ((4096, 4096, 4096), (1000, 1100, 1234), (128, 4096, 4096)):
+        pick = heuristic(M, N, K, torch.float32, torch.float32, 132, True, precision)
+        assert str(pick) == want
+        space = candidates(M, N, K, torch.float32, torch.float32, 132, True, precision)
+        assert space[0] == pick and {str(s) for s in FLOAT32.values()} <= {str(s) for s in space}
 
 
 SHAPES = [(M, N, K) for M in (1, 16, 32, 64, 128, 512, 2048, 8192)

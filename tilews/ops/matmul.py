@@ -232,7 +232,7 @@ def matmul_schedule(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.
 def _choice(M, N, K, dtype, out, device, settings: Settings, precision: str) -> Schedule:
     """The bucket's tuned winner, else the heuristic's guess for the bucket's M."""
     return (_winners.get(_tuning_key(M, N, K, dtype, out, device, precision), settings)
-            or heuristic(bucket(M), N, K, dtype, out, tilews.num_sms(), device.type == "cuda"))
+            or heuristic(bucket(M), N, K, dtype, out, tilews.num_sms(), device.type == "cuda", precision))
 
 
 # --- building -------------------------------------------------------------------------------------
@@ -366,8 +366,8 @@ def tune(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = No
         raise ValueError(f"tune(): nothing to tune in an empty product (M, N, K = {M}, {N}, {K})")
     a, b = a.contiguous(), b.contiguous()
     gpu = a.device.type == "cuda"
-    space = candidates(bucket(M), N, K, a.dtype, out, tilews.num_sms(), gpu)
     precision = _call_precision(a.dtype)
+    space = candidates(bucket(M), N, K, a.dtype, out, tilews.num_sms(), gpu, precision)
     runners = compile_each(space, lambda s: attempt(_runner, s, N, K, a.dtype, out, a.device.type,
                                                     precision))
     runs = [r if isinstance(r, Exception) else functools.partial(r, a, b) for r in runners]

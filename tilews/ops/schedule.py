@@ -156,8 +156,19 @@ REBALANCE_SPLITS = 3        # at most this many slices to even out a tiling that
 SMEM_BYTES = SM90.smem_bytes   # shared memory of one block on Hopper (stages are cut to fit)
 
 
+# float32 operands run on the tl path on Hopper (the programs' N-major B tiles keep wgmma's tf32
+# form off: it needs K-major tiles), where the 16-bit tiles hold one or two stages of 64-wide
+# k-blocks and, for exact products, FMA a 128x256 tile at ~1.5 TFLOP/s. Measured on an H200
+# (scripts/probe_float32_matmul.py, 3 interleaved rounds, ratio to torch.matmul at 4096^3 /
+# 1000x1100x1234): exact, 64x128x32 0.89x / 0.60x (the 16-bit pick: 0.03x / 0.13x); TF32,
+# 128x128x32 with two warp groups 0.22x / 0.87x (0.21x / 0.34x). For M <= NARROW_M_MAX the
+# 16-bit narrow picks stay (16x4096x4096: 1.15x TF32, 2.65x exact).
+FLOAT32 = {"ieee": Schedule("tiled", 64, 128, 32, 4, 128),
+           "tf32": Schedule("tiled", 128, 128, 32, 4, 256)}
+
+
 def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype, num_sms: int,
-              gpu: bool) -> Schedule:
+              gpu: bool, precision: str = "tf32") -> Schedule:
     """The first guess for C[M, N] = A[M, K] @ B[K, N]; the first rule that applies wins:
 
     ==========================================================  ===============================
@@ -165,6 +176,7 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
     M <= NARROW_M_MAX, N's 64x256 (else 64x128) tiles fill      tiled 64x256 (64x128)
     M <= NARROW_M_MAX                                           split_k_fused 16 (32) x 64 x 128,
                                                                 NARROW_FILL blocks per SM
+    float32 operands                                            FLOAT32[precision]
     128x256 tiles at least one per SM                           persistent 128x256x64
     the largest of TILES whose count fills the SMs              that tile, or split_k of it
                                                                 when its last wave is mostly
@@ -183,6 +195,8 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
     if M <= NARROW_M_MAX:
         wide = next((t for t in NARROW_M if t.output_tiles(M, N) >= 0.5 * fill), None)
         pick = wide or _narrow_split(M, N, K, num_sms) or NARROW_M[-1]
+    elif dtype is torch.float32:    # on the tl path: no TMA, so no alignment rule either
+        return fit_stages(FLOAT32[precision], dtype, out_dtype)
     elif PERSISTENT.output_tiles(M, N) >= num_sms:
         pick = PERSISTENT
     else:
@@ -254,7 +268,7 @@ def fit_stages(s: Schedule, dtype: torch.dtype, out_dtype: torch.dtype) -> Sched
 
 
 def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype, num_sms: int,
-               gpu: bool) -> list[Schedule]:
+               gpu: bool, precision: str = "tf32") -> list[Schedule]:
     """The schedules ``tilews.ops.tune`` times for this shape: the heuristic's first, then the
     tile shapes, persistent, stream_k (where 128x256 tiles leave a last wave at most
     ``STREAM_K_MAX_TAIL`` full), split_k (2, 3, 4, 8 slices where K allows), split_k_fused (64x128
@@ -262,7 +276,7 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
     128x64 in 4), for M <= 64, swap_ab, and where TMA cannot take the rows, ``REGISTER_STAGED``;
     each at most once. On the CPU a handful of small
     ones, one per program."""
-    first = heuristic(M, N, K, dtype, out_dtype, num_sms, gpu)
+    first = heuristic(M, N, K, dtype, out_dtype, num_sms, gpu, precision)
     if not gpu:
         space = [Schedule("tiled", 32, 64, 32, 2, 128), Schedule("persistent", 64, 64, 32, 2, 128, group=2),
                  Schedule("stream_k", 32, 64, 32, 2, 128, group=2)]
@@ -286,4 +300,6 @@ def candidates(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtyp
     space += [f for f in fused if K >= f.splits * FUSED_MIN_K_TILES * f.block_K]
     if not _aligned(N, K, dtype, out_dtype):
         space += [s for s in REGISTER_STAGED if s.splits == 1 or _k_splits(s, K)]
+    if dtype is torch.float32:
+        space += FLOAT32.values()
     return list(dict.fromkeys([first, *(fit_stages(s, dtype, out_dtype) for s in space)]))
