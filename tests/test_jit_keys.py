@@ -190,6 +190,16 @@ def test_the_factory_keys_arguments_by_parameter_name():
     assert factory(N, [1, 2]) is factory(N, factor=[1, 2]) is factory(n=N, factor=[1, 2])
 
 
+def test_the_factorys_quick_memo_keeps_kinds_and_float_bits_apart():
+    """Flat arguments seen before are found without binding (keys.call_key): the second call of
+    each value is the first's kernel, and values Python calls equal stay apart."""
+    values = (True, 1, 1.0, 0.0, -0.0, T.float16, torch.float16)
+    first = [compiled("factory", v) for v in values]
+    assert len({id(k) for k in first}) == len(values)
+    assert all(factory(N, v) is k for v, k in zip(values, first))
+    assert factory(N, factor=1) is factory(n=N, factor=1) is first[1]
+
+
 def test_compile_kernel_takes_a_request_and_a_config():
     @T.prim_func
     def double(A: T.Tensor((N,), T.float32), C: T.Tensor((N,), T.float32)):

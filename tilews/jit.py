@@ -189,10 +189,22 @@ class KernelFactory(JitFunction):
     def __init__(self, *a):
         super().__init__(*a)
         self.signature = inspect.signature(self.fn)
+        self._calls: dict = {}        # keys.call_key -> the kernel (calls of flat values)
 
     def __call__(self, *args, **kwargs) -> Kernel:
         """Keyed on the arguments by parameter name, defaults applied (``f(1, n=2)`` and
-        ``f(1, 2)`` are one key); unhashable ones compile without the memo."""
+        ``f(1, 2)`` are one key); unhashable ones compile without the memo. A call of flat values
+        seen before is found by ``keys.call_key`` without binding."""
+        quick = keys.call_key(args, kwargs)
+        kernel = self._calls.get(quick) if quick is not None else None
+        if kernel is not None:
+            return kernel
+        kernel = self._bound_call(args, kwargs)
+        if quick is not None:
+            self._calls[quick] = kernel
+        return kernel
+
+    def _bound_call(self, args: tuple, kwargs: dict) -> Kernel:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:

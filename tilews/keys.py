@@ -49,6 +49,29 @@ def frozen(value):
     return (type(value), value)
 
 
+_FLAT = (bool, int, float, str, type(None))
+
+
+def call_key(args: tuple, kwargs: dict):
+    """A quick key of a call whose arguments are all flat values (``bool``, ``int``, ``float``,
+    ``str``, ``None``, enums, torch dtypes), each with its type (so ``True``, ``1`` and ``1.0``
+    differ, as in ``frozen``; floats by their bits); ``None`` for any other call. Two calls with one ``call_key`` have
+    one ``specialization_key``: a memo in front of the one key, for the factory style's hot path
+    (binding to parameter names costs microseconds)."""
+    for v in args:
+        if type(v) not in _FLAT and not isinstance(v, (enum.Enum, torch.dtype)):
+            return None
+    for v in kwargs.values():
+        if type(v) not in _FLAT and not isinstance(v, (enum.Enum, torch.dtype)):
+            return None
+    return (tuple(map(_typed, args)), tuple((k, _typed(v)) for k, v in kwargs.items()))
+
+
+def _typed(v):
+    """A flat value with its type; a float by its bits (``-0.0`` is not ``0.0``)."""
+    return (type(v), v.hex() if type(v) is float else v)
+
+
 def specialization_key(values: Mapping[str, Any]) -> tuple:
     """The key of a specialization made of named values (each style's build-time arguments,
     ``T.const`` values, bound dims, target): ``(name, frozen(value))`` pairs in name order.
