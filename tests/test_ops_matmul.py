@@ -558,9 +558,23 @@ def test_a_bound_binding_still_checks_alignment(fresh):
 
 
 # --- float32 operands ------------------------------------------------------------------------------
+@pytest.fixture
+def set_tf32():
+    """Sets ``torch.backends.cuda.matmul.allow_tf32`` and restores it afterwards. Assigned, not
+    monkeypatched: the flag is a computed attribute of torch's cuBLAS module object, and in CI's
+    fresh environment pytest's undo found nothing to put back and tried to delete it."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+
+    def set_flag(value: bool) -> None:
+        matmul.allow_tf32 = value
+    yield set_flag
+    matmul.allow_tf32 = before
+
+
 @pytest.fixture(params=[False, True], ids=["ieee", "tf32"])
-def allow_tf32(request, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", request.param)
+def allow_tf32(request, set_tf32):
+    set_tf32(request.param)
     return request.param
 
 
@@ -582,16 +596,16 @@ def test_float32_every_schedule(fresh, text):
     assert_product(ops.run(a, b, None, Schedule.from_text(text)), a, b, torch.float32)
 
 
-def test_allow_tf32_is_read_at_each_call(fresh, monkeypatch):
+def test_allow_tf32_is_read_at_each_call(fresh, set_tf32):
     a, b = operands(70, 80, 96, torch.float32)
     for flag in (False, True, False):
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", flag)
+        set_tf32(flag)
         assert_product(ops.matmul(a, b), a, b, torch.float32)
     assert len(mm._calls) == 2 and sorted(k[-1] for k in mm._plans) == ["ieee", "tf32"]
     # 16-bit operands: the flag changes nothing
     h = [t.half() for t in (a, b)]
     ops.matmul(*h)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    set_tf32(True)
     ops.matmul(*h)
     assert len(mm._calls) == 3
 
