@@ -40,7 +40,6 @@ import ast
 import atexit
 import ctypes
 import functools
-import hashlib
 import os
 import pathlib
 import re
@@ -54,6 +53,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from tilews.lowering.digest import cache_key
 from tilews.lowering.settings import Settings
 
 from .source import ATTRIBUTES, MslKernel
@@ -120,7 +120,7 @@ def build(kernel: MslKernel, sanitizer: Optional[str] = None) -> "HarnessKernel"
         _check_sanitizer(cxx, sanitizer)
     text = translation_unit(kernel)
     flags = _COMMON_FLAGS + _FLAGS[sanitizer]
-    key = _key("tilews.metal.harness", 1, text, HEADER.read_text(), cxx, _version(cxx), flags)
+    key = cache_key("tilews.metal.harness", 1, text, HEADER.read_text(), cxx, _version(cxx), flags)
     path, seconds = _compiled(kernel.name, text, cxx, flags, key, ".so" if sanitizer is None else ".exe")
     return HarnessKernel(kernel, sanitizer, path, seconds)
 
@@ -297,11 +297,6 @@ def _check_threadgroup_memory(kernel: MslKernel) -> None:
 # ---- compiling and caching -----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def _key(*parts) -> str:
-    """The sha256 of ``parts`` (strings, ints and tuples of strings: ``repr`` is stable for them)."""
-    return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def _version(cxx: str) -> str:
     proc = subprocess.run([cxx, "--version"], capture_output=True, text=True)
     return proc.stdout.splitlines()[0] if proc.stdout else ""

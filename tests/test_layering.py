@@ -265,7 +265,7 @@ def test_the_graph_counts_function_level_imports():
 
 # the IR and what every stage shares: no frontend, no pass, reached in any number of steps
 CORE = ("ir", "dtypes", "loc", "errors", "printer", "verify", "plans", "traverse", "simplify",
-        "layouts", "capabilities", "config", "pipeline", "settings", "arguments")
+        "layouts", "capabilities", "config", "pipeline", "digest", "settings", "arguments")
 
 
 @pytest.mark.parametrize("name", CORE)
