@@ -95,7 +95,6 @@ class BuildRequest:
     ``build(debug, target)`` makes the frontend IR (``debug``: ``Settings.debug_frontend``;
     ``target``: the resolved target's name); ``user_params``: the parameters the caller passes
     or receives, in order (``out_idx`` indexes them)."""
-    source: KernelSource
     build: Callable[[bool, str], ir.Kernel]
     user_params: tuple[str, ...]
     out_idx: tuple[int, ...] = ()
@@ -108,7 +107,7 @@ class BuildRequest:
         def build(debug: bool, target: str) -> ir.Kernel:
             return build_kernel(src, param_specs, extra_names, debug=debug, target=target)
         params = src.param_names if user_params is None else user_params
-        return cls(src, build, tuple(params), tuple(out_idx))
+        return cls(build, tuple(params), tuple(out_idx))
 
 
 @dataclass(frozen=True)

@@ -266,7 +266,7 @@ class EagerKernel(JitFunction):
             def build(debug: bool, target: str) -> ir.Kernel:
                 return eager.build_eager(src, constants, consts, sig, debug=debug, target=target)
             n_in = len(sig.runtime)
-            return BuildRequest(src, build, sig.runtime + sig.outputs,
+            return BuildRequest(build, sig.runtime + sig.outputs,
                                 tuple(range(n_in, n_in + len(sig.outputs))))
         # T.const names are keyed apart from the parameters (one may share a parameter's name)
         values = {**constants, "T.const": consts, "<target>": targets.resolve(target)[0]}
