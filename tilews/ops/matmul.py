@@ -101,7 +101,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype] = 
     try:
         key = (a.shape, a.stride(), a.dtype, a.device, a.requires_grad,
                b.shape, b.stride(), b.dtype, b.device, b.requires_grad, out_dtype,
-               a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32)
+               _tf32(a.dtype))
         call = _calls[key]
     except KeyError:
         return _first_call(key, a, b, out_dtype)
@@ -145,9 +145,15 @@ def _precision(dtype: torch.dtype, tf32: bool) -> str:
     return "ieee" if dtype is torch.float32 and not tf32 else "tf32"
 
 
+def _tf32(dtype: torch.dtype) -> bool:
+    """Whether operands of ``dtype`` may be rounded to tf32 now: float32 ones, where
+    ``allow_tf32`` is set (read at each call; part of the call keys)."""
+    return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
 def _call_precision(dtype: torch.dtype) -> str:
     """The precision of a call now (``allow_tf32`` read at the call)."""
-    return _precision(dtype, torch.backends.cuda.matmul.allow_tf32)
+    return _precision(dtype, _tf32(dtype))
 
 
 def _plan(a, b, out_dtype, M, N, K, out, precision: str) -> Runner:
@@ -200,7 +206,7 @@ def run(a: torch.Tensor, b: torch.Tensor, out_dtype: Optional[torch.dtype], sche
     kind of call, and then called as directly as ``matmul``'s cached calls)."""
     try:
         key = (schedule, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
-               b.device, out_dtype, a.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32)
+               b.device, out_dtype, _tf32(a.dtype))
         call = _scheduled[key]
     except KeyError:
         pass
