@@ -615,8 +615,6 @@ def math_call(fn: ir.MathFn, *args):
     return Scalar(ir.Call(fn, exprs, dt, current_loc()))
 
 
-
-
 def select(cond, a, b):
     if not isinstance(cond, Scalar):
         return a if cond else b
