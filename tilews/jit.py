@@ -77,6 +77,16 @@ def jit(fn: Optional[Callable] = None, *, out_idx: Optional[Sequence[int] | int]
     return wrap if fn is None else wrap(fn)
 
 
+def compile(func: KernelSource, out_idx: Optional[Sequence[int] | int] = None, *,
+            target: str = "auto", pass_configs: Optional[dict] = None, **options) -> Kernel:
+    """TileLang's ``tilelang.compile``: the ``Kernel`` of a ``@T.prim_func`` (what a factory
+    returns), compiled now; ``jit``'s keywords."""
+    if not isinstance(func, KernelSource):
+        raise TypeError(f"tilews.compile() takes a @T.prim_func; got {type(func).__name__} "
+                        f"(decorate a factory with @tilews.jit instead)")
+    return jit(func, out_idx=out_idx, target=target, pass_configs=pass_configs, **options)
+
+
 def _check_options(target: str, options: dict) -> None:
     """Backend options the target's backends do not take are a ``TypeError`` listing those they
     do."""
