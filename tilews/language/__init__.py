@@ -10,6 +10,7 @@ from .loops import (Parallel, Persistent, Pipelined, Serial, Unroll, Vectorized,
                     serial, unroll, vectorized)
 from .memory import (alloc_barrier, alloc_fragment, alloc_local, alloc_shared,
                      create_list_of_mbarrier, get_mbarrier)
+from .memory import make_tensor, ptr
 from .reduce import reduce_abssum, reduce_max, reduce_min, reduce_sum
 from .sync import barrier_arrive, barrier_wait, mbarrier_arrive, mbarrier_wait_parity
 from .types import (Buffer, DType, Tensor, bfloat16, boolean, dtype, dynamic, float8_e4m3,
