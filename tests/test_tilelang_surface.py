@@ -320,3 +320,14 @@ def test_main_runs_pytest_on_the_calling_module(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed, 1 deselected" in done.stdout
+
+
+def test_target_cuda_is_the_machines_gpu_target_and_an_error_without_a_cuda_gpu(monkeypatch):
+    from tilews import targets
+    gpu(monkeypatch, (9, 0))
+    assert targets.resolve("cuda")[0] == "hopper"
+    gpu(monkeypatch, (8, 0))
+    assert targets.resolve("cuda")[0] == "triton"
+    gpu(monkeypatch, None)
+    with pytest.raises(ValueError, match="target 'cuda' needs a CUDA GPU"):
+        targets.resolve("cuda")
