@@ -10,7 +10,7 @@ import torch
 import tilews
 import tilews.language as T
 
-from .helpers import randn
+from .helpers import marked_line, randn
 
 TARGETS = ["interpret", "triton"]
 DECLARATION_RUNS: list = []    # one entry per run of scale_groups's declarations
@@ -130,3 +130,37 @@ def test_declarations_that_need_a_value_fall_back_to_the_whole_dimensions_writte
     for n in (40, 100):
         a = randn(n, seed=n)
         torch.testing.assert_close(tiles_by_size(a), 2 * a)
+
+
+@tilews.jit(target="interpret")
+def shifted_by_groups(A, sizes, block=32):
+    n = T.const("n")
+    total_blocks = sum((s + block - 1) // block for s in sizes)          # a generator
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]              # range is Python's here
+    starts = {g: off for g, off in zip(range(len(sizes)), offsets) if off > 0}
+    A: T.Tensor((n,), T.float32)
+    Y = T.empty((n,), T.float32)
+    with T.Kernel(total_blocks, threads=32) as bx:
+        for i in T.Parallel(block):
+            if bx * block + i < n:
+                Y[bx * block + i] = A[bx * block + i] + len(starts) + sum(
+                    [x * y for x in range(3) for y in range(2) if x != y])
+    return Y
+
+
+def test_comprehensions_are_evaluated_at_build_time_with_their_own_names():
+    a = randn(100, seed=9)
+    torch.testing.assert_close(shifted_by_groups(a, [40, 60]), a + 1 + 2)
+
+
+def test_a_comprehension_over_a_runtime_range_is_an_error_at_its_line():
+    @tilews.jit(target="interpret")
+    def runtime_range(A):
+        n = T.const("n")
+        A: T.Tensor((n,), T.float32)
+        with T.Kernel(1, threads=32) as bx:
+            squares = [k * k for k in range(bx + 1)]  # <- error
+            A[0] = squares[0]
+    with pytest.raises(tilews.CompileError, match="only known when the kernel runs") as info:
+        runtime_range(randn(4, seed=1))
+    assert info.value.loc.line == marked_line(runtime_range.__wrapped__)

@@ -174,6 +174,17 @@ class LoopFrame(Frame):
         self.num_stages = num_stages
         self.loc = current_loc()
 
+    def __iter__(self):
+        """Iterated as a Python value (a comprehension, ``zip(range(n), ...)``, ``list(...)``),
+        a ``range`` is Python's, which needs build-time bounds; a ``for`` statement over it is
+        a runtime loop instead (it enters the frame)."""
+        bounds = [ir.as_int(e) for e in (self.start, self.stop, self.step)]
+        if self.kind is not ir.ForKind.SERIAL or None in bounds:
+            raise err("this loop's values are only known when the kernel runs: iterate it with a "
+                      "`for` statement (a Python comprehension or call needs build-time range "
+                      "bounds)")
+        return iter(range(*bounds))
+
     def enter(self, names):
         if len(names) != 1:
             raise err("this loop binds exactly one index variable")

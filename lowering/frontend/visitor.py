@@ -409,6 +409,53 @@ class KernelVisitor:
                 kwargs[kw.arg] = self.eval(kw.value)
         return fn(*args, **kwargs)
 
+    # -- comprehensions: evaluated at build time, their names local to them as in Python --------
+    def expr_ListComp(self, node: ast.ListComp):
+        return [self.eval(node.elt) for _ in self._comprehension(node.generators)]
+
+    def expr_GeneratorExp(self, node: ast.GeneratorExp):
+        return iter(self.expr_ListComp(node))       # built eagerly: the names it reads may change
+
+    def expr_SetComp(self, node: ast.SetComp):
+        return set(self.expr_ListComp(node))
+
+    def expr_DictComp(self, node: ast.DictComp):
+        return {self.eval(node.key): self.eval(node.value) for _ in self._comprehension(node.generators)}
+
+    def _comprehension(self, generators: list[ast.comprehension]):
+        """Yield once per combination of the generators' items that passes their ``if``s, with
+        the targets bound; the names bound before are restored after."""
+        saved = dict(self.local)
+        try:
+            yield from self._generate(generators)
+        finally:
+            self.local.clear()
+            self.local.update(saved)
+
+    def _generate(self, generators: list[ast.comprehension]):
+        if not generators:
+            yield None
+            return
+        first, rest = generators[0], generators[1:]
+        if first.is_async:
+            raise self.error("async comprehensions are not supported in a kernel")
+        for item in self.eval(first.iter):
+            self._bind_comprehension_target(first.target, item)
+            if all(self.eval(cond) for cond in first.ifs):
+                yield from self._generate(rest)
+
+    def _bind_comprehension_target(self, target: ast.expr, value: Any) -> None:
+        if isinstance(target, ast.Name):
+            self.local[target.id] = _Binding(value, self.depth, self.b.loc.line)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            values = list(value)
+            if len(values) != len(target.elts):
+                raise self.error(f"cannot unpack {value!r} into {len(target.elts)} names")
+            for t, v in zip(target.elts, values):
+                self._bind_comprehension_target(t, v)
+        else:
+            raise self.error(f"cannot bind a comprehension's item to {type(target).__name__}")
+
     def expr_JoinedStr(self, node: ast.JoinedStr):
         parts = []
         for v in node.values:
