@@ -1,6 +1,6 @@
 """tilews: a tile language for GPU kernels, compiled through Triton (Gluon on Hopper), Metal, or
 run by a reference interpreter. TileLang's top-level names are here too (``import tilews as
-tilelang``): ``jit``, ``autotune``, ``TensorSupplyType``, ``PassConfigKey``. ``tilews.ops`` (the
+tilelang``): ``jit``, ``autotune``, ``TensorSupplyType``, ``PassConfigKey``, ``layout``. ``tilews.ops`` (the
 ready-made ops) is imported at its first use (PEP 562), so ``import tilews`` does not pay for it."""
 __version__ = "0.1.0"
 
@@ -12,12 +12,13 @@ from .pass_config import PassConfigKey  # noqa: E402
 from .profiler import TensorSupplyType  # noqa: E402
 from .autotuner import autotune  # noqa: E402
 from .targets import num_sms  # noqa: E402
+from . import layout  # noqa: E402
 
 _LAZY = ("ops",)      # submodules imported at first attribute access
 
 __all__ = ["CompileError", "CompileReport", "DeadlockError", "InternalError", "Kernel", "OutOfBoundsError",
            "PassConfigKey", "RaceError", "TensorSupplyType", "UninitializedReadError",
-           "__version__", "autotune", "jit", "num_sms", "ops"]
+           "__version__", "autotune", "jit", "layout", "num_sms", "ops"]
 
 
 def __getattr__(name: str):
