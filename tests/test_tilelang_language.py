@@ -20,23 +20,10 @@ import tilews.language as T
 from tilews.metal import harness
 
 from .helpers import marked_line, randn
+from .test_language_compat import build, error_at
 
 TARGETS = ["interpret", "triton"]
 needs_cxx = pytest.mark.skipif(harness.compiler() is None, reason="Metal's harness needs a C++17 compiler")
-
-
-def build(factory, *args, target="interpret", out_idx=-1):
-    return tilews.jit(out_idx=out_idx, target=target)(factory)(*args)
-
-
-def error_at(fn, factory, fragment: str, *args, target="interpret"):
-    """Building ``factory`` fails with ``fragment`` at the line of ``fn`` marked ``# <- error``."""
-    with pytest.raises(tilews.CompileError) as info:
-        build(factory, *args, target=target)
-    e = info.value
-    assert fragment in e.message, e.message
-    assert e.loc is not None and e.loc.line == marked_line(fn), str(e)
-    return e
 
 
 def notes(kernel) -> str:
@@ -370,18 +357,21 @@ def transposed(i, j):
     return [j, i]
 
 
-def annotated_gemm(M, N, K, block):
+def gemm_program(M, N, K, block, dtype=T.float16, annotate=True):
+    """C = A @ B through shared tiles; with ``annotate``, TileLang's layout annotations (C is
+    then the reordered dQ of ``make_dq_layout``)."""
     @T.prim_func
-    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
              dQ: T.Tensor((M, N), T.float32)):
         with T.Kernel(N // block, M // block, threads=128) as (bx, by):
-            A_shared = T.alloc_shared((block, K), T.float16)
-            B_shared = T.alloc_shared((K, block), T.float16)
+            A_shared = T.alloc_shared((block, K), dtype)
+            B_shared = T.alloc_shared((K, block), str(dtype))
             C_local = T.alloc_fragment((block, block), T.float32)
-            T.annotate_layout({A_shared: tilews.layout.make_swizzled_layout(A_shared),
-                               B_shared: tilews.layout.make_swizzled_layout(B_shared)})
-            T.annotate_layout({dQ: make_dq_layout(dQ)})  # <- layout
-            T.annotate_layout({C_local: transposed})  # <- function
+            if annotate:
+                T.annotate_layout({A_shared: tilews.layout.make_swizzled_layout(A_shared),
+                                   B_shared: tilews.layout.make_swizzled_layout(B_shared)})
+                T.annotate_layout({dQ: make_dq_layout(dQ)})  # <- layout
+                T.annotate_layout({C_local: transposed})  # <- function
             T.clear(C_local)
             T.copy(A[by * block, 0], A_shared)
             T.copy(B[0, bx * block], B_shared)
@@ -393,14 +383,14 @@ def annotated_gemm(M, N, K, block):
 @pytest.mark.parametrize("target", TARGETS)
 def test_annotate_layout_records_what_it_does_not_apply(target):
     M, N, K = 32, 32, 16
-    k = build(annotated_gemm, M, N, K, 16, target=target)
+    k = build(gemm_program, M, N, K, 16, target=target)
     a, b = randn(M, K, dtype=torch.float16, seed=9), randn(K, N, dtype=torch.float16, seed=10)
     torch.testing.assert_close(k(a, b).double(), a.double() @ b.double(), rtol=1e-4, atol=1e-4)
     text = notes(k)
     assert "A_shared" not in text and "B_shared" not in text     # swizzled shared: honoured
-    line = marked_line(annotated_gemm, "# <- layout")
+    line = marked_line(gemm_program, "# <- layout")
     assert f"line {line}: T.annotate_layout: a layout given as an index function for global buffer 'dQ'" in text
-    line = marked_line(annotated_gemm, "# <- function")
+    line = marked_line(gemm_program, "# <- function")
     assert f"line {line}: T.annotate_layout: a layout given as an index function for fragment buffer 'C_local'" in text
 
 
@@ -540,27 +530,11 @@ def test_one_role_asks_for_one_register_count():
 # T.tfloat32
 
 
-def tf32_gemm(M, N, K, block):
-    @T.prim_func
-    def main(A: T.Tensor((M, K), T.tfloat32), B: T.Tensor((K, N), T.tfloat32),
-             C: T.Tensor((M, N), T.float32)):
-        with T.Kernel(N // block, M // block, threads=128) as (bx, by):
-            A_shared = T.alloc_shared((block, K), T.tfloat32)
-            B_shared = T.alloc_shared((K, block), "tfloat32")
-            C_local = T.alloc_fragment((block, block), T.float32)
-            T.clear(C_local)
-            T.copy(A[by * block, 0], A_shared)
-            T.copy(B[0, bx * block], B_shared)
-            T.gemm(A_shared, B_shared, C_local)
-            T.copy(C_local, C[by * block, bx * block])
-    return main
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_tfloat32_is_float32_storage_with_tf32_gemms(target):
     assert T.tfloat32 is T.float32 and T.dtype("tfloat32") is T.float32
     M, N, K = 32, 32, 16
-    k = build(tf32_gemm, M, N, K, 16, target=target)
+    k = build(gemm_program, M, N, K, 16, "tfloat32", False, target=target)   # TileLang spelling
     a, b = randn(M, K, seed=14), randn(K, N, seed=15)
     torch.testing.assert_close(k(a, b).double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
     assert "ieee" not in k.ir_text("before")        # the gemm allows tf32 (GemmPrecision.TF32)
