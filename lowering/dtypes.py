@@ -221,4 +221,5 @@ DTYPE_ALIASES.update({"float": DType.F32, "half": DType.F16, "double": DType.F64
                       "fp16": DType.F16, "fp32": DType.F32, "fp8_e4m3": DType.F8E4M3,
                       "fp8_e5m2": DType.F8E5M2, "e4m3_float8": DType.F8E4M3,
                       "e5m2_float8": DType.F8E5M2, "short": DType.I16, "long": DType.I64,
-                      "uint": DType.U32, "ulong": DType.U64})
+                      "uint": DType.U32, "ulong": DType.U64,
+                      "tfloat32": DType.F32, "custom[tfloat32]": DType.F32})   # T.tfloat32

@@ -456,7 +456,9 @@ class If(Stmt):
 @dataclass(frozen=True)
 class Role(Stmt):
     """Statements run by exactly the warp groups ``warpgroups`` (``T.ws``). ``num_warps`` and
-    ``num_regs`` (per thread) are what warp specialization decided for the role (0: undecided)."""
+    ``num_regs`` (per thread) are what warp specialization decided for the role (0: undecided);
+    before that, a source-form role's ``num_regs`` is the program's request (``T.set_max_nreg``
+    in the block; 0: none), which ``roles.split`` keeps and ``legalize_wgmma`` honours."""
     warpgroups: tuple[int, ...]
     body: Seq
     num_warps: int = 0
@@ -507,6 +509,9 @@ class Kernel:
     fp8_promote_every: int = 0
     plans: tuple = ()
     notes: tuple[str, ...] = ()
+    # global buffers among ``params`` that no caller passes: scratch memory (``T.alloc_global``)
+    # the launcher allocates at each call, uninitialized, and drops after it
+    scratch: tuple[Buffer, ...] = ()
     loc: Loc = _loc()
 
     def plan(self, kind: type):

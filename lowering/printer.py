@@ -152,6 +152,8 @@ def kernel(k: ir.Kernel) -> str:
         head += f" swizzle={k.swizzle_panel}"
     if k.fp8_promote_every:
         head += f" fp8_promote_every={k.fp8_promote_every}"
+    if k.scratch:
+        head += f" scratch=({', '.join(b.name for b in k.scratch)})"
     out = [head + ":", f"  blocks {blocks}"]
     out += [f"  let {v.name} = {expr(e)}" for v, e in k.block_defs]
     for plan in k.plans:

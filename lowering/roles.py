@@ -44,14 +44,18 @@ def project(s: ir.Stmt, role: tuple[int, ...]) -> ir.Stmt | None:
 
 def split(kernel: ir.Kernel) -> ir.Kernel:
     """Source form (``Role`` blocks inside the program) -> block-wide allocations followed by one
-    ``WarpSpecialize`` holding each role's projection. A kernel without roles is returned as is."""
+    ``WarpSpecialize`` holding each role's projection, with the register count its blocks
+    requested (``Role.num_regs``). A kernel without roles is returned as is."""
     if any(isinstance(s, ir.WarpSpecialize) for s in walk(kernel.body)):
         return kernel  # already split
     roles = role_sets(kernel.body)
     if not roles:
         return kernel
     allocs = tuple(s for s in walk(kernel.body) if isinstance(s, ir.Alloc) and not _inside_role(kernel.body, s))
-    projected = tuple(ir.Role(r, _as_seq(project(kernel.body, r), kernel.loc), loc=kernel.loc)
+    requested = {s.warpgroups: s.num_regs for s in walk(kernel.body)
+                 if isinstance(s, ir.Role) and s.num_regs}
+    projected = tuple(ir.Role(r, _as_seq(project(kernel.body, r), kernel.loc), loc=kernel.loc,
+                              num_regs=requested.get(r, 0))
                       for r in roles)
     body = ir.Seq(allocs + (ir.WarpSpecialize(projected, kernel.loc),), kernel.body.loc)
     return dataclasses.replace(kernel, body=body)

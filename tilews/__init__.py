@@ -1,9 +1,9 @@
 """tilews: a tile language for GPU kernels, compiled through Triton (Gluon on Hopper), Metal, or
 run by a reference interpreter. TileLang's top-level names are here too (``import tilews as
 tilelang``): ``jit``, ``compile``, ``lower``, ``JITKernel`` (tilews's ``Kernel``), ``autotune``,
-``TensorSupplyType``, ``PassConfigKey``, ``DataType`` (tilews's ``DType``), ``cdiv`` and
-``next_power_of_2``. ``tilews.ops`` (the ready-made ops) is imported at its first use (PEP 562),
-so ``import tilews`` does not pay for it."""
+``TensorSupplyType``, ``PassConfigKey``, ``DataType`` (tilews's ``DType``), ``cdiv``,
+``next_power_of_2`` and ``layout``. ``tilews.ops`` (the ready-made ops) is imported at its first
+use (PEP 562), so ``import tilews`` does not pay for it."""
 __version__ = "0.1.0"
 
 from .errors import (CompileError, DeadlockError, InternalError, OutOfBoundsError, RaceError,  # noqa: E402
@@ -17,6 +17,7 @@ from .pass_config import PassConfigKey  # noqa: E402
 from .profiler import TensorSupplyType  # noqa: E402
 from .autotuner import autotune  # noqa: E402
 from .targets import num_sms  # noqa: E402
+from . import layout  # noqa: E402
 
 JITKernel = Kernel   # TileLang's name of the compiled kernel
 
@@ -24,8 +25,8 @@ _LAZY = ("ops",)      # submodules imported at first attribute access
 
 __all__ = ["CompileError", "CompileReport", "DataType", "DeadlockError", "InternalError", "JITKernel",
            "Kernel", "OutOfBoundsError", "PassConfigKey", "RaceError", "TensorSupplyType",
-           "UninitializedReadError", "__version__", "autotune", "cdiv", "compile", "jit", "lower",
-           "next_power_of_2", "num_sms", "ops"]
+           "UninitializedReadError", "__version__", "autotune", "cdiv", "compile", "jit", "layout",
+           "lower", "next_power_of_2", "num_sms", "ops"]
 
 
 def __getattr__(name: str):

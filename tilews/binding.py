@@ -1,7 +1,8 @@
 """Arguments in, outputs out: maps a call's arguments to the kernel's parameters, checks them
 (``lowering.arguments``: the kernel's parameters plus the loaded program's ``ArgumentRules``;
 ``TypeError``/``ValueError`` naming the parameter), resolves runtime dims, allocates ``out_idx``
-outputs on the inputs' device (returned in ``out_idx`` order), and lists the values in
+outputs on the inputs' device (returned in ``out_idx`` order) and the kernel's scratch buffers
+(``ir.Kernel.scratch``: passed to the kernel, never returned), and lists the values in
 ``kernel.params`` order for the launcher.
 
 The full check runs once per call signature (each tensor's dtype, shape, strides and device;
@@ -55,23 +56,26 @@ class Binder:
                 raise ValueError(f"out_idx names '{self.params[i].name}', which is not a tensor")
         self.out_positions = list(dict.fromkeys(outs))   # in out_idx order, each once
         self.inputs = [p for i, p in enumerate(self.params) if i not in self.out_positions]
+        # what each call allocates: the outputs (in out_idx order), then the scratch buffers
+        self.allocated = [self.params[i].param for i in self.out_positions] + list(kernel.scratch)
         self.checker = ArgumentChecker(kernel, rules)
-        # TILEWS_POISON_OUTPUTS (the tests set it): allocated outputs start as NaN, so an element
-        # the kernel never writes cannot pass a check.
+        # TILEWS_POISON_OUTPUTS (the tests set it): allocated outputs (and scratch) start as NaN,
+        # so an element the kernel never writes cannot pass a check.
         self.poison = poison
-        self._check_outputs_resolvable()
+        self._check_allocations_resolvable()
         self.signatures: dict[tuple, BoundSignature] = {}
         self._fast, self._signature, self._bind_known = self._compile_fast_bind()
 
-    def _check_outputs_resolvable(self) -> None:
+    def _check_allocations_resolvable(self) -> None:
         known = {d for p in self.inputs if isinstance(p.param, ir.Buffer) for d in p.param.shape
                  if isinstance(d, ir.Var)}
         known |= {p.param for p in self.inputs if isinstance(p.param, ir.Var)}
-        for i in self.out_positions:
-            for d in self.params[i].param.shape:
+        for b in self.allocated:
+            for d in b.shape:
                 if isinstance(d, ir.Var) and d not in known:
-                    raise ValueError(f"output '{self.params[i].name}' has runtime dimension "
-                                     f"'{d.name}' that no input determines")
+                    what = "scratch buffer" if b in self.kernel.scratch else "output"
+                    raise ValueError(f"{what} '{b.name}' has runtime dimension '{d.name}' that no "
+                                     f"input determines")
 
     @property
     def input_names(self) -> list[str]:
@@ -139,12 +143,12 @@ class Binder:
                 f"        sig = first_bind(key, {call})"]
         known = [f"    if {' or '.join(recheck)}:", f"        check({call})"] if recheck else []
         known += lines
-        for j in range(len(self.out_positions)):
+        for j in range(len(self.allocated)):
             known.append(f"    o{j} = empty(sig.outputs[{j}], dtype=sig.dtypes[{j}], device=sig.device)")
             if self.poison:
                 known.append(f"    poison_(o{j})")
         where = {p.param.name: names[i] for i, p in enumerate(self.inputs)}
-        where.update({self.params[i].param.name: f"o{j}" for j, i in enumerate(self.out_positions)})
+        where.update({b.name: f"o{j}" for j, b in enumerate(self.allocated)})
         dims = [q for q in self.kernel.params if q.name not in where]
         where.update({q.name: f"sig.dims[{k}]" for k, q in enumerate(dims)})
         outs = ", ".join(f"o{j}" for j in range(len(self.out_positions)))
@@ -166,8 +170,7 @@ class Binder:
         sizes = {v.name: size for v, size in dims.items()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.device("cpu")
         shapes, dtypes = [], []
-        for i in self.out_positions:
-            b = self.params[i].param
+        for b in self.allocated:
             shapes.append(tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name] for d in b.shape))
             dtypes.append(b.dtype.torch_dtype)
         spans = tuple(_offsets(a) for a in args)
@@ -201,7 +204,8 @@ def _overlap(p: int, s: Optional[tuple[int, int]], q: int, t: Optional[tuple[int
 
 @dataclass(frozen=True)
 class BoundSignature:
-    """What one call signature fixes: the outputs' shapes and dtypes, their device, and the
+    """What one call signature fixes: the shapes and dtypes of what a call allocates (outputs, then
+    scratch: ``Binder.allocated``), their device, and the
     values of the kernel's runtime dims that no argument passes (in parameter order), and per
     input its span's byte offsets from ``data_ptr()`` (``_offsets``; None: empty or a scalar)."""
     outputs: tuple[tuple[int, ...], ...]

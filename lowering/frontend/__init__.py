@@ -110,7 +110,8 @@ def finish_kernel(b: Builder, name: str) -> ir.Kernel:
         raise CompileError(f"kernel '{name}' has no `with T.Kernel(...)` block", b.loc)
     k = b.kernel
     return ir.Kernel(name, tuple(b.params), k["grid"], k["block_vars"], k["threads"], k["body"],
-                     b.swizzle_panel, fp8_promote_every=b.fp8_promote_every, loc=k["loc"])
+                     b.swizzle_panel, fp8_promote_every=b.fp8_promote_every,
+                     scratch=tuple(b.scratch), notes=tuple(b.notes), loc=k["loc"])
 
 
 class Macro:

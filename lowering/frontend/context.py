@@ -34,6 +34,9 @@ class Builder:
         self.target = ""                            # the target's name, "" when not known
         self.fp8_promote_every = 0                  # see ir.Kernel.fp8_promote_every
         self.eager = None                           # frontend.eager.EagerState in an eager build
+        self.scratch: list[ir.Buffer] = []          # T.alloc_global buffers (also in params)
+        self.notes: list[str] = []                  # hints recorded, not applied (ir.Kernel.notes)
+        self.register_requests: dict[tuple[int, ...], int] = {}   # T.set_max_nreg per T.ws role
 
     def unique(self, name: str) -> str:
         n = self._names.get(name, 0)

@@ -153,7 +153,8 @@ class WsFrame(Frame):
     def exit(self, body):
         b = builder()
         b.roles.pop()
-        b.emit(ir.Role(self.warpgroups, _block(body), loc=self.loc))
+        b.emit(ir.Role(self.warpgroups, _block(body), loc=self.loc,
+                       num_regs=b.register_requests.get(self.warpgroups, 0)))
 
 
 class LoopFrame(Frame):

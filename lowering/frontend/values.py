@@ -241,6 +241,33 @@ class ElementRef(Scalar):
         self.indices = indices
 
 
+class VarRef(ElementRef):
+    """The scalar of ``T.alloc_var``: a one-element local buffer read wherever the name is used
+    (each use loads its value then). The frontend stores into it where the name is assigned
+    (``v = e``, ``v += 1``); ``v[0]`` is the element as well."""
+    __slots__ = ()
+
+    def __init__(self, buffer: ir.Buffer):
+        self.buffer = buffer
+        self.indices = (ir.Const(0, ir.DType.I32, buffer.loc),)
+
+    @property
+    def expr(self) -> ir.Expr:
+        return ir.Load(self.buffer, self.indices, current_loc())
+
+    def __getitem__(self, index) -> "ElementRef":
+        return BufferRef(self.buffer)[index]
+
+    def __repr__(self) -> str:
+        return f"VarRef({self.buffer.name})"
+
+
+class NewVar(VarRef):
+    """What ``T.alloc_var`` returns: assigning it binds the name to the variable (every other
+    assignment to a variable's name stores into it)."""
+    __slots__ = ()
+
+
 class RegionRef:
     """``buf[a:b, ...]``: a box of a buffer."""
     __slots__ = ("region",)

@@ -17,7 +17,7 @@ from .. import ir
 from ..errors import CompileError, InternalError
 from . import semantic
 from .context import Builder
-from .values import BufferRef, ElementRef, Scalar, binary, compare, logical_not
+from .values import BufferRef, ElementRef, NewVar, Scalar, VarRef, binary, compare, logical_not
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
@@ -40,8 +40,9 @@ def _kernel_builtins() -> dict[str, Any]:
 
 
 def _is_allocation(value) -> bool:
-    """A buffer the kernel allocated (not a tensor parameter)."""
-    return isinstance(value, BufferRef) and value.buffer.scope is not ir.Scope.GLOBAL
+    """A buffer or variable the kernel allocated (not a tensor parameter)."""
+    return (isinstance(value, VarRef) or
+            isinstance(value, BufferRef) and value.buffer.scope is not ir.Scope.GLOBAL)
 
 
 class _Binding:
@@ -123,7 +124,8 @@ class KernelVisitor:
         if name in self.scoped_out:
             raise self.error(f"'{name}' was assigned inside a runtime loop or branch (line "
                              f"{self.scoped_out[name]}) and is not defined after it",
-                             ["values that change at run time live in buffers: T.alloc_local"])
+                             ["values that change at run time live in a T.alloc_var variable or a "
+                              "T.alloc_local buffer"])
         if name in self.names:
             return self.names[name]
         if name in self.kernel_builtins:
@@ -138,7 +140,8 @@ class KernelVisitor:
         if old is not None and old.depth < self.depth and not _is_allocation(value):
             raise self.error(f"'{name}' (bound at line {old.line}) is reassigned inside a runtime "
                              f"loop or branch; a Python name cannot change at run time",
-                             ["use a T.alloc_local buffer for values that change across iterations"])
+                             ["use a T.alloc_var variable (or a T.alloc_local buffer) for values that "
+                              "change across iterations"])
         self.local[name] = _Binding(value, self.depth, self.b.loc.line)
 
     def runtime_body(self, stmts: list[ast.stmt]) -> list[ir.Stmt]:
@@ -166,7 +169,13 @@ class KernelVisitor:
 
     def assign(self, target: ast.expr, value: Any) -> None:
         if isinstance(target, ast.Name):
-            self.bind(target.id, value)
+            old = self.local.get(target.id)
+            if isinstance(value, NewVar):           # `v = T.alloc_var(...)` names the variable
+                self.bind(target.id, VarRef(value.buffer))
+            elif old is not None and isinstance(old.value, VarRef):
+                semantic.store(old.value, value)    # assigning a variable's name stores into it
+            else:
+                self.bind(target.id, value)
         elif isinstance(target, (ast.Tuple, ast.List)):
             vals = list(value) if not isinstance(value, Scalar) else None
             if vals is None or len(vals) != len(target.elts):
@@ -339,6 +348,15 @@ class KernelVisitor:
 
     def expr_List(self, node: ast.List):
         return list(self._elts(node.elts))
+
+    def expr_Dict(self, node: ast.Dict):
+        out = {}
+        for k, v in zip(node.keys, node.values):
+            if k is None:                                  # {**other}
+                out.update(self.eval(v))
+            else:
+                out[self.eval(k)] = self.eval(v)
+        return out
 
     def _elts(self, elts):
         for e in elts:

@@ -52,7 +52,9 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
             + (f"roles {', '.join(roles.describe(r) for r in found)} run as one stream in source "
                f"order, " if found else "")
             + f"{sum(isinstance(s, (ir.BarrierArrive, ir.BarrierWait)) for s in stmts)} barrier "
-              f"arrive/wait operation(s) removed (the barrier protocol holds in source order)")
+              f"arrive/wait operation(s) removed (the barrier protocol holds in source order)"
+            + ("; the roles' register requests (T.set_max_nreg) do not apply"
+               if any(isinstance(s, ir.Role) and s.num_regs for s in stmts) else ""))
     return dataclasses.replace(kernel, body=body).with_note(note)
 
 

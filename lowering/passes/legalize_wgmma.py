@@ -52,7 +52,8 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              statements read on-chip memory only through such scalars, and read global memory
              element by element (scalar loads, e.g. block-sparse masks in ``if`` conditions) —
              anything else is a refusal naming it (docs/ws-semantics.md #8: guarded pipelined loops);
-           * roles get ``num_warps`` / ``num_regs`` (a role doing only bulk copies, barrier
+           * roles get ``num_warps`` / ``num_regs`` (a worker role's request, ``T.set_max_nreg``,
+             where it made one; else a role doing only bulk copies, barrier
              operations and scalar bookkeeping: 1 warp, 24 registers; one loading tiles through
              registers: a warp group, ``REGISTER_LOAD_REGS``; the first role holding gemms is
              the default partition, whose warps must be a power of two, other gemm roles (split
@@ -159,6 +160,12 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                     descriptors.append(entry)
     default = _default_role(new_roles)
     new_roles = _budget(new_roles, default)
+    decided = next(r.num_regs for r in new_roles if r.warpgroups == default.warpgroups)
+    if default.num_regs and default.num_regs != decided:
+        kernel = kernel.with_note(
+            f"legalize_wgmma: {roles.describe(default.warpgroups)} asked for {default.num_regs} "
+            f"registers (T.set_max_nreg); as Triton's default partition it gets what the other "
+            f"roles leave, {decided}")
     kernel = dataclasses.replace(kernel, body=ir.Seq(
         tuple(dataclasses.replace(ws, roles=new_roles) if s is ws else s for s in kernel.body.stmts),
         kernel.body.loc))
@@ -620,8 +627,10 @@ def _budget(role_list, default: ir.Role):
     without gemms 4 warps per warp group (``REGISTER_LOAD_REGS`` registers for one loading tiles
     through registers, 64 else); other roles holding gemms an even share per thread of what
     those leave to all gemm roles, at most ``GEMM_WORKER_REGS``; the default partition the rest
-    of the register file, at most 256. The default partition's warps must be a power of two
-    (Triton's num_warps)."""
+    of the register file, at most 256. A worker's own request (``T.set_max_nreg``: a source
+    role's ``num_regs``) replaces its choice; the default partition's cannot (Triton gives it what
+    the workers leave). The default partition's warps must be a power of two (Triton's
+    num_warps)."""
     warps = 4 * len(default.warpgroups)
     if not ir.is_power_of_two(warps):
         raise _Refuse(f"the role {roles.describe(default.warpgroups)} holding the gemms would be "
@@ -629,14 +638,16 @@ def _budget(role_list, default: ir.Role):
                       f"consumer of {len(default.warpgroups)} warp groups runs only split in one role "
                       f"per warp group (split_consumers)")
     workers = [r for r in role_list if r is not default]
-    budget = {r.warpgroups: (1, 24) if _copy_only(r) else
-              (4 * len(r.warpgroups), REGISTER_LOAD_REGS if _register_loading(r) else 64)
+    budget = {r.warpgroups: (1, r.num_regs or 24) if _copy_only(r) else
+              (4 * len(r.warpgroups),
+               r.num_regs or (REGISTER_LOAD_REGS if _register_loading(r) else 64))
               for r in workers if not _has_gemm(r)}
     def left() -> int:      # a worker occupies whole warp groups
         return REGISTER_FILE - sum(128 * len(w) * regs for w, (_, regs) in budget.items())
     gemm_threads = 128 * sum(len(r.warpgroups) for r in role_list if _has_gemm(r))
     share = min(GEMM_WORKER_REGS, left() // gemm_threads // 8 * 8)
-    budget.update({r.warpgroups: (4 * len(r.warpgroups), share) for r in workers if _has_gemm(r)})
+    budget.update({r.warpgroups: (4 * len(r.warpgroups), r.num_regs or share)
+                   for r in workers if _has_gemm(r)})
     regs = min(256, left() // (128 * len(default.warpgroups)) // 8 * 8)
     if regs < 24:
         raise CompileError(f"the roles' register requests leave {regs} registers per thread for "

@@ -10,6 +10,11 @@ bfloat16 = ir.DType.BF16
 float16 = ir.DType.F16
 half = ir.DType.F16
 float32 = ir.DType.F32
+# TileLang's tf32: a float32 value that tensor cores may round to tf32's 10-bit mantissa when a
+# gemm multiplies it. tilews stores it as float32 (torch has no tf32 tensors, so arguments are
+# float32) and a T.gemm of float32 operands already allows tf32 (its precision="tf32" default,
+# ir.GemmPrecision.TF32); so T.tfloat32 is T.float32, and "tfloat32" names it.
+tfloat32 = ir.DType.F32
 float64 = ir.DType.F64
 int8 = ir.DType.I8
 int16 = ir.DType.I16
