@@ -166,6 +166,8 @@ def _const(ctx: Ctx, e: ir.Const) -> str:
         return text if e.dtype is ir.DType.F32 else f"{msl_type(e.dtype, e.loc)}({text})"
     if e.dtype.bits == 64:
         return f"{int(v)}L" if e.dtype.record.kind == "int" else f"{int(v)}UL"
+    if e.dtype.bits < 32:      # typed, so min/max and as_type see the IR's type
+        return f"{msl_type(e.dtype, e.loc)}({int(v)})"
     return str(int(v)) if e.dtype.record.kind != "uint" else f"{int(v)}u"
 
 
