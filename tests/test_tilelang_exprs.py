@@ -26,6 +26,7 @@ from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.tvm import DataType, UnprovidedTVMName, tirx
 
 from .helpers import gluon_program, marked_line, poisoned, randn
+from .test_language_compat import error_at
 
 CPU_TARGETS = ["interpret", "triton"]
 needs_cxx = pytest.mark.skipif(harness.compiler() is None, reason="the Metal harness needs a C++17 compiler")
@@ -170,10 +171,8 @@ def test_cumsum_errors_name_the_buffers():
                 T.cumsum(a, b, dim=1)  # <- error
                 T.copy(a, B)
         return main
-    with pytest.raises(tilews.CompileError) as info:
-        build(f, 16)
-    assert "T.cumsum: dst 'b'" in info.value.message and "src 'a'" in info.value.message
-    assert info.value.loc.line == marked_line(f)
+    e = error_at(f, f, "T.cumsum: dst 'b'", 16)
+    assert "src 'a'" in e.message
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,20 +288,6 @@ def test_reinterpret_is_bit_exact(target, src, dst):
     assert torch.equal(c.view(torch.int8), a.view(torch.int8))
 
 
-def test_reinterpret_of_another_width_fails_at_the_line():
-    def f(n):
-        @T.prim_func
-        def main(A: T.Tensor((n,), T.float32), B: T.Tensor((n,), T.uint16)):
-            with T.Kernel(1, threads=128):
-                for i in T.Parallel(n):
-                    B[i] = T.reinterpret(A[i], T.uint16)  # <- error
-        return main
-    with pytest.raises(tilews.CompileError) as info:
-        build(f, 32)
-    assert "float32 (32 bits)" in info.value.message and "uint16 (16 bits)" in info.value.message
-    assert info.value.loc.line == marked_line(f)
-
-
 def float_math(n):
     """T.ceil / T.clamp on floats; T.floordiv / T.floormod / T.shift_left on ints (negative
     ones included, as Python floors)."""
@@ -396,15 +381,24 @@ def test_tvm_imports_and_unknown_names():
     assert not hasattr(tirx, "call_extern")
 
 
-def test_unknown_tirx_name_in_a_kernel_fails_at_the_line():
-    def f(n):
-        @T.prim_func
-        def main(A: T.Tensor((n,), T.uint32), B: T.Tensor((n,), T.uint32)):
-            with T.Kernel(1, threads=128):
-                for i in T.Parallel(n):
-                    B[i] = tirx.bitwise_and(A[i], 3)  # <- error
-        return main
-    with pytest.raises(tilews.CompileError) as info:
-        build(f, 32)
-    assert "tilews does not provide TVM's tvm.tirx.bitwise_and" in str(info.value)
-    assert info.value.loc.line == marked_line(f)
+def element_op(n, op, src, dst):
+    @T.prim_func
+    def main(A: T.Tensor((n,), src), B: T.Tensor((n,), dst)):
+        with T.Kernel(1, threads=128):
+            for i in T.Parallel(n):
+                B[i] = op(A[i])  # <- error
+    return main
+
+
+BAD_ELEMENT_OPS = {
+    "reinterpret_to_another_width": (lambda x: T.reinterpret(x, T.uint16), T.float32, T.uint16,
+                                     "float32 (32 bits) cannot be reinterpreted as uint16 (16 bits)"),
+    "unknown_tirx_name": (lambda x: tirx.bitwise_and(x, 3), T.uint32, T.uint32,
+                          "tilews does not provide TVM's tvm.tirx.bitwise_and"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ELEMENT_OPS))
+def test_bad_element_op_fails_at_the_line(case):
+    op, src, dst, message = BAD_ELEMENT_OPS[case]
+    error_at(element_op, element_op, message, 32, op, src, dst)
