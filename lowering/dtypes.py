@@ -171,8 +171,25 @@ def register_cast(cast) -> None:
     _kernel_cast = cast
 
 
+class Pointer:
+    """``T.ptr``: a device address. As an element type (``T.Tensor([n], T.ptr)``, a pointer table)
+    it is ``int64``, as in TileLang: ``T.make_tensor`` turns an element into a typed view.
+    ``T.ptr()`` is ``T.ptr`` (TileLang's call spelling)."""
+
+    def __call__(self, *args, **kwargs) -> "Pointer":
+        return self
+
+    def __repr__(self) -> str:
+        return "T.ptr"
+
+
+POINTER = Pointer()
+
+
 def _coerce(value) -> "DType | None":
     """The DType ``value`` spells (see ``DType``), None if it spells none."""
+    if isinstance(value, Pointer):
+        return DType.I64
     if isinstance(value, str):
         return DTYPE_ALIASES.get(value)
     python = {bool: DType.BOOL, int: DType.I32, float: DType.F32}

@@ -83,6 +83,11 @@ class OutOfBoundsError(IndexError):
     """The reference interpreter saw an on-chip buffer accessed outside its shape."""
 
 
+class InvalidAddressError(ValueError):
+    """The reference interpreter was given an address (``T.make_tensor``) that is no host memory
+    it may view: null, misaligned, or outside this process's mappings."""
+
+
 class CompileTypeError(CompileError, TypeError):
     """A kernel argument or operand of the wrong type (also a ``TypeError``)."""
 

@@ -264,6 +264,21 @@ class Alloc(Stmt):
     loc: Loc = _loc()
 
 
+@dataclass(frozen=True)
+class PointerView(Stmt):
+    """``buffer = T.make_tensor(address, shape, dtype, strides)``: from here to the end of the
+    enclosing statement list, global ``buffer`` (not a parameter) is the memory at ``address``, a
+    64-bit integer expression (a device address, typically an element of an int64 pointer table)
+    evaluated once, here; element ``idx`` lies at ``address + sum(idx[d] * strides[d]) * itemsize``.
+    ``strides`` (elements) are row-major over ``buffer.shape`` unless the program gave them. The
+    address exists only inside the kernel, so no copy of ``buffer`` can use a tensor descriptor
+    made at launch (TMA): its copies are DIRECT or MASKED."""
+    buffer: Buffer
+    address: Expr
+    strides: tuple[Expr, ...]
+    loc: Loc = _loc()
+
+
 class CopyMechanism(enum.Enum):
     """How a copy is performed; ``legalize`` decides, emitters spell it."""
     UNDECIDED = "undecided"
@@ -551,7 +566,7 @@ class Kernel:
 
 
 NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Bitcast, Select, Load, Buffer, Region,
-                BarrierRef, Seq, Alloc, Copy, Gemm, GemmWait, BulkStoreWait, ProxyFence, BlockSync, Fill, Reduce, CumSum, Store, AtomicAdd, Parallel, For,
+                BarrierRef, Seq, Alloc, PointerView, Copy, Gemm, GemmWait, BulkStoreWait, ProxyFence, BlockSync, Fill, Reduce, CumSum, Store, AtomicAdd, Parallel, For,
                 If, Role, WarpSpecialize, BarrierArrive, BarrierWait, Kernel)
 
 

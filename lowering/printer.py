@@ -62,6 +62,9 @@ def barrier(b: ir.BarrierRef) -> str:
 def _stmt_line(s: ir.Stmt) -> str:
     if isinstance(s, ir.Alloc):
         return f"alloc {buffer_decl(s.buffer)}"
+    if isinstance(s, ir.PointerView):
+        strides = ", ".join(expr(x) for x in s.strides)
+        return f"view {buffer_decl(s.buffer)} at {expr(s.address)} strides=({strides})"
     if isinstance(s, ir.Copy):
         line = f"copy {region(s.src)} -> {region(s.dst)}"
         if s.barrier is not None:

@@ -115,6 +115,9 @@ def exprs_of(s: ir.Stmt) -> Iterator[ir.Expr]:
     elif isinstance(s, ir.BarrierWait):
         yield s.barrier.index
         yield s.parity
+    elif isinstance(s, ir.PointerView):
+        yield s.address
+        yield from s.strides
 
 
 def subexprs(e: ir.Expr) -> Iterator[ir.Expr]:

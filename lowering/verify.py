@@ -1,6 +1,7 @@
 """Well-formedness of a kernel; runs after the frontend and after every pass.
 
-Checks: every statement has a location; every variable is bound where it is used; in a
+Checks: every statement has a location; every variable is bound where it is used, and every
+global buffer (a parameter, or a ``PointerView`` earlier in an enclosing statement list); in a
 warp-specialized program, roles name existing warp groups and are pairwise disjoint, only
 allocations, loops and branches stand outside roles, and fragment/local buffers belong to one role;
 in a kernel with an ``AsyncPlan``, the asynchronous-MMA discipline (``verify_async``).
@@ -16,7 +17,7 @@ from .traverse import buffers_read, buffers_written, exprs_of, subexprs, substmt
 
 
 def run(kernel: ir.Kernel) -> ir.Kernel:
-    bound = {v for v in kernel.block_vars} | set(kernel.scalar_params)
+    bound = {v for v in kernel.block_vars} | set(kernel.scalar_params) | set(kernel.buffer_params)
     for v, e in kernel.block_defs:
         _check_expr(e, bound, kernel.loc)
         bound.add(v)
@@ -48,6 +49,12 @@ def _check_stmt(s: ir.Stmt, bound: set) -> None:
         raise CompileError(f"internal: {type(s).__name__} has no source location")
     for e in exprs_of(s):
         _check_expr(e, bound, loc)
+    for buf in buffers_read(s) + buffers_written(s):
+        if buf.scope is ir.Scope.GLOBAL and buf not in bound:
+            raise CompileError(f"tensor '{buf.name}' is used outside the statements that follow "
+                               f"its T.make_tensor in the same block (loop, branch or kernel body)", loc)
+    if isinstance(s, ir.PointerView):
+        bound.add(s.buffer)     # for the statements after it in this list
     inner = set(bound)
     if isinstance(s, ir.For):
         inner.add(s.var)

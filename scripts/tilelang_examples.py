@@ -6,12 +6,12 @@
 ``fetch`` (on a machine with the network, or with a local clone/mirror of TileLang) copies the
 named example files into ``.tilelang_examples/`` (ignored by git: TileLang's files are never
 committed here). ``run`` (on the GPU machine; the device tool carries ``.tilelang_examples``)
-rewrites each file's import lines — ``import tilelang`` -> ``import tilews as tilelang``,
-``import tilelang.language as T`` -> ``import tilews.language as T``, ``from tilelang.X import Y``
--> ``from tilews.X import Y`` — and nothing else, runs it as a script with a time limit, and prints
-a table (file, pass/fail, wall time, the latency lines the example prints); the same rows go to
-``$OUT/tilelang_examples.json``. An example passes when it exits with status 0: its own checks
-(``assert_close``, ``assert_allclose``, asserts) ran and held.
+rewrites each file's import lines (``tilelang_imports.py``: ``import tilelang`` -> ``import tilews
+as tilelang``, ``from tilelang.X import Y`` -> ``from tilews.X import Y``, ...) and nothing else,
+runs it as a script with a time limit, and prints a table (file, pass/fail, wall time, the latency
+lines the example prints); the same rows go to ``$OUT/tilelang_examples.json``. An example passes
+when it exits with status 0: its own checks (``assert_close``, ``assert_allclose``, asserts) ran
+and held.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tilelang_imports import rewrite, tilews_pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / ".tilelang_examples"
@@ -50,36 +52,6 @@ EXAMPLES = (
     "gemm_fp8/example_tilelang_gemm_fp8.py",
     "gemm_fp8/example_tilelang_gemm_fp8_2xAcc.py",
 )
-
-_IMPORT = re.compile(r"^(?P<indent>\s*)(?P<kw>import|from)\s+tilelang(?P<sub>(\.\w+)*)(?P<rest>\s.*)?$")
-
-
-def rewrite_line(line: str) -> str:
-    """One import line of ``tilelang`` -> the same import of ``tilews``; other lines unchanged."""
-    m = _IMPORT.match(line)
-    if m is None:
-        return line
-    indent, kw, sub, rest = m["indent"], m["kw"], m["sub"], m["rest"] or ""
-    if kw == "from":
-        return f"{indent}from tilews{sub}{rest}"
-    if rest.strip().startswith("as "):
-        return f"{indent}import tilews{sub}{rest}"
-    if sub:
-        raise ValueError(f"cannot rewrite {line.strip()!r} (a dotted import without `as`)")
-    return f"{indent}import tilews as tilelang{rest}"
-
-
-def rewrite(source: str) -> tuple[str, list[tuple[str, str]]]:
-    """(the rewritten source, the (old, new) import lines)."""
-    out, changed = [], []
-    for line in source.splitlines(keepends=True):
-        body = line.rstrip("\n")
-        new = rewrite_line(body)
-        if new != body:
-            changed.append((body.strip(), new.strip()))
-        out.append(new + line[len(body):])
-    return "".join(out), changed
-
 
 def fetch(repo: str, rev: str) -> None:
     """Copy the examples of TileLang at ``rev`` from ``repo`` (a local git directory or a URL)."""
@@ -109,9 +81,7 @@ def run_one(path: str, timeout: float) -> dict:
     script = STORE / "tilews" / path
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(source)
-    # the working directory's tilews first (scripts/device_run.sh may run from a view of it)
-    pythonpath = os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": tilews_pythonpath()}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, script.name], cwd=script.parent, env=env,

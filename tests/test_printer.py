@@ -13,7 +13,7 @@ from tilews.lowering.traverse import exprs_of, subexprs, walk
 def everything():
     @T.prim_func
     def main(A: T.Tensor((T.dynamic("m"), 64), T.float16), B: T.Tensor((64, 64), T.float16),
-             C: T.Tensor((64, 64), T.float32)):
+             C: T.Tensor((64, 64), T.float32), P: T.Tensor((1,), T.ptr)):
         with T.Kernel(T.ceildiv(m, 64), threads=256) as bx:
             T.use_swizzle(4)
             A_s = T.alloc_shared((64, 64), T.float16)
@@ -40,6 +40,8 @@ def everything():
                     acc[i, j] = T.if_then_else(-acc[i, j] < 0 and not (i == j), T.exp(acc[i, j] - mx[i]),
                                                T.cast(T.reinterpret(cnt[0], T.uint32), T.float32))
                 T.atomic_add(C[0:64, 0:64], acc)
+                V = T.make_tensor(P[0], (64,), T.float32)
+                T.copy(mx, V[0:64])
     return main
 
 
@@ -80,5 +82,5 @@ def test_printer_is_total_and_deterministic():
     for needle in ("warp_specialize:", "ws(0):", "ws(1):", "on bar[0]", "transpose_b, clear_accum",
                    "fill mx[0:+64] = -1.5:f32", "reduce_max acc -> mx dim=1 accumulate", "atomic_add C[", "select(", "cast<f32>(bitcast<u32>(cnt[0]))",
                    "cumsum mx -> mx dim=0 reverse",
-                   "exp(", "(not (i == j))", "swizzle=4", "m: param i32"):
+                   "exp(", "(not (i == j))", "view V: global f32[64] at P[0] strides=(1)", "swizzle=4", "m: param i32"):
         assert needle in text, needle

@@ -1,7 +1,8 @@
 """User-facing errors (defined in ``tilews.lowering.errors``, which has no dependency on tilews)."""
 from tilews.lowering.errors import (CompileError, CompileTypeError, CompileValueError,
-                                    DeadlockError, InternalError, OutOfBoundsError,
+                                    DeadlockError, InternalError, InvalidAddressError,
+                                    OutOfBoundsError,
                                     RaceError, UninitializedReadError)
 
 __all__ = ["CompileError", "CompileTypeError", "CompileValueError", "DeadlockError",
-           "InternalError", "OutOfBoundsError", "RaceError", "UninitializedReadError"]
+           "InternalError", "InvalidAddressError", "OutOfBoundsError", "RaceError", "UninitializedReadError"]

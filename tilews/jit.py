@@ -77,6 +77,16 @@ def jit(fn: Optional[Callable] = None, *, out_idx: Optional[Sequence[int] | int]
     return wrap if fn is None else wrap(fn)
 
 
+def compile(func: KernelSource, out_idx: Optional[Sequence[int] | int] = None, *,
+            target: str = "auto", pass_configs: Optional[dict] = None, **options) -> Kernel:
+    """TileLang's ``tilelang.compile``: the ``Kernel`` of a ``@T.prim_func`` (what a factory
+    returns), compiled now; ``jit``'s keywords."""
+    if not isinstance(func, KernelSource):
+        raise TypeError(f"tilews.compile() takes a @T.prim_func; got {type(func).__name__} "
+                        f"(decorate a factory with @tilews.jit instead)")
+    return jit(func, out_idx=out_idx, target=target, pass_configs=pass_configs, **options)
+
+
 def _check_options(target: str, options: dict) -> None:
     """Backend options the target's backends do not take are a ``TypeError`` listing those they
     do."""
@@ -231,6 +241,7 @@ class EagerKernel(JitFunction):
     def __init__(self, *a):
         super().__init__(*a)
         self.signature = inspect.signature(self.fn)
+        self._const_sources: dict = {}      # build-time values' key -> eager.ConstSources
 
     @functools.cached_property
     def src(self) -> KernelSource:
@@ -298,26 +309,50 @@ class EagerKernel(JitFunction):
         absent = [p for p in sig.runtime if p not in given]
         if need_inputs and absent:
             raise TypeError(f"{self.__name__}() is missing the argument(s) {', '.join(absent)}")
-        consts = {c: self._const_value(c, extra, given) for c in sig.consts}
+        found = self._sources(constants) if any(c not in extra for c in sig.consts) else None
+        consts = {c: self._const_value(c, extra, given, found) for c in sig.consts}
         return constants, consts, [given[p] for p in sig.runtime if p in given]
 
-    def _const_value(self, name: str, extra: dict, given: dict) -> int:
+    def _sources(self, constants: dict) -> eager.ConstSources:
+        """Where the T.const values come from for these build-time values (the declarations run
+        once per key)."""
+        try:
+            key = keys.specialization_key(constants)
+        except keys.Unhashable:
+            key = None
+        found = self._const_sources.get(key) if key is not None else None
+        if found is None:
+            found = eager.const_sources(self.src, constants, self.eager_signature)
+            if key is not None:
+                self._const_sources[key] = found
+        return found
+
+    def _const_value(self, name: str, extra: dict, given: dict,
+                     found: Optional[eager.ConstSources]) -> int:
         if name in extra:
             value = extra[name]
         else:
-            source = self.eager_signature.const_sources.get(name)
+            source = found.sources.get(name)
             if source is None:
-                raise ValueError(f"{self.__name__}(): T.const '{name}' is not a whole dimension "
-                                 f"of any declared tensor; give it by keyword ({name}=...)")
-            param, dim = source
-            tensor = given.get(param)
+                why = (f"; the declarations could not run with T.const names as symbols: "
+                       f"{found.failure}" if found.failure else "")
+                raise ValueError(f"{self.__name__}(): no declared tensor determines T.const "
+                                 f"'{name}' (no dimension is '{name}', or an integer multiple of "
+                                 f"it plus a constant); give it by keyword ({name}=...){why}")
+            tensor = given.get(source.param)
             if tensor is None:
                 raise ValueError(f"{self.__name__}(): cannot find a value for T.const '{name}': "
-                                 f"pass '{param}' or give {name}=...")
-            if not hasattr(tensor, "shape") or len(tensor.shape) <= dim:
-                raise ValueError(f"{self.__name__}(): '{param}' must be a tensor with at least "
-                                 f"{dim + 1} dimensions (T.const '{name}' is its dimension {dim})")
-            value = tensor.shape[dim]
+                                 f"pass '{source.param}' or give {name}=...")
+            if not hasattr(tensor, "shape") or len(tensor.shape) <= source.dim:
+                raise ValueError(f"{self.__name__}(): '{source.param}' must be a tensor with at "
+                                 f"least {source.dim + 1} dimensions (T.const '{name}' is read "
+                                 f"from {source.describe(name)})")
+            value = source.value(int(tensor.shape[source.dim]))
+            if value is None:
+                raise ValueError(f"{self.__name__}(): '{source.param}' has size "
+                                 f"{int(tensor.shape[source.dim])} in dimension {source.dim}, "
+                                 f"which is declared {source.describe(name)}: no positive "
+                                 f"integer '{name}' gives it")
         if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
             raise TypeError(f"{self.__name__}(): T.const '{name}' must be an int, got {value!r}")
         return int(value)

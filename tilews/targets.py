@@ -2,20 +2,28 @@
 machine's facts the backends are given.
 
 ``"auto"`` picks from the machine: a Hopper GPU -> ``"hopper"``, another CUDA/ROCm GPU ->
-``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``. Which backends serve a
+``"triton"``, an Apple GPU -> ``"metal"``, no GPU -> ``"interpret"``; ``"cuda"`` (TileLang's
+name) picks the same where the GPU is a CUDA/ROCm one and is an error elsewhere. Which backends serve a
 target is ``tilews.backends``'s business.
 """
 from __future__ import annotations
 
 from tilews.lowering.backend import Machine
 
-TARGET_NAMES = ("auto", "interpret", "triton", "hopper", "metal")
+TARGET_NAMES = ("auto", "interpret", "triton", "hopper", "metal", "cuda")
 
 
 def resolve(name: str) -> tuple[str, tuple[str, ...]]:
-    """(the target ``name`` stands for here, notes for the compile report)."""
+    """(the target ``name`` stands for here, notes for the compile report). ``"cuda"``
+    (TileLang's name) is ``"auto"`` on a machine with a CUDA GPU and an error elsewhere."""
     if name not in TARGET_NAMES:
         raise ValueError(f"target must be one of {', '.join(TARGET_NAMES)}; got {name!r}")
+    if name == "cuda":
+        choice = _machine_choice()
+        if choice not in ("hopper", "triton"):
+            raise ValueError(f"target 'cuda' needs a CUDA GPU; this machine has none (it would "
+                             f"run on '{choice}': pass target='auto' for that)")
+        return choice, (f"target 'cuda' is '{choice}' here",)
     if name == "auto":
         name = _machine_choice()
     return name, ()

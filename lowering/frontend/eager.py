@@ -15,8 +15,12 @@
 Which parameters are runtime (passed to the kernel) is decided from the source alone: those with a
 bare annotation in the body (or a tensor/scalar annotation in the signature). Every other
 parameter is a build-time constant. ``T.const`` names are specialized values read from the call's
-tensors: each comes from the first runtime parameter, in signature order, whose annotation has the
-name as a whole dimension (``signature``), unless a keyword of that name gives it.
+tensors, unless a keyword of that name gives them. Which dimension gives each is found by running
+the declarations (``declared_shapes``: the body up to ``with T.Kernel``, once per set of build-time
+constants) with every ``T.const`` name a symbol, so shapes built in local variables, under
+conditionals or as expressions bind as written (``const_sources``): a name comes from the first
+runtime parameter, in signature order, that has it as a whole dimension, else from the first
+dimension that is ``scale * name + offset`` with integer ``scale`` and ``offset``.
 
 ``build_eager`` builds the IR for one set of constants and ``T.const`` values. The parameters of
 the kernel a caller sees are the runtime parameters in signature order followed by the returned
@@ -32,7 +36,7 @@ from .. import ir
 from ..errors import CompileError
 from . import KernelSource, finish_kernel, semantic
 from .context import Builder, active, builder, building
-from .values import BufferRef
+from .values import BufferRef, Scalar
 from .visitor import KernelVisitor
 
 
@@ -75,7 +79,9 @@ class EagerSignature:
     runtime: tuple[str, ...]                      # passed to the kernel, in signature order
     consts: tuple[str, ...]                       # T.const names, in order of appearance
     outputs: tuple[str, ...]                      # the names the body returns, in order
-    const_sources: dict = field(default_factory=dict)   # name -> (runtime parameter, dimension)
+    # name -> ConstSource, read from the annotations as written (whole dimensions named in the
+    # annotation itself): used where running the declarations fails (``const_sources``)
+    written_sources: dict = field(default_factory=dict)
 
 
 def _shape_nodes(ann: ast.expr) -> Optional[list[ast.expr]]:
@@ -89,6 +95,26 @@ def _shape_nodes(ann: ast.expr) -> Optional[list[ast.expr]]:
     if isinstance(shape, (ast.Tuple, ast.List)):
         return list(shape.elts)
     return [shape]
+
+
+@dataclass(frozen=True)
+class ConstSource:
+    """Where a ``T.const`` value comes from: dimension ``dim`` of runtime parameter ``param`` is
+    ``scale * value + offset``."""
+    param: str
+    dim: int
+    scale: int = 1
+    offset: int = 0
+
+    def value(self, size: int) -> Optional[int]:
+        """The value a dimension of ``size`` gives, or None where no positive integer does."""
+        q, r = divmod(size - self.offset, self.scale)
+        return q if r == 0 and q > 0 else None
+
+    def describe(self, name: str) -> str:
+        term = name if self.scale == 1 else f"{self.scale} * {name}"
+        term += f" + {self.offset}" if self.offset > 0 else f" - {-self.offset}" if self.offset else ""
+        return f"dimension {self.dim} of '{self.param}' ({term})"
 
 
 def signature(src: KernelSource) -> EagerSignature:
@@ -117,11 +143,11 @@ def signature(src: KernelSource) -> EagerSignature:
                     raise CompileError(str(e), ir.Loc(src.file, n.lineno + src.line_offset,
                                                       n.col_offset)) from None
     runtime = tuple(p for p in params if p in declared)
-    sources: dict[str, tuple[str, int]] = {}
+    sources: dict[str, ConstSource] = {}
     for p in runtime:
         for d, dim in enumerate(_shape_nodes(declared[p]) or ()):
             if isinstance(dim, ast.Name) and dim.id in consts:
-                sources.setdefault(dim.id, (p, d))
+                sources.setdefault(dim.id, ConstSource(p, d))
     return EagerSignature(tuple(params), runtime, tuple(consts), _returned_names(src), sources)
 
 
@@ -146,7 +172,7 @@ def _returned_names(src: KernelSource) -> tuple[str, ...]:
 @dataclass
 class EagerState:
     """The eager function being built (``Builder.eager``)."""
-    consts: dict[str, int]
+    consts: dict[str, Any]        # T.const name -> its int (a symbol in ``declared_shapes``)
     runtime: tuple[str, ...]
     outputs: list[BufferRef] = field(default_factory=list)    # T.empty, in creation order
     returned: Optional[list] = None
@@ -200,9 +226,9 @@ def const(names: str, dtype=ir.DType.I32):
     values = []
     for n in split_names(names):
         if n not in state.consts:
-            raise semantic.err(f"T.const '{n}' has no value: it must be a whole dimension of a "
-                               f"tensor annotation (`X: T.Tensor(({n}, ...), dtype)`), or be given "
-                               f"as a keyword ({n}=...)")
+            raise semantic.err(f"T.const '{n}' is not among the names the function's T.const "
+                               f"calls spell out as string literals (`T.const(\"{n}, ...\")`), so "
+                               f"no call can give it a value")
         values.append(state.consts[n])
     return values[0] if len(values) == 1 else tuple(values)
 
@@ -234,6 +260,116 @@ def _state(what: str) -> EagerState:
     return state
 
 
+def _bind_parameters(v: KernelVisitor, src: KernelSource, constants: dict[str, Any],
+                     sig: EagerSignature) -> None:
+    """Bind every parameter in the visitor: build-time ones to their values, runtime ones to
+    their declaration (signature annotations) or to ``_Undeclared`` until the body declares them."""
+    state = v.b.eager
+    v._at(src.tree)
+    for a in src.tree.args.args + src.tree.args.kwonlyargs:
+        v._at(a)
+        if a.arg not in sig.runtime:
+            v.bind(a.arg, constants[a.arg])
+            continue
+        ann = src.fn.__annotations__.get(a.arg)
+        v.bind(a.arg, state.declare(a.arg, ann) if isinstance(ann, (semantic.TensorSpec, ir.DType))
+               else _Undeclared(a.arg))
+
+
+def _opens_kernel(stmt: ast.stmt) -> bool:
+    """``with T.Kernel(...)`` (the end of an eager function's declarations)."""
+    return isinstance(stmt, ast.With) and any(_is_call_to(i.context_expr, "Kernel") for i in stmt.items)
+
+
+def declared_shapes(src: KernelSource, constants: dict[str, Any],
+                    sig: EagerSignature) -> dict[str, tuple[ir.Expr, ...]]:
+    """The shapes the runtime tensor parameters are declared with, each ``T.const`` name a
+    symbol (an ``ir.Var`` of its name): the body runs up to its first top-level
+    ``with T.Kernel``. Raises the ``CompileError`` of a declaration that needs a name's value."""
+    symbols = {c: Scalar(ir.Var(c, ir.DType.I32, ir.VarKind.PARAM)) for c in sig.consts}
+    b = Builder(src.name, src.file)
+    b.eager = EagerState(symbols, sig.runtime)
+    v = KernelVisitor(b, src.names, src.line_offset, src.col_offset)
+    with active(b):
+        _bind_parameters(v, src, constants, sig)
+        for stmt in src.tree.body:
+            if _opens_kernel(stmt):
+                break
+            v.visit_stmt(stmt)
+    return {p: ref.buffer.shape for p, ref in b.eager.declared.items() if isinstance(ref, BufferRef)}
+
+
+@dataclass(frozen=True)
+class ConstSources:
+    """``const_sources``'s answer: a ``ConstSource`` per name it found; ``failure``: why the
+    declarations could not run with symbols (then ``sources`` are the written ones)."""
+    sources: dict
+    failure: str = ""
+
+
+def const_sources(src: KernelSource, constants: dict[str, Any], sig: EagerSignature) -> ConstSources:
+    """Where each ``T.const`` value comes from for these build-time ``constants``: whole
+    dimensions first (runtime parameters in signature order), then dimensions affine in one name.
+    Where the declarations need a name's value (``if M > 1024`` before the kernel), the names
+    the annotations show as whole dimensions (``sig.written_sources``)."""
+    if not sig.consts:
+        return ConstSources({})
+    try:
+        shapes = declared_shapes(src, constants, sig)
+    except CompileError as e:
+        return ConstSources(dict(sig.written_sources), f"{e.message} (line {e.loc.line})"
+                            if e.loc is not None else e.message)
+    found: dict[str, ConstSource] = {}
+    for p in sig.runtime:
+        for d, dim in enumerate(shapes.get(p, ())):
+            if isinstance(dim, ir.Var) and dim.name in sig.consts:
+                found.setdefault(dim.name, ConstSource(p, d))
+    for p in sig.runtime:
+        for d, dim in enumerate(shapes.get(p, ())):
+            term = _affine(dim, sig.consts)
+            if term is not None and term[0] not in found:
+                found[term[0]] = ConstSource(p, d, term[1], term[2])
+    return ConstSources(found)
+
+
+def _affine(e: ir.Expr, names: tuple[str, ...]) -> Optional[tuple[str, int, int]]:
+    """``(name, scale, offset)`` where ``e`` is ``scale * name + offset`` (``scale > 0``) in
+    exactly one of ``names``; None otherwise."""
+    terms = _linear(e, names)
+    if terms is None:
+        return None
+    used = [(n, c) for n, c in terms.items() if n is not None and c != 0]
+    if len(used) != 1 or used[0][1] <= 0:
+        return None
+    return used[0][0], used[0][1], terms.get(None, 0)
+
+
+def _linear(e: ir.Expr, names: tuple[str, ...]) -> Optional[dict]:
+    """``e`` as integer coefficients by name (None: the constant term), or None where it is not
+    a sum of integer multiples of ``names`` and integers."""
+    if isinstance(e, ir.Const):
+        return {None: e.value} if type(e.value) is int else None
+    if isinstance(e, ir.Var):
+        return {e.name: 1} if e.name in names and e.kind is ir.VarKind.PARAM else None
+    if not isinstance(e, ir.BinOp) or e.op not in (ir.BinOpKind.ADD, ir.BinOpKind.SUB, ir.BinOpKind.MUL):
+        return None
+    a, b = _linear(e.a, names), _linear(e.b, names)
+    if a is None or b is None:
+        return None
+    if e.op is ir.BinOpKind.MUL:
+        if set(a) <= {None}:
+            a, b = b, a
+        if not set(b) <= {None}:
+            return None
+        k = b.get(None, 0)
+        return {n: c * k for n, c in a.items()}
+    sign = 1 if e.op is ir.BinOpKind.ADD else -1
+    out = dict(a)
+    for n, c in b.items():
+        out[n] = out.get(n, 0) + sign * c
+    return out
+
+
 def build_eager(src: KernelSource, constants: dict[str, Any], consts: dict[str, int],
                 sig: EagerSignature, *, debug: bool = False, target: str = "") -> ir.Kernel:
     """Build the IR of an eager function for one set of build-time ``constants`` (every
@@ -244,15 +380,7 @@ def build_eager(src: KernelSource, constants: dict[str, Any], consts: dict[str, 
     b.eager = EagerState(dict(consts), sig.runtime)
     v = KernelVisitor(b, src.names, src.line_offset, src.col_offset, debug=debug)
     with active(b):
-        v._at(src.tree)
-        for a in src.tree.args.args + src.tree.args.kwonlyargs:
-            v._at(a)
-            if a.arg not in sig.runtime:
-                v.bind(a.arg, constants[a.arg])
-                continue
-            ann = src.fn.__annotations__.get(a.arg)
-            v.bind(a.arg, b.eager.declare(a.arg, ann) if isinstance(ann, (semantic.TensorSpec, ir.DType))
-                   else _Undeclared(a.arg))
+        _bind_parameters(v, src, constants, sig)
         v.visit_body(src.tree.body)
         state = b.eager
         v._at(src.tree)

@@ -4,6 +4,8 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
 * Scheduling points: before every barrier operation (arrive, wait, asynchronous copy) and every
   statement touching shared memory; a statement between two points runs atomically.
 * ``Alloc`` gives the buffer fresh (poisoned) storage or fresh mbarriers.
+* ``PointerView`` views the memory at its evaluated address with its evaluated shape and
+  strides (``addresses.AddressSpace``, the launch's), as a global buffer of this block.
 * ``Copy``: region to region (unit dims squeezed), cast to the destination dtype. With
   ``barrier=`` (global -> shared) it is asynchronous: it reads the source and registers its bytes
   as expected transactions on the barrier's current phase at issue; the data lands at a later
@@ -22,7 +24,7 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 import numpy as np
@@ -30,6 +32,7 @@ import numpy as np
 from .. import ir
 from ..protocol import wait_text
 from ..traverse import buffers_read, buffers_written, walk
+from .addresses import AddressSpace
 from .barriers import Barriers, MBarrier
 from .expressions import Evaluator, both
 from .memory import Memory, region_box
@@ -51,6 +54,7 @@ class Block:
     evaluator: Evaluator
     scheduler: Scheduler
     races: Optional[RaceTracker]
+    addresses: AddressSpace = field(default_factory=AddressSpace)
 
 
 class RoleExecutor:
@@ -65,7 +69,7 @@ class RoleExecutor:
         # statements that may yield (generators), and those that run straight through
         self._blocking = {ir.Seq: self._seq, ir.For: self._for, ir.If: self._if,
                           ir.BarrierArrive: self._arrive, ir.BarrierWait: self._wait}
-        self._straight = {ir.Alloc: self._alloc, ir.Copy: self._copy, ir.Gemm: self._gemm,
+        self._straight = {ir.Alloc: self._alloc, ir.PointerView: self._pointer_view, ir.Copy: self._copy, ir.Gemm: self._gemm,
                           ir.Fill: self._fill, ir.Reduce: self._reduce, ir.CumSum: self._cumsum,
                           ir.Parallel: self._parallel, ir.Store: self._store,
                           ir.AtomicAdd: self._atomic_add,
@@ -131,6 +135,13 @@ class RoleExecutor:
             self.b.barriers.allocate(s.buffer)
         else:
             self.mem.allocate(s.buffer)
+
+    def _pointer_view(self, s: ir.PointerView, env: dict) -> None:
+        b = s.buffer
+        address = int(self.ev.eval(s.address, env)) & ((1 << 64) - 1)
+        shape = [self.ev.index(d, env) for d in b.shape]
+        strides = [self.ev.index(x, env) for x in s.strides]
+        self.mem.bind(b, self.b.addresses.view(address, shape, strides, b.dtype, s.loc))
 
     # -- barriers --------------------------------------------------------------------------------
     def _barrier(self, ref: ir.BarrierRef, env: dict, loc: ir.Loc) -> MBarrier:

@@ -1,7 +1,8 @@
 """The memory of one program instance (block): global views, on-chip buffers, written masks.
 
 Contract:
-* Global buffers are numpy views of the caller's tensors (always initialized). ``allocate`` gives
+* Global buffers are numpy views of the caller's tensors (always initialized), or of the memory
+  at an address a ``PointerView`` bound (``bind``; ``addresses``). ``allocate`` gives
   a shared/fragment/local buffer fresh storage (``values.Numerics.held`` dtype) filled with the
   poison value and, when checking, an all-False written mask.
 * Boxes (``read_box`` / ``write_box``: evaluated starts + static extents) and element lanes
@@ -47,6 +48,10 @@ class Memory:
         self._arrays[buf.name] = np.full(buf.static_shape, poison(held), dtype=held)
         if self.check:
             self._written[buf.name] = np.zeros(buf.static_shape, dtype=bool)
+
+    def bind(self, buf: ir.Buffer, array: np.ndarray) -> None:
+        """Global ``buf`` is ``array`` from now on in this block (``ir.PointerView``)."""
+        self._arrays[buf.name] = array
 
     def array(self, buf: ir.Buffer, loc: ir.Loc) -> np.ndarray:
         arr = self._arrays.get(buf.name)

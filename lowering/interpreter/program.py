@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import ir
 from ..roles import streams
+from .addresses import AddressSpace
 from .barriers import Barriers
 from .binding import bind
 from .executor import Block, RoleExecutor
@@ -39,6 +40,7 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
     allocs, roles = streams(kernel)
     grid = [Evaluator(None, numerics).index(g, env) for g in kernel.grid]
     rng = random.Random(seed)
+    addresses = AddressSpace()
     trace: list[str] = []
     blocks = [c[::-1] for c in itertools.product(*(range(n) for n in reversed(grid)))]
     if block_order is not None:
@@ -53,7 +55,7 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
                 races = RaceTracker() if check else None
                 memory = Memory(arrays, numerics, check, races)
                 block = Block(memory, Barriers(), Evaluator(memory, numerics),
-                              Scheduler(rng, trace, f"block {coords}"), races)
+                              Scheduler(rng, trace, f"block {coords}"), races, addresses)
                 _run_block(block, allocs, roles, block_env)
     finally:
         finish()

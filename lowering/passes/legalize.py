@@ -16,8 +16,9 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            specialization (one stream of ``threads`` threads) a ``StreamPlan``: ``num_warps``
            (threads // 32, rounded down to a power of two on ``config.caps.power_of_two_tiles``, which
            are Triton's targets; a note if that changed it),
-           ``wide_offsets`` (the global buffers that may hold 2**31 elements or more: a static
-           shape that large, or any runtime dim; their offsets need 64 bits), and on
+           ``wide_offsets`` (the global buffers, parameters or ``T.make_tensor`` views, that may
+           hold 2**31 elements or more: a static shape that large, or any runtime dim; their
+           offsets need 64 bits), and on
            ``config.caps.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
            compile-time constants, which costs nothing there) and ``loops_as_while`` (its ``for``
            cannot iterate to a bound held in a tensor).
@@ -63,7 +64,8 @@ def _span(extent: ir.Expr) -> Interval:
 def _stream_plan(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     warps = kernel.threads // 32
     n = 1 << (warps.bit_length() - 1) if config.caps.power_of_two_tiles else warps
-    wide = tuple(b.name for b in kernel.buffer_params if _may_hold_2_31(b))
+    views = tuple(s.buffer for s in walk(kernel.body) if isinstance(s, ir.PointerView))
+    wide = tuple(b.name for b in kernel.buffer_params + views if _may_hold_2_31(b))
     kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=config.caps.triton_interpreter,
                                          loops_as_while=config.caps.triton_interpreter, wide_offsets=wide))
     if n != warps:

@@ -35,7 +35,8 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
            loops. The block's shared bytes (shared buffers, spilled fragments, the staging areas)
            are checked against ``config.caps.smem_bytes``. The emitter spells these decisions and
            recomputes none of them.
-Errors:    ``CompileError`` at the user's line for what Metal cannot run (the frontend already holds
+Errors:    ``CompileError`` at the user's line for what Metal cannot run (a ``PointerView``,
+           ``T.make_tensor``: Metal buffers have no addresses to pass in a table; the frontend already holds
            ``threads`` to multiples of 32 up to 1024, Metal's limits too, grids to 3 dims, copies to
            tiles of one shape and atomic adds to global memory): a gemm whose tile dims are not
            multiples of 8, whose operands are not float16/bfloat16/float32 (FP8 decoded), or whose
@@ -76,6 +77,11 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     simdgroups = kernel.threads // SIMD
     tilings = {}
     for s in walk(kernel.body):
+        if isinstance(s, ir.PointerView):
+            raise CompileError("T.make_tensor is not supported on Metal: Metal buffers have no "
+                               "device addresses a pointer table could hold", s.loc,
+                               ["pass the tensors as parameters, or run on target 'triton' or "
+                                "'interpret'"])
         if isinstance(s, ir.Gemm):
             _check_gemm(s)
             tilings.setdefault(s.c.buffer.name, _tiling(s, simdgroups))

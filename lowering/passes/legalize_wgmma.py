@@ -41,6 +41,8 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              asynchronously (a register-staged tile);
            * shared tiles (a buffer's last two dims; a ring's slots may be any number) and TMA
              boxes have power-of-two extents (Triton's shared layouts and descriptors);
+           * no ``PointerView`` (``T.make_tensor``): its memory has no descriptor made at
+             launch, and the emitter takes global tensors as parameters only;
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
              are scalars (shape (1,), i32 or f32, indexed by 0) and each is written by a store
              (or an atomic returning into it) before any read, in the same statement list as the
@@ -109,6 +111,9 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                       "T.Pipelined loop of copies feeding a T.gemm)")
     laid_out = dict(kernel.plan(LayoutPlan).layouts)
     for s in _statements(kernel.body):
+        if isinstance(s, ir.PointerView):
+            raise _Refuse(f"T.make_tensor (line {s.loc.line}) views memory at an address read in "
+                          f"the kernel: no TMA descriptor can be made for it at launch")
         if not isinstance(s, (*_SPELLED, ir.WarpSpecialize, ir.Role)):
             raise _Refuse(f"the Gluon emitter does not spell {type(s).__name__.lower()} yet "
                           f"(line {s.loc.line})")

@@ -12,7 +12,8 @@ Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop,
            iteration, ahead of the consumers: attention's V copy after its Q K^T gemm), the
            other statements only reading them (the consumers), a ``PipelinePlan``; otherwise a
            note saying why the loop will not be warp-specialized (the program is unchanged
-           either way). The plan's ``preloads`` are the copies before the loop (in the tile
+           either way); a kernel holding a ``PointerView`` (``T.make_tensor``) gets that note
+           (its views cannot be TMA operands). The plan's ``preloads`` are the copies before the loop (in the tile
            loop's body, if any) of the same form (a global tile into a whole shared buffer that
            nothing else writes or reads before the copy), e.g. attention's Q tile.
 Preserves: the program (this pass only analyses) and every node's loc.
@@ -42,6 +43,10 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
 
 
 def _plan(kernel: ir.Kernel, loops: list[ir.For]) -> tuple[Optional[PipelinePlan], str]:
+    views = [s for s in walk(kernel.body) if isinstance(s, ir.PointerView)]
+    if views:
+        return None, (f"T.make_tensor at line {views[0].loc.line} views memory at an address read "
+                      f"in the kernel, which no tensor descriptor made at launch can reach (TMA)")
     body, tile_loop = kernel.body.stmts, None
     tiles = [s for s in body if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT]
     if len(tiles) == 1 and loops and loops[0] in tiles[0].body.stmts:

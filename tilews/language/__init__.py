@@ -11,6 +11,7 @@ from .loops import (Parallel, Persistent, Pipelined, Serial, Unroll, Vectorized,
                     serial, unroll, vectorized)
 from .memory import (alloc_barrier, alloc_fragment, alloc_local, alloc_shared,
                      create_list_of_mbarrier, get_mbarrier)
+from .memory import make_tensor, ptr
 from .reduce import reduce_abssum, reduce_max, reduce_min, reduce_sum
 from .reduce import cumsum, reduce_absmax
 from .sync import barrier_arrive, barrier_wait, mbarrier_arrive, mbarrier_wait_parity

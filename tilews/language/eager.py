@@ -8,8 +8,9 @@ from tilews.lowering.frontend import eager
 
 def const(names: str, dtype=ir.DType.I32):
     """``M, N = T.const("M, N")``: dimensions the kernel is specialized on (one compiled kernel
-    per value). Each name must be a whole dimension of a declared tensor, or be given by keyword
-    at the call (``fn.compile(M=1024, ...)``). One name gives a value, several a tuple."""
+    per value), read from the call's tensors: from the first declared tensor that has the name as
+    a whole dimension, else from a dimension ``scale * name + offset``; a keyword at the call
+    gives it instead (``fn.compile(M=1024, ...)``). One name gives a value, several a tuple."""
     return eager.const(names, dtype)
 
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from tilews.lowering import ir
-from tilews.lowering.frontend import semantic
+from tilews.lowering.dtypes import POINTER
+from tilews.lowering.frontend import pointers, semantic
 from tilews.lowering.frontend.context import builder
 
 
@@ -39,3 +40,16 @@ def create_list_of_mbarrier(*arrive_counts):
 
 def get_mbarrier(i):
     return semantic.get_mbarrier(i)
+
+
+ptr = POINTER
+
+
+def make_tensor(address, shape, dtype=None, strides=None):
+    """A global tensor at a device address read in the kernel: ``address`` is an element of a
+    pointer table (a ``T.Tensor([n], T.ptr)`` parameter holding ``t.data_ptr()`` of each tensor),
+    ``shape`` a tuple of positive ints or runtime integers, ``dtype`` the element type, ``strides``
+    (elements) row-major unless given. Used like a tensor parameter (``T.copy(A[m, k], A_s)``);
+    accesses outside ``shape`` are masked. Copies of it never use TMA (its address is unknown at
+    launch). Not on Metal."""
+    return pointers.make_tensor(address, shape, dtype, strides, builder().name_hint)

@@ -44,11 +44,12 @@ class _TensorMeta(type):
 
 class Tensor(metaclass=_TensorMeta):
     """Annotation of a tensor parameter: ``T.Tensor((M, K), T.float16)`` or
-    ``T.Tensor[(M, K), "float16"]``. Dims are ints, ``T.dynamic(name)``, or (direct style) names
+    ``T.Tensor[(M, K), "float16"]``; a shape that is no tuple or list is one dimension
+    (``T.Tensor[(batch), T.int32]``). Dims are ints, ``T.dynamic(name)``, or (direct style) names
     bound from the argument's shape."""
 
     def __new__(cls, shape, dtype):
-        shape = (shape,) if isinstance(shape, (int, str, semantic.Dynamic)) else tuple(shape)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
         return semantic.TensorSpec(shape, semantic.as_dtype(dtype))
 
 

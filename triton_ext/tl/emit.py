@@ -91,6 +91,15 @@ def _alloc(ctx: Ctx, s: ir.Alloc) -> None:
     ctx.line(f"{ctx.name(b.name)} = tl.zeros({shape}, {TL_DTYPE[b.dtype]})")
 
 
+def _pointer_view(ctx: Ctx, s: ir.PointerView) -> None:
+    """The view's base pointer and strides, named as a parameter buffer's (``A``, ``A_stride0``)."""
+    b = s.buffer
+    ctx.line(f"{ctx.name(b.name)} = tl.cast({spell(ctx, s.address)}, "
+             f"tl.pointer_type({TL_DTYPE[b.dtype]}))")
+    for d, stride in enumerate(s.strides):
+        ctx.line(f"{ctx.stride(b, d)} = {spell(ctx, stride)}")
+
+
 def _copy(ctx: Ctx, s: ir.Copy) -> None:
     if s.mechanism not in (ir.CopyMechanism.DIRECT, ir.CopyMechanism.MASKED):
         raise InternalError(f"triton backend: no rule for copy mechanism {s.mechanism.value}", s.loc)
@@ -314,5 +323,5 @@ def _if(ctx: Ctx, s: ir.If) -> None:
 
 
 _STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
-    ir.Alloc: _alloc, ir.Copy: _copy, ir.Gemm: _gemm, ir.Fill: _fill, ir.Reduce: _reduce,
+    ir.Alloc: _alloc, ir.PointerView: _pointer_view, ir.Copy: _copy, ir.Gemm: _gemm, ir.Fill: _fill, ir.Reduce: _reduce,
     ir.CumSum: _cumsum, ir.Store: _store, ir.AtomicAdd: _atomic_add, ir.Parallel: _parallel, ir.For: _for, ir.If: _if}
