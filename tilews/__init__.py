@@ -20,7 +20,7 @@ from .targets import num_sms  # noqa: E402
 
 JITKernel = Kernel   # TileLang's name of the compiled kernel
 
-_LAZY = ("ops",)      # submodules imported at first attribute access
+_LAZY = ("ops", "tvm")      # submodules imported at first attribute access
 
 __all__ = ["CompileError", "CompileReport", "DataType", "DeadlockError", "InternalError", "JITKernel",
            "Kernel", "OutOfBoundsError", "PassConfigKey", "RaceError", "TensorSupplyType",
