@@ -25,7 +25,7 @@ _LAZY = ("ops", "tvm")      # submodules imported at first attribute access
 __all__ = ["CompileError", "CompileReport", "DataType", "DeadlockError", "InternalError", "JITKernel",
            "Kernel", "OutOfBoundsError", "PassConfigKey", "RaceError", "TensorSupplyType",
            "UninitializedReadError", "__version__", "autotune", "cdiv", "compile", "jit", "lower",
-           "next_power_of_2", "num_sms", "ops"]
+           "next_power_of_2", "num_sms", "ops", "tvm"]
 
 
 def __getattr__(name: str):
