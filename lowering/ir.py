@@ -133,6 +133,7 @@ class MathFn(enum.Enum):
     ABS = "abs"
     SQRT = "sqrt"
     RSQRT = "rsqrt"
+    CEIL = "ceil"
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,15 @@ class Call(Expr):
 
 @dataclass(frozen=True)
 class Cast(Expr):
+    value: Expr
+    dtype: DType
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class Bitcast(Expr):
+    """``value``'s bits read as ``dtype`` (``T.reinterpret``); the frontend keeps the two widths
+    equal."""
     value: Expr
     dtype: DType
     loc: Loc = _loc()
@@ -364,6 +374,12 @@ class ReduceKind(enum.Enum):
     MIN = "min"
     SUM = "sum"
     ABSSUM = "abssum"
+    ABSMAX = "absmax"
+
+    @property
+    def of_abs(self) -> bool:
+        """The kind reduces the absolute values of its source (``abssum``, ``absmax``)."""
+        return self in (ReduceKind.ABSSUM, ReduceKind.ABSMAX)
 
 
 @dataclass(frozen=True)
@@ -373,6 +389,18 @@ class Reduce(Stmt):
     dst: Buffer
     dim: int
     clear: bool = True
+    loc: Loc = _loc()
+
+
+@dataclass(frozen=True)
+class CumSum(Stmt):
+    """``dst`` = the inclusive prefix sums of ``src`` along ``dim`` (``reverse``: from the end of
+    the dim); the two buffers have one shape and may be the same buffer (in place). Float sums
+    are accumulated in float32 at least, then rounded to ``dst``'s dtype."""
+    src: Buffer
+    dst: Buffer
+    dim: int
+    reverse: bool = False
     loc: Loc = _loc()
 
 
@@ -542,8 +570,8 @@ class Kernel:
         return tuple(p for p in self.params if isinstance(p, Var))
 
 
-NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Select, Load, Buffer, Region,
-                BarrierRef, Seq, Alloc, PointerView, Copy, Gemm, GemmWait, BulkStoreWait, ProxyFence, BlockSync, Fill, Reduce, Store, AtomicAdd, Parallel, For,
+NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Bitcast, Select, Load, Buffer, Region,
+                BarrierRef, Seq, Alloc, PointerView, Copy, Gemm, GemmWait, BulkStoreWait, ProxyFence, BlockSync, Fill, Reduce, CumSum, Store, AtomicAdd, Parallel, For,
                 If, Role, WarpSpecialize, BarrierArrive, BarrierWait, Kernel)
 
 

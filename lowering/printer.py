@@ -27,6 +27,8 @@ def expr(e: ir.Expr) -> str:
         return f"{e.fn.value}({', '.join(expr(a) for a in e.args)})"
     if isinstance(e, ir.Cast):
         return f"cast<{e.dtype.value}>({expr(e.value)})"
+    if isinstance(e, ir.Bitcast):
+        return f"bitcast<{e.dtype.value}>({expr(e.value)})"
     if isinstance(e, ir.Select):
         return f"select({expr(e.cond)}, {expr(e.a)}, {expr(e.b)})"
     if isinstance(e, ir.Load):
@@ -84,6 +86,9 @@ def _stmt_line(s: ir.Stmt) -> str:
     if isinstance(s, ir.Reduce):
         clear = "" if s.clear else " accumulate"
         return f"reduce_{s.kind.value} {s.src.name} -> {s.dst.name} dim={s.dim}{clear}"
+    if isinstance(s, ir.CumSum):
+        reverse = " reverse" if s.reverse else ""
+        return f"cumsum {s.src.name} -> {s.dst.name} dim={s.dim}{reverse}"
     if isinstance(s, ir.Store):
         return (f"{s.buffer.name}[{', '.join(expr(i) for i in s.indices)}]{mask_low(s.mask_low)} = "
                 f"{expr(s.value)}")

@@ -142,7 +142,7 @@ def operands(e: ir.Expr) -> tuple:
         return e.a, e.b
     if isinstance(e, (ir.UnOp,)):
         return (e.a,)
-    if isinstance(e, ir.Cast):
+    if isinstance(e, (ir.Cast, ir.Bitcast)):
         return (e.value,)
     if isinstance(e, ir.Select):
         return e.cond, e.a, e.b

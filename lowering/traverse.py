@@ -131,7 +131,7 @@ def subexprs(e: ir.Expr) -> Iterator[ir.Expr]:
     elif isinstance(e, ir.Call):
         for a in e.args:
             yield from subexprs(a)
-    elif isinstance(e, ir.Cast):
+    elif isinstance(e, (ir.Cast, ir.Bitcast)):
         yield from subexprs(e.value)
     elif isinstance(e, ir.Select):
         for a in (e.cond, e.a, e.b):
@@ -162,6 +162,8 @@ def buffers_read(s: ir.Stmt) -> list[ir.Buffer]:
         out.append(s.src)
         if not s.clear:
             out.append(s.dst)
+    elif isinstance(s, ir.CumSum):
+        out.append(s.src)
     elif isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):
         out.append(s.value.buffer)
     for e in exprs_of(s):
@@ -179,7 +181,7 @@ def buffers_written(s: ir.Stmt) -> list[ir.Buffer]:
         return [s.dst.buffer]
     if isinstance(s, ir.AtomicAdd):
         return [s.dst.buffer] + ([s.prev] if s.prev is not None else [])
-    if isinstance(s, ir.Reduce):
+    if isinstance(s, (ir.Reduce, ir.CumSum)):
         return [s.dst]
     if isinstance(s, ir.Store):
         return [s.buffer]

@@ -19,6 +19,7 @@ what Metal cannot run: this module raises only ``InternalError``), where the blo
 * a matrix accumulator is copied out with ``simdgroup_store`` straight to its destination when the
   copy needs no mask and no conversion, else staged 8x8 at a time through a per-simdgroup scratch
   area whose lanes convert and mask;
+* ``T.cumsum``: each thread scans whole lines of the dim serially (both buffers in shared memory);
 * reductions: a simdgroup per output (lanes stride the reduced dim, then ``simd_sum``/``simd_max``/
   ``simd_min``), or, with fewer outputs than simdgroups, every simdgroup's partial into scratch and a
   second step across them;
@@ -362,13 +363,19 @@ def _matrix_copy(ctx: Ctx, s: ir.Copy) -> None:
 # -- reductions ---------------------------------------------------------------------------------
 
 _COMBINE = {ir.ReduceKind.MAX: "max({}, {})", ir.ReduceKind.MIN: "min({}, {})",
-            ir.ReduceKind.SUM: "({} + {})", ir.ReduceKind.ABSSUM: "({} + {})"}
+            ir.ReduceKind.SUM: "({} + {})", ir.ReduceKind.ABSSUM: "({} + {})",
+            ir.ReduceKind.ABSMAX: "max({}, {})"}
 _SIMD = {ir.ReduceKind.MAX: "simd_max", ir.ReduceKind.MIN: "simd_min", ir.ReduceKind.SUM: "simd_sum",
-         ir.ReduceKind.ABSSUM: "simd_sum"}
+         ir.ReduceKind.ABSSUM: "simd_sum", ir.ReduceKind.ABSMAX: "simd_max"}
+
+
+def _accumulator(dt: ir.DType) -> str:
+    """The MSL type reductions and scans of ``dt`` values accumulate in."""
+    return "float" if dt.is_float else "int" if dt.record.kind != "uint" else "uint"
 
 
 def _identity(kind: ir.ReduceKind, t: str) -> str:
-    if kind is ir.ReduceKind.MAX:
+    if kind in (ir.ReduceKind.MAX, ir.ReduceKind.ABSMAX):
         return "(-INFINITY)" if t == "float" else "(-2147483647 - 1)"
     if kind is ir.ReduceKind.MIN:
         return "INFINITY" if t == "float" else "2147483647"
@@ -381,13 +388,13 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
     red = shape[s.dim]
     post = math.prod(shape[s.dim + 1:])
     outputs = math.prod(shape) // red
-    acc_t = "float" if dst.dtype.is_float else "int" if dst.dtype.record.kind != "uint" else "uint"
+    acc_t = _accumulator(dst.dtype)
     combine = _COMBINE[s.kind]
     src_name, dst_name = ctx.name(src.name), ctx.name(dst.name)
 
     def element_of(o: str, r: str) -> str:
         value = f"{acc_t}({src_name}[({o} / {post}) * {red * post} + ({r}) * {post} + {o} % {post}])"
-        return f"abs({value})" if s.kind is ir.ReduceKind.ABSSUM else value
+        return f"abs({value})" if s.kind.of_abs else value
 
     def result(o: str, v: str) -> str:
         old = f"{acc_t}({dst_name}[{o}])"
@@ -422,6 +429,26 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
                 ctx.line(f"{w} = {combine.format(w, f'{scratch}[{TID} * {per} + {g}]')};")
             ctx.line(result(TID, w))
         ctx.line("threadgroup_barrier(mem_flags::mem_threadgroup);")
+
+
+def _cumsum(ctx: Ctx, s: ir.CumSum) -> None:
+    """Serial along the scanned dim: thread ``t`` scans lines t, t + threads, ... (a line: the
+    dim's ``n`` elements at one index of every other dim), both buffers in threadgroup memory
+    (legalize_metal). Each element is read before it is written, so the scan may be in place.
+    A thread makes ceil(lines / threads) * n additions: meant for the small tiles of a block."""
+    shape = s.src.static_shape
+    n, post = shape[s.dim], math.prod(shape[s.dim + 1:])
+    acc_t = _accumulator(s.dst.dtype)
+    src, dst = ctx.name(s.src.name), ctx.name(s.dst.name)
+    line, r, v, at = ctx.fresh("line"), ctx.fresh("r"), ctx.fresh("v"), ctx.fresh("at")
+    order = f"int {r} = {n - 1}; {r} >= 0; --{r}" if s.reverse else f"int {r} = 0; {r} < {n}; ++{r}"
+    with ctx.block(f"for (int {line} = int({TID}); {line} < {math.prod(shape) // n}; "
+                   f"{line} += {ctx.threads})"):
+        ctx.line(f"{acc_t} {v} = {acc_t}(0);")
+        with ctx.block(f"for ({order})"):
+            ctx.line(f"const int {at} = ({line} / {post}) * {n * post} + {r} * {post} + {line} % {post};")
+            ctx.line(f"{v} += {acc_t}({decoded(ctx, f'{src}[{at}]', s.src.dtype)});")
+            ctx.line(f"{dst}[{at}] = {convert(ctx, v, s.dst.dtype, s.loc)};")
 
 
 # -- element statements -------------------------------------------------------------------------
@@ -547,5 +574,6 @@ def _sync(ctx: Ctx, s: ir.BlockSync) -> None:
 
 _STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
     ir.Alloc: _alloc, ir.Copy: _copy, ir.Gemm: _gemm, ir.Fill: _fill, ir.Reduce: _reduce,
+    ir.CumSum: _cumsum,
     ir.Store: _store, ir.AtomicAdd: _atomic_add, ir.Parallel: _parallel, ir.For: _for, ir.If: _if,
     ir.BlockSync: _sync}

@@ -29,7 +29,7 @@ from .fp8_encode import FP8_ENCODE_MSL, encoder
 
 _MATH = {ir.MathFn.EXP: "exp", ir.MathFn.EXP2: "exp2", ir.MathFn.LOG: "log",
          ir.MathFn.LOG2: "log2", ir.MathFn.SQRT: "sqrt", ir.MathFn.RSQRT: "rsqrt",
-         ir.MathFn.ABS: "abs", ir.MathFn.MAX: "max", ir.MathFn.MIN: "min"}
+         ir.MathFn.ABS: "abs", ir.MathFn.MAX: "max", ir.MathFn.MIN: "min", ir.MathFn.CEIL: "ceil"}
 
 HELPERS = {
     "floordiv": ("inline int tws_floordiv(int a, int b) { int q = a / b; "
@@ -166,6 +166,8 @@ def _const(ctx: Ctx, e: ir.Const) -> str:
         return text if e.dtype is ir.DType.F32 else f"{msl_type(e.dtype, e.loc)}({text})"
     if e.dtype.bits == 64:
         return f"{int(v)}L" if e.dtype.record.kind == "int" else f"{int(v)}UL"
+    if e.dtype.bits < 32:      # typed, so min/max and as_type see the IR's type
+        return f"{msl_type(e.dtype, e.loc)}({int(v)})"
     return str(int(v)) if e.dtype.record.kind != "uint" else f"{int(v)}u"
 
 
@@ -231,6 +233,17 @@ def _cast(ctx: Ctx, e: ir.Cast) -> str:
     return as_type(ctx, e.value, e.dtype, e.loc)
 
 
+def _bitcast(ctx: Ctx, e: ir.Bitcast) -> str:
+    """``as_type`` of the value held at its own width (arithmetic on narrow integers is int in
+    MSL); FP8 values go through their bytes (a decoded FP8 value is a half)."""
+    source = e.value.dtype
+    bits = spell(ctx, e.value)
+    if source.is_fp8:
+        bits = convert(ctx, bits, source, e.loc)       # the encoded byte
+    bits = f"as_type<{msl_type(e.dtype, e.loc)}>(static_cast<{msl_type(source, e.loc)}>({bits}))"
+    return decoded(ctx, bits, e.dtype)
+
+
 def _select(ctx: Ctx, e: ir.Select) -> str:
     return (f"({spell(ctx, e.cond)} ? {_operand(ctx, e.a, e.dtype)} : "
             f"{_operand(ctx, e.b, e.dtype)})")
@@ -242,4 +255,4 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
 
 _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
     ir.Const: _const, ir.Var: _var, ir.BinOp: _binop, ir.Cmp: _cmp, ir.UnOp: _unop,
-    ir.Call: _call, ir.Cast: _cast, ir.Select: _select, ir.Load: _load}
+    ir.Call: _call, ir.Cast: _cast, ir.Bitcast: _bitcast, ir.Select: _select, ir.Load: _load}

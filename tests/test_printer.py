@@ -32,12 +32,13 @@ def everything():
                 T.gemm(A_s, B_s, acc, transpose_B=True, clear_accum=True)
                 T.fill(mx, -1.5)
                 T.reduce_max(acc, mx, dim=1, clear=False)
+                T.cumsum(mx, reverse=True)
                 cnt[0] = 0
                 if bx > 0:
                     cnt[0] = cnt[0] + 1
                 for i, j in T.Parallel(64, 64):
                     acc[i, j] = T.if_then_else(-acc[i, j] < 0 and not (i == j), T.exp(acc[i, j] - mx[i]),
-                                               T.cast(cnt[0], T.float32))
+                                               T.cast(T.reinterpret(cnt[0], T.uint32), T.float32))
                 T.atomic_add(C[0:64, 0:64], acc)
                 V = T.make_tensor(P[0], (64,), T.float32)
                 T.copy(mx, V[0:64])
@@ -79,6 +80,7 @@ def test_printer_is_total_and_deterministic():
     assert "gemm_wait outstanding=0" in hopper_text and "proxy_fence" in hopper_text
     assert "block_sync" in printer.to_text(metal_gemm())
     for needle in ("warp_specialize:", "ws(0):", "ws(1):", "on bar[0]", "transpose_b, clear_accum",
-                   "fill mx[0:+64] = -1.5:f32", "reduce_max acc -> mx dim=1 accumulate", "atomic_add C[", "select(", "cast<f32>(cnt[0])",
+                   "fill mx[0:+64] = -1.5:f32", "reduce_max acc -> mx dim=1 accumulate", "atomic_add C[", "select(", "cast<f32>(bitcast<u32>(cnt[0]))",
+                   "cumsum mx -> mx dim=0 reverse",
                    "exp(", "(not (i == j))", "view V: global f32[64] at P[0] strides=(1)", "swizzle=4", "m: param i32"):
         assert needle in text, needle

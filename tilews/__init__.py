@@ -21,12 +21,12 @@ from . import layout  # noqa: E402
 
 JITKernel = Kernel   # TileLang's name of the compiled kernel
 
-_LAZY = ("ops",)      # submodules imported at first attribute access
+_LAZY = ("ops", "tvm")      # submodules imported at first attribute access
 
 __all__ = ["CompileError", "CompileReport", "DataType", "DeadlockError", "InternalError", "JITKernel",
            "Kernel", "OutOfBoundsError", "PassConfigKey", "RaceError", "TensorSupplyType",
            "UninitializedReadError", "__version__", "autotune", "cdiv", "compile", "jit", "layout",
-           "lower", "next_power_of_2", "num_sms", "ops"]
+           "lower", "next_power_of_2", "num_sms", "ops", "tvm"]
 
 
 def __getattr__(name: str):

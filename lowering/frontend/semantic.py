@@ -15,8 +15,8 @@ from ..roles import describe
 from ..traverse import walk
 from . import block_wide
 from .context import builder, current_loc
-from .values import (BufferRef, ElementRef, RegionRef, Scalar, as_dtype, cast,  # noqa: F401
-                     promote, to_expr)   # as_dtype, cast: here for callers (semantic.cast)
+from .values import (BufferRef, ElementRef, RegionRef, Scalar, as_dtype, bitcast,  # noqa: F401
+                     cast, promote, to_expr)   # as_dtype, bitcast, cast: here for callers (semantic.cast)
 
 
 def err(msg: str, notes: Sequence[str] = ()) -> CompileError:
@@ -516,23 +516,40 @@ def fill(dst, value) -> None:
     builder().emit(ir.Fill(r, to_expr(value, r.buffer.dtype), current_loc()))
 
 
-def reduce(kind: ir.ReduceKind, src, dst, dim: int, clear: bool) -> None:
-    _tile_op(f"T.reduce_{kind.value}")
+def _along_dim(what: str, src, dst, dim) -> tuple[ir.Buffer, ir.Buffer, int]:
+    """The on-chip buffers of a tile operation along one dim of ``src`` (reductions, scans),
+    and that dim made non-negative."""
+    _tile_op(what)
     if not isinstance(src, BufferRef) or not isinstance(dst, BufferRef):
-        raise err(f"T.reduce_{kind.value} takes whole buffers (src, dst)")
+        raise err(f"{what} takes whole buffers (src, dst)")
     s, d = src.buffer, dst.buffer
     for x in (s, d):
         if x.scope not in (ir.Scope.FRAGMENT, ir.Scope.SHARED, ir.Scope.LOCAL):
-            raise err(f"T.reduce_{kind.value}: '{x.name}' must be an on-chip buffer")
+            raise err(f"{what}: '{x.name}' must be an on-chip buffer")
+    rank = len(s.shape)
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -rank <= dim < rank:
+        raise err(f"{what}: dim={dim!r} is out of range for {rank}-d '{s.name}'")
+    return s, d, dim % rank
+
+
+def reduce(kind: ir.ReduceKind, src, dst, dim: int, clear: bool) -> None:
+    s, d, dim = _along_dim(f"T.reduce_{kind.value}", src, dst, dim)
     shape = s.static_shape
-    if not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
-        raise err(f"T.reduce_{kind.value}: dim={dim!r} is out of range for {len(shape)}-d '{s.name}'")
-    dim %= len(shape)
     expect = shape[:dim] + shape[dim + 1:] or (1,)
     if d.static_shape != expect:
         raise err(f"T.reduce_{kind.value}: reducing {list(shape)} over dim {dim} gives "
                   f"{list(expect)}, but '{d.name}' is {list(d.static_shape)}")
     builder().emit(ir.Reduce(kind, s, d, dim, bool(clear), current_loc()))
+
+
+def cumsum(src, dst, dim: int, reverse: bool) -> None:
+    s, d, dim = _along_dim("T.cumsum", src, src if dst is None else dst, dim)
+    if d.static_shape != s.static_shape or d.dtype != s.dtype:
+        raise err(f"T.cumsum: dst '{d.name}' ({d.dtype}{list(d.static_shape)}) must have the "
+                  f"shape and dtype of src '{s.name}' ({s.dtype}{list(s.static_shape)})")
+    if not (s.dtype.is_float or s.dtype.is_int):
+        raise err(f"T.cumsum sums numbers, not {s.dtype} ('{s.name}')")
+    builder().emit(ir.CumSum(s, d, dim, bool(reverse), current_loc()))
 
 
 def store(target, value) -> None:
@@ -607,7 +624,8 @@ def use_swizzle(panel: int) -> None:
 
 _PY_MATH = {ir.MathFn.EXP: math.exp, ir.MathFn.EXP2: lambda x: 2.0 ** x, ir.MathFn.LOG: math.log,
             ir.MathFn.LOG2: math.log2, ir.MathFn.ABS: abs, ir.MathFn.SQRT: math.sqrt,
-            ir.MathFn.RSQRT: lambda x: 1.0 / math.sqrt(x), ir.MathFn.MAX: max, ir.MathFn.MIN: min}
+            ir.MathFn.RSQRT: lambda x: 1.0 / math.sqrt(x), ir.MathFn.MAX: max, ir.MathFn.MIN: min,
+            ir.MathFn.CEIL: lambda x: float(math.ceil(x))}
 
 
 def math_call(fn: ir.MathFn, *args):

@@ -143,7 +143,9 @@ class Scalar:
     def __xor__(self, o): return binary(ir.BinOpKind.XOR, self, o)
     def __rxor__(self, o): return binary(ir.BinOpKind.XOR, o, self)
     def __lshift__(self, o): return binary(ir.BinOpKind.SHL, self, o)
+    def __rlshift__(self, o): return binary(ir.BinOpKind.SHL, o, self)
     def __rshift__(self, o): return binary(ir.BinOpKind.SHR, self, o)
+    def __rrshift__(self, o): return binary(ir.BinOpKind.SHR, o, self)
 
     def __neg__(self):
         return Scalar(ir.UnOp(ir.UnOpKind.NEG, self.expr, self.dtype, current_loc()))
@@ -312,6 +314,17 @@ def cast(x, dtype) -> Scalar:
     if e.dtype == dt:
         return Scalar(e)
     return Scalar(ir.Cast(e, dt, current_loc()))
+
+
+def bitcast(x, dtype) -> Scalar:
+    """``x``'s bits read as ``dtype`` (``T.reinterpret``); the widths must match."""
+    dt = as_dtype(dtype)
+    e = to_expr(x, None)
+    if e.dtype.bits != dt.bits or ir.DType.BOOL in (dt, e.dtype):
+        raise CompileError(f"T.reinterpret: {e.dtype} ({e.dtype.bits} bits) cannot be reinterpreted "
+                           f"as {dt} ({dt.bits} bits); a bit-cast keeps the width (T.cast converts "
+                           f"the value)", current_loc())
+    return Scalar(e if e.dtype == dt else ir.Bitcast(e, dt, current_loc()))
 
 
 def _number_as(x, dt: ir.DType):

@@ -12,7 +12,8 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
   point chosen by the scheduler, decrementing the transaction count.
 * ``Gemm``: C (+)= op(A) @ op(B), accumulated in C's value dtype (``values.Numerics``); float32
   operands are multiplied exactly whatever ``Gemm.precision`` says (TF32 permits rounding, never asks it).
-* ``Fill``, ``Reduce`` (``clear=False`` combines with dst), ``Store``, ``AtomicAdd`` (element
+* ``Fill``, ``Reduce`` (``clear=False`` combines with dst), ``CumSum`` (float sums in float32 at
+  least, rounded once to dst's dtype), ``Store``, ``AtomicAdd`` (element
   and tile forms, bounds-masked; lanes hitting one element all add; ``prev`` receives the value
   before the add; every ``order`` holds, since blocks run one statement at a time).
 * ``Parallel`` runs vectorized over its extents: ``If`` inside is a lane mask; global loads and
@@ -41,7 +42,8 @@ from .scheduler import SWITCH, Scheduler, Wait
 
 _REDUCE = {ir.ReduceKind.MAX: (np.max, np.maximum), ir.ReduceKind.MIN: (np.min, np.minimum),
            ir.ReduceKind.SUM: (np.sum, np.add),
-           ir.ReduceKind.ABSSUM: (lambda x, axis: np.sum(np.abs(x), axis=axis), np.add)}
+           ir.ReduceKind.ABSSUM: (lambda x, axis: np.sum(np.abs(x), axis=axis), np.add),
+           ir.ReduceKind.ABSMAX: (lambda x, axis: np.max(np.abs(x), axis=axis), np.maximum)}
 
 
 @dataclass
@@ -68,7 +70,7 @@ class RoleExecutor:
         self._blocking = {ir.Seq: self._seq, ir.For: self._for, ir.If: self._if,
                           ir.BarrierArrive: self._arrive, ir.BarrierWait: self._wait}
         self._straight = {ir.Alloc: self._alloc, ir.PointerView: self._pointer_view, ir.Copy: self._copy, ir.Gemm: self._gemm,
-                          ir.Fill: self._fill, ir.Reduce: self._reduce,
+                          ir.Fill: self._fill, ir.Reduce: self._reduce, ir.CumSum: self._cumsum,
                           ir.Parallel: self._parallel, ir.Store: self._store,
                           ir.AtomicAdd: self._atomic_add,
                           # gemms run synchronously here, and shared memory has one proxy
@@ -219,6 +221,16 @@ class RoleExecutor:
         if not s.clear:
             out = combine(out, self.mem.read_box(s.dst, zeros, shape, s.loc))
         self.mem.write_box(s.dst, zeros, shape, self.num.round(out, s.dst.dtype), s.loc)
+
+    def _cumsum(self, s: ir.CumSum, env: dict) -> None:
+        shape = s.src.static_shape
+        src = self.mem.read_box(s.src, [0] * len(shape), shape, s.loc)
+        x = src.astype(self.num.value(s.dst.dtype))     # float32 at least; integers in 64 bits
+        if s.reverse:
+            out = np.flip(np.cumsum(np.flip(x, s.dim), axis=s.dim), s.dim)
+        else:
+            out = np.cumsum(x, axis=s.dim)
+        self.mem.write_box(s.dst, [0] * len(shape), shape, self.num.round(out, s.dst.dtype), s.loc)
 
     def _atomic_add(self, s: ir.AtomicAdd, env: dict, mask: Optional[np.ndarray] = None) -> None:
         dst = s.dst

@@ -9,7 +9,7 @@ Contract:
   each arm. Inactive lanes hold unspecified values.
 * Each result is rounded to its node's dtype (``values.Numerics.round``); integer ``//`` and ``%``
   follow Python (floor) semantics; math functions are computed in float64 and rounded once;
-  ``max``/``min`` propagate NaN.
+  ``max``/``min`` propagate NaN; a ``Bitcast`` views the value's storage bits as the new dtype.
 * Loads go through ``memory.Memory.gather`` (bounds, initialization and race checks).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import ir
 from .memory import Memory
-from .values import F64, Numerics
+from .values import F64, Numerics, storage, to_storage
 
 _BINARY = {ir.BinOpKind.ADD: np.add, ir.BinOpKind.SUB: np.subtract, ir.BinOpKind.MUL: np.multiply,
            ir.BinOpKind.DIV: np.true_divide, ir.BinOpKind.FLOORDIV: np.floor_divide,
@@ -32,7 +32,7 @@ _COMPARE = {ir.CmpKind.LT: np.less, ir.CmpKind.LE: np.less_equal, ir.CmpKind.GT:
             ir.CmpKind.GE: np.greater_equal, ir.CmpKind.EQ: np.equal, ir.CmpKind.NE: np.not_equal}
 _FLOAT_FNS = {ir.MathFn.EXP: np.exp, ir.MathFn.EXP2: np.exp2, ir.MathFn.LOG: np.log,
               ir.MathFn.LOG2: np.log2, ir.MathFn.SQRT: np.sqrt,
-              ir.MathFn.RSQRT: lambda x: 1.0 / np.sqrt(x)}
+              ir.MathFn.RSQRT: lambda x: 1.0 / np.sqrt(x), ir.MathFn.CEIL: np.ceil}
 
 
 def both(mask: Optional[np.ndarray], cond) -> np.ndarray:
@@ -47,7 +47,7 @@ class Evaluator:
         self.num = numerics
         self._rules = {ir.Const: self._const, ir.Var: self._var, ir.BinOp: self._binop,
                        ir.Cmp: self._cmp, ir.UnOp: self._unop, ir.Call: self._call,
-                       ir.Cast: self._cast, ir.Select: self._select, ir.Load: self._load}
+                       ir.Cast: self._cast, ir.Bitcast: self._bitcast, ir.Select: self._select, ir.Load: self._load}
 
     def eval(self, e: ir.Expr, env: dict, mask: Optional[np.ndarray] = None):
         return self._rules[type(e)](e, env, mask)
@@ -98,6 +98,10 @@ class Evaluator:
 
     def _cast(self, e: ir.Cast, env, mask):
         return self.num.cast(self.eval(e.value, env, mask), e.dtype)
+
+    def _bitcast(self, e: ir.Bitcast, env, mask):
+        bits = to_storage(self.eval(e.value, env, mask), storage(e.value.dtype))
+        return bits.view(storage(e.dtype)).astype(self.num.value(e.dtype))
 
     def _select(self, e: ir.Select, env, mask):
         cond = np.asarray(self.eval(e.cond, env, mask), dtype=bool)

@@ -17,8 +17,8 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
              at their own indices in order, whole-tile atomic adds from it;
            * ``replicated`` for a small buffer (<= 256 bytes) written only outside ``T.Parallel``
              (element stores and whole fills): every thread keeps the same copy;
-           * ``shared`` for everything else (gemm operands, reduction sources and results, buffers
-             read across threads), in the block's shared memory.
+           * ``shared`` for everything else (gemm operands, reduction and scan sources and results,
+             buffers read across threads), in the block's shared memory.
 
            Every gemm's accumulator gets a ``MatrixTiling`` over the block's simdgroups (the most
            simdgroups that divide its rows and columns into multiples of 8, the most square tiles
@@ -212,7 +212,7 @@ def _decode_fp8_operands(kernel: ir.Kernel) -> ir.Kernel:
 
 @dataclasses.dataclass
 class _Use:
-    kind: str                     # fill | copy | gemm_c | operand | reduce | par | uniform | atomic
+    kind: str                     # fill | copy | gemm_c | operand | reduce (and scan) | par | uniform | atomic
     whole: bool = True
     aligned: bool = False         # par: the loop's own indices over exactly the buffer's shape
     write: bool = False
@@ -250,7 +250,7 @@ class _Uses:
             self.add(s.c.buffer, _Use("gemm_c", s.c.is_whole, write=True))
         elif isinstance(s, ir.Fill):
             self.add(s.dst.buffer, _Use("fill", s.dst.is_whole, write=True))
-        elif isinstance(s, ir.Reduce):
+        elif isinstance(s, (ir.Reduce, ir.CumSum)):
             self.add(s.src, _Use("reduce"))
             self.add(s.dst, _Use("reduce", write=True))
         elif isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):

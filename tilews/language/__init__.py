@@ -3,6 +3,7 @@ from .copy import copy, tma_copy
 from .eager import const, empty
 from .elementwise import (Cast, abs, atomic_add, cast, ceildiv, clear, exp, exp2, fill,
                           if_then_else, infinity, log, log2, max, min, rsqrt, sqrt)
+from .elementwise import ceil, clamp, floordiv, floormod, reinterpret, shift_left
 from .fp8 import fp8_scaled_matmul
 from .gemm import GemmWarpPolicy, gemm
 from .hints import (annotate_layout, dec_max_nreg, disable_warp_group_reg_alloc, inc_max_nreg,
@@ -13,6 +14,7 @@ from .loops import (Parallel, Persistent, Pipelined, Serial, Unroll, Vectorized,
 from .memory import (alloc_barrier, alloc_fragment, alloc_global, alloc_local, alloc_shared,
                      alloc_var, create_list_of_mbarrier, get_mbarrier, make_tensor, ptr)
 from .reduce import reduce_abssum, reduce_max, reduce_min, reduce_sum
+from .reduce import cumsum, reduce_absmax
 from .sync import barrier_arrive, barrier_wait, mbarrier_arrive, mbarrier_wait_parity
 from .types import (Buffer, DType, Tensor, bfloat16, boolean, dtype, dynamic, float8_e4m3,
                     float8_e4m3fn, float8_e5m2, float16, float32, float64, half, int8, int16,

@@ -33,6 +33,27 @@ min = _math(ir.MathFn.MIN)  # noqa: A001
 abs = _math(ir.MathFn.ABS)  # noqa: A001
 sqrt = _math(ir.MathFn.SQRT)
 rsqrt = _math(ir.MathFn.RSQRT)
+ceil = _math(ir.MathFn.CEIL)
+
+
+def clamp(x, lo, hi):
+    """``min(max(x, lo), hi)``."""
+    return min(max(x, lo), hi)
+
+
+def floordiv(a, b):
+    """``a // b``, rounded toward negative infinity (Python's and TileLang's floor division)."""
+    return a // b
+
+
+def floormod(a, b):
+    """``a % b`` with the sign of ``b`` (the remainder of ``floordiv``)."""
+    return a % b
+
+
+def shift_left(a, b):
+    """``a << b``."""
+    return a << b
 
 
 def cast(value, dtype):
@@ -43,6 +64,15 @@ def cast(value, dtype):
 def Cast(dtype, value):  # noqa: N802  (TileLang's spelling)
     """``T.cast(value, dtype)`` with TileLang's argument order."""
     return semantic.cast(value, dtype)
+
+
+def reinterpret(value, dtype):
+    """``value``'s bits read as ``dtype``, of the same width (``T.reinterpret(x, T.uint32)`` of a
+    float32 ``x``); ``T.cast`` converts the value instead."""
+    if isinstance(value, str):
+        raise semantic.err(f"T.reinterpret(value, dtype) takes the value first, got the dtype "
+                           f"{value!r} (TVM's tirx.reinterpret takes the dtype first)")
+    return semantic.bitcast(value, dtype)
 
 
 def if_then_else(cond, a, b):

@@ -1,4 +1,4 @@
-"""Reductions over one dimension of a tile."""
+"""Reductions and scans over one dimension of a tile."""
 from __future__ import annotations
 
 from tilews.lowering import ir
@@ -18,3 +18,12 @@ reduce_max = _reduce(ir.ReduceKind.MAX)
 reduce_min = _reduce(ir.ReduceKind.MIN)
 reduce_sum = _reduce(ir.ReduceKind.SUM)
 reduce_abssum = _reduce(ir.ReduceKind.ABSSUM)
+reduce_absmax = _reduce(ir.ReduceKind.ABSMAX)
+
+
+def cumsum(src, dst=None, dim: int = 0, reverse: bool = False):
+    """Inclusive prefix sums of an on-chip buffer along ``dim`` into ``dst`` (by default ``src``
+    itself, in place): ``dst[..., i, ...] = src[..., 0, ...] + ... + src[..., i, ...]``; with
+    ``reverse=True`` the sums run from the end of the dim. ``dst`` has ``src``'s shape and dtype;
+    float sums are accumulated in float32 at least."""
+    semantic.cumsum(src, dst, dim, reverse)

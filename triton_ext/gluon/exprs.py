@@ -28,7 +28,7 @@ from .context import GL_DTYPE, Ctx
 _MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
 _MATH = {ir.MathFn.EXP: "gl.exp", ir.MathFn.EXP2: "gl.exp2", ir.MathFn.LOG: "gl.log",
          ir.MathFn.LOG2: "gl.log2", ir.MathFn.SQRT: "gl.sqrt", ir.MathFn.RSQRT: "gl.rsqrt",
-         ir.MathFn.ABS: "gl.abs"}
+         ir.MathFn.ABS: "gl.abs", ir.MathFn.CEIL: "gl.ceil"}
 _IEEE_ROUNDED = {ir.MathFn.SQRT: "gl.sqrt_rn"}   # where ``ctx.ieee_rounded`` (fp32)
 _LOGICAL = {ir.BinOpKind.LAND: "&", ir.BinOpKind.LOR: "|"}
 
@@ -204,10 +204,14 @@ def _cast(ctx: Ctx, e: ir.Cast) -> str:
     return f"gl.cast({spell(ctx, e.value)}, {GL_DTYPE[e.dtype]})"
 
 
+def _bitcast(ctx: Ctx, e: ir.Bitcast) -> str:
+    return f"gl.cast({spell(ctx, e.value)}, {GL_DTYPE[e.dtype]}, bitcast=True)"
+
+
 def _select(ctx: Ctx, e: ir.Select) -> str:
     return f"gl.where({spell(ctx, e.cond)}, {spell(ctx, e.a)}, {spell(ctx, e.b)})"
 
 
 _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
     ir.Const: _const, ir.Var: _var, ir.BinOp: _binop, ir.Cmp: _cmp, ir.UnOp: _unop,
-    ir.Call: _call, ir.Cast: _cast, ir.Select: _select, ir.Load: _load}
+    ir.Call: _call, ir.Cast: _cast, ir.Bitcast: _bitcast, ir.Select: _select, ir.Load: _load}

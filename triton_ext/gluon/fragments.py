@@ -182,7 +182,7 @@ def _spell_once(ctx: Ctx, e: ir.Expr) -> str:
     first, so a repeated global load is issued once."""
     seen: dict = {}
     for x in subexprs(e):
-        if isinstance(x, (ir.BinOp, ir.Call, ir.Select, ir.Cast, ir.UnOp)) or \
+        if isinstance(x, (ir.BinOp, ir.Call, ir.Select, ir.Cast, ir.Bitcast, ir.UnOp)) or \
                 isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.GLOBAL:
             seen[x] = seen.get(x, 0) + 1
     repeated = [x for x, n in seen.items() if n > 1 and x is not e]
@@ -211,14 +211,15 @@ def _mixed(e: ir.Expr, dtype: ir.DType) -> bool:
 
 _REDUCE = {ir.ReduceKind.MAX: ("gl.max", "gl.maximum({}, {})"),
            ir.ReduceKind.MIN: ("gl.min", "gl.minimum({}, {})"),
-           ir.ReduceKind.SUM: ("gl.sum", "{} + {}"), ir.ReduceKind.ABSSUM: ("gl.sum", "{} + {}")}
+           ir.ReduceKind.SUM: ("gl.sum", "{} + {}"), ir.ReduceKind.ABSSUM: ("gl.sum", "{} + {}"),
+           ir.ReduceKind.ABSMAX: ("gl.max", "gl.maximum({}, {})")}
 
 
 def reduce(ctx: Ctx, s: ir.Reduce) -> None:
     src, dst = s.src, s.dst
     x = ctx.name(src.name)
     fn, combine = _REDUCE[s.kind]
-    if s.kind is ir.ReduceKind.ABSSUM:
+    if s.kind.of_abs:
         x = f"gl.abs({x})"
     dtype = src.dtype
     if fn == "gl.sum" and src.dtype.is_float and src.dtype.bits < 32:

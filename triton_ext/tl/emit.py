@@ -152,7 +152,8 @@ def _fill(ctx: Ctx, s: ir.Fill) -> None:
 
 _REDUCE = {ir.ReduceKind.MAX: ("tl.max", "tl.maximum({}, {})"),
            ir.ReduceKind.MIN: ("tl.min", "tl.minimum({}, {})"),
-           ir.ReduceKind.SUM: ("tl.sum", "{} + {}"), ir.ReduceKind.ABSSUM: ("tl.sum", "{} + {}")}
+           ir.ReduceKind.SUM: ("tl.sum", "{} + {}"), ir.ReduceKind.ABSSUM: ("tl.sum", "{} + {}"),
+           ir.ReduceKind.ABSMAX: ("tl.max", "tl.maximum({}, {})")}
 
 
 def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
@@ -160,7 +161,7 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
     x = tiles.buffer_value(ctx, src)
     x = x if src.dtype == dst.dtype else f"{x}.to({TL_DTYPE[dst.dtype]})"
     fn, combine = _REDUCE[s.kind]
-    if s.kind is ir.ReduceKind.ABSSUM:
+    if s.kind.of_abs:
         x = f"tl.abs({x})"
     wide = ", dtype=tl.float32" if fn == "tl.sum" and dst.dtype.is_float and dst.dtype.bits < 32 else ""
     out = f"{fn}({x}, axis={s.dim}{wide})"
@@ -182,6 +183,17 @@ def _reduced_dtype(fn: str, dt: ir.DType) -> ir.DType:
     if dt.is_float:
         return ir.DType.F32
     return dt if fn == "tl.sum" else ir.DType.I32
+
+
+def _cumsum(ctx: Ctx, s: ir.CumSum) -> None:
+    """``tl.cumsum`` of the register tensor, 8/16-bit values widened first (float sums in
+    float32, as the IR says; integer sums wrap alike at either width)."""
+    x, dt = tiles.buffer_value(ctx, s.src), s.src.dtype
+    if dt.bits < 32:
+        dt = ir.DType.F32 if dt.is_float else ir.DType.I32
+        x = f"{x}.to({TL_DTYPE[dt]})"
+    tiles.assign(ctx, s.dst, f"tl.cumsum({x}, axis={s.dim}, reverse={s.reverse})",
+                 s.src.static_shape, dt)
 
 
 def _store(ctx: Ctx, s: ir.Store) -> None:
@@ -312,4 +324,4 @@ def _if(ctx: Ctx, s: ir.If) -> None:
 
 _STMTS: dict[type, Callable[[Ctx, ir.Stmt], None]] = {
     ir.Alloc: _alloc, ir.PointerView: _pointer_view, ir.Copy: _copy, ir.Gemm: _gemm, ir.Fill: _fill, ir.Reduce: _reduce,
-    ir.Store: _store, ir.AtomicAdd: _atomic_add, ir.Parallel: _parallel, ir.For: _for, ir.If: _if}
+    ir.CumSum: _cumsum, ir.Store: _store, ir.AtomicAdd: _atomic_add, ir.Parallel: _parallel, ir.For: _for, ir.If: _if}

@@ -30,7 +30,8 @@ from ..pysource import atom, nonneg
 from .context import TL_DTYPE, Ctx, shape_text
 
 _MATH = {ir.MathFn.EXP: "tl.exp", ir.MathFn.EXP2: "tl.exp2", ir.MathFn.LOG: "tl.log",
-         ir.MathFn.LOG2: "tl.log2", ir.MathFn.SQRT: "tl.sqrt", ir.MathFn.RSQRT: "tl.rsqrt"}
+         ir.MathFn.LOG2: "tl.log2", ir.MathFn.SQRT: "tl.sqrt", ir.MathFn.RSQRT: "tl.rsqrt",
+         ir.MathFn.CEIL: "tl.ceil"}
 _IEEE_ROUNDED = {ir.MathFn.SQRT: "tl.sqrt_rn"}   # where ``ctx.ieee_rounded`` (fp32)
 _MINMAX = {ir.MathFn.MAX: "tl.maximum", ir.MathFn.MIN: "tl.minimum"}
 
@@ -134,6 +135,10 @@ def _cast(ctx: Ctx, e: ir.Cast) -> str:
     return cast(ctx, e.value, e.dtype)
 
 
+def _bitcast(ctx: Ctx, e: ir.Bitcast) -> str:
+    return f"tl.cast({spell(ctx, e.value)}, {TL_DTYPE[e.dtype]}, bitcast=True)"
+
+
 def _select(ctx: Ctx, e: ir.Select) -> str:
     return f"tl.where({spell(ctx, e.cond)}, {spell(ctx, e.a)}, {spell(ctx, e.b)})"
 
@@ -168,7 +173,7 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
 
 _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
     ir.Const: _const, ir.Var: _var, ir.BinOp: _binop, ir.Cmp: _cmp, ir.UnOp: _unop,
-    ir.Call: _call, ir.Cast: _cast, ir.Select: _select, ir.Load: _load}
+    ir.Call: _call, ir.Cast: _cast, ir.Bitcast: _bitcast, ir.Select: _select, ir.Load: _load}
 
 
 # ----------------------------------------------------------------------------------------------
