@@ -57,6 +57,12 @@ _RECORDS = (
 _BY_SHORT = {r.short: r for r in _RECORDS}
 
 
+# TileLang's dtypes of fewer than 8 bits: names a program may hold (``T.int4``) but no tensor may
+# have here (``DType(name)`` says so)
+SUB_BYTE_NAMES = ("int1", "int2", "int4", "uint1", "uint2", "uint4", "float4_e2m1fn",
+                  "float6_e2m3fn", "float6_e3m2fn")
+
+
 class DType(str, enum.Enum):
     """Element types. ``dt.value`` is the printer's short name (``"f16"``). As in TileLang, a
     dtype is also the string of its TileLang name: ``T.float16 == "float16"``,
@@ -91,6 +97,10 @@ class DType(str, enum.Enum):
     @classmethod
     def _missing_(cls, value):
         found = _coerce(value)
+        if found is None and value in SUB_BYTE_NAMES:
+            raise ValueError(f"dtype {value!r} has fewer than 8 bits, which tilews does not "
+                             f"support: store packed values in a uint8 (or wider) tensor and "
+                             f"decode them with shifts and masks")
         if found is None:
             raise ValueError(f"unknown dtype {value!r}; a dtype is T.float16 (...), one of the names "
                              f"{', '.join(sorted(DTYPE_ALIASES))}, a torch or numpy dtype, or "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, MutableMapping, Optional
 
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
@@ -36,6 +36,16 @@ SWITCHES = (
                     "heuristics"),
     ("TILEWS_CXX", "the C++17 compiler of the Metal CPU harness (default: `g++`, else `clang++`)"),
 )
+
+
+def set_cache_disabled(disabled: bool, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Turn the on-disk cache off or on for this process and its children from now on (TileLang's
+    ``env.disable_cache()``): both switches that turn it off are set or cleared."""
+    for name in ("TILEWS_DISABLE_CACHE", "TILELANG_DISABLE_CACHE"):
+        if disabled:
+            environ[name] = "1"
+        else:
+            environ.pop(name, None)
 
 
 def flag(name: str, environ: Mapping[str, str] = os.environ, default: bool = False) -> bool:

@@ -192,8 +192,8 @@ def test_report_and_sources():
 
 
 def test_bad_target_and_out_idx():
-    with pytest.raises(ValueError, match="must be one of auto, interpret, triton, hopper, metal"):
-        tilews.jit(target="cuda")
+    with pytest.raises(ValueError, match="must be one of auto, interpret, triton, hopper, metal, cuda"):
+        tilews.jit(target="sm90")
     with pytest.raises(ValueError, match="out_idx 5 is out of range"):
         tilews.jit(out_idx=[5], target="interpret")(add_factory)(32, 8)
     assert tilews.jit(target="metal")(add_factory)(32, 8).report.target == "metal"

@@ -5,6 +5,7 @@ markers of ``tilews.testing`` (decided on a patched torch capability), ``torch_a
 ``tilews.engine.lower``, ``tilews.JITKernel`` and ``tilews.DataType``."""
 from __future__ import annotations
 
+import importlib
 import random
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from tilews.language.dtypes import _TORCH_DTYPE_TO_STR, dtype
 from tilews.language.fp8 import determine_torch_fp8_type
 from tilews.utils.tensor import TensorSupplyType, get_tensor_supply, torch_assert_close
 
-from .helpers import randn
+from .helpers import marked_line, randn
 
 
 def gpu(monkeypatch, capability=None, hip=None):
@@ -331,3 +332,59 @@ def test_target_cuda_is_the_machines_gpu_target_and_an_error_without_a_cuda_gpu(
     gpu(monkeypatch, None)
     with pytest.raises(ValueError, match="target 'cuda' needs a CUDA GPU"):
         targets.resolve("cuda")
+
+
+def test_tilelang_names_tilews_lacks_say_why_at_the_users_line():
+    def f(N):
+        @T.prim_func
+        def main(A: T.Tensor((N,), T.float32)):
+            with T.Kernel(1, threads=128):
+                tx = T.get_thread_binding()  # <- error
+                A[tx] = 0.0
+        return main
+    with pytest.raises(tilews.CompileError, match="T.get_thread_binding is TileLang's; tilews does "
+                                                  "not provide it: the thread level") as info:
+        tilews.jit(out_idx=[], target="interpret")(f)(128)
+    assert info.value.loc.line == marked_line(f)
+    with pytest.raises(T.unsupported.NotProvided, match="T.call_extern is TileLang's"):
+        T.call_extern
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        T.no_such_name
+
+
+def test_c_dtype_names_and_sub_byte_names():
+    assert (T.int, T.uint, T.short, T.long, T.double) == (T.int32, T.uint32, T.int16, T.int64,
+                                                          T.float64)
+    assert T.int4 == "int4" and {T.int4: "i4"}[T.int4] == "i4"     # a name a program may hold
+
+    def f(N):
+        @T.prim_func
+        def main(A: T.Tensor((N,), T.int4)):
+            with T.Kernel(1, threads=128):
+                A[0] = 0
+        return main
+    with pytest.raises(tilews.CompileError, match="'int4' has fewer than 8 bits"):
+        tilews.jit(out_idx=[], target="interpret")(f)(16)
+
+
+@pytest.mark.parametrize("module", ["tilews.cuda.intrinsics.macro.mma_macro_generator",
+                                    "tilews.rocm.target"])
+def test_vendor_emitter_modules_say_they_are_not_provided(module):
+    with pytest.raises(ImportError, match="tilews does not provide TileLang's tilelang"):
+        importlib.import_module(module)
+
+
+def test_env_reports_and_switches_the_disk_cache(monkeypatch, tmp_path):
+    import tilews.env
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TILEWS_DISABLE_CACHE", "0")     # both restored after, whatever the test sets
+    monkeypatch.setenv("TILELANG_DISABLE_CACHE", "1")
+    assert tilews.env.TILELANG_CACHE_DIR.startswith(str(tmp_path))
+    assert not tilews.env.env.is_cache_enabled()
+    tilews.env.env.enable_cache()
+    assert tilews.env.env.is_cache_enabled()
+    tilews.env.env.disable_cache()
+    assert not tilews.env.env.is_cache_enabled()
+    from tilews.cache import DiskCache
+    from tilews.lowering.settings import Settings
+    assert DiskCache.from_settings(Settings.from_env()).disabled

@@ -21,5 +21,17 @@ from .types import (Buffer, DType, Tensor, bfloat16, boolean, dtype, dynamic, fl
                     int32, int64, tfloat32, uint8, uint16, uint32, uint64)
 from tilews.layout import Layout
 
+from . import unsupported
+
 bool = boolean  # noqa: A001  (TileLang spelling T.bool)
 float = float32  # noqa: A001  (TileLang's "float")
+int = int32  # noqa: A001  (TileLang's C names of dtypes)
+uint = uint32
+short = int16
+long = int64
+double = float64
+
+
+def __getattr__(name: str):
+    """TileLang's names tilews does not provide say why (``unsupported``)."""
+    return unsupported.missing(name)

@@ -15,17 +15,9 @@ from __future__ import annotations
 from tilews.lowering.dtypes import DType as DataType
 
 from . import tirx
+from .unprovided import UnprovidedTVMName
 
 __all__ = ["DataType", "UnprovidedTVMName", "tirx"]
-
-
-class UnprovidedTVMName(AttributeError):
-    """A TVM name outside the part of TVM tilews provides."""
-
-    def __init__(self, module: str, name: str, provided):
-        super().__init__(f"tilews does not provide TVM's {module}.{name}: tilews.{module} has only "
-                         f"{', '.join(sorted(provided))} (the TVM names TileLang programs use for "
-                         f"dtypes and bit-level arithmetic)")
 
 
 def __getattr__(name: str):

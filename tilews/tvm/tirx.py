@@ -13,6 +13,8 @@ from tilews.lowering import ir
 from tilews.lowering.frontend import semantic
 from tilews.lowering.frontend.values import Scalar as PrimExpr
 
+from .unprovided import UnprovidedTVMName
+
 __all__ = ["Cast", "Min", "PrimExpr", "Select", "const", "reinterpret"]
 
 
@@ -40,5 +42,4 @@ def Min(a, b):  # noqa: N802
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    from . import UnprovidedTVMName
     raise UnprovidedTVMName("tvm.tirx", name, __all__)
