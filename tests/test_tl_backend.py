@@ -102,6 +102,22 @@ def axpy():
     return build_kernel(main, {"X": vec, "Y": vec, "Z": vec, "alpha": T.float32})
 
 
+def group_rows(N, G):
+    """Rows shifted by their group's offset (grouped GEMM's lookup): the group found with a
+    T.alloc_var, then its offset read (a scalar load) inside the parallel loop's `if`."""
+    @T.prim_func
+    def main(A: T.Tensor((N, 64), T.float32), offs: T.Tensor((G,), T.int32),
+             C: T.Tensor((N, 64), T.float32)):
+        with T.Kernel(T.ceildiv(N, 32), threads=128) as bx:
+            g = T.alloc_var(T.int32)
+            for i in range(G):
+                g = T.if_then_else(bx * 32 >= offs[i], i, g)
+            for i, j in T.Parallel(32, 64):
+                if bx * 32 + i < N:
+                    C[bx * 32 + i, j] = A[bx * 32 + i, j] + offs[g]
+    return build_kernel(main)
+
+
 def split_k(M, N, K, splits, bm=32, bn=32, bk=32):
     """C += A @ B with K split over a third grid axis, accumulated with a tile T.atomic_add."""
     steps = K // bk // splits
@@ -315,6 +331,20 @@ def case_last_block_sum(device=None):
     return _close(y, 2 * x.double().sum(0), 1e-5, 1e-6)
 
 
+def case_group_rows(device=None):
+    N, G = 100, 3
+    kernel = group_rows(N, G)
+    if device is None:
+        return kernel
+    import torch
+    a = randn(N, 64, device=device, seed=15)
+    offs = torch.tensor([0, 32, 64], dtype=torch.int32, device=device)
+    c = poisoned(N, 64, device=device)
+    _run(kernel, [a, offs, c], device)
+    group = torch.arange(N, device=device) // 32
+    return _close(c, (a + offs[group.clamp(max=G - 1)].float()[:, None]).double(), 0, 0)   # one f32 add
+
+
 def case_misc(device=None):
     G = 4
     kernel = misc(G)
@@ -361,6 +391,7 @@ CASES = {
     "misc_elementwise": case_misc,
     "last_block_sum": case_last_block_sum,
     "huge_uint8_tail": case_huge_uint8_tail,
+    "group_rows_scalar_load": case_group_rows,
 }
 
 

@@ -154,7 +154,7 @@ def masked_load(ptr: str, mask: Optional[str], dtype: ir.DType) -> str:
 def _load(ctx: Ctx, e: ir.Load) -> str:
     b = e.buffer
     if b.scope is ir.Scope.GLOBAL:
-        ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc)
+        ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc, reads=True)
         return masked_load(ptr, mask, b.dtype)
     if b in ctx.scalars:
         return ctx.name(b.name)
@@ -181,13 +181,16 @@ _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
 
 
 def element_ptr(ctx: Ctx, b: ir.Buffer, indices, mask_low: tuple[bool, ...],
-                loc: ir.Loc) -> tuple[str, Optional[str]]:
+                loc: ir.Loc, reads: bool = False) -> tuple[str, Optional[str]]:
     """Pointer and mask (in bounds, and the enclosing parallel `if`s) of global elements; None
-    when nothing needs masking (every index a constant inside its static dimension)."""
+    when nothing needs masking (every index a constant inside its static dimension). A read
+    whose address no parallel variable reaches is one scalar load: the `if`s do not guard it
+    (it is in bounds by its own mask, and harmless where no element needs it; Triton takes no
+    block mask for a scalar pointer)."""
     idx = [spell(ctx, i) for i in indices]
     ptr = " + ".join([ctx.name(b.name)] + [offset(ctx, b, d, atom(i)) for d, i in enumerate(idx)])
     conds = bounds(ctx, b, idx, mask_low, loc)
-    if ctx.par is not None and ctx.par.mask():
+    if ctx.par is not None and ctx.par.mask() and not (reads and not _mentions_parallel(ctx, indices)):
         conds.append(ctx.par.mask())
     return ptr, " & ".join(conds) or None
 
