@@ -538,3 +538,19 @@ def test_tfloat32_is_float32_storage_with_tf32_gemms(target):
     a, b = randn(M, K, seed=14), randn(K, N, seed=15)
     torch.testing.assert_close(k(a, b).double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
     assert "ieee" not in k.ir_text("before")        # the gemm allows tf32 (GemmPrecision.TF32)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_kernel_threads_given_as_a_tuple_count_their_product(target):
+    def f(N):
+        @T.prim_func
+        def main(A: T.Tensor((N,), T.float32), B: T.Tensor((N,), T.float32)):
+            with T.Kernel(T.ceildiv(N, 128), threads=(32, 4)) as bx:
+                for i in T.Parallel(128):
+                    if bx * 128 + i < N:
+                        B[bx * 128 + i] = A[bx * 128 + i] * 3
+        return main
+    kernel = build(f, 300, target=target)
+    assert kernel.ir_before.threads == 128
+    a = randn(300, seed=21)
+    torch.testing.assert_close(kernel(a), 3 * a)

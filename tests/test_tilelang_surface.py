@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -367,11 +368,17 @@ def test_c_dtype_names_and_sub_byte_names():
         tilews.jit(out_idx=[], target="interpret")(f)(16)
 
 
-@pytest.mark.parametrize("module", ["tilews.cuda.intrinsics.macro.mma_macro_generator",
-                                    "tilews.rocm.target"])
-def test_vendor_emitter_modules_say_they_are_not_provided(module):
-    with pytest.raises(ImportError, match="tilews does not provide TileLang's tilelang"):
-        importlib.import_module(module)
+@pytest.mark.parametrize("module, name", [
+    ("tilews.cuda.intrinsics.macro.mma_macro_generator", "TensorCoreIntrinEmitter"),
+    ("tilews.cuda.intrinsics", "get_swizzle_layout"),
+    ("tilews.rocm.target", "target_is_gfx950")])
+def test_vendor_emitter_modules_import_and_their_names_say_they_are_not_provided(module, name):
+    from tilews.unprovided import NotProvided
+    stand_in = getattr(importlib.import_module(module), name)     # a program that only imports runs
+    qualname = "tilelang" + module[len("tilews"):] + "." + name
+    for use in (lambda: stand_in(1, k=2), lambda: stand_in.method, lambda: types.new_class("X", (stand_in,))):
+        with pytest.raises(NotProvided, match=f"tilews does not provide TileLang's {qualname}: "):
+            use()
 
 
 def test_env_reports_and_switches_the_disk_cache(monkeypatch, tmp_path):

@@ -1,6 +1,7 @@
 """Kernels and roles: ``T.prim_func``, ``T.Kernel``, ``T.ws``."""
 from __future__ import annotations
 
+import math
 import sys
 
 from tilews.lowering.frontend import Macro, kernel_source, semantic
@@ -17,9 +18,13 @@ def macro(fn):
     return Macro(fn)
 
 
-def Kernel(*grid, threads: int = 128):
+def Kernel(*grid, threads=128):
     """``with T.Kernel(gx, gy, threads=N) as (bx, by):`` — a grid of blocks of ``threads`` threads;
-    binds the block indices."""
+    binds the block indices. TileLang's ``threads=(x, y[, z])`` is ``x * y * z`` threads: how they
+    are laid out matters only to thread-level code, which tilews does not have."""
+    if isinstance(threads, (tuple, list)) and threads and all(
+            isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in threads):
+        threads = math.prod(threads)
     return semantic.KernelFrame(grid, threads)
 
 

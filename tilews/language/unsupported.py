@@ -1,12 +1,13 @@
 """TileLang names ``tilews.language`` does not provide, each with the reason a program that
 reaches one is told (``tilews.language.__getattr__``): inside a kernel a ``CompileError`` at the
-user's line, elsewhere an ``AttributeError`` (``NotProvided``). TileLang's dtypes of fewer than
+user's line, elsewhere ``tilews.unprovided.NotProvided`` (an ``AttributeError``). TileLang's dtypes of fewer than
 8 bits are names here (``T.int4 == "int4"``), so programs that only mention them import; a tensor
 of one is refused where it is declared."""
 from __future__ import annotations
 
 from tilews.lowering.dtypes import SUB_BYTE_NAMES
 from tilews.lowering.frontend import context, semantic
+from tilews.unprovided import NotProvided
 
 _THREAD_LEVEL = ("the thread level (a per-thread index and per-thread control flow) is not "
                  "supported yet: tilews programs are written per tile")
@@ -43,10 +44,6 @@ REASONS = {
     "alloc_buffer": "TVM's raw T.alloc_buffer is not provided: use T.alloc_shared, "
                     "T.alloc_fragment or T.alloc_local",
 }
-
-
-class NotProvided(AttributeError):
-    """A TileLang name tilews does not provide (outside a kernel)."""
 
 
 def missing(name: str):

@@ -1,5 +1,7 @@
-"""TileLang's ``tilelang.rocm`` (AMD matrix-core emitters and target queries) has no tilews
-counterpart: tilews reaches AMD GPUs through Triton only. Importing it says so."""
-raise ImportError("tilews does not provide TileLang's tilelang.rocm modules (AMD matrix-core "
-                  "emitters and target queries): tilews reaches AMD GPUs through Triton's "
-                  "target='triton'")
+"""Stand-in for TileLang's ``tilelang.rocm`` (AMD matrix-core emitters and target queries):
+tilews reaches AMD GPUs through Triton only. Its names import; using one says so
+(``tilews.unprovided``)."""
+from tilews.unprovided import stub_package
+
+__getattr__ = stub_package(__name__, "tilews reaches AMD GPUs through Triton's target='triton'; "
+                                     "AMD matrix-core emitters and target queries are not provided")
