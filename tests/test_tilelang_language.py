@@ -554,3 +554,24 @@ def test_kernel_threads_given_as_a_tuple_count_their_product(target):
     assert kernel.ir_before.threads == 128
     a = randn(300, seed=21)
     torch.testing.assert_close(kernel(a), 3 * a)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_name_bound_to_an_expression_of_a_variable_keeps_the_value_it_had(target):
+    """``x = v + 1`` is a let-binding (TileLang's semantics): storing into ``v`` afterwards does
+    not change ``x``; nor does a loop that updates ``v`` change names bound before it."""
+    def f(N):
+        @T.prim_func
+        def main(A: T.Tensor((N,), T.float32), B: T.Tensor((N,), T.float32)):
+            with T.Kernel(1, threads=128):
+                v = T.alloc_var(T.int32, init=3)
+                before = v + 1                 # 4
+                for k in T.serial(5):
+                    v = v + k                  # 3 + 0 + 1 + 2 + 3 + 4 = 13
+                after = v * 2                  # 26
+                v = 0
+                for i in T.Parallel(N):
+                    B[i] = A[i] * before + after
+        return main
+    a = randn(64, seed=31)
+    torch.testing.assert_close(build(f, 64, target=target)(a), a * 4 + 26)

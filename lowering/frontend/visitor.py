@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 from .. import ir
 from ..errors import CompileError, InternalError
-from . import semantic
+from ..traverse import subexprs
+from . import semantic, storage
 from .context import Builder
 from .values import BufferRef, ElementRef, NewVar, Scalar, VarRef, binary, compare, logical_not
 
@@ -175,7 +176,7 @@ class KernelVisitor:
             elif old is not None and isinstance(old.value, VarRef):
                 semantic.store(old.value, value)    # assigning a variable's name stores into it
             else:
-                self.bind(target.id, value)
+                self.bind(target.id, self._snapshot(target.id, value))
         elif isinstance(target, (ast.Tuple, ast.List)):
             vals = list(value) if not isinstance(value, Scalar) else None
             if vals is None or len(vals) != len(target.elts):
@@ -186,6 +187,18 @@ class KernelVisitor:
             semantic.store(self.eval(target), value)
         else:
             raise self.error(f"cannot assign to {type(target).__name__}")
+
+    def _snapshot(self, name: str, value: Any) -> Any:
+        """A name binds a value, as TileLang's let-bindings do: a scalar expression (outside
+        T.Parallel) that reads a local buffer, which later statements may change (``T.alloc_var``
+        variables), is stored into a new hidden variable here and the name reads that one."""
+        if not isinstance(value, Scalar) or self.b.kernel is None or self.b.parallel_vars:
+            return value
+        if not any(isinstance(e, ir.Load) and e.buffer.scope is ir.Scope.LOCAL
+                   for e in subexprs(value.expr)):
+            return value
+        held = storage.alloc_var(value.dtype, value, "local.var", name).buffer
+        return Scalar(ir.Load(held, (ir.Const(0, ir.DType.I32, self.b.loc),), self.b.loc))
 
     # -- statements -------------------------------------------------------------------------------
     def stmt_Expr(self, node: ast.Expr) -> None:
