@@ -9,12 +9,14 @@ import, it makes:
   ``device=`` of torch's factory functions (``FACTORIES``) turn a CUDA device into the CPU;
 * ``torch.cuda`` answer as one Hopper GPU (``is_available``, capability (9, 0), one device, its
   properties), its synchronizations and seeds do the CPU's, and ``torch.cuda.Event`` a wall clock;
-* tilews's ``target="auto"`` choose ``"interpret"``.
+* tilews's ``target="auto"`` (and TileLang's ``"cuda"``) choose ``"interpret"``, or the target
+  named by ``SUITE_CPU_TARGET`` (``triton``: Triton's CPU interpreter).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 import types
 
@@ -97,7 +99,7 @@ def _patch_torch() -> None:
 def pytest_configure(config):
     _patch_torch()
     import tilews.targets
-    tilews.targets._machine_choice = lambda: __import__("os").environ.get("SUITE_CPU_TARGET", "interpret")
+    tilews.targets._machine_choice = lambda: os.environ.get("SUITE_CPU_TARGET", "interpret")
     # TileLang's target="cuda" asks for the GPU: here that is the interpreter too
     resolve = tilews.targets.resolve
     tilews.targets.resolve = lambda name: resolve("auto" if name == "cuda" else name)

@@ -197,8 +197,7 @@ class KernelVisitor:
         if not any(isinstance(e, ir.Load) and e.buffer.scope is ir.Scope.LOCAL
                    for e in subexprs(value.expr)):
             return value
-        held = storage.alloc_var(value.dtype, value, "local.var", name).buffer
-        return Scalar(ir.Load(held, (ir.Const(0, ir.DType.I32, self.b.loc),), self.b.loc))
+        return Scalar(storage.alloc_var(value.dtype, value, "local.var", name).expr)
 
     # -- statements -------------------------------------------------------------------------------
     def stmt_Expr(self, node: ast.Expr) -> None:

@@ -1,8 +1,11 @@
-"""The error for a TVM name outside the part of TVM ``tilews.tvm`` provides."""
+"""The error for a TVM name outside the part of TVM ``tilews.tvm`` provides (a
+``tilews.unprovided.NotProvided``, as for the TileLang names tilews lacks)."""
 from __future__ import annotations
 
+from tilews.unprovided import NotProvided
 
-class UnprovidedTVMName(AttributeError):
+
+class UnprovidedTVMName(NotProvided):
     """A TVM name outside the part of TVM tilews provides."""
 
     def __init__(self, module: str, name: str, provided):
