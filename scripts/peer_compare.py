@@ -1,0 +1,260 @@
+"""TileLang's own example kernels, built by TileLang 0.1.15 and by tilews from the same source,
+checked against each other and against torch, and timed in interleaved rounds on one GPU.
+
+    python scripts/tilelang_suite.py fetch          # the example files -> .tilelang_suite/
+    bash ../shared/tools/pack_tilelang.sh           # TileLang 0.1.15 -> .peers/ (GPU machine)
+    python scripts/peer_compare.py [--cases mla_decode,gqa_decode_varlen,...] [--rounds 7]
+
+Each case loads one example module twice: ``.tilelang_suite/original/<dir>/<file>`` (imports
+tilelang) and ``.tilelang_suite/tilews/<dir>/<file>`` (the same text, import lines changed), calls
+the example's own kernel factory with the same explicit configs (an ``@autotune`` factory then
+compiles without tuning, in both libraries, as the examples' own ``main`` relies on), runs both
+kernels on the same random inputs, and compares each output with a float32 torch reference.
+Timing: ``rounds`` rounds, each timing tilews then TileLang (CUDA events over enough
+launches for ~25 ms), so both see the same machine state; the table gives each one's median time
+and the median tilews/TileLang ratio with its spread (min-max over rounds; < 1 means tilews is
+faster). The TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this
+script unpacks it into /tmp/site when it finds ``.peers/tilelang.tar.xz``. JSON goes to
+``$OUT/peer_compare.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SUITE = ROOT / ".tilelang_suite"
+
+
+def unpack_peers() -> None:
+    pack = ROOT / ".peers" / "tilelang.tar.xz"
+    site = pathlib.Path("/tmp/site")
+    if pack.exists() and not (site / "tilelang").exists():
+        site.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "-xJf", str(pack), "-C", str(site)], check=True)
+    if site.exists() and str(site) not in sys.path:
+        sys.path.append(str(site))
+
+
+def load(flavour: str, folder: str, file: str):
+    """The example module ``folder/file`` as ``flavour`` ('original' or 'tilews') has it; sibling
+    modules it imports are dropped from ``sys.modules`` first, so each flavour gets its own."""
+    where = SUITE / flavour / folder
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None) or ""
+        if f.startswith(str(SUITE)):
+            del sys.modules[name]
+    sys.path.insert(0, str(where))
+    try:
+        spec = importlib.util.spec_from_file_location(f"{flavour}_{file[:-3]}", where / file)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(where))
+
+
+# ----------------------------------------------------------------------------------------------
+# cases: (folder, file, build(module) -> kernel, inputs() -> args, reference(args) -> outputs, flops)
+
+
+def _mla_decode(batch=132, heads=128, kv_ctx=8192, dim=512, pe_dim=64):
+    import torch
+
+    def build(mod):
+        return mod.flashattn(batch, heads, 1, kv_ctx, dim, pe_dim, 64, 64, 1, (dim + pe_dim) ** -0.5)
+
+    def inputs():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.float16, generator=g)
+        return [r(batch, heads, dim), r(batch, heads, pe_dim), r(batch, kv_ctx, 1, dim),
+                r(batch, kv_ctx, 1, pe_dim)]
+
+    def reference(q, q_pe, kv, k_pe):
+        qf = torch.cat([q, q_pe], -1).float()                      # [b, h, d + pe]
+        kf = torch.cat([kv, k_pe], -1).float()[:, :, 0]            # [b, s, d + pe]
+        p = torch.softmax(qf @ kf.transpose(1, 2) * (dim + pe_dim) ** -0.5, -1)
+        return [p @ kv.float()[:, :, 0]]
+
+    flops = 2 * batch * heads * kv_ctx * (2 * dim + pe_dim)
+    return "deepseek_mla", "example_mla_decode.py", build, inputs, reference, flops
+
+
+def _gqa_decode_varlen(batch=64, q_heads=32, kv_heads=8, max_k=8192, head=128, sink=True):
+    import torch
+
+    lens = torch.randint(max_k // 4, max_k + 1, (batch,), generator=torch.Generator().manual_seed(1))
+    cu = torch.zeros(batch + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    total = int(cu[-1])
+
+    def build(mod):
+        return mod.flashattn(batch, q_heads, kv_heads, max_k, total, head, sink)
+
+    def inputs():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        r = lambda *s, dt=torch.float16: torch.randn(*s, device="cuda", dtype=dt, generator=g)
+        return [r(batch, q_heads, head), r(total, kv_heads, head), r(total, kv_heads, head),
+                cu.cuda(), r(q_heads, dt=torch.float32) * 0.1]
+
+    def reference(q, k, v, cu_k, s_aux):
+        outs = []
+        rep = q_heads // kv_heads
+        for b in range(batch):
+            kb = k[cu_k[b]:cu_k[b + 1]].float().repeat_interleave(rep, 1)   # [s, h, d]
+            vb = v[cu_k[b]:cu_k[b + 1]].float().repeat_interleave(rep, 1)
+            logits = torch.einsum("hd,shd->hs", q[b].float(), kb) / math.sqrt(head)
+            m = torch.maximum(logits.max(-1, keepdim=True).values, s_aux[:, None])
+            e = torch.exp(logits - m)
+            w = e / (e.sum(-1, keepdim=True) + torch.exp(s_aux[:, None] - m))
+            outs.append(torch.einsum("hs,shd->hd", w, vb))
+        return [torch.stack(outs)]
+
+    flops = 4 * q_heads * total * head
+    return "flash_decoding", "example_gqa_decode_varlen_logits.py", build, inputs, reference, flops
+
+
+def _attention(dim, causal, batch=8, heads=16, seq=4096, block_M=128, block_N=128, stages=2,
+               threads=256):
+    import torch
+
+    def build(mod):
+        return mod.flashattn(batch, heads, seq, dim, causal, block_M=block_M,
+                                     block_N=block_N, num_stages=stages, threads=threads)
+
+    def inputs():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        return [torch.randn(batch, seq, heads, dim, device="cuda", dtype=torch.float16, generator=g)
+                for _ in range(3)]
+
+    def reference(q, k, v):
+        return [torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            is_causal=causal).transpose(1, 2).float()]
+
+    flops = 4 * batch * heads * seq * seq * dim // (2 if causal else 1)
+    return "flash_attention", "example_mha_fwd_bshd.py", build, inputs, reference, flops
+
+
+CASES = {
+    "mla_decode": _mla_decode,
+    "gqa_decode_varlen": _gqa_decode_varlen,
+    "attention_d128": lambda: _attention(128, False),
+    "attention_d96": lambda: _attention(96, False),
+    "attention_d192": lambda: _attention(192, False, block_N=64),
+    "attention_d192_causal": lambda: _attention(192, True, block_N=64),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def launches_ms(fn, target_ms=25.0) -> float:
+    """The mean time of one launch (ms), from CUDA events around enough launches for ~target_ms."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    n = max(3, min(1000, int(target_ms / max(start.elapsed_time(end), 1e-3))))
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def run_case(name: str, rounds: int) -> dict:
+    import torch
+    folder, file, build, inputs, reference, flops = CASES[name]()
+    row = {"case": name, "example": f"{folder}/{file}"}
+    kernels = {}
+    for flavour, label in (("tilews", "tilews"), ("original", "tilelang")):
+        try:
+            t0 = time.perf_counter()
+            kernels[label] = build(load(flavour, folder, file))
+            row[f"{label}_build_s"] = round(time.perf_counter() - t0, 1)
+        except Exception as e:          # noqa: BLE001 - reported in the table
+            row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            traceback.print_exc()
+    args = inputs()
+    want = [w.float() for w in reference(*args)]
+    for label, k in kernels.items():
+        try:
+            got = [g.float() for g in as_list(k(*args))][:len(want)]
+            err = max(float((g - w).abs().max() / w.abs().max().clamp_min(1e-6))
+                      for g, w in zip(got, want))
+            row[f"{label}_rel_err"] = err
+        except Exception as e:          # noqa: BLE001
+            row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            traceback.print_exc()
+    runnable = {lb: k for lb, k in kernels.items() if f"{lb}_error" not in row}
+    times = {lb: [] for lb in runnable}
+    for _ in range(rounds if len(runnable) else 0):
+        for lb, k in runnable.items():
+            times[lb].append(launches_ms(lambda: k(*args)))
+        torch.cuda.synchronize()
+    for lb, ts in times.items():
+        row[f"{lb}_ms"] = statistics.median(ts)
+        row[f"{lb}_tflops"] = flops / statistics.median(ts) * 1e-9
+    if len(times) == 2:
+        ratios = [a / b for a, b in zip(times["tilews"], times["tilelang"])]
+        row["ratio"] = statistics.median(ratios)
+        row["ratio_spread"] = [min(ratios), max(ratios)]
+    if "tilews" in kernels:
+        report = getattr(kernels["tilews"], "report", None)
+        row["tilews_backend"] = str(getattr(report, "backend", "") or "")[:80]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--rounds", type=int, default=7)
+    opts = ap.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("peer_compare needs a CUDA GPU (it times TileLang's and tilews's kernels on it)")
+    unpack_peers()
+    rows = []
+    for name in opts.cases.split(","):
+        print(f"== {name}", flush=True)
+        rows.append(run_case(name, opts.rounds))
+        print(json.dumps(rows[-1]), flush=True)
+    out = pathlib.Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peer_compare.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "rounds": opts.rounds, "rows": rows}, indent=1))
+    print(f"\n{torch.cuda.get_device_name()}, {opts.rounds} rounds, interleaved")
+    print(f"{'case':24} {'tilews ms':>10} {'TileLang ms':>12} {'tw/TL':>7} {'spread':>13} "
+          f"{'tw err':>9} {'TL err':>9}")
+    for r in rows:
+        fmt = lambda k, f: (f.format(r[k]) if k in r else "-")
+        spread = "-" if "ratio_spread" not in r else "{:.2f}-{:.2f}".format(*r["ratio_spread"])
+        print(f"{r['case']:24} {fmt('tilews_ms', '{:.4f}'):>10} {fmt('tilelang_ms', '{:.4f}'):>12} "
+              f"{fmt('ratio', '{:.3f}'):>7} {spread:>13} {fmt('tilews_rel_err', '{:.1e}'):>9} "
+              f"{fmt('tilelang_rel_err', '{:.1e}'):>9}")
+        for lb in ("tilews", "tilelang"):
+            if f"{lb}_error" in r:
+                print(f"    {lb}: {r[lb + '_error'][:300]}")
+
+
+if __name__ == "__main__":
+    main()
