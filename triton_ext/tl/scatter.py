@@ -23,8 +23,8 @@ from __future__ import annotations
 from tilews.lowering import ir
 from tilews.lowering.traverse import subexprs
 
-from .context import TL_DTYPE, Ctx, arange, shape_text
 from ..pysource import nonneg
+from .context import Ctx, arange, shape_text
 from .exprs import one_hot, spell, value_as
 
 

@@ -28,7 +28,7 @@ def region_ptr(ctx: Ctx, r: ir.Region, masked: bool) -> tuple[str, Optional[str]
     b = r.buffer
     axes = [d for d, e in enumerate(r.extents) if e != 1] or [len(r.extents) - 1]
     shape = ctx.plan.tile([r.extents[d] for d in axes])
-    terms, offsets, tail = [ctx.name(b.name)], [], []
+    terms, offsets = [ctx.name(b.name)], []
     for d, (start, extent) in enumerate(zip(r.starts, r.extents)):
         if d in axes:
             k = axes.index(d)
