@@ -112,6 +112,13 @@ class StreamPlan(Plan):
     loops_as_while: bool = False           # loops with runtime bounds are spelled as while loops
     wide_offsets: tuple[str, ...] = ()     # global buffers whose element offsets are computed in
                                            # 64 bits (they may hold 2**31 elements or more)
+    padded_tiles: bool = False             # tensors take power-of-two extents: see ``tile``
+
+    def tile(self, extents) -> tuple[int, ...]:
+        """The shape of the tensor holding a tile, on-chip buffer or ``T.Parallel`` nest of
+        ``extents``: each extent n as is, or with ``padded_tiles`` the next power of two (its
+        elements from n on are padding, always zero in a buffer)."""
+        return tuple(1 << (n - 1).bit_length() if self.padded_tiles else n for n in extents)
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            may be negative make the copy MASKED). Every ``Gemm.instr`` is DOT, or DOT_F32_OPERANDS
            on ``config.caps.triton_interpreter`` for float operands narrower than 32 bits (its dot is
            wrong on bf16; the upcast is exact). ``T.unroll`` loops whose bounds are not build-time
-           constants become serial loops (with a note). On ``config.caps.power_of_two_tiles``, an
-           on-chip buffer, parallel extent or tile region that is not a power of two is a
-           ``CompileError`` at its line saying what to change. On targets without warp
+           constants become serial loops (with a note). On targets without warp
            specialization (one stream of ``threads`` threads) a ``StreamPlan``: ``num_warps``
            (threads // 32, rounded down to a power of two on ``config.caps.power_of_two_tiles``, which
-           are Triton's targets; a note if that changed it),
+           are Triton's targets; a note if that changed it), ``padded_tiles`` on the same targets
+           (every on-chip buffer, ``T.Parallel`` nest and copied tile of any extent is a tensor of
+           the next power of two, its padding kept zero: ``StreamPlan.tile``),
            ``wide_offsets`` (the global buffers, parameters or ``T.make_tensor`` views, that may
            hold 2**31 elements or more: a static shape that large, or any runtime dim; their
            offsets need 64 bits), and on
@@ -32,7 +32,6 @@ import os
 from typing import Optional
 
 from .. import ir
-from ..errors import CompileError
 from ..plans import StreamPlan
 from ..config import BackendConfig
 from ..traverse import transform, walk
@@ -42,8 +41,6 @@ HUGE = 1 << 64   # an upper bound known only to be finite (above every index a k
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
-    if config.caps.power_of_two_tiles:
-        _check_power_of_two(kernel, config)
     env = {d: (0, HUGE) for b in kernel.buffer_params for d in b.shape if isinstance(d, ir.Var)}
     env.update({v: _span(g) for v, g in zip(kernel.block_vars, kernel.grid)})
     notes: list[str] = []
@@ -67,7 +64,8 @@ def _stream_plan(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     views = tuple(s.buffer for s in walk(kernel.body) if isinstance(s, ir.PointerView))
     wide = tuple(b.name for b in kernel.buffer_params + views if _may_hold_2_31(b))
     kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=config.caps.triton_interpreter,
-                                         loops_as_while=config.caps.triton_interpreter, wide_offsets=wide))
+                                         loops_as_while=config.caps.triton_interpreter, wide_offsets=wide,
+                                         padded_tiles=config.caps.power_of_two_tiles))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")
@@ -196,42 +194,3 @@ def _interval(e: ir.Expr, env: dict) -> Interval:
     if e.op is ir.BinOpKind.FLOORDIV and b[0] == b[1] and b[0] > 0:
         return a[0] // b[0], a[1] // b[0]
     return None
-
-
-# ----------------------------------------------------------------------------------------------
-# power-of-two tiles
-
-
-def _check_power_of_two(kernel: ir.Kernel, config: BackendConfig) -> None:
-    for s in walk(kernel.body):
-        if isinstance(s, ir.Alloc) and s.buffer.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT,
-                                                           ir.Scope.LOCAL):
-            b = s.buffer
-            _require_pow2(b.static_shape, f"{b.scope.value} buffer '{b.name}' has shape "
-                          f"{list(b.static_shape)}", config, s.loc)
-        elif isinstance(s, ir.Parallel):
-            _require_pow2(s.extents, f"T.Parallel has extents {list(s.extents)}", config, s.loc,
-                          ["cover a ragged range with the larger extent and guard the tail with "
-                           "an `if`"])
-        for r in _regions(s):
-            _require_pow2(r.tile_shape, f"this operation moves a {list(r.tile_shape)} tile of "
-                          f"'{r.buffer.name}'", config, s.loc)
-
-
-def _regions(s: ir.Stmt):
-    if isinstance(s, ir.Copy):
-        yield from (s.src, s.dst)
-    elif isinstance(s, ir.Gemm):
-        yield from (s.a, s.b, s.c)
-    elif isinstance(s, ir.Fill):
-        yield s.dst
-    elif isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):
-        yield from (s.dst, s.value)
-
-
-def _require_pow2(dims, what: str, config: BackendConfig, loc: ir.Loc, notes=()) -> None:
-    for d, n in enumerate(dims):
-        if not ir.is_power_of_two(n):
-            lo, hi = 1 << (n.bit_length() - 1), 1 << n.bit_length()
-            raise CompileError(f"{what}, but target '{config.name}' needs power-of-two tile "
-                               f"extents: change dim {d} from {n} to {lo} or {hi}", loc, notes)

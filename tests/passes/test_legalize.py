@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 import tilews.language as T
-from tilews import CompileError
 from tilews.lowering import ir, printer
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import legalize
@@ -98,22 +97,13 @@ def test_out_of_range_starts_are_masked():
         ir.CopyMechanism.MASKED, ir.CopyMechanism.DIRECT, ir.CopyMechanism.MASKED]
 
 
-def test_fragment_not_power_of_two():
-    with pytest.raises(CompileError) as e:
-        legalized(odd_fragment(), TRITON_CPU)
-    assert e.value.loc.line == line_of("# <- fragment")
-    assert "fragment buffer 'F' has shape [48, 64]" in e.value.message
-    assert "change dim 0 from 48 to 32 or 64" in e.value.message
-
-
-def test_parallel_not_power_of_two():
-    with pytest.raises(CompileError) as e:
-        legalized(rows(64, 48), TRITON_GPU)
-    assert e.value.loc.line == line_of("# <- parallel")
-    assert "T.Parallel has extents [48, 64]" in e.value.message
-
-
-def test_power_of_two_only_where_required():
+def test_odd_extents_are_padded_on_triton_targets():
+    # a [48, 64] fragment and a T.Parallel of [48, 64]: Triton's tensors are [64, 64], the rows
+    # from 48 on padding (Hopper's warp-specialized path legalizes it without a StreamPlan)
+    for kernel in (odd_fragment(), rows(64, 48)):
+        for target in (TRITON_CPU, TRITON_GPU):
+            plan = legalized(kernel, target).plan(StreamPlan)
+            assert plan.padded_tiles and plan.tile((48, 64, 3, 1, 192)) == (64, 64, 4, 1, 256)
     legalized(rows(64, 48), HOPPER)
 
 

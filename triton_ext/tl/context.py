@@ -23,9 +23,12 @@ _RESERVED = {"tl", "range", "float"}
 
 @dataclass
 class ParallelFrame:
-    """An enclosing ``T.Parallel``: its variables (axis = position), extents and active masks."""
+    """An enclosing ``T.Parallel``: its variables (axis = position), extents, the shape of its
+    tensors (``StreamPlan.tile`` of the extents) and active masks (the first, with padding,
+    selecting the iterations that exist)."""
     vars: tuple[ir.Var, ...]
     extents: tuple[int, ...]
+    shape: tuple[int, ...]
     masks: list[str] = field(default_factory=list)
 
     def axis(self, e: ir.Expr) -> Optional[int]:
@@ -61,6 +64,17 @@ class Ctx(SourceWriter):
         finally:
             self.par.masks.pop()
 
+    def shape(self, b: ir.Buffer) -> tuple[int, ...]:
+        """The shape of the register tensor holding on-chip buffer ``b``."""
+        return self.plan.tile(b.static_shape)
+
+    def valid(self, extents) -> Optional[str]:
+        """A mask over the tensor of a tile of ``extents`` selecting its elements that are not
+        padding (None where there is no padding)."""
+        shape, rank = self.plan.tile(extents), len(extents)
+        return " & ".join(f"({arange(p, d, rank)} < {n})" for d, (n, p) in
+                          enumerate(zip(extents, shape)) if n != p) or None
+
     def unsupported(self, what: str, loc: ir.Loc, supported: str) -> CompileError:
         return CompileError(f"the triton backend does not support {what}", loc, [supported])
 
@@ -75,3 +89,10 @@ def _is_scalar_local(b: ir.Buffer) -> bool:
 
 def shape_text(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def arange(n: int, axis: int, rank: int) -> str:
+    """``tl.arange(0, n)`` laid along ``axis`` of a tensor of ``rank`` dims."""
+    if rank == 1:
+        return f"tl.arange(0, {n})"
+    return f"tl.arange(0, {n})[{', '.join(':' if k == axis else 'None' for k in range(rank))}]"

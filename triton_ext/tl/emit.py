@@ -23,7 +23,8 @@ from tilews.lowering.traverse import subexprs
 
 from ..pysource import GRID_SUFFIX, host_expr, nonneg
 from . import tiles
-from .context import TL_DTYPE, Ctx, ParallelFrame, shape_text
+from .context import TL_DTYPE, Ctx, ParallelFrame, arange, shape_text
+from .scatter import scatter
 from .exprs import (cast, element_ptr, from_parallel, mask_arg, masked_load, one_hot,
                     parallel_axes, parallel_view, spell, value_as)
 
@@ -87,7 +88,7 @@ def _alloc(ctx: Ctx, s: ir.Alloc) -> None:
     b = s.buffer
     if b.scope not in (ir.Scope.SHARED, ir.Scope.FRAGMENT, ir.Scope.LOCAL):
         raise InternalError(f"triton backend: no rule for {b.scope.value} allocations", s.loc)
-    shape = "()" if b in ctx.scalars else shape_text(b.static_shape)
+    shape = "()" if b in ctx.scalars else shape_text(ctx.shape(b))
     ctx.line(f"{ctx.name(b.name)} = tl.zeros({shape}, {TL_DTYPE[b.dtype]})")
 
 
@@ -157,10 +158,15 @@ _REDUCE = {ir.ReduceKind.MAX: ("tl.max", "tl.maximum({}, {})"),
 
 
 def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
+    """Triton's reduction of the register tensor; where the reduced dim is padded, a max or min
+    sees its neutral element there (the zeros of the padding are a sum's)."""
     src, dst = s.src, s.dst
     x = tiles.buffer_value(ctx, src)
     x = x if src.dtype == dst.dtype else f"{x}.to({TL_DTYPE[dst.dtype]})"
     fn, combine = _REDUCE[s.kind]
+    valid = ctx.valid([n if d == s.dim else 1 for d, n in enumerate(src.static_shape)])
+    if valid and s.kind in _NEUTRAL:
+        x = f"tl.where({valid}, {x}, {_NEUTRAL[s.kind](dst.dtype)})"
     if s.kind.of_abs:
         x = f"tl.abs({x})"
     wide = ", dtype=tl.float32" if fn == "tl.sum" and dst.dtype.is_float and dst.dtype.bits < 32 else ""
@@ -172,6 +178,21 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
         out = combine.format(ctx.name(dst.name), part)
         shape = None if dst in ctx.scalars else dst.static_shape
     tiles.assign(ctx, dst, out, shape, _reduced_dtype(fn, dst.dtype))
+
+
+def _extreme(dt: ir.DType, high: bool) -> str:
+    """The largest (``high``) or smallest value of ``dt``, spelled."""
+    if dt.is_float:
+        return "float('inf')" if high else "float('-inf')"
+    kind, bits = dt.record.kind, dt.bits
+    if kind == "int":
+        return str((1 << (bits - 1)) - 1 if high else -(1 << (bits - 1)))
+    return str((1 << bits) - 1 if high else 0)
+
+
+# the neutral element of the reductions whose padding zeros would change them
+_NEUTRAL = {ir.ReduceKind.MAX: lambda dt: _extreme(dt, False),
+            ir.ReduceKind.MIN: lambda dt: _extreme(dt, True)}
 
 
 def _reduced_dtype(fn: str, dt: ir.DType) -> ir.DType:
@@ -193,7 +214,7 @@ def _cumsum(ctx: Ctx, s: ir.CumSum) -> None:
         dt = ir.DType.F32 if dt.is_float else ir.DType.I32
         x = f"{x}.to({TL_DTYPE[dt]})"
     tiles.assign(ctx, s.dst, f"tl.cumsum({x}, axis={s.dim}, reverse={s.reverse})",
-                 s.src.static_shape, dt)
+                 s.src.static_shape, dt, dirty=True)
 
 
 def _store(ctx: Ctx, s: ir.Store) -> None:
@@ -213,18 +234,19 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
         if ctx.par.mask():
             value = f"tl.where({ctx.par.mask()}, {value}, {parallel_view(ctx, b, axes)})"
         else:
-            value = f"tl.broadcast_to({value}, {shape_text(ctx.par.extents)})"
+            value = f"tl.broadcast_to({value}, {shape_text(ctx.par.shape)})"
         if len(present) < len(ctx.par.extents):     # the loop's unit axes the store does not use
-            value = f"tl.reshape({value}, {shape_text([ctx.par.extents[a] for a in present])})"
+            value = f"tl.reshape({value}, {shape_text([ctx.par.shape[a] for a in present])})"
         ctx.line(f"{ctx.name(b.name)} = {from_parallel(ctx, value, b, axes)}")
     elif ctx.par is None:
         x = ctx.name(b.name)
         ctx.line(f"{x} = tl.where({one_hot(ctx, b, s.indices)}, {cast(ctx, s.value, b.dtype)}, {x})")
+    elif b in ctx.scalars:
+        raise ctx.unsupported(f"this store into local scalar '{b.name}' inside T.Parallel", s.loc,
+                              "a local buffer of shape (1,) is one value: set it outside "
+                              "T.Parallel, or reduce into it")
     else:
-        raise ctx.unsupported(f"this store into on-chip buffer '{b.name}' inside T.Parallel", s.loc,
-                              "inside T.Parallel, store to on-chip buffers at the parallel loop's "
-                              "variables, all of them but those of extent 1, each over the "
-                              "buffer's whole extent (any order; 0 on unit dims)")
+        scatter(ctx, s)
 
 
 def _require_covered(ctx: Ctx, s: ir.Stmt, indices, values) -> None:
@@ -256,7 +278,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     else:
         ptr, mask = element_ptr(ctx, b, s.dst.starts, s.dst.mask_low, s.loc)
         if ctx.par is not None:
-            ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.extents)})"
+            ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.shape)})"
         prev = f"{ctx.name(s.prev.name)} = " if s.prev is not None else ""
         ctx.line(f"{prev}tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)}{order})")
     if s.acquires:
@@ -264,12 +286,17 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
 
 
 def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
-    rank = len(s.extents)
-    for k, (v, e) in enumerate(zip(s.vars, s.extents)):
-        expand = "" if rank == 1 else f"[{', '.join(':' if j == k else 'None' for j in range(rank))}]"
-        ctx.line(f"{ctx.name(v.name)} = tl.arange(0, {e}){expand}")
+    """The loop's variables as ``tl.arange``s over its tensor shape; with padding, the iterations
+    that exist are the frame's first mask."""
+    frame = ParallelFrame(s.vars, s.extents, ctx.plan.tile(s.extents))
+    for k, (v, n) in enumerate(zip(s.vars, frame.shape)):
+        ctx.line(f"{ctx.name(v.name)} = {arange(n, k, len(s.extents))}")
     ctx.nonneg.update(s.vars)
-    with ctx.parallel(ParallelFrame(s.vars, s.extents)):
+    exists = " & ".join(f"({ctx.name(v.name)} < {e})" for v, e, n in
+                        zip(s.vars, s.extents, frame.shape) if e != n)
+    if exists:
+        frame.masks.append(exists)
+    with ctx.parallel(frame):
         stmt(ctx, s.body)
 
 

@@ -10,8 +10,12 @@ nest. Element accesses:
 * an on-chip buffer indexed by the parallel variables (each over the buffer's whole extent, in any
   order, or a subset of them; ``0`` on unit dims) is the register tensor itself, permuted and
   broadcast into the loop's axes;
+* an on-chip buffer indexed otherwise inside ``T.Parallel`` (``B[i, j // 2]``, a loop of another
+  extent) is gathered (``tl.gather`` of the flat buffer at each iteration's offset);
 * an on-chip element at indices that do not involve the parallel variables is extracted with a
   one-hot ``tl.where`` and a sum; a local buffer of shape (1,) is a plain scalar.
+
+On-chip buffers are tensors of ``StreamPlan.tile`` of their shape (``Ctx.shape``).
 
 Integer ``//`` and ``%`` follow Python (floor) semantics; they are spelled natively when both
 operands are provably non-negative, else through a remainder correction that is right whichever
@@ -27,7 +31,7 @@ from tilews.lowering.errors import InternalError
 from tilews.lowering.traverse import subexprs
 
 from ..pysource import atom, nonneg
-from .context import TL_DTYPE, Ctx, shape_text
+from .context import TL_DTYPE, Ctx, arange, shape_text
 
 _MATH = {ir.MathFn.EXP: "tl.exp", ir.MathFn.EXP2: "tl.exp2", ir.MathFn.LOG: "tl.log",
          ir.MathFn.LOG2: "tl.log2", ir.MathFn.SQRT: "tl.sqrt", ir.MathFn.RSQRT: "tl.rsqrt",
@@ -162,13 +166,28 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
     if axes is not None:
         return parallel_view(ctx, b, axes)
     if ctx.par is not None and _mentions_parallel(ctx, e.indices):
-        raise ctx.unsupported(f"this access to on-chip buffer '{b.name}' inside T.Parallel", e.loc,
-                              "index on-chip buffers by the parallel loop's variables, each over "
-                              "the buffer's whole extent (in any order, or a subset of them), by 0 "
-                              "on unit dims, or by indices that do not involve the parallel "
-                              "variables")
+        return _gather(ctx, b, e.indices)
     picked = f"tl.where({one_hot(ctx, b, e.indices)}, {ctx.name(b.name)}, 0)"
     return f"tl.sum({picked}, axis=None).to({TL_DTYPE[b.dtype]})"
+
+
+def _gather(ctx: Ctx, b: ir.Buffer, indices) -> str:
+    """On-chip elements at indices computed from the parallel variables (``B[i, j // 2]``): the
+    flat buffer gathered at each iteration's flat offset (each index clamped into its dim, so
+    iterations that do not exist read some element)."""
+    shape = ctx.shape(b)
+    terms = []
+    for d, (i, n) in enumerate(zip(indices, b.static_shape)):
+        stride = math.prod(shape[d + 1:])
+        index = spell(ctx, i)
+        if _mentions_parallel(ctx, [i]):
+            index = f"tl.minimum(tl.maximum({index}, 0), {n - 1})"
+        terms.append(index if stride == 1 else f"{atom(index)} * {stride}")
+    flat = ctx.fresh(f"{b.name}_at")
+    ctx.line(f"{flat} = tl.broadcast_to({' + '.join(terms)}, {shape_text(ctx.par.shape)})")
+    x = f"tl.reshape({ctx.name(b.name)}, ({math.prod(shape)},))"
+    lanes = f"tl.reshape({flat}, ({math.prod(ctx.par.shape)},))"
+    return f"tl.reshape(tl.gather({x}, {lanes}, 0), {shape_text(ctx.par.shape)})"
 
 
 _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
@@ -250,7 +269,7 @@ def parallel_view(ctx: Ctx, b: ir.Buffer, axes: list[Optional[int]]) -> str:
     x = ctx.name(b.name)
     present = [a for a in axes if a is not None]
     if len(present) != len(axes):
-        x = f"tl.reshape({x}, {shape_text([n for n, a in zip(b.static_shape, axes) if a is not None])})"
+        x = f"tl.reshape({x}, {shape_text([n for n, a in zip(ctx.shape(b), axes) if a is not None])})"
     order = sorted(range(len(present)), key=lambda k: present[k])
     if order != list(range(len(present))):
         x = f"tl.permute({x}, {shape_text(order)})"
@@ -267,7 +286,7 @@ def from_parallel(ctx: Ctx, value: str, b: ir.Buffer, axes: list[Optional[int]])
     if present != sorted(present):
         value = f"tl.permute({value}, {shape_text([sorted(present).index(a) for a in present])})"
     if len(present) != len(axes):
-        value = f"tl.reshape({value}, {shape_text(b.static_shape)})"
+        value = f"tl.reshape({value}, {shape_text(ctx.shape(b))})"
     return value
 
 
@@ -275,10 +294,5 @@ def one_hot(ctx: Ctx, b: ir.Buffer, indices) -> str:
     """A mask over ``b``'s shape selecting the element at ``indices`` (an index None selects
     the whole dim)."""
     rank = len(b.static_shape)
-    conds = []
-    for d, (i, n) in enumerate(zip(indices, b.static_shape)):
-        if i is None:
-            continue
-        expand = "" if rank == 1 else f"[{', '.join(':' if k == d else 'None' for k in range(rank))}]"
-        conds.append(f"(tl.arange(0, {n}){expand} == {spell(ctx, i)})")
-    return " & ".join(conds)
+    return " & ".join(f"({arange(n, d, rank)} == {spell(ctx, i)})"
+                      for d, (i, n) in enumerate(zip(indices, ctx.shape(b))) if i is not None)

@@ -1,14 +1,17 @@
 """Tiles as values: global regions as pointer tensors, on-chip buffers as register tensors.
 
-A tile value has its region's ``tile_shape`` (unit dims dropped, ``(1,)`` when all are unit). A
+A tile value has its region's ``tile_shape`` (unit dims dropped, ``(1,)`` when all are unit), held
+in a tensor of ``StreamPlan.tile`` of it: padded to powers of two on Triton, the padding zero. A
 global region becomes ``base + sum(offsets_d * stride_d)`` with one ``tl.arange`` per non-unit dim
 (the last dim when all are unit), masked by ``offsets_d < dim_d`` (and ``offsets_d >= 0`` on the
-dims the region's ``mask_low`` marks) when the copy's mechanism says so; offsets are 64-bit for the
-buffers in the ``StreamPlan``'s ``wide_offsets``.
+dims the region's ``mask_low`` marks) when the copy's mechanism says so, and by the tile's extents
+where it is padded (never reading or writing past the region); offsets are 64-bit for the buffers
+in the ``StreamPlan``'s ``wide_offsets``.
 Shared and fragment buffers are register tensors reassigned whole (so a loop carries them with one
-type); a local buffer of shape (1,) is a scalar. A tile operation takes a whole on-chip buffer or
-a part of one that is whole along some dims and a single index along the others
-(``A_s[k % stages, :, :]``), read and written through a mask over the buffer.
+type), their padding zero after every assignment; a local buffer of shape (1,) is a scalar. A tile
+operation takes a whole on-chip buffer or a part of one: per dim the whole extent, a single index
+(``A_s[k % stages, :, :]``, selected with a mask) or a range ``[start:+extent]`` at a static or
+runtime start (``acc[:valid, :]``, moved with ``tl.gather`` along that dim).
 """
 from __future__ import annotations
 
@@ -16,27 +19,30 @@ from typing import Optional
 
 from tilews.lowering import ir
 
-from .context import TL_DTYPE, Ctx, shape_text
-from .exprs import bounds, masked_load, offset, one_hot, spell
+from .context import TL_DTYPE, Ctx, arange, shape_text
+from .exprs import bounds, offset, one_hot, spell
 
 
 def region_ptr(ctx: Ctx, r: ir.Region, masked: bool) -> tuple[str, Optional[str], tuple[int, ...]]:
     """Pointer tensor, mask (None when unmasked) and tile shape of a global region."""
     b = r.buffer
     axes = [d for d, e in enumerate(r.extents) if e != 1] or [len(r.extents) - 1]
+    shape = ctx.plan.tile([r.extents[d] for d in axes])
     terms, offsets = [ctx.name(b.name)], []
     for d, (start, extent) in enumerate(zip(r.starts, r.extents)):
         if d in axes:
-            offs = ctx.fresh(f"{b.name}_i{d}")
-            ctx.line(f"{offs} = {_plus(spell(ctx, start))}tl.arange(0, {extent})")
             k = axes.index(d)
+            offs = ctx.fresh(f"{b.name}_i{d}")
+            ctx.line(f"{offs} = {_plus(spell(ctx, start))}tl.arange(0, {shape[k]})")
             if len(axes) > 1:
                 offs += f"[{', '.join(':' if j == k else 'None' for j in range(len(axes)))}]"
         else:
             offs = spell(ctx, start)
         terms.append(offset(ctx, b, d, offs))
         offsets.append(offs)
-    mask = " & ".join(bounds(ctx, b, offsets, r.mask_low, r.loc)) if masked else None
+    conds = bounds(ctx, b, offsets, r.mask_low, r.loc) if masked else []
+    valid = ctx.valid([r.extents[d] for d in axes])
+    mask = " & ".join(conds + ([valid] if valid else [])) or None
     return " + ".join(terms), mask, tuple(r.extents[d] for d in axes)
 
 
@@ -55,25 +61,15 @@ def require_whole(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> None:
                               "the accumulator of a gemm is a whole fragment")
 
 
-def _selected_dims(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> list[int]:
-    """The dims of an on-chip region that pick one index (the others are whole); a region of
-    another form is unsupported."""
-    picked = []
+def _parts(r: ir.Region) -> tuple[list[int], list[int]]:
+    """The dims of an on-chip region that pick one index, and those that take a range of it (the
+    others are whole)."""
+    picked, ranged = [], []
     for d, (start, extent, n) in enumerate(zip(r.starts, r.extents, r.buffer.static_shape)):
         if extent == n and ir.as_int(start) == 0:
             continue
-        if extent != 1:
-            raise ctx.unsupported(f"the part [{spell(ctx, start)}:+{extent}] of dimension {d} of "
-                                  f"on-chip buffer '{r.buffer.name}'", loc,
-                                  "a part of an on-chip buffer in a tile operation takes whole "
-                                  "dims and single indices (A_s[k % stages, :, :])")
-        picked.append(d)
-    return picked
-
-
-def _selection(ctx: Ctx, r: ir.Region, picked: list[int]) -> str:
-    indices = [start if d in picked else None for d, start in enumerate(r.starts)]
-    return one_hot(ctx, r.buffer, indices)
+        (picked if extent == 1 else ranged).append(d)
+    return picked, ranged
 
 
 def buffer_value(ctx: Ctx, b: ir.Buffer) -> str:
@@ -83,53 +79,95 @@ def buffer_value(ctx: Ctx, b: ir.Buffer) -> str:
 
 
 def tile_value(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
-    """The value of an on-chip region, shaped as its tile: the whole buffer, or the elements at
-    single indices of some dims (selected with a mask and summed over those dims: every other
-    term is 0)."""
+    """The value of an on-chip region, shaped as its tile: the whole buffer, its ranges gathered
+    (the padding past each range zeroed), and the elements at single indices of some dims
+    (selected with a mask and summed over those dims: every other term is 0)."""
     b = r.buffer
     x = buffer_value(ctx, b)
-    picked = _selected_dims(ctx, r, loc)
+    picked, ranged = _parts(r)
+    shape, rank = list(ctx.shape(b)), len(b.static_shape)
+    if ranged:
+        for d in ranged:
+            shape[d] = ctx.plan.tile([r.extents[d]])[0]
+            lanes = f"{_plus(spell(ctx, r.starts[d]))}{arange(shape[d], d, rank)}"
+            index = f"tl.minimum(tl.maximum({lanes}, 0), {b.static_shape[d] - 1})"
+            x = f"tl.gather({x}, tl.broadcast_to({index}, {shape_text(shape)}), {d})"
+        x = _zero_padding(ctx, x, [r.extents[d] if d in ranged else n
+                                   for d, n in enumerate(b.static_shape)])
     if picked:
         part = ctx.fresh(f"{b.name}_part")
         ctx.line(f"{part} = tl.where({_selection(ctx, r, picked)}, {x}, tl.zeros_like({x}))")
         for d in reversed(picked):
             ctx.line(f"{part} = tl.sum({part}, axis={d}).to({TL_DTYPE[b.dtype]})")
         x = part
-    kept = tuple(n for d, n in enumerate(b.static_shape) if d not in picked)
-    if kept != r.tile_shape:
-        return f"tl.reshape({x}, {shape_text(r.tile_shape)})"
-    return x
+    kept = tuple(n for d, n in enumerate(shape) if d not in picked)
+    tile = ctx.plan.tile(r.tile_shape)
+    return x if kept == tile else f"tl.reshape({x}, {shape_text(tile)})"
+
+
+def _selection(ctx: Ctx, r: ir.Region, picked: list[int]) -> str:
+    return one_hot(ctx, r.buffer, [start if d in picked else None for d, start in enumerate(r.starts)])
+
+
+def _zero_padding(ctx: Ctx, value: str, extents) -> str:
+    """``value``, a tensor holding a tile of ``extents``, with its padding zero."""
+    valid = ctx.valid(extents)
+    if valid is None:
+        return value
+    x = ctx.fresh("padded")
+    ctx.line(f"{x} = {value}")
+    return f"tl.where({valid}, {x}, tl.zeros_like({x}))"
 
 
 def assign_region(ctx: Ctx, r: ir.Region, value: str, shape: Optional[tuple[int, ...]],
                   dtype: ir.DType, loc: ir.Loc) -> None:
-    """``r = value`` (see ``assign``); a part of the buffer at single indices of some dims is
-    replaced where a mask selects it."""
+    """``r = value`` (see ``assign``); a part of the buffer is replaced where a mask selects it:
+    single indices of some dims, ranges of others (the value gathered along them into place)."""
     b = r.buffer
-    picked = _selected_dims(ctx, r, loc)
-    if not picked:
+    picked, ranged = _parts(r)
+    if not picked and not ranged:
         assign(ctx, b, value, shape, dtype)
         return
+    rank = len(b.static_shape)
     if shape is None:
-        v = f"tl.full({shape_text(r.extents)}, {value}, {TL_DTYPE[b.dtype]})"
+        v = f"tl.full({shape_text([1] * rank)}, {value}, {TL_DTYPE[b.dtype]})"
     else:
-        v = value if tuple(shape) == tuple(r.extents) else f"tl.reshape({value}, {shape_text(r.extents)})"
+        cur = list(ctx.plan.tile(r.extents))
+        v = value if ctx.plan.tile(shape) == tuple(cur) else f"tl.reshape({value}, {shape_text(cur)})"
         v = v if dtype == b.dtype else f"{v}.to({TL_DTYPE[b.dtype]})"
+        for d in ranged:
+            width, cur[d] = cur[d], ctx.shape(b)[d]
+            lanes = f"{arange(cur[d], d, rank)}{_minus(spell(ctx, r.starts[d]))}"
+            index = f"tl.minimum(tl.maximum({lanes}, 0), {width - 1})"
+            v = f"tl.gather({v}, tl.broadcast_to({index}, {shape_text(cur)}), {d})"
+    conds = [_selection(ctx, r, picked)] if picked else []
+    for d in ranged:
+        start, lane = spell(ctx, r.starts[d]), arange(ctx.shape(b)[d], d, rank)
+        conds += [f"({lane} >= {start})", f"({lane} < {_plus(start)}{r.extents[d]})"]
     x = ctx.name(b.name)
-    ctx.line(f"{x} = tl.where({_selection(ctx, r, picked)}, {v}, {x})")
+    ctx.line(f"{x} = tl.where({' & '.join(conds)}, {v}, {x})")
+
+
+def _minus(start: str) -> str:
+    return "" if start == "0" else f" - ({start})"
 
 
 def assign(ctx: Ctx, b: ir.Buffer, value: str, shape: Optional[tuple[int, ...]],
-           dtype: ir.DType) -> None:
-    """``b = value``: a tensor of ``shape`` (None: a scalar) and ``dtype`` in ``b``'s form."""
+           dtype: ir.DType, dirty: bool = False) -> None:
+    """``b = value``: a tensor holding a tile of ``shape`` (None: a scalar) and ``dtype`` in
+    ``b``'s form. The value's padding is zero unless ``dirty`` says it may not be (a scalar
+    fills it): then it is zeroed here."""
     to = "" if dtype == b.dtype else f".to({TL_DTYPE[b.dtype]})"
     x = ctx.name(b.name)
     if b in ctx.scalars:
         value = value if shape is None else f"tl.sum({value}, axis=None)"
         ctx.line(f"{x} = tl.cast({value}, {TL_DTYPE[b.dtype]})")
-    elif shape is None:
-        ctx.line(f"{x} = tl.full({shape_text(b.static_shape)}, {value}, {TL_DTYPE[b.dtype]})")
-    elif shape != b.static_shape:
-        ctx.line(f"{x} = tl.reshape({value}, {shape_text(b.static_shape)}){to}")
-    else:
-        ctx.line(f"{x} = {value}{to}")
+        return
+    if shape is None:
+        value, to = f"tl.full({shape_text(ctx.shape(b))}, {value}, {TL_DTYPE[b.dtype]})", ""
+        dirty = True
+    elif ctx.plan.tile(shape) != ctx.shape(b):
+        value = f"tl.reshape({value}, {shape_text(ctx.shape(b))})"
+    if dirty:
+        value = _zero_padding(ctx, value, b.static_shape)
+    ctx.line(f"{x} = {value}{to}")
