@@ -190,6 +190,7 @@ class Binder:
         dims = self._check(args)
         sizes = {v.name: size for v, size in dims.items()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.device("cpu")
+
         def shape(b: ir.Buffer) -> tuple[int, ...]:
             return tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name] for d in b.shape)
         spans = tuple(_offsets(a) for a in args)
