@@ -46,7 +46,8 @@ def _is_allocation(value) -> bool:
             isinstance(value, BufferRef) and value.buffer.scope is not ir.Scope.GLOBAL)
 
 
-KERNEL_SCOPE = "a T.Kernel block"
+KERNEL_SCOPE = "a T.Kernel block"   # where a name was bound (``KernelVisitor.scoped_out``)
+
 
 class _Binding:
     __slots__ = ("value", "depth", "line")
