@@ -1,6 +1,7 @@
 """Kernel arguments against the kernel's parameters: the one argument check of every call.
 
-``ArgumentChecker(kernel, rules).check(pairs)`` takes (parameter, argument) pairs — a torch tensor
+``ArgumentChecker(kernels, rules).check(pairs)`` (``kernels``: those launched with one argument
+list, a function's in order) takes (parameter, argument) pairs — a torch tensor
 of the parameter's dtype and shape for each buffer, a Python number of the right kind for each
 runtime scalar — and raises ``TypeError`` / ``ValueError`` naming the parameter. It returns the
 value of every runtime dimension (``Var``) the tensors bind. ``rules`` add what the loaded program
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 from . import ir
+from .errors import InternalError
 from .traverse import buffers_written, walk
 
 
@@ -33,6 +35,15 @@ class ArgumentRules:
                                                   # 16-byte aligned base and outer strides, unit
                                                   # stride in the last dimension
 
+    @staticmethod
+    def of_all(rules: Sequence["ArgumentRules"]) -> "ArgumentRules":
+        """What programs launched with one argument list (a function's kernels) need: what each
+        of them needs."""
+        devices = {r.device for r in rules} - {None}
+        if len(devices) > 1:
+            raise InternalError(f"one function's kernels run on devices {sorted(devices)}")
+        return ArgumentRules(next(iter(devices), None), frozenset().union(*(r.bulk_copy for r in rules)))
+
 
 Param = Union[ir.Buffer, ir.Var]
 
@@ -40,10 +51,9 @@ DEVICE_TYPES = ("cpu", "cuda", "mps")   # torch device types a kernel's tensors 
 
 
 class ArgumentChecker:
-    def __init__(self, kernel: ir.Kernel, rules: ArgumentRules = ArgumentRules()):
-        self.kernel = kernel
+    def __init__(self, kernels: Sequence[ir.Kernel], rules: ArgumentRules = ArgumentRules()):
         self.rules = rules
-        self.written = {b for s in walk(kernel.body) for b in buffers_written(s)}
+        self.written = {b for k in kernels for s in walk(k.body) for b in buffers_written(s)}
 
     def check(self, pairs: Sequence[tuple[Param, object]]) -> dict[ir.Var, int]:
         dims: dict[ir.Var, tuple[int, str]] = {}
@@ -120,7 +130,7 @@ def check(kernel: ir.Kernel, args: Sequence, rules: ArgumentRules = ArgumentRule
     if len(args) != len(kernel.params):
         raise TypeError(f"kernel '{kernel.name}' takes {len(kernel.params)} argument(s) "
                         f"({', '.join(p.name for p in kernel.params)}), got {len(args)}")
-    dims = ArgumentChecker(kernel, rules).check(list(zip(kernel.params, args)))
+    dims = ArgumentChecker((kernel,), rules).check(list(zip(kernel.params, args)))
     scalars = {p: a for p, a in zip(kernel.params, args) if isinstance(p, ir.Var)}
     for v, size in dims.items():
         if v in scalars and scalars[v] != size:

@@ -538,7 +538,8 @@ class Kernel:
     plans: tuple = ()
     notes: tuple[str, ...] = ()
     # global buffers among ``params`` that no caller passes: scratch memory (``T.alloc_global``)
-    # the launcher allocates at each call, uninitialized, and drops after it
+    # the runtime allocates, uninitialized, and keeps for the next call of the same shapes on the
+    # same stream (``tilews.binding``); every kernel of a ``Function`` sees the same ones
     scratch: tuple[Buffer, ...] = ()
     loc: Loc = _loc()
 
@@ -568,6 +569,25 @@ class Kernel:
     @property
     def scalar_params(self) -> tuple[Var, ...]:
         return tuple(p for p in self.params if isinstance(p, Var))
+
+
+@dataclass(frozen=True)
+class Function:
+    """A kernel function: the kernels its ``with T.Kernel`` blocks make, in launch order. They
+    share the function's parameters (every kernel has all of them, in the same order, so one
+    argument list launches each) and its scratch buffers; a kernel sees what earlier ones wrote
+    to them. Passes and emitters see one ``Kernel`` at a time; only the runtime sees this."""
+    name: str
+    kernels: tuple[Kernel, ...]
+    loc: Loc = _loc()
+
+    @property
+    def params(self) -> tuple[Union[Buffer, Var], ...]:
+        return self.kernels[0].params
+
+    @property
+    def scratch(self) -> tuple[Buffer, ...]:
+        return self.kernels[0].scratch
 
 
 NODE_CLASSES = (Const, Var, BinOp, Cmp, UnOp, Call, Cast, Bitcast, Select, Load, Buffer, Region,

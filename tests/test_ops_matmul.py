@@ -546,7 +546,7 @@ def test_a_bound_binding_still_checks_alignment(fresh):
     ops.matmul(a, b)
     [runner] = mm._plans.values()
     [kernel] = runner.kernels
-    binder = Binder(kernel.binder.kernel, [p.name for p in kernel.binder.params], [-1],
+    binder = Binder(kernel.binder.function, [p.name for p in kernel.binder.params], [-1],
                     ArgumentRules(bulk_copy=frozenset({"A", "B"})))
     bind = binder.bound((a, b))
     values, [c] = bind(a, b)

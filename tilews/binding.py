@@ -1,9 +1,17 @@
 """Arguments in, outputs out: maps a call's arguments to the kernel's parameters, checks them
 (``lowering.arguments``: the kernel's parameters plus the loaded program's ``ArgumentRules``;
 ``TypeError``/``ValueError`` naming the parameter), resolves runtime dims, allocates ``out_idx``
-outputs on the inputs' device (returned in ``out_idx`` order) and the kernel's scratch buffers
-(``ir.Kernel.scratch``: passed to the kernel, never returned), and lists the values in
-``kernel.params`` order for the launcher.
+outputs on the inputs' device (returned in ``out_idx`` order), finds the function's workspaces
+(``ir.Function.scratch``, ``T.alloc_global``: passed to its kernels, never returned), and lists the
+values in ``function.params`` order for the launcher (every kernel of the function takes the same
+list).
+
+Workspaces are kept per binder, by (the device and its current stream, their shapes): a call
+reuses those of an earlier call with the same shapes on the same stream (launches on one stream
+run in order, so the earlier call's kernels are done with them), and a call on another stream gets
+its own (calls on two streams may run at once). On the CPU and on MPS there is one stream per
+device. A workspace starts uninitialized (as NaN where outputs are poisoned) and holds what the
+last call left in it.
 
 The full check runs once per call signature (each tensor's dtype, shape, strides and device;
 each scalar's type) and leaves a ``BoundSignature``: the runtime dims, the outputs' shapes and
@@ -36,14 +44,22 @@ class UserParam:
     param: Union[ir.Buffer, ir.Var]
 
 
+def stream_key(device: torch.device) -> tuple:
+    """What tells apart the streams calls on ``device`` may run on concurrently: the current CUDA
+    stream there; on other devices, the device alone."""
+    if device.type == "cuda":
+        return device, torch.cuda.current_stream(device).cuda_stream
+    return (device,)
+
+
 class Binder:
-    def __init__(self, kernel: ir.Kernel, user_params: Sequence[str], out_idx: Sequence[int] = (),
+    def __init__(self, function: ir.Function, user_params: Sequence[str], out_idx: Sequence[int] = (),
                  rules: ArgumentRules = ArgumentRules(), poison: bool = False):
-        by_name = {p.name: p for p in kernel.params}
+        by_name = {p.name: p for p in function.params}
         missing = [n for n in user_params if n not in by_name]
         if missing:
             raise ValueError(f"internal: parameters {missing} have no IR counterpart")
-        self.kernel = kernel
+        self.function = function
         self.params = [UserParam(n, by_name[n]) for n in user_params]
         n = len(self.params)
         outs = []
@@ -56,24 +72,26 @@ class Binder:
                 raise ValueError(f"out_idx names '{self.params[i].name}', which is not a tensor")
         self.out_positions = list(dict.fromkeys(outs))   # in out_idx order, each once
         self.inputs = [p for i, p in enumerate(self.params) if i not in self.out_positions]
-        # what each call allocates: the outputs (in out_idx order), then the scratch buffers
-        self.allocated = [self.params[i].param for i in self.out_positions] + list(kernel.scratch)
-        self.checker = ArgumentChecker(kernel, rules)
-        # TILEWS_POISON_OUTPUTS (the tests set it): allocated outputs (and scratch) start as NaN,
-        # so an element the kernel never writes cannot pass a check.
+        # what each call allocates: the outputs (in out_idx order); and the workspaces, kept
+        self.allocated = [self.params[i].param for i in self.out_positions]
+        self.scratch = list(function.scratch)
+        self.checker = ArgumentChecker(function.kernels, rules)
+        # TILEWS_POISON_OUTPUTS (the tests set it): allocated outputs (and workspaces, when
+        # allocated) start as NaN, so an element the kernel never writes cannot pass a check.
         self.poison = poison
         self._check_allocations_resolvable()
         self.signatures: dict[tuple, BoundSignature] = {}
+        self.workspaces: dict[tuple, list[torch.Tensor]] = {}   # (stream_key, shapes) -> tensors
         self._fast, self._signature, self._bind_known = self._compile_fast_bind()
 
     def _check_allocations_resolvable(self) -> None:
         known = {d for p in self.inputs if isinstance(p.param, ir.Buffer) for d in p.param.shape
                  if isinstance(d, ir.Var)}
         known |= {p.param for p in self.inputs if isinstance(p.param, ir.Var)}
-        for b in self.allocated:
+        for b in self.allocated + self.scratch:
             for d in b.shape:
                 if isinstance(d, ir.Var) and d not in known:
-                    what = "scratch buffer" if b in self.kernel.scratch else "output"
+                    what = "scratch buffer" if b in self.scratch else "output"
                     raise ValueError(f"{what} '{b.name}' has runtime dimension '{d.name}' that no "
                                      f"input determines")
 
@@ -84,7 +102,7 @@ class Binder:
     def bind(self, args: Sequence) -> tuple[list, list[torch.Tensor]]:
         """(values in ``kernel.params`` order, allocated outputs)."""
         if len(args) != len(self.inputs):
-            raise TypeError(f"kernel '{self.kernel.name}' takes {len(self.inputs)} argument(s) "
+            raise TypeError(f"kernel '{self.function.name}' takes {len(self.inputs)} argument(s) "
                             f"({', '.join(self.input_names)}), got {len(args)}")
         try:
             return self._fast(*args)
@@ -99,7 +117,7 @@ class Binder:
         keys it on at least the signature (each tensor's dtype, shape, strides and device, each
         scalar's type) and calls it only with arguments of that signature."""
         if len(args) != len(self.inputs):
-            raise TypeError(f"kernel '{self.kernel.name}' takes {len(self.inputs)} argument(s) "
+            raise TypeError(f"kernel '{self.function.name}' takes {len(self.inputs)} argument(s) "
                             f"({', '.join(self.input_names)}), got {len(args)}")
         try:
             sig = self._signature(*args)
@@ -147,18 +165,21 @@ class Binder:
             known.append(f"    o{j} = empty(sig.outputs[{j}], dtype=sig.dtypes[{j}], device=sig.device)")
             if self.poison:
                 known.append(f"    poison_(o{j})")
+        if self.scratch:
+            known.append("    w = workspaces(sig)")
         where = {p.param.name: names[i] for i, p in enumerate(self.inputs)}
         where.update({b.name: f"o{j}" for j, b in enumerate(self.allocated)})
-        dims = [q for q in self.kernel.params if q.name not in where]
+        where.update({b.name: f"w[{j}]" for j, b in enumerate(self.scratch)})
+        dims = [q for q in self.function.params if q.name not in where]
         where.update({q.name: f"sig.dims[{k}]" for k, q in enumerate(dims)})
         outs = ", ".join(f"o{j}" for j in range(len(self.out_positions)))
-        known.append(f"    return [{', '.join(where[q.name] for q in self.kernel.params)}], [{outs}]")
+        known.append(f"    return [{', '.join(where[q.name] for q in self.function.params)}], [{outs}]")
         source = [f"def bind({params}):", *find, *known,
                   f"def signature({params}):", *find, "    return sig",
                   f"def bind_known(sig{', ' if names else ''}{params}):", *known]
         scope = {"signatures": self.signatures, "first_bind": self._first_bind, "empty": torch.empty,
                  "poison_": poison_, "check_scalar": check_scalar, "inputs": self.inputs,
-                 "check": self._check, "overlap": _overlap}
+                 "check": self._check, "overlap": _overlap, "workspaces": self._workspaces}
         exec("\n".join(source), scope)
         self._dims = dims
         return scope["bind"], scope["signature"], scope["bind_known"]
@@ -169,13 +190,28 @@ class Binder:
         dims = self._check(args)
         sizes = {v.name: size for v, size in dims.items()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.device("cpu")
-        shapes, dtypes = [], []
-        for b in self.allocated:
-            shapes.append(tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name] for d in b.shape))
-            dtypes.append(b.dtype.torch_dtype)
+
+        def shape(b: ir.Buffer) -> tuple[int, ...]:
+            return tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name] for d in b.shape)
         spans = tuple(_offsets(a) for a in args)
         return remember(self.signatures, key, BoundSignature(
-            tuple(shapes), tuple(dtypes), device, tuple(sizes[q.name] for q in self._dims), spans))
+            tuple(shape(b) for b in self.allocated), tuple(b.dtype.torch_dtype for b in self.allocated),
+            device, tuple(sizes[q.name] for q in self._dims), spans,
+            tuple(shape(b) for b in self.scratch)))
+
+    def _workspaces(self, sig: BoundSignature) -> list[torch.Tensor]:
+        """The workspaces of a call of signature ``sig`` on the current stream (the module
+        docstring): those an earlier call left, else new ones."""
+        key = (stream_key(sig.device), sig.scratch)
+        found = self.workspaces.get(key)
+        if found is None:
+            found = [torch.empty(shape, dtype=b.dtype.torch_dtype, device=sig.device)
+                     for b, shape in zip(self.scratch, sig.scratch)]
+            if self.poison:
+                for t in found:
+                    poison_(t)
+            remember(self.workspaces, key, found)
+        return found
 
 
 def remember(cache: dict, key, value):
@@ -204,12 +240,14 @@ def _overlap(p: int, s: Optional[tuple[int, int]], q: int, t: Optional[tuple[int
 
 @dataclass(frozen=True)
 class BoundSignature:
-    """What one call signature fixes: the shapes and dtypes of what a call allocates (outputs, then
-    scratch: ``Binder.allocated``), their device, and the
-    values of the kernel's runtime dims that no argument passes (in parameter order), and per
-    input its span's byte offsets from ``data_ptr()`` (``_offsets``; None: empty or a scalar)."""
+    """What one call signature fixes: the shapes and dtypes of the outputs a call allocates
+    (``Binder.allocated``), their device, the
+    values of the kernel's runtime dims that no argument passes (in parameter order), per
+    input its span's byte offsets from ``data_ptr()`` (``_offsets``; None: empty or a scalar),
+    and the shapes of the workspaces (``Binder.scratch``)."""
     outputs: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
     device: torch.device
     dims: tuple[int, ...]
     spans: tuple[Optional[tuple[int, int]], ...]
+    scratch: tuple[tuple[int, ...], ...]

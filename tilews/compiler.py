@@ -1,8 +1,11 @@
 """Kernel source -> compiled ``Kernel``: frontend, then the target's chain of backends.
 
-For each backend of the chain (``tilews.backends``) the frontend IR is lowered by the backend's
-pass pipeline and emitted; the first backend that does not refuse the lowered program loads it.
-A refusal's reason, and the notes of the refused lowering, go to the compile report.
+The frontend makes an ``ir.Function``: one ``ir.Kernel`` per ``T.Kernel`` block. Each kernel takes
+the chain on its own: for each backend of the chain (``tilews.backends``) the kernel is lowered by
+the backend's pass pipeline and emitted; the first backend that does not refuse the lowered kernel
+loads it (so one kernel of a function may run on the preferred backend and the next on a
+fallback). A refusal's reason, and the notes of the refused lowering, go to that kernel's compile
+report.
 
 The on-disk cache holds, per backend, the lowered IR and the emitted source (or the refusal),
 under a key of what fully determines them: the printed frontend IR (plus every statement's source
@@ -23,12 +26,12 @@ from tilews import backends, cache, pass_config, targets
 from tilews.lowering import ir, printer
 from tilews.lowering.backend import Backend, Services
 from tilews.lowering.errors import CompileError, InternalError
-from tilews.lowering.frontend import KernelSource, build_kernel
+from tilews.lowering.frontend import KernelSource, build_function
 from tilews.lowering.plans import SharedMemoryPlan
 from tilews.lowering.settings import Settings
 from tilews.lowering.traverse import walk
 
-from .kernel import CompileReport, Kernel
+from .kernel import CompiledKernel, CompileReport, Kernel
 from .reproducer import Attempt
 
 
@@ -92,10 +95,10 @@ def _key_parts(kernel: ir.Kernel, backend: Backend) -> tuple:
 @dataclass(frozen=True)
 class BuildRequest:
     """What one specialization of a kernel compiles: what varies with the ``@tilews.jit`` style.
-    ``build(debug, target)`` makes the frontend IR (``debug``: ``Settings.debug_frontend``;
+    ``build(debug, target)`` makes the frontend IR, an ``ir.Function`` (``debug``: ``Settings.debug_frontend``;
     ``target``: the resolved target's name); ``user_params``: the parameters the caller passes
     or receives, in order (``out_idx`` indexes them)."""
-    build: Callable[[bool, str], ir.Kernel]
+    build: Callable[[bool, str], ir.Function]
     user_params: tuple[str, ...]
     out_idx: tuple[int, ...] = ()
 
@@ -103,9 +106,9 @@ class BuildRequest:
     def of(cls, src: KernelSource, out_idx: Sequence[int] = (),
            param_specs: Optional[dict[str, Any]] = None, extra_names: Optional[dict[str, Any]] = None,
            user_params: Optional[Sequence[str]] = None) -> "BuildRequest":
-        """``build_kernel`` of ``src`` (``param_specs``, ``extra_names``: the direct style's)."""
-        def build(debug: bool, target: str) -> ir.Kernel:
-            return build_kernel(src, param_specs, extra_names, debug=debug, target=target)
+        """``build_function`` of ``src`` (``param_specs``, ``extra_names``: the direct style's)."""
+        def build(debug: bool, target: str) -> ir.Function:
+            return build_function(src, param_specs, extra_names, debug=debug, target=target)
         params = src.param_names if user_params is None else user_params
         return cls(build, tuple(params), tuple(out_idx))
 
@@ -123,17 +126,30 @@ class CompileConfig:
 
 
 def compile_kernel(request: BuildRequest, config: CompileConfig = CompileConfig()) -> Kernel:
-    """The compiled ``Kernel`` of ``request`` under ``config`` (the module docstring)."""
+    """The compiled ``Kernel`` of ``request`` under ``config`` (the module docstring): every
+    kernel of the function, in launch order."""
     t0 = time.perf_counter()
     settings = config.settings or Settings.from_env()
     passes = pass_config.resolve(dict(config.pass_configs))
     target, notes = targets.resolve(config.target)
     notes += passes.notes(target, backends.skipped(target, passes))
-    before = request.build(settings.debug_frontend, target)
+    function = request.build(settings.debug_frontend, target)
     frontend_ms = (time.perf_counter() - t0) * 1e3
     store = cache.DiskCache.from_settings(settings)
-    services = Services(store, settings, targets.machine())
-    chain = backends.chain(target, services, passes)
+    chain = backends.chain(target, Services(store, settings, targets.machine()), passes)
+    compiled = tuple(_compile_one(kernel, chain, target, notes, store, settings, config)
+                     for kernel in function.kernels)
+    report = CompileReport.of_function(tuple(c.report for c in compiled), frontend_ms,
+                                       (time.perf_counter() - t0) * 1e3)
+    return Kernel(function.name, compiled, request.user_params, request.out_idx, report, settings)
+
+
+def _compile_one(before: ir.Kernel, chain: Sequence[Backend], target: str, notes: tuple,
+                 store: cache.DiskCache, settings: Settings, config: CompileConfig) -> CompiledKernel:
+    """One kernel of a function through the chain: the first backend that takes it loads it.
+    Its report's ``passes`` leave the frontend out (it is the function's) and its ``compile_ms``
+    counts this kernel's lowering, emitting and loading."""
+    t0 = time.perf_counter()
     refusals: list[str] = []
     for n, backend in enumerate(chain):
         # a bug in lowering or emitting is an InternalError with a reproducer (tilews.reproducer);
@@ -166,11 +182,9 @@ def compile_kernel(request: BuildRequest, config: CompileConfig = CompileConfig(
     shared = lowered.ir_after.find_plan(SharedMemoryPlan)
     report = CompileReport(
         target=target if backend.config.name == target else f"{target} -> {backend.config.name}",
-        backend=backend.name, notes=notes + lowered.ir_after.notes,
-        passes=(("frontend", frontend_ms),) + lowered.pass_ms, cache_hit=hit,
-        shared_bytes=shared.total_bytes if shared is not None else 0,
-        compile_ms=(time.perf_counter() - t0) * 1e3)
+        backend=backend.name, notes=notes + lowered.ir_after.notes, passes=lowered.pass_ms,
+        cache_hit=hit, shared_bytes=shared.total_bytes if shared is not None else 0,
+        compile_ms=(time.perf_counter() - t0) * 1e3, kernel=before.name)
     if settings.print_source:
         print(lowered.source)
-    return Kernel(before, lowered.ir_after, request.user_params, request.out_idx, program,
-                  report, settings)
+    return CompiledKernel(before, lowered.ir_after, program, report)

@@ -274,7 +274,7 @@ class EagerKernel(JitFunction):
         sig, src = self.eager_signature, self.src
 
         def request() -> BuildRequest:
-            def build(debug: bool, target: str) -> ir.Kernel:
+            def build(debug: bool, target: str) -> ir.Function:
                 return eager.build_eager(src, constants, consts, sig, debug=debug, target=target)
             n_in = len(sig.runtime)
             return BuildRequest(build, sig.runtime + sig.outputs,

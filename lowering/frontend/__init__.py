@@ -1,7 +1,8 @@
-"""The frontend: a kernel function's Python source -> one ``ir.Kernel``.
+"""The frontend: a kernel function's Python source -> an ``ir.Function`` (its kernels).
 
-``build_kernel`` parses the function's AST (Python values evaluated at build time, tile operations
-recorded as IR) and is the only entry point; ``visitor`` handles syntax, ``semantic`` types and
+``build_function`` parses the function's AST (Python values evaluated at build time, tile
+operations recorded as IR) and is the entry point; ``build_kernel`` is the same for a function of
+one ``T.Kernel`` block, returning that kernel. ``visitor`` handles syntax, ``semantic`` types and
 shapes.
 """
 from __future__ import annotations
@@ -69,6 +70,18 @@ def kernel_source(fn: Callable, enclosing: Optional[dict] = None) -> KernelSourc
 def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None,
                  extra_names: Optional[dict[str, Any]] = None, *, debug: bool = False,
                  target: str = "") -> ir.Kernel:
+    """The kernel of a function of one ``T.Kernel`` block (``build_function``'s arguments); a
+    ``CompileError`` for a function of several."""
+    function = build_function(src, param_specs, extra_names, debug=debug, target=target)
+    if len(function.kernels) > 1:
+        raise CompileError(f"kernel function '{src.name}' has {len(function.kernels)} T.Kernel "
+                           f"blocks; compile it with tilews.jit (build_function)", function.loc)
+    return function.kernels[0]
+
+
+def build_function(src: KernelSource, param_specs: Optional[dict[str, Any]] = None,
+                   extra_names: Optional[dict[str, Any]] = None, *, debug: bool = False,
+                   target: str = "") -> ir.Function:
     """Build the IR of ``src``. ``param_specs`` overrides annotations (direct style): a
     ``semantic.TensorSpec``, a DType (runtime scalar) or any Python value (bound as is).
     ``extra_names`` are visible in the body (direct style: shape symbols bound from arguments).
@@ -100,18 +113,27 @@ def build_kernel(src: KernelSource, param_specs: Optional[dict[str, Any]] = None
             v.bind(a.arg, _param_value(a.arg, spec, v))
         v.visit_body(src.tree.body)
         v._at(src.tree)
-        return finish_kernel(b, src.name)
+        return finish_function(b, src.name)
 
 
-def finish_kernel(b: Builder, name: str) -> ir.Kernel:
-    """The kernel ``b`` built (its parameters in creation order); an error at the current
-    location when the function had no ``T.Kernel`` block."""
-    if b.kernel is None or "body" not in b.kernel:
+def finish_function(b: Builder, name: str) -> ir.Function:
+    """The kernels ``b`` built, in order, each with every parameter (in creation order) and
+    every scratch buffer of the function; an error at the current location when the function had
+    no ``T.Kernel`` block. A function of one kernel names it after itself; of several,
+    ``<name>_kernel<i>``. A kernel's notes are those recorded since the kernel before it closed
+    (the last one also takes those recorded after it)."""
+    if not b.kernels:
         raise CompileError(f"kernel '{name}' has no `with T.Kernel(...)` block", b.loc)
-    k = b.kernel
-    return ir.Kernel(name, tuple(b.params), k["grid"], k["block_vars"], k["threads"], k["body"],
-                     b.swizzle_panel, fp8_promote_every=b.fp8_promote_every,
-                     scratch=tuple(b.scratch), notes=tuple(b.notes), loc=k["loc"])
+    several = len(b.kernels) > 1
+    kernels, since = [], 0
+    for i, k in enumerate(b.kernels):
+        until = len(b.notes) if i == len(b.kernels) - 1 else k["notes_until"]
+        kernels.append(ir.Kernel(
+            f"{name}_kernel{i}" if several else name, tuple(b.params), k["grid"], k["block_vars"],
+            k["threads"], k["body"], k["swizzle_panel"], fp8_promote_every=k["fp8_promote_every"],
+            scratch=tuple(b.scratch), notes=tuple(b.notes[since:until]), loc=k["loc"]))
+        since = until
+    return ir.Function(name, tuple(kernels), b.kernels[0]["loc"])
 
 
 class Macro:

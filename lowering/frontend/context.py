@@ -23,8 +23,9 @@ class Builder:
         self._stack: list[list[ir.Stmt]] = [[]]
         self._names: dict[str, int] = {}
         self.params: list = []
-        self.kernel: Optional[dict] = None        # set by T.Kernel: grid, threads, block_vars
+        self.kernel: Optional[dict] = None        # the open T.Kernel: grid, threads, block_vars
         self.kernel_body: Optional[list[ir.Stmt]] = None   # the T.Kernel body being built
+        self.kernels: list[dict] = []             # the closed T.Kernel blocks, in order
         self.swizzle_panel = 0
         self.parallel_vars: list[ir.Var] = []     # innermost last
         self.roles: list[tuple[int, ...]] = []    # enclosing T.ws, innermost last
@@ -37,6 +38,22 @@ class Builder:
         self.scratch: list[ir.Buffer] = []          # T.alloc_global buffers (also in params)
         self.notes: list[str] = []                  # hints recorded, not applied (ir.Kernel.notes)
         self.register_requests: dict[tuple[int, ...], int] = {}   # T.set_max_nreg per T.ws role
+
+    def open_kernel(self, grid: tuple, threads: int, block_vars: tuple) -> None:
+        """Start a ``T.Kernel`` block."""
+        self.kernel = {"grid": grid, "threads": threads, "block_vars": block_vars}
+
+    def close_kernel(self, body: ir.Seq, loc: ir.Loc) -> None:
+        """End the open ``T.Kernel`` block with its ``body``; later statements are outside any
+        kernel (Python code, ``T.alloc_global``, the next ``T.Kernel``), and what a kernel
+        decides for itself starts afresh for the next one."""
+        self.kernels.append({**self.kernel, "body": body, "loc": loc,
+                             "swizzle_panel": self.swizzle_panel,
+                             "fp8_promote_every": self.fp8_promote_every,
+                             "notes_until": len(self.notes)})
+        self.kernel = self.kernel_body = self.mbarrier_list = None
+        self.swizzle_panel = self.fp8_promote_every = 0
+        self.register_requests = {}
 
     def unique(self, name: str) -> str:
         n = self._names.get(name, 0)

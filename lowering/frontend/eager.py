@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from .. import ir
 from ..errors import CompileError
-from . import KernelSource, finish_kernel, semantic
+from . import KernelSource, finish_function, semantic
 from .context import Builder, active, builder, building
 from .values import BufferRef, Scalar
 from .visitor import KernelVisitor
@@ -238,7 +238,7 @@ def empty(*shape, dtype=ir.DType.F32):
     state = _state("T.empty")
     b = builder()
     if b.kernel is not None:
-        raise semantic.err("T.empty declares an output of the function; call it before "
+        raise semantic.err("T.empty declares an output of the function; call it outside "
                            "`with T.Kernel(...)`")
     if shape and isinstance(shape[0], (tuple, list)):     # T.empty((M, N)[, dtype])
         if len(shape) > 2:
@@ -371,7 +371,7 @@ def _linear(e: ir.Expr, names: tuple[str, ...]) -> Optional[dict]:
 
 
 def build_eager(src: KernelSource, constants: dict[str, Any], consts: dict[str, int],
-                sig: EagerSignature, *, debug: bool = False, target: str = "") -> ir.Kernel:
+                sig: EagerSignature, *, debug: bool = False, target: str = "") -> ir.Function:
     """Build the IR of an eager function for one set of build-time ``constants`` (every
     non-runtime parameter) and ``consts`` (the T.const values). Its parameters are named as
     ``sig.runtime`` and ``sig.outputs`` say."""
@@ -396,5 +396,5 @@ def build_eager(src: KernelSource, constants: dict[str, Any], consts: dict[str, 
         if tuple(r.buffer.name for r in returned) != sig.outputs:
             raise v.error(f"the returned outputs ({', '.join(r.buffer.name for r in returned)}) "
                           f"are not the T.empty tensors of the same names")
-        return finish_kernel(b, src.name)
+        return finish_function(b, src.name)
 

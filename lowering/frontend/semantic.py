@@ -15,8 +15,8 @@ from ..roles import describe
 from ..traverse import walk
 from . import block_wide
 from .context import builder, current_loc
-from .values import (BufferRef, ElementRef, RegionRef, Scalar, as_dtype, bitcast,  # noqa: F401
-                     cast, promote, to_expr)   # as_dtype, bitcast, cast: here for callers (semantic.cast)
+from .values import (BufferRef, ElementRef, RegionRef, Scalar, VarRef, as_dtype,  # noqa: F401
+                     bitcast, cast, promote, to_expr)   # as_dtype, bitcast, cast: here for callers (semantic.cast)
 
 
 def err(msg: str, notes: Sequence[str] = ()) -> CompileError:
@@ -114,11 +114,12 @@ class KernelFrame(Frame):
     def enter(self, names):
         b = builder()
         if b.kernel is not None:
-            raise err("only one T.Kernel per kernel function")
+            raise err("T.Kernel inside another T.Kernel: a function's kernels are consecutive "
+                      "`with T.Kernel(...)` blocks, each launched after the one before finishes")
         default = ("bx", "by", "bz")
         vars_ = tuple(ir.Var(b.unique(n or default[i]), ir.DType.I32, ir.VarKind.BLOCK, current_loc())
                       for i, n in enumerate((list(names) + [None] * 3)[:len(self.grid)]))
-        b.kernel = {"grid": self.grid, "threads": self.threads, "block_vars": vars_}
+        b.open_kernel(self.grid, self.threads, vars_)
         b._stack.append([])
         vals = tuple(Scalar(v) for v in vars_)
         return vals[0] if len(vals) == 1 else vals
@@ -126,8 +127,7 @@ class KernelFrame(Frame):
     def exit(self, body):
         b = builder()
         b._stack.pop()
-        b.kernel["body"] = _block(block_wide.assign(body, b.unique))
-        b.kernel["loc"] = self.loc
+        b.close_kernel(_block(block_wide.assign(body, b.unique)), self.loc)
 
 
 class WsFrame(Frame):
@@ -508,7 +508,12 @@ def gemm(a, b, c, transpose_a: bool, transpose_b: bool, clear_accum: bool,
 
 
 def fill(dst, value) -> None:
+    """``T.fill`` / ``T.clear``: of an on-chip buffer or region, each element; of a
+    ``T.alloc_var`` variable, its value."""
     _tile_op("T.fill")
+    if isinstance(dst, VarRef):
+        store(dst, value)
+        return
     r = as_region(dst, "T.fill destination")
     _check_in_bounds(r, "T.fill")
     if r.buffer.scope in (ir.Scope.GLOBAL, ir.Scope.BARRIER):

@@ -46,6 +46,9 @@ def _is_allocation(value) -> bool:
             isinstance(value, BufferRef) and value.buffer.scope is not ir.Scope.GLOBAL)
 
 
+KERNEL_SCOPE = "a T.Kernel block"   # where a name was bound (``KernelVisitor.scoped_out``)
+
+
 class _Binding:
     __slots__ = ("value", "depth", "line")
 
@@ -71,7 +74,8 @@ class KernelVisitor:
         self.macro = macro
         self.returned: Any = None
         self.local: dict[str, _Binding] = {}
-        self.scoped_out: dict[str, int] = {}   # names bound inside a finished runtime body
+        # names bound inside a finished runtime body or T.Kernel block: (line, which of them)
+        self.scoped_out: dict[str, tuple[int, str]] = {}
         self.depth = 0                         # nesting of runtime (IR) bodies
         self.kernel_builtins = _kernel_builtins()
         self.debug = debug
@@ -123,10 +127,12 @@ class KernelVisitor:
         if name in self.local:
             return self.local[name].value
         if name in self.scoped_out:
-            raise self.error(f"'{name}' was assigned inside a runtime loop or branch (line "
-                             f"{self.scoped_out[name]}) and is not defined after it",
-                             ["values that change at run time live in a T.alloc_var variable or a "
-                              "T.alloc_local buffer"])
+            line, where = self.scoped_out[name]
+            note = ("a kernel passes values to the kernels after it through T.alloc_global "
+                    "buffers" if where == KERNEL_SCOPE else "values that change at run time live "
+                    "in a T.alloc_var variable or a T.alloc_local buffer")
+            raise self.error(f"'{name}' was assigned inside {where} (line {line}) and is not "
+                             f"defined after it", [note])
         if name in self.names:
             return self.names[name]
         if name in self.kernel_builtins:
@@ -166,7 +172,16 @@ class KernelVisitor:
             if _is_allocation(binding.value):
                 binding.depth = self.depth
             else:
-                self.scoped_out[name] = self.local.pop(name).line
+                self.scoped_out[name] = (self.local.pop(name).line, "a runtime loop or branch")
+
+    def _kernel_scope_out(self, before: set) -> None:
+        """Unbind the names a finished T.Kernel block bound (its block indices, on-chip buffers
+        and values are its own, as in TileLang), except its T.alloc_global workspaces, which
+        every kernel of the function sees."""
+        for name in set(self.local) - before:
+            value = self.local[name].value
+            if not (isinstance(value, BufferRef) and value.buffer in self.b.scratch):
+                self.scoped_out[name] = (self.local.pop(name).line, KERNEL_SCOPE)
 
     def assign(self, target: ast.expr, value: Any) -> None:
         if isinstance(target, ast.Name):
@@ -271,6 +286,7 @@ class KernelVisitor:
             raise self.error(f"`with` takes a tilews construct (T.Kernel, T.ws), got {frame!r}")
         names = self._target_names(item.optional_vars) if item.optional_vars is not None else []
         loc = self.b.loc
+        before = set(self.local)
         value = frame.enter(names)
         if item.optional_vars is not None:
             self.assign(item.optional_vars, value)
@@ -278,6 +294,8 @@ class KernelVisitor:
         body = self._frame_body(node.body, bind_depth=not is_kernel)
         self.b.loc = loc
         frame.exit(body)
+        if is_kernel:
+            self._kernel_scope_out(before)
 
     def _frame_body(self, stmts, bind_depth: bool) -> list[ir.Stmt]:
         if bind_depth:
@@ -322,13 +340,12 @@ class KernelVisitor:
         return [None]
 
     def _eager_top_level(self) -> bool:
-        """At the top of an eager function's body, outside the T.Kernel block."""
+        """At the top of an eager function's body, outside its T.Kernel blocks."""
         return (self.b.eager is not None and not self.macro and self.depth == 0
                 and self.b.kernel_body is None)
 
     def stmt_Return(self, node) -> None:
-        in_kernel = self.b.kernel is not None and "body" not in self.b.kernel
-        if self.b.eager is not None and not self.macro and self.depth == 0 and not in_kernel:
+        if self.b.eager is not None and not self.macro and self.depth == 0 and self.b.kernel is None:
             self.b.eager.record_return(None if node.value is None else self.eval(node.value))
             return
         if not self.macro:
