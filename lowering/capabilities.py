@@ -22,6 +22,8 @@ class Capabilities:
     tma: bool = False               # bulk tensor copies (TMA)
     triton_interpreter: bool = False  # executed by Triton's CPU interpreter
     power_of_two_tiles: bool = False  # tile extents must be powers of two (tl.arange)
+    shared_reuse: bool = True       # shared buffers whose lifetimes never overlap may share
+                                    # bytes (Metal declares each threadgroup array apart)
     num_sms: int = 0                # multiprocessors, when known (persistent grids); 0: unknown
 
 
@@ -33,7 +35,8 @@ ANY_TRITON_GPU = Capabilities("triton", warp_specialization=False, smem_bytes=22
 TRITON_INTERPRETER = Capabilities("triton", warp_specialization=False, smem_bytes=227 * 1024,
                                   triton_interpreter=True, power_of_two_tiles=True)
 SM90 = Capabilities("hopper", warp_specialization=True, smem_bytes=227 * 1024, tma=True)
-APPLE_GPU = Capabilities("metal", warp_specialization=False, smem_bytes=32 * 1024)
+APPLE_GPU = Capabilities("metal", warp_specialization=False, smem_bytes=32 * 1024,
+                         shared_reuse=False)
 
 
 def bulk_copy_rows(row_bytes: int) -> bool:

@@ -79,6 +79,11 @@ class UninitializedReadError(Exception):
     """The reference interpreter saw a read of memory nothing wrote."""
 
 
+class SharedOverlapError(UninitializedReadError):
+    """The reference interpreter saw a read of shared bytes that another buffer, placed on the
+    same bytes by the shared-memory plan, wrote while the read buffer was still live."""
+
+
 class OutOfBoundsError(IndexError):
     """The reference interpreter saw an on-chip buffer accessed outside its shape."""
 

@@ -64,15 +64,37 @@ class ConsumerSplit(Plan):
 
 @dataclass(frozen=True)
 class SharedMemoryPlan(Plan):
-    """Byte ranges of the shared buffers and barriers, as (name, offset, bytes)."""
+    """Byte ranges of the shared buffers and barriers, as (name, offset, bytes), and the peak
+    ``total_bytes``. Two ranges overlap only where ``reuses`` holds the pair (buffer, buffer whose
+    bytes it reuses): the first is live only after the second's live range has ended
+    (``lowering.liveness``); ``reused`` gives them as groups."""
     made_by: ClassVar[str] = "plan_buffers"
     ranges: tuple[tuple[str, int, int], ...]
     total_bytes: int
+    reuses: tuple[tuple[str, str], ...] = ()
+
+    def reused(self) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+        """The buffers sharing bytes, in groups closed under ``reuses`` (connected components):
+        per group its first byte, the bytes its ranges span, and its buffers by offset."""
+        group = {n: {n} for pair in self.reuses for n in pair}
+        for a, b in self.reuses:
+            if group[a] is not group[b]:
+                merged = group[a] | group[b]
+                for n in merged:
+                    group[n] = merged
+        at = {n: (o, b) for n, o, b in self.ranges}
+        out = []
+        for members in {id(g): g for g in group.values()}.values():
+            names = tuple(sorted(members, key=lambda n: (at[n][0], n)))
+            lo = at[names[0]][0]
+            out.append((lo, max(at[n][0] + at[n][1] for n in names) - lo, names))
+        return tuple(sorted(out))
 
     def placed(self, name: str, nbytes: int, align: int) -> "SharedMemoryPlan":
         """This plan with ``nbytes`` for ``name`` after its last range, at a multiple of ``align``."""
         offset = -(-self.total_bytes // align) * align
-        return SharedMemoryPlan(self.ranges + ((name, offset, nbytes),), offset + nbytes)
+        return SharedMemoryPlan(self.ranges + ((name, offset, nbytes),), offset + nbytes,
+                                self.reuses)
 
     @staticmethod
     def of(body: ir.Stmt) -> "SharedMemoryPlan":

@@ -473,8 +473,8 @@ _PTR = {ir.DType.F16: "fp16", ir.DType.BF16: "bf16", ir.DType.F32: "fp32", ir.DT
         ir.DType.I32: "i32", ir.DType.I64: "i64", ir.DType.I8: "i8", ir.DType.U8: "u8"}
 
 
-def _compile_for_gpu(kernel: ir.Kernel) -> str:
-    """Compile the emitted source for sm_90 without a GPU; returns the PTX."""
+def _compile_for_gpu(kernel: ir.Kernel):
+    """Compile the emitted source for sm_90 without a GPU; returns Triton's compiled kernel."""
     import importlib.util
 
     import triton
@@ -498,7 +498,7 @@ def _compile_for_gpu(kernel: ir.Kernel) -> str:
     compiled = triton.compile(ASTSource(triton.jit(getattr(module, lowered.name)), signature, {}),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": lowered.plan(StreamPlan).num_warps})
-    return compiled.asm["ptx"]
+    return compiled
 
 
 def _launch_checks() -> None:
@@ -535,7 +535,7 @@ def main(argv: list[str]) -> None:
         _launch_checks()
     elif mode == "compile":
         for n in names:
-            ptx = _compile_for_gpu(CASES[n]())
+            ptx = _compile_for_gpu(CASES[n]()).asm["ptx"]
             assert ".entry main" in ptx
             if "gemm" in n or "split_k" in n:
                 assert "mma" in ptx, f"{n}: no tensor-core instruction in the PTX"

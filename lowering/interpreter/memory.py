@@ -13,16 +13,21 @@ Contract:
 * When checking, reading an on-chip element nothing wrote raises ``UninitializedReadError`` naming
   the buffer, the element and the line; every shared-memory access is first reported to
   ``observer.access(buf, box, write, loc)`` (race detection) unless ``observe=False``.
+* When checking a kernel with a ``SharedMemoryPlan``, shared buffers live in one byte arena at
+  their planned offsets (``SharedArena``): each write records its buffer as the owner of the
+  bytes it covers, and reading bytes another buffer wrote since (the plan put two live buffers
+  on the same bytes) raises ``SharedOverlapError`` naming both buffers and the line.
 * Reads return values in the value dtype (``Numerics.value``); writes round to the held dtype.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .. import ir
-from ..errors import OutOfBoundsError, UninitializedReadError
+from ..errors import OutOfBoundsError, SharedOverlapError, UninitializedReadError
 from .messages import at
 from .values import Numerics, poison, to_storage
 
@@ -33,12 +38,50 @@ def region_box(starts: Sequence[int], extents: Sequence[int]) -> Box:
     return tuple((s, s + e) for s, e in zip(starts, extents))
 
 
+class SharedArena:
+    """The block's shared bytes as the plan places them: which buffer last wrote each byte."""
+
+    def __init__(self, plan):
+        self.ranges = {n: (o, b) for n, o, b in plan.ranges}
+        self.names = [n for n, _, _ in plan.ranges]
+        self.owner = np.full(plan.total_bytes, -1, dtype=np.int32)
+        self._elements: dict[str, np.ndarray] = {}
+
+    def add(self, buf: ir.Buffer) -> None:
+        if buf.name in self.ranges:
+            self._elements[buf.name] = np.arange(math.prod(buf.static_shape)).reshape(buf.static_shape)
+
+    def _bytes(self, buf: ir.Buffer, where) -> np.ndarray:
+        first = self.ranges[buf.name][0] + self._elements[buf.name][where].ravel() * buf.dtype.itemsize
+        return first[:, None] + np.arange(buf.dtype.itemsize)
+
+    def wrote(self, buf: ir.Buffer, where) -> None:
+        if buf.name in self._elements:
+            self.owner[self._bytes(buf, where)] = self.names.index(buf.name)
+
+    def check_read(self, buf: ir.Buffer, where, loc: ir.Loc) -> None:
+        if buf.name not in self._elements:
+            return
+        me = self.names.index(buf.name)
+        owners = self.owner[self._bytes(buf, where)]
+        other = (owners != me) & (owners >= 0)
+        if other.any():
+            thief = self.names[int(owners[other][0])]
+            (o, n), (p, m) = self.ranges[buf.name], self.ranges[thief]
+            raise SharedOverlapError(at(loc, (
+                f"read of shared buffer '{buf.name}' finds bytes '{thief}' wrote: the shared-memory "
+                f"plan puts both on the same bytes ('{buf.name}' at [{o}, {o + n}), '{thief}' at "
+                f"[{p}, {p + m})) while '{buf.name}' is still live, so this read sees '{thief}''s "
+                f"data (the plan's lifetimes are wrong)")))
+
+
 class Memory:
     def __init__(self, globals_: dict[str, np.ndarray], numerics: Numerics, check: bool,
-                 observer=None):
+                 observer=None, arena: Optional[SharedArena] = None):
         self.num = numerics
         self.check = check
         self.observer = observer
+        self.arena = arena if check else None
         self._arrays = dict(globals_)
         self._written: dict[str, np.ndarray] = {}
 
@@ -48,6 +91,8 @@ class Memory:
         self._arrays[buf.name] = np.full(buf.static_shape, poison(held), dtype=held)
         if self.check:
             self._written[buf.name] = np.zeros(buf.static_shape, dtype=bool)
+        if self.arena is not None and buf.scope is ir.Scope.SHARED:
+            self.arena.add(buf)
 
     def bind(self, buf: ir.Buffer, array: np.ndarray) -> None:
         """Global ``buf`` is ``array`` from now on in this block (``ir.PointerView``)."""
@@ -78,6 +123,7 @@ class Memory:
             if not written.all():
                 first = tuple(int(i) + s for i, s in zip(np.argwhere(~written)[0], starts))
                 self._uninitialized(buf, first, loc)
+        self._check_owner(buf, inner, loc)
         return arr[inner].astype(value)
 
     def write_box(self, buf: ir.Buffer, starts: Sequence[int], extents: Sequence[int], data,
@@ -96,6 +142,7 @@ class Memory:
         arr[inner] = data
         if self.check:
             self._written[buf.name][inner] = True
+        self._owns(buf, inner)
 
     def _on_chip(self, buf, arr, starts, extents, loc) -> tuple[slice, ...]:
         for d, (s, e, n) in enumerate(zip(starts, extents, arr.shape)):
@@ -123,6 +170,7 @@ class Memory:
             arr[picked] = np.broadcast_to(values, act.shape)[act]
         if self.check and buf.scope is not ir.Scope.GLOBAL:
             self._written[buf.name][picked] = True
+        self._owns(buf, picked)
 
     def atomic_add(self, buf: ir.Buffer, idx: Sequence, values, active: Optional[np.ndarray],
                    loc: ir.Loc) -> None:
@@ -132,6 +180,9 @@ class Memory:
         act = np.ones(lanes[0].shape, dtype=bool) if act is None else act
         if buf.scope is not ir.Scope.GLOBAL:
             self._check_written(buf, lanes, act, loc)
+        picked = tuple(i[act] for i in lanes)
+        self._check_owner(buf, picked, loc)
+        self._owns(buf, picked)
         flat = np.ravel_multi_index(tuple(i[act] for i in lanes), arr.shape)
         wide = np.float64 if buf.dtype.is_float else np.int64
         add = np.broadcast_to(np.asarray(values), act.shape)[act].astype(wide)
@@ -168,9 +219,18 @@ class Memory:
             self._observe(buf, tuple((int(i.min()), int(i.max()) + 1) for i in picked), write, loc)
         if not write and buf.scope is not ir.Scope.GLOBAL:
             self._check_written(buf, lanes, act, loc)
+            self._check_owner(buf, lanes if act is None else tuple(i[act] for i in lanes), loc)
         return arr, lanes, act
 
     # -- checks ----------------------------------------------------------------------------------
+    def _owns(self, buf: ir.Buffer, where) -> None:
+        if self.arena is not None and buf.scope is ir.Scope.SHARED:
+            self.arena.wrote(buf, where)
+
+    def _check_owner(self, buf: ir.Buffer, where, loc: ir.Loc) -> None:
+        if self.arena is not None and buf.scope is ir.Scope.SHARED:
+            self.arena.check_read(buf, where, loc)
+
     def _check_written(self, buf, lanes, act, loc) -> None:
         if not self.check:
             return

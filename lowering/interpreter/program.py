@@ -21,13 +21,14 @@ from typing import Optional
 import numpy as np
 
 from .. import ir
+from ..plans import SharedMemoryPlan
 from ..roles import streams
 from .addresses import AddressSpace
 from .barriers import Barriers
 from .binding import bind
 from .executor import Block, RoleExecutor
 from .expressions import Evaluator
-from .memory import Memory
+from .memory import Memory, SharedArena
 from .races import RaceTracker
 from .scheduler import Scheduler
 from .values import Numerics
@@ -53,7 +54,9 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
                 for v, e in kernel.block_defs:
                     block_env[v] = np.int64(Evaluator(None, numerics).index(e, block_env))
                 races = RaceTracker() if check else None
-                memory = Memory(arrays, numerics, check, races)
+                shared = kernel.find_plan(SharedMemoryPlan)
+                memory = Memory(arrays, numerics, check, races,
+                                SharedArena(shared) if shared is not None else None)
                 block = Block(memory, Barriers(), Evaluator(memory, numerics),
                               Scheduler(rng, trace, f"block {coords}"), races, addresses)
                 _run_block(block, allocs, roles, block_env)

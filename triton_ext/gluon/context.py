@@ -10,7 +10,7 @@ from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 from tilews.lowering.roles import describe
 
-from tilews.lowering.plans import AsyncPlan, LayoutPlan
+from tilews.lowering.plans import AsyncPlan, LayoutPlan, SharedMemoryPlan
 
 from ..pysource import SourceWriter
 from .layouts import spell_layout
@@ -37,6 +37,15 @@ class Ctx(SourceWriter):
             n = seen[gname] = seen.get(gname, -1) + 1
             self.descriptors[(gname, tuple(block))] = self.fresh(f"{gname}_desc_{n}")
         self.frames: dict[str, object] = dict(kernel.plan(LayoutPlan).frames)
+        # shared buffers the SharedMemoryPlan lets share bytes: name -> (its group's arena,
+        # offset in the arena, the arena's bytes); the arena is spelled with its first member
+        self.arenas: dict[str, tuple[str, int, int]] = {}
+        for lo, span, names in kernel.plan(SharedMemoryPlan).reused():
+            arena = self.fresh("smem_arena")
+            for n, offset, _ in kernel.plan(SharedMemoryPlan).ranges:
+                if n in names:
+                    self.arenas[n] = (arena, offset - lo, span)
+        self.spelled_arenas: set[str] = set()
         self.layout_lines: list[str] = []           # module-level layout constants
         self._layout_consts: dict[object, str] = {}
         self.scalar_locals: dict[str, bool] = dict(plan.scalar_locals)

@@ -10,7 +10,8 @@ The module holds, in order:
   strides of each global buffer the role reads element by element (the plan's ``pointer_params``);
   block indices are read with ``gl.program_id`` inside each;
 * the kernel ``<kernel>``: per global buffer its descriptors, then its pointer and strides if it
-  is a pointer parameter; shared buffers and mbarriers (initialized with the counts legalize
+  is a pointer parameter; shared buffers (those the ``SharedMemoryPlan`` lets share bytes as
+  views of one arena per group, at their planned offsets) and mbarriers (initialized with the counts legalize
   translated to Gluon arrivals), one ``gl.warp_specialize`` (the default role first, then the
   workers with their warps and registers), the barriers invalidated at the end;
 * host functions: ``<kernel>_args(<params>)`` builds the kernel's arguments from the tensors (one
@@ -46,6 +47,13 @@ from .fragments import declare_fragments
 from .stmts import seq
 
 ARGS_SUFFIX = "_args"
+# buffers the SharedMemoryPlan lets share bytes are views of one arena allocation per group
+# (Triton's allocator cannot reuse allocations live across gl.warp_specialize): rows of 128 bytes
+# in the 128-byte swizzle, so the arena is aligned as swizzled tiles need (1024 bytes), viewed
+# flat to slice each buffer at its planned offset
+ARENA_ROW_BYTES = 128
+ARENA_LAYOUT = "gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)"
+ARENA_VIEW_LAYOUT = "gl.SwizzledSharedLayout(1, 1, 1, order=[0])"
 # the host function making each TMA descriptor: Gluon's TensorDescriptor.from_tensor, which a
 # launcher may replace on the loaded module with a cached one (triton_ext.gluon.descriptors)
 DESCRIPTOR_FN = "_tilews_descriptor"
@@ -220,7 +228,17 @@ def _alloc(ctx: Ctx, s: ir.Alloc, *_) -> None:
         ctx.line(f"# {ctx.scalar(b, s.loc)}: scalar {b.dtype.value}, a value of its role")
         return
     ctx.origin(s.loc)
-    if b.scope is ir.Scope.SHARED:
+    if b.scope is ir.Scope.SHARED and b.name in ctx.arenas:
+        arena, offset, span = ctx.arenas[b.name]
+        if arena not in ctx.spelled_arenas:
+            ctx.spelled_arenas.add(arena)
+            rows = -(-span // 1024) * (1024 // ARENA_ROW_BYTES)
+            ctx.line(f"{arena} = gl.allocate_shared_memory(gl.int8, [{rows}, {ARENA_ROW_BYTES}], "
+                     f"{ARENA_LAYOUT})._reinterpret(gl.int8, [{rows * ARENA_ROW_BYTES}], "
+                     f"{ARENA_VIEW_LAYOUT})")
+        ctx.line(f"{name} = {arena}.slice({offset}, {b.nbytes})._reinterpret("
+                 f"{GL_DTYPE[b.dtype]}, {list(b.static_shape)}, {ctx.layout(b, s.loc)})")
+    elif b.scope is ir.Scope.SHARED:
         ctx.line(f"{name} = gl.allocate_shared_memory({GL_DTYPE[b.dtype]}, {list(b.static_shape)}, "
                  f"{ctx.layout(b, s.loc)})")
     elif b.scope is ir.Scope.BARRIER:
