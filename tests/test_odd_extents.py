@@ -149,7 +149,7 @@ def compile_for_sm90(module: str, table: str, name: str) -> None:
     code = (f"from tilews.lowering.frontend import build_kernel\n"
             f"from tests.test_tl_backend import _compile_for_gpu\n"
             f"from {module} import {table}\n"
-            f"assert '.entry main' in _compile_for_gpu(build_kernel({table}[{name!r}]()))")
+            f"assert '.entry main' in _compile_for_gpu(build_kernel({table}[{name!r}]())).asm['ptx']")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
     assert proc.returncode == 0, proc.stderr[-6000:]
