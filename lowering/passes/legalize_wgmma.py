@@ -22,7 +22,9 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * fragment -> shared stores and fragment -> fragment copies (casts) are DIRECT and
              shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
            * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
-             fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``;
+             fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``
+             — a run of consecutive gemms none of which reads another's accumulator (the pieces
+             split_extents made of one T.gemm) by one ``GemmWait(0)`` after the last;
              FP8 gemms only with K-major tiles (A untransposed, B [N, K] with ``transpose_B``),
              float32 gemms only with ``precision`` TF32 (wgmma's float32 form; IEEE is refused)
              and, as FP8, K-major tiles;
@@ -423,12 +425,21 @@ def _seq(body: ir.Seq, layouts: dict, registers: bool) -> ir.Seq:
                                   f"fragment (line {s.loc.line})")
             elif s.a.buffer.scope is not ir.Scope.SHARED:
                 raise _Refuse(f"gemm operand A is in {s.a.buffer.scope.value} memory (line {s.loc.line})")
-            out += [dataclasses.replace(s, instr=ir.GemmInstr.WGMMA), ir.GemmWait(0, s.loc)]
+            out.append(dataclasses.replace(s, instr=ir.GemmInstr.WGMMA))
+            if not _issued_with(s, stmts[i + 1:i + 2]):
+                out.append(ir.GemmWait(0, s.loc))
         elif isinstance(s, ir.Fill) and s.dst.buffer.scope is not ir.Scope.FRAGMENT:
             raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
         else:
             out.append(s)
     return dataclasses.replace(body, stmts=_registers_first(out))
+
+
+def _issued_with(s: ir.Gemm, following: tuple) -> bool:
+    """The next statement is a gemm that may be in flight together with ``s``: it reads no
+    accumulator ``s`` writes (the same accumulator, chained, is fine: wgmma accumulates in order)."""
+    return bool(following) and isinstance(following[0], ir.Gemm) \
+        and s.c.buffer not in (following[0].a.buffer, following[0].b.buffer)
 
 
 def _registers_first(stmts: list) -> tuple:
