@@ -19,7 +19,7 @@ import tilews
 from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.pipeline import lower
-from tilews.lowering.plans import AsyncPlan
+from tilews.lowering.plans import AsyncPlan, AsyncRefusal
 from tilews.lowering.traverse import walk
 from tilews.triton_ext.gluon.backend import HOPPER
 
@@ -57,7 +57,7 @@ def warp_group_dots(ttgir: str) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("bn,bk", [(192, 64), (128, 96)])
 def test_gemm_pieces(bn, bk):
-    kernel, p = compiled(f"gemm-{bn}-{bk}")
+    p = compiled(f"gemm-{bn}-{bk}")[1]
     ttgir, ptx = p.asm["ttgir"], p.asm["ptx"]
     assert count(r"ttg\.warp_specialize\(", ttgir) == 1
     n_pieces = [128, 64] if bn == 192 else [bn]
@@ -121,7 +121,11 @@ def test_jit_report_says_gluon_took_head_dim_192():
 
 
 def test_backward_style_programs_are_not_required_on_gluon():
-    # a gemm whose M is the head dim (dK = dS^T Q in a backward pass) keeps its tiles whole
+    # a gemm whose M is the head dim (dK = dS^T Q in a backward pass) keeps its tiles whole, and
+    # legalize_wgmma's refusal (the tl backend then compiles it) says why
     kernel = lower(build_kernel(gemm(384, 256, 128, block_M=192, block_N=128)), HOPPER)
     assert any(n.startswith("split_extents: kept whole, dim 0 of") for n in kernel.notes)
+    assert kernel.find_plan(AsyncRefusal).reason.endswith(
+        "and split_extents kept it whole: dim 0 of 'A_shared' (192) is a gemm's M dim: rows are not "
+        "cut (split_consumers divides them among warp groups)")
     assert not any(isinstance(s, ir.Alloc) and s.buffer.name.endswith("_128") for s in walk(kernel.body))

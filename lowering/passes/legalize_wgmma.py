@@ -42,7 +42,8 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              — and before an arrival publishing such stores to a buffer another role reads
              asynchronously (a register-staged tile);
            * shared tiles (a buffer's last two dims; a ring's slots may be any number) and TMA
-             boxes have power-of-two extents (Triton's shared layouts and descriptors);
+             boxes have power-of-two extents (Triton's shared layouts and descriptors; split_extents
+             cut what it could, and a refusal repeats its reason for keeping a program whole);
            * no ``PointerView`` (``T.make_tensor``): its memory has no descriptor made at
              launch, and the emitter takes global tensors as parameters only;
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
@@ -94,6 +95,7 @@ _SCALAR_DTYPES = (ir.DType.I32, ir.DType.F32)     # the types Gluon gives Python
 _COUNTING = (ir.BinOpKind.ADD, ir.BinOpKind.MUL)
 REGISTER_FILE = 65536
 TMA_SHARED_ALIGN = 128      # bytes: where a bulk tensor copy may start writing shared memory
+_KEPT_WHOLE = "split_extents: kept whole, "    # the note of a program split_extents did not cut
 
 
 class _Refuse(Exception):
@@ -138,8 +140,10 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
             tile = slot_shape(s.buffer, pipeline)
             if not all(ir.is_power_of_two(e) for e in tile):
+                kept = [n.removeprefix(_KEPT_WHOLE) for n in kernel.notes if n.startswith(_KEPT_WHOLE)]
                 raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
-                              f"shared layouts take powers of two (line {s.loc.line})")
+                              f"shared layouts take powers of two (line {s.loc.line})"
+                              + "".join(f", and split_extents kept it whole: {why}" for why in kept))
             slot_bytes = math.prod(tile) * s.buffer.dtype.itemsize
             if s.buffer in bulk_filled and slot_bytes % TMA_SHARED_ALIGN \
                     and math.prod(s.buffer.static_shape) > math.prod(tile):

@@ -77,6 +77,9 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         dims = _tied(kernel, odd)
         splits = _splits(kernel, dims)
         body = _Rewriter(splits).seq(kernel.body)
+        left = sorted({n.name for n in _buffers(body) if n in splits})
+        if left:
+            raise _Whole(f"'{left[0]}' is used where the pass cannot cut it")
     except _Whole as why:
         return kernel.with_note(f"split_extents: kept whole, {why}")
     names = ", ".join(f"{b.name} ({' + '.join(str(p.static_shape[s.dim]) for _, p in s.pieces)})"
@@ -87,6 +90,12 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
 
 # ----------------------------------------------------------------------------------------------
 # which dims are split
+
+
+def _buffers(node) -> list[ir.Buffer]:
+    found: list[ir.Buffer] = []
+    transform(node, lambda n: found.append(n) if isinstance(n, ir.Buffer) else None)
+    return found
 
 
 def _tile_dims(b: ir.Buffer) -> range:
@@ -150,8 +159,8 @@ def _tied(kernel: ir.Kernel, odd: set) -> set:
     tied = {x for x in set(parent) | odd if find(x) in roots}
     for b, d in rows:
         if (b, d) in tied:
-            raise _Whole(f"dim {d} of '{b.name}' ({b.static_shape[d]}) is a gemm's M dim, which "
-                         f"split_consumers divides among warp groups")
+            raise _Whole(f"dim {d} of '{b.name}' ({b.static_shape[d]}) is a gemm's M dim: rows are "
+                         f"not cut (split_consumers divides them among warp groups)")
     return tied
 
 
@@ -178,7 +187,7 @@ def _pieces(n: int) -> list[tuple[int, int]]:
 def _splits(kernel: ir.Kernel, dims: set) -> dict:
     by_buffer: dict = {}
     for b, d in dims:
-        if not ir.is_power_of_two(b.static_shape[d]):
+        if d in _tile_dims(b) and not ir.is_power_of_two(b.static_shape[d]):
             by_buffer.setdefault(b, []).append(d)
     out = {}
     for b, ds in sorted(by_buffer.items(), key=lambda x: x[0].name):

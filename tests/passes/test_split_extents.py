@@ -192,8 +192,8 @@ def test_rows_split_consumers_divide_are_kept_whole():
     # block_M 192 with three consumer warp groups: split_consumers gives each 64 rows
     k = split(attention(1, 1, 384, 64, False, block_M=192, threads=384))
     assert [n for n in k.notes if n.startswith("split_extents")] == [
-        "split_extents: kept whole, dim 0 of 'Q_shared' (192) is a gemm's M dim, which "
-        "split_consumers divides among warp groups"]
+        "split_extents: kept whole, dim 0 of 'Q_shared' (192) is a gemm's M dim: rows are not "
+        "cut (split_consumers divides them among warp groups)"]
     assert lower(build_kernel(attention(1, 1, 384, 64, False, block_M=192, threads=384)),
                  HOPPER).find_plan(AsyncPlan) is not None
 
