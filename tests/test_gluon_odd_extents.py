@@ -126,6 +126,6 @@ def test_backward_style_programs_are_not_required_on_gluon():
     kernel = lower(build_kernel(gemm(384, 256, 128, block_M=192, block_N=128)), HOPPER)
     assert any(n.startswith("split_extents: kept whole, dim 0 of") for n in kernel.notes)
     assert kernel.find_plan(AsyncRefusal).reason.endswith(
-        "and split_extents kept it whole: dim 0 of 'A_shared' (192) is a gemm's M dim: rows are not "
+        "and split_extents kept it whole: dim 0 of 'A_s' (192) is a gemm's M dim: rows are not "
         "cut (split_consumers divides them among warp groups)")
     assert not any(isinstance(s, ir.Alloc) and s.buffer.name.endswith("_128") for s in walk(kernel.body))

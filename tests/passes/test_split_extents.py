@@ -8,8 +8,6 @@ that says why.
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -20,94 +18,28 @@ from tilews.lowering.passes import split_extents
 from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import AsyncPlan, AsyncRefusal
 from tilews.lowering.traverse import walk
+from tilews.ops.attention import mha_fwd_program
 from tilews.triton_ext.gluon.backend import HOPPER
+
+from examples.gemm import matmul
 
 from ..helpers import marked_line, poisoned, rel_err, randn
 
-LOG2E = 1.4426950408889634
-
 
 # ----------------------------------------------------------------------------------------------
-# programs, as a TileLang user writes them
+# programs, as a TileLang user writes them (the GEMM and attention are the repo's own copies of
+# TileLang's examples)
 
 
-def gemm(M, N, K, block_M=128, block_N=192, block_K=64, stages=3, dtype=T.float16):
-    @T.prim_func
-    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
-            A_shared = T.alloc_shared((block_M, block_K), dtype)
-            B_shared = T.alloc_shared((block_K, block_N), dtype)
-            C_local = T.alloc_fragment((block_M, block_N), T.float32)
-            T.clear(C_local)
-            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=stages):
-                T.copy(A[by * block_M, k * block_K], A_shared)
-                T.copy(B[k * block_K, bx * block_N], B_shared)
-                T.gemm(A_shared, B_shared, C_local)
-            T.copy(C_local, C[by * block_M, bx * block_N])
-    return main
+def gemm(M, N, K, block_M=128, block_N=192, block_K=64, stages=3):
+    """examples/gemm.py's program (TileLang's quickstart GEMM) in float16."""
+    return matmul.fn(M, N, K, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=stages)
 
 
-def attention(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=64, stages=2,
-              threads=256, dtype=T.float16):
-    """TileLang's example_mha_fwd_bhsd shape of program (online softmax in base 2)."""
-    scale = LOG2E / math.sqrt(dim)
-    shape = [batch, heads, seq_len, dim]
-    accum = T.float32
-
-    @T.prim_func
-    def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
-             Output: T.Tensor(shape, dtype)):
-        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
-            Q_shared = T.alloc_shared([block_M, dim], dtype)
-            K_shared = T.alloc_shared([block_N, dim], dtype)
-            V_shared = T.alloc_shared([block_N, dim], dtype)
-            O_shared = T.alloc_shared([block_M, dim], dtype)
-            acc_s = T.alloc_fragment([block_M, block_N], accum)
-            acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
-            acc_o = T.alloc_fragment([block_M, dim], accum)
-            scores_max = T.alloc_fragment([block_M], accum)
-            scores_max_prev = T.alloc_fragment([block_M], accum)
-            scores_scale = T.alloc_fragment([block_M], accum)
-            scores_sum = T.alloc_fragment([block_M], accum)
-            logsum = T.alloc_fragment([block_M], accum)
-
-            T.copy(Q[bz, by, bx * block_M:(bx + 1) * block_M, :], Q_shared)
-            T.fill(acc_o, 0)
-            T.fill(logsum, 0)
-            T.fill(scores_max, -T.infinity(accum))
-            loop_range = (T.min(T.ceildiv(seq_len, block_N), T.ceildiv((bx + 1) * block_M, block_N))
-                          if is_causal else T.ceildiv(seq_len, block_N))
-            for k in T.Pipelined(loop_range, num_stages=stages):
-                T.copy(K[bz, by, k * block_N:(k + 1) * block_N, :], K_shared)
-                if is_causal:
-                    for i, j in T.Parallel(block_M, block_N):
-                        acc_s[i, j] = T.if_then_else(bx * block_M + i >= k * block_N + j, 0,
-                                                     -T.infinity(accum))
-                else:
-                    T.clear(acc_s)
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
-                T.copy(V[bz, by, k * block_N:(k + 1) * block_N, :], V_shared)
-                T.copy(scores_max, scores_max_prev)
-                T.fill(scores_max, -T.infinity(accum))
-                T.reduce_max(acc_s, scores_max, dim=1, clear=False)
-                for i in T.Parallel(block_M):
-                    scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
-                for i in T.Parallel(block_M):
-                    scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
-                for i, j in T.Parallel(block_M, block_N):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
-                T.reduce_sum(acc_s, scores_sum, dim=1)
-                for i in T.Parallel(block_M):
-                    logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
-                T.copy(acc_s, acc_s_cast)
-                for i, j in T.Parallel(block_M, dim):
-                    acc_o[i, j] *= scores_scale[i]
-                T.gemm(acc_s_cast, V_shared, acc_o)
-            for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] /= logsum[i]
-            T.copy(acc_o, O_shared)
-            T.copy(O_shared, Output[bz, by, bx * block_M:(bx + 1) * block_M, :])
-    return main
+def attention(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=64, stages=2, threads=256):
+    """tilews.ops.attention's program (TileLang's example_mha_fwd_bhsd) in float16."""
+    return mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=block_M, block_N=block_N,
+                           num_stages=stages, threads=threads)
 
 
 def row_stats(rows, cols, kind):
