@@ -22,7 +22,9 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * fragment -> shared stores and fragment -> fragment copies (casts) are DIRECT and
              shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
            * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
-             fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``;
+             fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``
+             — a run of consecutive gemms none of which reads another's accumulator (the pieces
+             split_extents made of one T.gemm) by one ``GemmWait(0)`` after the last;
              FP8 gemms only with K-major tiles (A untransposed, B [N, K] with ``transpose_B``),
              float32 gemms only with ``precision`` TF32 (wgmma's float32 form; IEEE is refused)
              and, as FP8, K-major tiles;
@@ -40,7 +42,8 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              — and before an arrival publishing such stores to a buffer another role reads
              asynchronously (a register-staged tile);
            * shared tiles (a buffer's last two dims; a ring's slots may be any number) and TMA
-             boxes have power-of-two extents (Triton's shared layouts and descriptors);
+             boxes have power-of-two extents (Triton's shared layouts and descriptors; split_extents
+             cut what it could, and a refusal repeats its reason for keeping a program whole);
            * no ``PointerView`` (``T.make_tensor``): its memory has no descriptor made at
              launch, and the emitter takes global tensors as parameters only;
            * the kernel body is allocations and the one ``WarpSpecialize``; the only local buffers
@@ -92,6 +95,7 @@ _SCALAR_DTYPES = (ir.DType.I32, ir.DType.F32)     # the types Gluon gives Python
 _COUNTING = (ir.BinOpKind.ADD, ir.BinOpKind.MUL)
 REGISTER_FILE = 65536
 TMA_SHARED_ALIGN = 128      # bytes: where a bulk tensor copy may start writing shared memory
+_KEPT_WHOLE = "split_extents: kept whole, "    # the note of a program split_extents did not cut
 
 
 class _Refuse(Exception):
@@ -136,8 +140,10 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
             tile = slot_shape(s.buffer, pipeline)
             if not all(ir.is_power_of_two(e) for e in tile):
+                kept = [n.removeprefix(_KEPT_WHOLE) for n in kernel.notes if n.startswith(_KEPT_WHOLE)]
                 raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
-                              f"shared layouts take powers of two (line {s.loc.line})")
+                              f"shared layouts take powers of two (line {s.loc.line})"
+                              + "".join(f", and split_extents kept it whole: {why}" for why in kept))
             slot_bytes = math.prod(tile) * s.buffer.dtype.itemsize
             if s.buffer in bulk_filled and slot_bytes % TMA_SHARED_ALIGN \
                     and math.prod(s.buffer.static_shape) > math.prod(tile):
@@ -423,12 +429,21 @@ def _seq(body: ir.Seq, layouts: dict, registers: bool) -> ir.Seq:
                                   f"fragment (line {s.loc.line})")
             elif s.a.buffer.scope is not ir.Scope.SHARED:
                 raise _Refuse(f"gemm operand A is in {s.a.buffer.scope.value} memory (line {s.loc.line})")
-            out += [dataclasses.replace(s, instr=ir.GemmInstr.WGMMA), ir.GemmWait(0, s.loc)]
+            out.append(dataclasses.replace(s, instr=ir.GemmInstr.WGMMA))
+            if not _issued_with(s, stmts[i + 1:i + 2]):
+                out.append(ir.GemmWait(0, s.loc))
         elif isinstance(s, ir.Fill) and s.dst.buffer.scope is not ir.Scope.FRAGMENT:
             raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
         else:
             out.append(s)
     return dataclasses.replace(body, stmts=_registers_first(out))
+
+
+def _issued_with(s: ir.Gemm, following: tuple) -> bool:
+    """The next statement is a gemm that may be in flight together with ``s``: it reads no
+    accumulator ``s`` writes (the same accumulator, chained, is fine: wgmma accumulates in order)."""
+    return bool(following) and isinstance(following[0], ir.Gemm) \
+        and s.c.buffer not in (following[0].a.buffer, following[0].b.buffer)
 
 
 def _registers_first(stmts: list) -> tuple:

@@ -1,7 +1,9 @@
 """overlap_mma: keep one warp-group MMA in flight across iterations of a pipelined consumer loop.
 
 Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing).
-Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]`` (or
+Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive b[i(k)]`` — the
+           gemm possibly a run of ``n`` consecutive gemms (split_extents' pieces of one T.gemm),
+           each meeting what is said of it below, then waited for with ``gemm_wait`` of the run's length — (or
            that followed by ``c = c + 1`` of a scalar ring counter, and ``i`` a function of c
            instead of k: a loop whose trip count varies by tile), where
            ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot), its A
@@ -36,17 +38,28 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         kernel.body, lambda loop: _overlap(loop) if _matches(loop) else None))
 
 
+def _tail_gemms(stmts) -> int:
+    """How many gemm statements stand right before the last two of ``stmts`` (one T.gemm, or
+    the pieces split_extents made of one)."""
+    n = 0
+    while n + 2 < len(stmts) and isinstance(stmts[-3 - n], ir.Gemm):
+        n += 1
+    return n
+
+
 def _matches(loop: ir.For) -> bool:
     counted = schedule.ring_counter(loop) is not None
     stmts = loop.body.stmts[:-1] if counted else loop.body.stmts
-    tail = stmts[-3:]
-    return (len(tail) == 3 and isinstance(tail[0], ir.Gemm) and tail[0].instr is ir.GemmInstr.WGMMA
-            and tail[0].a.buffer.scope is ir.Scope.SHARED
-            and isinstance(tail[1], ir.GemmWait) and tail[1].outstanding == 0
-            and isinstance(tail[2], ir.BarrierArrive)
-            and len(tail[2].barrier.buffer.arrive_counts) >= 2
-            and any(op.starts[:1] == (tail[2].barrier.index,) and len(op.extents) == 3
-                    for op in (tail[0].a, tail[0].b)))
+    n = _tail_gemms(stmts)
+    if not n:
+        return False
+    gemms, (wait, arrive) = stmts[-2 - n:-2], stmts[-2:]
+    return (all(g.instr is ir.GemmInstr.WGMMA and g.a.buffer.scope is ir.Scope.SHARED for g in gemms)
+            and isinstance(wait, ir.GemmWait) and wait.outstanding == 0
+            and isinstance(arrive, ir.BarrierArrive)
+            and len(arrive.barrier.buffer.arrive_counts) >= 2
+            and any(op.starts[:1] == (arrive.barrier.index,) and len(op.extents) == 3
+                    for g in gemms for op in (g.a, g.b)))
 
 
 def _at(e: ir.Expr, node: ir.Expr, value: ir.Expr) -> ir.Expr:
@@ -58,7 +71,9 @@ def _overlap(loop: ir.For) -> list[ir.Stmt]:
     increments last (then, after the body, the counter's value minus one is the last slot's)."""
     counter = schedule.ring_counter(loop)
     bump = loop.body.stmts[-1:] if counter is not None else ()
-    gemm, wait, arrive = loop.body.stmts[len(loop.body.stmts) - len(bump) - 3:][:3]
+    stmts = loop.body.stmts[:len(loop.body.stmts) - len(bump)]
+    issued = _tail_gemms(stmts)
+    wait, arrive = stmts[-2:]
     loc = arrive.loc
     i32 = ir.DType.I32
     k, bar = loop.var, arrive.barrier
@@ -77,7 +92,7 @@ def _overlap(loop: ir.For) -> list[ir.Stmt]:
     release_prev = ir.If(ir.Cmp(ir.CmpKind.GT, k, loop.start, loc),
                          ir.Seq((dataclasses.replace(arrive, barrier=dataclasses.replace(
                              bar, index=prev_index)),), loc), ir.Seq((), loc), loc)
-    body = loop.body.stmts[:-3 - len(bump)] + (gemm, ir.GemmWait(1, wait.loc), release_prev) + tuple(bump)
+    body = stmts[:-2] + (ir.GemmWait(issued, wait.loc), release_prev) + tuple(bump)
     last = prev_index if counter is not None else _at(bar.index, k, schedule.last_index(loop, loc))
     arrive_last = dataclasses.replace(arrive, barrier=dataclasses.replace(bar, index=last))
     ran = fold(ir.Cmp(ir.CmpKind.GT, loop.stop, loop.start, loc))

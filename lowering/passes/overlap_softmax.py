@@ -12,6 +12,10 @@ Ensures:   (1) the *deferred* form, when ``config.policy.overlap_softmax`` (on f
                M(k);
                barrier_wait R2[k]; gemm G2 [wgmma]; gemm_wait 0; barrier_arrive E2[k]
 
+           (each gemm may be a run of consecutive gemms: the pieces split_extents made of one,
+           e.g. head dim 192's two Q K^T gemms into S and two P V gemms into two output pieces;
+           ``gemm_wait 1`` below then waits for all but the second run's gemms)
+
            where ``H`` (the head: a mask into X) holds no barrier or gemm, X is not among what G2
            reads or writes, H and the first gemm read nothing G2 writes, and M = M1 M2 with M1 the
            longest prefix of M touching nothing G2 reads or writes (the softmax statistics) and
@@ -123,25 +127,25 @@ def _body(body: ir.Seq, outer: tuple, layouts: dict, allocs: list, deferred: lis
 
 def _match_deferred(loop: ir.For) -> Optional[tuple]:
     """(head, first issue, middle 1, middle 2, second issue, ring counter or None) of a loop of
-    the deferred form (module docstring), else None. The issues are (barrier_wait, gemm,
+    the deferred form (module docstring), else None. The issues are (barrier_wait, gemm, ...,
     gemm_wait 0, barrier_arrive)."""
     counter = schedule.ring_counter(loop)
     b = loop.body.stmts[:-1] if counter is not None else loop.body.stmts
     if (ir.as_int(loop.step) or 0) <= 0:
         return None
-    gemms = [k for k, s in enumerate(b) if isinstance(s, ir.Gemm)]
-    if len(gemms) != 2 or gemms[0] < 1 or gemms[1] != len(b) - 3:
+    runs = _gemm_runs(b)
+    if len(runs) != 2 or runs[0][0] < 1 or runs[1][1] != len(b) - 3:
         return None
-    g1, g2 = gemms
-    first, second = b[g1 - 1:g1 + 3], b[g2 - 1:g2 + 3]
-    if not all(_issue(x) for x in (first, second)) or g1 + 3 > g2 - 1:
+    (g1, e1), (g2, e2) = runs
+    first, second = b[g1 - 1:e1 + 3], b[g2 - 1:e2 + 3]
+    if not all(_issue(x) for x in (first, second)) or e1 + 3 > g2 - 1:
         return None
-    head, middle = b[:g1 - 1], b[g1 + 3:g2 - 1]
+    head, middle = b[:g1 - 1], b[e1 + 3:g2 - 1]
     if any(isinstance(t, (ir.BarrierWait, ir.BarrierArrive, ir.Gemm, ir.GemmWait))
            for s in head + middle for t in walk(s)):
         return None
-    g2_reads, g2_writes = footprint(second[1])
-    h_reads, h_writes = footprint(*head, first[1])
+    g2_reads, g2_writes = footprint(*second[1:-2])
+    h_reads, h_writes = footprint(*head, *first[1:-2])
     if (h_writes & (g2_reads | g2_writes)) or (h_reads & g2_writes):
         return None
     cut = next((k for k, s in enumerate(middle) if touched(s) & (g2_reads | g2_writes)), len(middle))
@@ -150,27 +154,40 @@ def _match_deferred(loop: ir.For) -> Optional[tuple]:
     return head, first, middle[:cut], middle[cut:], second, counter
 
 
+def _gemm_runs(stmts) -> list[tuple[int, int]]:
+    """(first, last) positions of each run of consecutive gemm statements (one T.gemm, or the
+    pieces split_extents made of one)."""
+    runs: list[tuple[int, int]] = []
+    for k, s in enumerate(stmts):
+        if isinstance(s, ir.Gemm):
+            runs[-1:] = [(runs[-1][0], k)] if runs and runs[-1][1] == k - 1 else runs[-1:] + [(k, k)]
+    return runs
+
+
 def _issue(stmts) -> bool:
-    """barrier_wait R[..]; gemm [wgmma]; gemm_wait 0; barrier_arrive E[..] — one ring's use."""
-    return (len(stmts) == 4 and isinstance(stmts[0], ir.BarrierWait) and isinstance(stmts[1], ir.Gemm)
-            and stmts[1].instr is ir.GemmInstr.WGMMA and isinstance(stmts[2], ir.GemmWait)
-            and stmts[2].outstanding == 0 and isinstance(stmts[3], ir.BarrierArrive))
+    """barrier_wait R[..]; gemm [wgmma] ...; gemm_wait 0; barrier_arrive E[..] — one ring's use."""
+    return (len(stmts) >= 4 and isinstance(stmts[0], ir.BarrierWait)
+            and all(isinstance(g, ir.Gemm) and g.instr is ir.GemmInstr.WGMMA for g in stmts[1:-2])
+            and isinstance(stmts[-2], ir.GemmWait)
+            and stmts[-2].outstanding == 0 and isinstance(stmts[-1], ir.BarrierArrive))
 
 
 def _defer(loop: ir.For, head, first, middle1, middle2, second, counter) -> list:
     """The loop runs over the previous block ``k`` (from start to stop - step), the current one
     being ``k + step``: every index stays a non-negative expression of ``k``. With a ring
     ``counter`` (the body's last statement adds 1 to it), the current block's ring position is
-    the counter plus 1, and the peeled last P V adds the last block's 1."""
+    the counter plus 1, and the peeled last P V adds the last block's 1. The first issue's
+    gemms complete when no more than the second issue's are in flight (wgmma groups complete
+    in order)."""
     loc = loop.loc
     k, step = loop.var, loop.step
     nxt = ir.BinOp(ir.BinOpKind.ADD, k, step, ir.DType.I32, loc)
     bump = loop.body.stmts[-1:] if counter is not None else ()
-    wait_s, gemm_s, _, arrive_s = first
-    wait_p, gemm_p, _, arrive_p = second
-    body = (*_at(head + (wait_s, gemm_s), k, nxt, counter), wait_p, gemm_p,
-            ir.GemmWait(1, gemm_s.loc), *_at((arrive_s, *middle1), k, nxt, counter),
-            ir.GemmWait(0, gemm_p.loc), arrive_p, *_at(middle2, k, nxt, counter), *bump)
+    wait_s, gemms_s, arrive_s = first[0], first[1:-2], first[-1]
+    wait_p, gemms_p, arrive_p = second[0], second[1:-2], second[-1]
+    body = (*_at(head + (wait_s, *gemms_s), k, nxt, counter), wait_p, *gemms_p,
+            ir.GemmWait(len(gemms_p), gemms_s[0].loc), *_at((arrive_s, *middle1), k, nxt, counter),
+            ir.GemmWait(0, gemms_p[0].loc), arrive_p, *_at(middle2, k, nxt, counter), *bump)
     stop = fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc))
     last = fold(schedule.last_index(loop, loc))
     return [*_guarded(loop, _at(head + first + middle1 + middle2, k, loop.start)),

@@ -210,7 +210,9 @@ def _ring_groups(producers: list, consuming: list) -> list[_RingGroup]:
     something else (block-wise FP8's row scales, read into registers just before the k-block's
     gemm) joins the group of the first gemm at or after that read: a barrier pair of its own
     would cost each iteration a wait and an arrival for nothing to overlap (H100, FP8 block-wise
-    8192^3: one pair 1.04x faster than two). A group's wait goes right before its first reader
+    8192^3: one pair 1.04x faster than two). Consecutive gemm statements (the pieces
+    split_extents made of one T.gemm: head dim 192's Q K^T over K 128 + 64) count as one
+    reader, so the pieces of one tile share a pair. A group's wait goes right before its first reader
     and its release right after its last reader, so fragment math after the last reader (an FP8
     k-block's promotion) runs with the stage already released, Q K^T waits only for K, and a
     later schedule may keep P V of one block in flight across the next block's Q K^T
@@ -223,6 +225,8 @@ def _ring_groups(producers: list, consuming: list) -> list[_RingGroup]:
         if not uses:
             return [_RingGroup(tuple(producers), 0, len(consuming) - 1)]
         key = next((g for g in gemms if g >= uses[0]), uses[0])
+        while key - 1 in gemms and all(isinstance(consuming[j], ir.Gemm) for j in (key - 1, key)):
+            key -= 1
         span[id(p)] = (key, uses[0], uses[-1])
     keys = sorted({span[id(p)][0] for p in producers})
     groups = [[p for p in producers if span[id(p)][0] == key] for key in keys]

@@ -1,0 +1,131 @@
+"""Hopper compile-only: tiles whose extents are not powers of two stay on the warp-specialized
+Gluon path (split_extents cuts them into power-of-two pieces).
+
+Attention at head dims 96 and 192 (causal and not) and GEMMs with block_N 192 and block_K 96
+(the programs of tests/passes/test_split_extents.py) compile for ``GPUTarget("cuda", 90, 32)``
+without a GPU: the jit report says the gluon backend took them; the TTGIR has one
+``ttg.warp_specialize``, a ``ttng.warp_group_dot`` per piece with the pieces' shapes and TMA
+copies for each piece; the PTX has wgmma instructions of the pieces' N.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import re
+
+import pytest
+
+import tilews
+from tilews.lowering import ir
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.pipeline import lower
+from tilews.lowering.plans import AsyncPlan, AsyncRefusal
+from tilews.lowering.traverse import walk
+from tilews.triton_ext.gluon.backend import HOPPER
+
+from .helpers import gluon_program
+from .passes.test_split_extents import attention, gemm
+
+
+def count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text))
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(name: str):
+    kind, *args = name.split("-")
+    if kind == "gemm":
+        bn, bk = map(int, args)
+        prim = gemm(512, 2 * bn, 4 * bk, block_N=bn, block_K=bk)
+    else:
+        dim, causal = int(args[0]), args[1] == "causal"
+        prim = attention(1, 2, 512, dim, causal)
+    kernel = lower(build_kernel(prim), HOPPER)
+    assert kernel.find_plan(AsyncPlan) is not None, kernel.plans
+    return kernel, gluon_program(kernel)
+
+
+def warp_group_dots(ttgir: str) -> list[tuple[str, str, str]]:
+    """(A, B, C) types of each warp_group_dot: 'MxK' (tensor or memdesc), 'KxN', 'MxN'."""
+    out = []
+    for line in re.findall(r"ttng\.warp_group_dot %[^\n]*", ttgir):
+        a, b, c = re.search(r": (?:tensor|!ttg\.memdesc)<(\d+x\d+)x\w+[^*]*\* !ttg\.memdesc<(\d+x\d+)x\w+"
+                            r"[^>]*> -> tensor<(\d+x\d+)xf32", line).groups()
+        out.append((a, b, c))
+    return out
+
+
+@pytest.mark.parametrize("bn,bk", [(192, 64), (128, 96)])
+def test_gemm_pieces(bn, bk):
+    p = compiled(f"gemm-{bn}-{bk}")[1]
+    ttgir, ptx = p.asm["ttgir"], p.asm["ptx"]
+    assert count(r"ttg\.warp_specialize\(", ttgir) == 1
+    n_pieces = [128, 64] if bn == 192 else [bn]
+    k_pieces = [64, 32] if bk == 96 else [bk]
+    # one warp_group_dot per (N piece, K piece); B's K x N; C's 128 x N
+    want = sorted((f"128x{k}", f"{k}x{n}", f"128x{n}") for n in n_pieces for k in k_pieces)
+    assert sorted(warp_group_dots(ttgir)) == want
+    shapes = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.", ptx))
+    # one warp group: 2 row blocks of 64, (K piece) / 16 steps each
+    want_shapes = collections.Counter()
+    for n in n_pieces:
+        for k in k_pieces:
+            want_shapes[f"m64n{n}k16"] += 2 * k // 16
+    assert shapes == want_shapes
+    # TMA: a load per piece of each operand in the producer's loop, a store per piece of C
+    loads = len(k_pieces) + len(k_pieces) * len(n_pieces)
+    assert count(r"ttng\.async_tma_copy_global_to_local", ttgir) == loads
+    assert count(r"ttng\.async_tma_copy_local_to_global", ttgir) == len(n_pieces)
+    # the pieces share one ring barrier pair; the gemms of an iteration stay in flight together
+    assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 2 * 3
+    assert re.search(rf"wgmma\.wait_group\.sync\.aligned\s+{len(n_pieces) * len(k_pieces)};", ptx)
+    assert count(r"\b(ld|st)\.local\b", ptx) == 0, "the kernel spills registers"
+
+
+@pytest.mark.parametrize("causal", ["full", "causal"])
+@pytest.mark.parametrize("dim", [96, 192])
+def test_attention_pieces(dim, causal):
+    kernel, p = compiled(f"attention-{dim}-{causal}")
+    ttgir, ptx, src = p.asm["ttgir"], p.asm["ptx"], p.source
+    hi, lo = (128, 64) if dim == 192 else (64, 32)
+    assert "from triton.experimental import gluon" in src
+    assert count(r"ttg\.warp_specialize\(", ttgir) == 1
+    # per consumer role (64 query rows): S = Q K^T over K hi + lo, the output's pieces += P V
+    # over N hi and lo; one warp_group_dot per gemm of the lowered IR (overlap_softmax peels the
+    # first Q K^T and the last P V out of the loop)
+    gemms = [s for s in walk(kernel.body) if isinstance(s, ir.Gemm)]
+    want = collections.Counter()
+    for g in gemms:
+        (M, N), K = g.c.tile_shape, g.a.tile_shape[-1]
+        want[(f"{M}x{K}", f"{K}x{N}", f"{M}x{N}")] += 1
+    assert collections.Counter(warp_group_dots(ttgir)) == want
+    assert set(want) == {(f"64x{hi}", f"{hi}x64", "64x64"), (f"64x{lo}", f"{lo}x64", "64x64"),
+                         ("64x64", f"64x{hi}", f"64x{hi}"), ("64x64", f"64x{lo}", f"64x{lo}")}
+    assert len(gemms) == 2 * 2 * 4      # two roles, each its 4 gemms in and out of the loop
+    # the deferred P V: Q K^T of block k completes while both P V pieces of block k - 1 run
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+2;", ptx)
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.", ptx))
+    assert shapes == {"m64n64k16", f"m64n{hi}k16", f"m64n{lo}k16"}
+    # TMA: Q, K and V in two pieces each; the output's two pieces stored per consumer
+    assert count(r"ttng\.async_tma_copy_global_to_local", ttgir) == 6
+    assert count(r"ttng\.async_tma_copy_local_to_global", ttgir) == 2 * 2
+    # one barrier for Q, one full/empty pair per ring (K's pieces share one, V's one), 2 stages
+    assert count(r"mbarrier\.init\.shared::cta\.b64", ptx) == 1 + 2 * 2 * 2
+    assert count(r"\b(ld|st)\.local\b", ptx) == 0, "the kernel spills registers"
+
+
+def test_jit_report_says_gluon_took_head_dim_192():
+    k = tilews.jit(out_idx=[3], target="hopper")(attention)(1, 2, 256, 192, True)
+    assert k.target == "hopper" and k.report.backend == "gluon", (k.target, k.report.notes)
+    assert any(n.startswith("split_extents: cut into power-of-two pieces") for n in k.report.notes)
+
+
+def test_backward_style_programs_are_not_required_on_gluon():
+    # a gemm whose M is the head dim (dK = dS^T Q in a backward pass) keeps its tiles whole, and
+    # legalize_wgmma's refusal (the tl backend then compiles it) says why
+    kernel = lower(build_kernel(gemm(384, 256, 128, block_M=192, block_N=128)), HOPPER)
+    assert any(n.startswith("split_extents: kept whole, dim 0 of") for n in kernel.notes)
+    assert kernel.find_plan(AsyncRefusal).reason.endswith(
+        "and split_extents kept it whole: dim 0 of 'A_s' (192) is a gemm's M dim: rows are not "
+        "cut (split_consumers divides them among warp groups)")
+    assert not any(isinstance(s, ir.Alloc) and s.buffer.name.endswith("_128") for s in walk(kernel.body))
