@@ -122,7 +122,8 @@ def test_mla_decode_fits_hopper():
     assert ("out_tile", "q_tile") in plan.reuses
     ranges = {n: (o, b) for n, o, b in plan.ranges}
     assert ranges["out_tile"] == ranges["q_tile"] == (ranges["q_tile"][0], 65536)
-    assert plan.total_bytes == 229448 <= HOPPER.caps.smem_bytes
+    tiles = sum(b for n, _, b in plan.ranges if n != "out_tile")
+    assert tiles <= plan.total_bytes <= tiles + 1024 <= HOPPER.caps.smem_bytes
 
 
 # ---------------------------------------------------------------------------------------------
