@@ -93,6 +93,14 @@ class InvalidAddressError(ValueError):
     it may view: null, misaligned, or outside this process's mappings."""
 
 
+class ResourceLimitError(CompileError):
+    """A valid program whose lowered form needs more of the machine than this backend has (shared
+    memory after that backend's own schedule: rings, per-tile slots, staging). Unlike other
+    ``CompileError``s it is no verdict on the program: a compile chain treats it as the backend's
+    refusal and tries the next backend (``tilews.compiler``), which plans differently; only the
+    last backend's limit reaches the user, after the earlier ones' reasons."""
+
+
 class CompileTypeError(CompileError, TypeError):
     """A kernel argument or operand of the wrong type (also a ``TypeError``)."""
 

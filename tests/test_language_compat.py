@@ -374,3 +374,25 @@ def test_each_role_may_allocate_under_the_same_name():
     kernel = build(f)
     assert torch.equal(kernel(a), a)
     assert "alloc s_1: shared" in kernel.ir_text("before")
+
+
+def test_atomic_add_use_tma_is_a_hint():
+    """TileLang's ``use_tma=True`` asks for a bulk reduce-add of a tile; tilews chooses how the add
+    is done, notes the hint at its line, and the sums are the same."""
+    def f(M, N, bM):
+        @T.prim_func
+        def main(X: T.Tensor((M, N), T.float32), Acc: T.Tensor((bM, N), T.float32)):
+            with T.Kernel(T.ceildiv(M, bM), threads=128) as bx:
+                tile = T.alloc_fragment((bM, N), T.float32)
+                T.copy(X[bx * bM, 0], tile)
+                T.atomic_add(Acc, tile, use_tma=True)  # <- the hinted add
+        return main
+    x = randn(64, 32, seed=21)
+    for target in TARGETS:
+        k = build(f, 64, 32, 16, target=target, out_idx=None)
+        acc = randn(16, 32, seed=22)
+        want = acc.double() + x.double().reshape(4, 16, 32).sum(0)
+        k(x, acc)
+        assert rel_err(acc, want) < 1e-6, target
+        line = marked_line(test_atomic_add_use_tma_is_a_hint, "the hinted" + " add")
+        assert any(n.startswith(f"line {line}: T.atomic_add(use_tma=True)") for n in k.report.notes)

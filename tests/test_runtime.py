@@ -241,6 +241,41 @@ def test_hopper_falls_back_to_triton_language_with_the_reason():
     assert rel_err(k(x, y), x.double() + y.double()) < 1e-6
 
 
+def deep_ring_gemm(M, N, K, block_M, block_N, block_K, stages):
+    """A pipelined GEMM whose warp-specialized ring (stages x one A and one B tile) is the whole of
+    its shared memory."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             C: T.Tensor((M, N), T.float32)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=256) as (bx, by):
+            A_s = T.alloc_shared((block_M, block_K), T.float16)
+            B_s = T.alloc_shared((block_K, block_N), T.float16)
+            acc = T.alloc_fragment((block_M, block_N), T.float32)
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=stages):
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[k * block_K, bx * block_N], B_s)
+                T.gemm(A_s, B_s, acc)
+            T.copy(acc, C[by * block_M, bx * block_N])
+    return main
+
+
+def test_a_backend_whose_schedule_outgrows_shared_memory_falls_back():
+    """Gluon's 4-stage ring of 64 KB stages exceeds Hopper's 232448 bytes: a ResourceLimitError
+    is that backend's refusal, and tl (which multi-buffers within what Triton fits) takes it;
+    where the last backend is out of room too, the user sees both reasons at the kernel."""
+    k = tilews.jit(out_idx=[-1], target="hopper")(deep_ring_gemm)(512, 512, 512, 128, 256, 128, 4)
+    assert k.report.backend == "tl"
+    assert any(n.startswith("hopper: the gluon backend cannot fit the program (kernel 'main' needs")
+               and n.endswith("; using tl") for n in k.report.notes), k.report.notes
+    with pytest.raises(tilews.CompileError) as e:
+        tilews.jit(out_idx=[-1], target="hopper")(deep_ring_gemm)(512, 2048, 512, 128, 1024, 128, 4)
+    message = str(e.value)
+    assert message.index("the gluon backend cannot fit the program") < \
+        message.index("the tl backend cannot compile it either: kernel 'main' needs")
+    assert "test_runtime.py" in message.splitlines()[0]
+
+
 @tilews.jit(out_idx=[-1], target="interpret")
 def scale_rows(X: T.Tensor[("M", "N"), T.float32], Y: T.Tensor[("M", "N"), T.float32], factor=2.0):
     with T.Kernel(T.ceildiv(M, 8)) as bx:

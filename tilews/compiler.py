@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from tilews import backends, cache, pass_config, targets
 from tilews.lowering import ir, printer
 from tilews.lowering.backend import Backend, Services
-from tilews.lowering.errors import CompileError, InternalError
+from tilews.lowering.errors import CompileError, InternalError, ResourceLimitError
 from tilews.lowering.frontend import KernelSource, build_function
 from tilews.lowering.plans import SharedMemoryPlan
 from tilews.lowering.settings import Settings
@@ -144,6 +144,16 @@ def compile_kernel(request: BuildRequest, config: CompileConfig = CompileConfig(
     return Kernel(function.name, compiled, request.user_params, request.out_idx, report, settings)
 
 
+def _after_refusals(e: CompileError, refusals: list[str], target: str,
+                    backend: Backend) -> CompileError:
+    """``e`` as the error of the whole chain: the earlier backends' reasons first, then this
+    backend's complaint (``e`` itself when no backend refused before)."""
+    if not refusals:
+        return e
+    return CompileError(f"target '{target}': {'; '.join(refusals)}; and the {backend.name} "
+                        f"backend cannot compile it either: {e.message}", e.loc, e.notes)
+
+
 def _compile_one(before: ir.Kernel, chain: Sequence[Backend], target: str, notes: tuple,
                  store: cache.DiskCache, settings: Settings, config: CompileConfig) -> CompiledKernel:
     """One kernel of a function through the chain: the first backend that takes it loads it.
@@ -158,12 +168,15 @@ def _compile_one(before: ir.Kernel, chain: Sequence[Backend], target: str, notes
         try:
             payload, hit = store.fetch(_key_parts(before, backend),
                                        lambda: pickle.dumps(_lower(backend, before, attempt)))
+        except ResourceLimitError as e:
+            if n + 1 == len(chain):
+                raise _after_refusals(e, refusals, target, backend) from None
+            # this backend's own schedule outgrew the machine; the next one plans differently
+            refusals.append(f"the {backend.name} backend cannot fit the program ({e.message})")
+            notes += (f"{target}: {refusals[-1]}; using {chain[n + 1].name}",)
+            continue
         except CompileError as e:
-            if not refusals:
-                raise
-            # the reason the preferred backend gave comes first, then this backend's complaint
-            raise CompileError(f"target '{target}': {'; '.join(refusals)}; and the {backend.name} "
-                               f"backend cannot compile it either: {e.message}", e.loc, e.notes) from None
+            raise _after_refusals(e, refusals, target, backend) from None
         lowered: Lowered = pickle.loads(payload)
         if lowered.refusal is None:
             break

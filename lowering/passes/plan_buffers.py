@@ -13,8 +13,8 @@ Ensures:   a ``SharedMemoryPlan``: ranges ((name, offset, bytes), ...) placed fi
            target's ``shared_reuse`` is off (Metal), nothing shares. Tiles are aligned to the
            largest power of two up to 1024 that their size reaches (at least 128: swizzled tiles
            need their swizzle's period), barriers to 8 bytes. ``total_bytes`` is the peak (the
-           end of the highest range); above ``config.caps.smem_bytes`` it is a ``CompileError``
-           at the kernel naming the largest buffers and what to shrink.
+           end of the highest range); above ``config.caps.smem_bytes`` it is a ``ResourceLimitError``
+           (a ``CompileError`` a compile chain takes for this backend's refusal) at the kernel naming the largest buffers and what to shrink.
 Preserves: the program.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Optional
 
 from .. import ir
 from ..config import BackendConfig
-from ..errors import CompileError
+from ..errors import ResourceLimitError
 from ..liveness import LiveRange, live_ranges
 from ..plans import SharedMemoryPlan
 from ..traverse import walk
@@ -34,7 +34,7 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     top = plan.total_bytes
     if top > config.caps.smem_bytes:
         biggest = sorted(plan.ranges, key=lambda o: -o[2])[:3]
-        raise CompileError(
+        raise ResourceLimitError(
             f"kernel '{kernel.name}' needs {top} bytes of shared memory, more than the "
             f"{config.caps.smem_bytes} target '{config.name}' has",
             kernel.loc,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tilews.lowering import ir
-from tilews.lowering.frontend import semantic
+from tilews.lowering.frontend import hints, semantic
 from tilews.lowering.frontend.values import ceildiv  # noqa: F401  (re-exported as T.ceildiv)
 
 
@@ -90,7 +90,7 @@ _MEMORY_ORDERS = {None: "relaxed", "relaxed": "relaxed", "consume": "acquire", "
                   "release": "release", "acq_rel": "acq_rel", "seq_cst": "acq_rel"}
 
 
-def atomic_add(dst, value, memory_order=None, return_prev=False):
+def atomic_add(dst, value, memory_order=None, return_prev=False, use_tma=False):
     """``dst += value`` atomically in global memory (an element, or a tile from a buffer).
 
     An element add outside ``T.Parallel`` is one add per block (as every statement there), and
@@ -104,8 +104,13 @@ def atomic_add(dst, value, memory_order=None, return_prev=False):
         n = T.atomic_add(Arrivals[tile], 1, memory_order="acq_rel", return_prev=True)
         if n == parts - 1:                            # every other share is visible here
             ...                                       # read W, finish the tile
+
+    ``use_tma`` (TileLang's request for a bulk reduce-add of a tile) is a hint: tilews chooses how
+    the add is done, so it is recorded in the report's notes and changes no result.
     """
     if memory_order not in _MEMORY_ORDERS:
         raise semantic.err(f"T.atomic_add(memory_order={memory_order!r}): must be one of "
                            f"{', '.join(repr(o) for o in list(_MEMORY_ORDERS)[1:])}")
+    if use_tma:
+        hints.note("T.atomic_add(use_tma=True): a hint; tilews chooses how the add is done")
     return semantic.atomic_add(dst, value, _MEMORY_ORDERS[memory_order], bool(return_prev))
