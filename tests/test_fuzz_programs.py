@@ -14,7 +14,8 @@ The grammar (the shapes of TileLang's varlen attention and decoding kernels):
   loaded (``cu_seqlens[b]``, ``cu_seqlens[b + 1] - cu_seqlens[b]``) or a scalar parameter;
 * a global -> shared or fragment copy of a tile that may run past its sequence and the buffer;
 * ``T.Parallel`` element math, guarded by the bound (``T.if_then_else(bx * BM + i < n, ...)`` and
-  ``if`` statements inside the loop), element reads of other on-chip buffers;
+  ``if`` statements inside the loop, on loop variables or on scalars only), element reads of other
+  on-chip buffers and of the global input at computed (reversed) rows;
 * reductions (max, sum) along either dim, broadcast back; a small gemm against a weight tile;
 * stores: element stores of the valid rows (in order or reversed), a tile copy to a padded output,
   a part of the tile (``acc[:k, :]``), row statistics, one scalar per block under ``if i == 0``
@@ -76,7 +77,9 @@ class Program:
     BM: int                 # rows per block
     C: int                  # columns
     staging: str            # "shared" | "fragment": where the input tile is copied
-    steps: tuple            # ("math", k) | ("guard", k) | ("if", k) | ("reduce", kind, dim) | ("gemm",)
+    dtype: str              # "float32" | "float16": the input, its tile and the gemm operands
+    steps: tuple            # ("math" | "guard" | "if" | "scalar_if" | "gather", k) |
+                            # ("reduce", kind, dim) | ("gemm",)
     stores: tuple[str, ...]
     part: int               # rows of the partial copy
     seed: int
@@ -106,6 +109,8 @@ def programs(target: str):
             st.tuples(st.just("math"), st.integers(0, len(UNARY) - 1)),
             st.tuples(st.just("guard"), st.integers(0, len(UNARY) - 1)),
             st.tuples(st.just("if"), st.integers(0, len(UNARY) - 1)),
+            st.tuples(st.just("scalar_if"), st.integers(0, len(UNARY) - 1)),
+            st.tuples(st.just("gather"), st.integers(0, len(UNARY) - 1)),
             st.tuples(st.just("reduce"), st.sampled_from(("max", "sum")), st.integers(0, 1)),
             *([st.just(("gemm",))] if gemm_ok else []))
         steps = tuple(draw(st.lists(step, min_size=1, max_size=4)))
@@ -117,6 +122,7 @@ def programs(target: str):
         stores = tuple(draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=3, unique=True)))
         return Program(bound=draw(st.sampled_from(("loaded", "param"))), batch=batch, lens=lens,
                        BM=BM, C=C, staging=draw(st.sampled_from(("shared", "fragment"))),
+                       dtype=draw(st.sampled_from(("float32", "float16"))),
                        steps=steps, stores=stores, part=draw(st.integers(1, BM - 1)),
                        seed=draw(st.integers(0, 2**16)))
     return build()
@@ -145,11 +151,11 @@ def _reduced(p: Program):
 def source(p: Program) -> str:
     BM, C = p.BM, p.C
     rows = sum(p.lens) if p.bound == "loaded" else p.batch * p.seq
-    params = [f"X: T.Tensor(({rows}, {C}), T.float32)"]
+    params = [f"X: T.Tensor(({rows}, {C}), T.{p.dtype})"]
     if p.bound == "loaded":
         params.append(f"cu: T.Tensor(({p.batch + 1},), T.int32)")
     if any(s[0] == "gemm" for s in p.steps):
-        params.append(f"W: T.Tensor(({C}, {C}), T.float32)")
+        params.append(f"W: T.Tensor(({C}, {C}), T.{p.dtype})")
     params += [f"{name}: T.Tensor({shape}, T.float32)" for name, shape in outputs(p).items()]
     if p.bound == "param":
         params.append("m: T.int32")
@@ -162,7 +168,7 @@ def source(p: Program) -> str:
         add(f"start = bz * {p.seq}")
         add("n = m")
     add(f"base = start + bx * {BM}")
-    add(f"x_s = T.alloc_{p.staging}(({BM}, {C}), T.float32)")
+    add(f"x_s = T.alloc_{p.staging}(({BM}, {C}), T.{p.dtype})")
     add(f"acc = T.alloc_fragment(({BM}, {C}), T.float32)")
     add(f"red_r = T.alloc_fragment(({BM},), T.float32)")
     add(f"red_c = T.alloc_fragment(({C},), T.float32)")
@@ -171,18 +177,24 @@ def source(p: Program) -> str:
     add(f"    acc[i, j] = T.if_then_else(bx * {BM} + i < n, x_s[i, j], 0.0)")
     red = None
     for s in p.steps:
-        if s[0] in ("math", "guard", "if"):
+        if s[0] in ("math", "guard", "if", "scalar_if", "gather"):
             f = UNARY[s[1]].format(v="acc[i, j]", x="x_s[i, j]")
             add(f"for i, j in T.Parallel({BM}, {C}):")
             if s[0] == "math":
                 add(f"    acc[i, j] = {f}")
             elif s[0] == "guard":
                 add(f"    acc[i, j] = T.if_then_else(bx * {BM} + i < n and j < n + 1, {f}, acc[i, j] * 2.0)")
-            else:
+            elif s[0] == "if":
                 add(f"    if bx * {BM} + i < n:")
                 add(f"        acc[i, j] = {f}")
                 add("    else:")
                 add("        acc[i, j] = -1.0")
+            elif s[0] == "scalar_if":     # conditions that read no loop variable
+                add(f"    if bx * {BM} + {BM // 2} < n:")
+                add(f"        acc[i, j] = T.if_then_else(n > {BM // 3}, {f}, acc[i, j] + 1.0)")
+            else:                         # a global read at a computed (reversed) row
+                add(f"    acc[i, j] = {f} + T.if_then_else(bx * {BM} + ({BM - 1} - i) < n, "
+                    f"X[base + ({BM - 1} - i), j], 0.5)")
         elif s[0] == "reduce":
             _, kind, dim = s
             red = "red_r" if dim == 1 else "red_c"
@@ -192,8 +204,8 @@ def source(p: Program) -> str:
             add(f"    acc[i, j] = acc[i, j] - {r} * 0.5" if kind == "max" else
                 f"    acc[i, j] = acc[i, j] / (T.abs({r}) + 1.0)")
         else:   # gemm: acc = acc @ W (through shared memory)
-            add(f"a_s = T.alloc_shared(({BM}, {C}), T.float32)")
-            add(f"w_s = T.alloc_shared(({C}, {C}), T.float32)")
+            add(f"a_s = T.alloc_shared(({BM}, {C}), T.{p.dtype})")
+            add(f"w_s = T.alloc_shared(({C}, {C}), T.{p.dtype})")
             add("T.copy(acc, a_s)")
             add(f"T.copy(W[0:{C}, 0:{C}], w_s)")
             add("T.gemm(a_s, w_s, acc, clear_accum=True)")
@@ -258,11 +270,12 @@ def factory(p: Program):
 def run(p: Program, target: str) -> dict[str, torch.Tensor]:
     kernel = tilews.jit(target=target)(factory(p))()
     rows = sum(p.lens) if p.bound == "loaded" else p.batch * p.seq
-    args = [randn(rows, p.C, seed=p.seed) * 0.5 + 0.1]
+    dtype = getattr(torch, p.dtype)
+    args = [(randn(rows, p.C, seed=p.seed) * 0.5 + 0.1).to(dtype)]
     if p.bound == "loaded":
         args.append(torch.tensor([0, *itertools.accumulate(p.lens)], dtype=torch.int32))
     if any(s[0] == "gemm" for s in p.steps):
-        args.append(randn(p.C, p.C, seed=p.seed + 1) / p.C ** 0.5)
+        args.append((randn(p.C, p.C, seed=p.seed + 1) / p.C ** 0.5).to(dtype))
     outs = {name: torch.zeros(shape) if name == "O_atomic" else poisoned(*shape)
             for name, shape in outputs(p).items()}
     args += list(outs.values())
