@@ -453,6 +453,8 @@ static void run_group(Group& G) {
   pthread_mutex_destroy(&G.mutex);
 }
 
+static void release_stacks() {}
+
 #else  // fibers
 
 constexpr size_t kStackBytes = 512u << 10;  // per lane, plus a guard page below it
@@ -495,6 +497,15 @@ static bool reserve_stacks(uint n, char* error) {
   g_stacks = static_cast<char*>(p);
   g_stack_count = n;
   return true;
+}
+
+// A launch's stacks are unmapped when it ends: every compiled kernel loaded into one process has
+// its own, and their guard pages split the mapping, so stacks kept across launches would exhaust
+// the process's map count (vm.max_map_count) after a few hundred kernels.
+static void release_stacks() {
+  if (g_stacks) munmap(g_stacks, (kStackBytes + g_page) * g_stack_count);
+  g_stacks = nullptr;
+  g_stack_count = 0;
 }
 
 static void run_group(Group& G) {
@@ -577,9 +588,11 @@ static int launch(LaneFn fn, void* ctx, uint threads, uint3 grid, char* error, s
         run_group(G);
         if (G.failed) {
           std::snprintf(error, cap, "%s", G.error);
+          release_stacks();
           return 1;
         }
       }
+  release_stacks();
   return 0;
 }
 

@@ -118,6 +118,36 @@ def group_rows(N, G):
     return build_kernel(main)
 
 
+def varlen_writes(lens, BM=16, C=16):
+    """Ragged rows found through loaded ``cu_seqlens`` bounds (varlen attention's epilogue), with
+    writes inside T.Parallel whose addresses span fewer loop axes than the ``if``s around them:
+    a row sum under ``if j == 0`` (address over i, mask over i and j), a per-block scalar under
+    ``if i == 0`` (a scalar address under a block mask), and an atomic add per valid element."""
+    B, R, blocks = len(lens), sum(lens), -(-max(lens) // BM)
+
+    @T.prim_func
+    def main(X: T.Tensor((R, C), T.float32), cu: T.Tensor((B + 1,), T.int32),
+             Y: T.Tensor((R, C), T.float32), S: T.Tensor((R,), T.float32),
+             F: T.Tensor((B, blocks), T.float32), Tot: T.Tensor((B,), T.float32)):
+        with T.Kernel(blocks, B, threads=128) as (bx, bz):
+            start = cu[bz]
+            n = cu[bz + 1] - start
+            x = T.alloc_fragment((BM, C), T.float32)
+            s = T.alloc_fragment((BM,), T.float32)
+            T.copy(X[start + bx * BM:start + bx * BM + BM, :], x)
+            T.reduce_sum(x, s, dim=1)
+            for i, j in T.Parallel(BM, C):
+                if bx * BM + i < n:
+                    Y[start + bx * BM + i, j] = x[i, j] - s[i]
+                    if j == 0:
+                        S[start + bx * BM + i] = s[i]
+                    T.atomic_add(Tot[bz], x[i, j])
+            for i in T.Parallel(BM):
+                if i == 0:
+                    F[bz, bx] = T.cast(n - bx * BM, T.float32)
+    return build_kernel(main)
+
+
 def split_k(M, N, K, splits, bm=32, bn=32, bk=32):
     """C += A @ B with K split over a third grid axis, accumulated with a tile T.atomic_add."""
     steps = K // bk // splits
@@ -345,6 +375,25 @@ def case_group_rows(device=None):
     return _close(c, (a + offs[group.clamp(max=G - 1)].float()[:, None]).double(), 0, 0)   # one f32 add
 
 
+def case_varlen_writes(device=None):
+    lens = (21, 5, 40)
+    kernel = varlen_writes(lens)
+    if device is None:
+        return kernel
+    import torch
+    B, R, blocks = len(lens), sum(lens), 3
+    x = randn(R, 16, device=device, seed=16)
+    cu = torch.tensor([0, 21, 26, 66], dtype=torch.int32, device=device)
+    y, s, f = poisoned(R, 16, device=device), poisoned(R, device=device), poisoned(B, blocks, device=device)
+    tot = torch.zeros(B, device=device)
+    _run(kernel, [x, cu, y, s, f, tot], device)
+    rows = x.double().sum(1)
+    want_f = torch.tensor(lens, dtype=torch.float64)[:, None] - 16 * torch.arange(blocks)
+    want_tot = torch.stack([x.double()[a:a + n].sum() for a, n in zip((0, 21, 26), lens)])
+    return max(_close(y, x.double() - rows[:, None], 1e-5, 1e-5), _close(s, rows, 1e-5, 1e-5),
+               _close(f, want_f.to(f.device), 0, 0), _close(tot, want_tot.to(tot.device), 1e-4, 1e-5))
+
+
 def case_misc(device=None):
     G = 4
     kernel = misc(G)
@@ -392,6 +441,7 @@ CASES = {
     "last_block_sum": case_last_block_sum,
     "huge_uint8_tail": case_huge_uint8_tail,
     "group_rows_scalar_load": case_group_rows,
+    "varlen_writes_under_wider_ifs": case_varlen_writes,
 }
 
 

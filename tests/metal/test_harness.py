@@ -221,6 +221,25 @@ def test_elementwise_with_ragged_bounds():
 
 
 @needs_cxx
+def test_a_launch_leaves_no_lane_stacks_mapped():
+    """Each loaded kernel library has its own lane stacks, split by guard pages into a mapping per
+    lane: kept after a launch, a few hundred kernels in one process (a fuzz run) exhausted the
+    process's map count (vm.max_map_count) and later loads failed or crashed."""
+    def mappings():
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    m, n = 16, 16
+    x = np.ones((m, n), np.float16)
+    y = np.ones((m, n), np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    kernel = harness.build(elementwise())
+    before = mappings()
+    kernel.run([x, y, out, 0.5, m, n], (1, 1, 1))      # loads the library: a few mappings
+    assert mappings() - before < 64                    # 256 lanes' stacks would leave 512
+    check(out, np.full((m, n), np.e * 0.5 + 1), rtol=1e-3, atol=0)
+
+
+@needs_cxx
 def test_threadgroup_reduction_with_barrier_and_simd_sum():
     rows, cols = 5, 1000
     x = np.random.default_rng(2).standard_normal((rows, cols)).astype(np.float32)

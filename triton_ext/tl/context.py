@@ -11,7 +11,7 @@ from typing import Optional
 from tilews.lowering import ir
 from tilews.lowering.errors import CompileError
 from tilews.lowering.plans import StreamPlan
-from tilews.lowering.traverse import walk
+from tilews.lowering.traverse import subexprs, walk
 
 from ..pysource import SourceWriter
 
@@ -24,18 +24,27 @@ _RESERVED = {"tl", "range", "float"}
 @dataclass
 class ParallelFrame:
     """An enclosing ``T.Parallel``: its variables (axis = position), extents, the shape of its
-    tensors (``StreamPlan.tile`` of the extents) and active masks (the first, with padding,
-    selecting the iterations that exist)."""
+    tensors (``StreamPlan.tile`` of the extents) and the masks around the current statement, each
+    with the loop axes it spans (the first, with padding, selecting the iterations that exist;
+    then the enclosing ``if``s)."""
     vars: tuple[ir.Var, ...]
     extents: tuple[int, ...]
     shape: tuple[int, ...]
-    masks: list[str] = field(default_factory=list)
+    masks: list[tuple[str, frozenset[int]]] = field(default_factory=list)
 
     def axis(self, e: ir.Expr) -> Optional[int]:
         return self.vars.index(e) if isinstance(e, ir.Var) and e in self.vars else None
 
+    def axes(self, exprs) -> frozenset[int]:
+        """The loop axes a value computed from ``exprs`` spans: those of the parallel variables
+        it reads (a value reading none is a scalar)."""
+        return frozenset(self.vars.index(x) for e in exprs for x in subexprs(e) if x in self.vars)
+
     def mask(self) -> Optional[str]:
-        return " & ".join(self.masks) if self.masks else None
+        return " & ".join(m for m, _ in self.masks) if self.masks else None
+
+    def mask_axes(self) -> frozenset[int]:
+        return frozenset().union(*(a for _, a in self.masks))
 
 
 class Ctx(SourceWriter):
@@ -57,8 +66,8 @@ class Ctx(SourceWriter):
             self.par = None
 
     @contextmanager
-    def masked(self, cond: str):
-        self.par.masks.append(cond)
+    def masked(self, cond: str, axes: frozenset[int]):
+        self.par.masks.append((cond, axes))
         try:
             yield
         finally:

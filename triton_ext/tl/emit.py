@@ -25,7 +25,7 @@ from ..pysource import GRID_SUFFIX, host_expr, nonneg
 from . import tiles
 from .context import TL_DTYPE, Ctx, ParallelFrame, arange, shape_text
 from .scatter import scatter
-from .exprs import (cast, element_ptr, from_parallel, mask_arg, masked_load, one_hot,
+from .exprs import (Access, cast, element_ptr, from_parallel, mask_arg, masked_load, one_hot,
                     parallel_axes, parallel_view, spell, value_as)
 
 
@@ -221,7 +221,7 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
     b = s.buffer
     if b.scope is ir.Scope.GLOBAL:
         _require_covered(ctx, s, s.indices, [s.value])
-        ptr, mask = element_ptr(ctx, b, s.indices, s.mask_low, s.loc)
+        ptr, mask = element_ptr(ctx, b, s.indices, s.mask_low, s.loc, Access.WRITE)
         ctx.line(f"tl.store({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)})")
         return
     if b in ctx.scalars and ctx.par is None:
@@ -276,9 +276,7 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
         to = "" if s.value.buffer.dtype == b.dtype else f".to({TL_DTYPE[b.dtype]})"
         ctx.line(f"tl.atomic_add({ptr}, {value}{to}, mask={mask}{order})")
     else:
-        ptr, mask = element_ptr(ctx, b, s.dst.starts, s.dst.mask_low, s.loc)
-        if ctx.par is not None:
-            ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.shape)})"
+        ptr, mask = element_ptr(ctx, b, s.dst.starts, s.dst.mask_low, s.loc, Access.ADD)
         prev = f"{ctx.name(s.prev.name)} = " if s.prev is not None else ""
         ctx.line(f"{prev}tl.atomic_add({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)}{order})")
     if s.acquires:
@@ -292,10 +290,10 @@ def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
     for k, (v, n) in enumerate(zip(s.vars, frame.shape)):
         ctx.line(f"{ctx.name(v.name)} = {arange(n, k, len(s.extents))}")
     ctx.nonneg.update(s.vars)
-    exists = " & ".join(f"({ctx.name(v.name)} < {e})" for v, e, n in
-                        zip(s.vars, s.extents, frame.shape) if e != n)
-    if exists:
-        frame.masks.append(exists)
+    padded = [k for k, (e, n) in enumerate(zip(s.extents, frame.shape)) if e != n]
+    if padded:
+        exists = " & ".join(f"({ctx.name(s.vars[k].name)} < {s.extents[k]})" for k in padded)
+        frame.masks.append((exists, frozenset(padded)))
     with ctx.parallel(frame):
         stmt(ctx, s.body)
 
@@ -341,11 +339,11 @@ def _if(ctx: Ctx, s: ir.If) -> None:
             with ctx.indent():
                 stmt(ctx, s.orelse)
         return
-    mask = ctx.fresh("cond")
+    mask, axes = ctx.fresh("cond"), ctx.par.axes([s.cond])
     ctx.line(f"{mask} = {cond}")
-    with ctx.masked(mask):
+    with ctx.masked(mask, axes):
         stmt(ctx, s.then)
-    with ctx.masked(f"({mask} == 0)"):
+    with ctx.masked(f"({mask} == 0)", axes):
         stmt(ctx, s.orelse)
 
 

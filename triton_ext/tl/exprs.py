@@ -23,6 +23,7 @@ rounding Triton applies (constants fold in Python, tensors truncate).
 """
 from __future__ import annotations
 
+import enum
 import math
 from typing import Callable, Optional
 
@@ -158,14 +159,14 @@ def masked_load(ptr: str, mask: Optional[str], dtype: ir.DType) -> str:
 def _load(ctx: Ctx, e: ir.Load) -> str:
     b = e.buffer
     if b.scope is ir.Scope.GLOBAL:
-        ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc, reads=True)
+        ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc, Access.READ)
         return masked_load(ptr, mask, b.dtype)
     if b in ctx.scalars:
         return ctx.name(b.name)
     axes = parallel_axes(ctx, b, e.indices)
     if axes is not None:
         return parallel_view(ctx, b, axes)
-    if ctx.par is not None and _mentions_parallel(ctx, e.indices):
+    if ctx.par is not None and ctx.par.axes(e.indices):
         return _gather(ctx, b, e.indices)
     picked = f"tl.where({one_hot(ctx, b, e.indices)}, {ctx.name(b.name)}, 0)"
     return f"tl.sum({picked}, axis=None).to({TL_DTYPE[b.dtype]})"
@@ -180,7 +181,7 @@ def _gather(ctx: Ctx, b: ir.Buffer, indices) -> str:
     for d, (i, n) in enumerate(zip(indices, b.static_shape)):
         stride = math.prod(shape[d + 1:])
         index = spell(ctx, i)
-        if _mentions_parallel(ctx, [i]):
+        if ctx.par.axes([i]):
             index = f"tl.minimum(tl.maximum({index}, 0), {n - 1})"
         terms.append(index if stride == 1 else f"{atom(index)} * {stride}")
     flat = ctx.fresh(f"{b.name}_at")
@@ -199,18 +200,34 @@ _EXPRS: dict[type, Callable[[Ctx, ir.Expr], str]] = {
 # element access
 
 
+class Access(enum.Enum):
+    """What a global element access inside ``T.Parallel`` does, which decides how it meets the
+    mask of the enclosing ``if``s when that mask spans loop axes its address does not (Triton
+    takes no mask wider than the pointer)."""
+    READ = "read"     # one load shared by those lanes; the ifs do not guard it (its own bounds
+                      # mask keeps it in the buffer, and a value no lane uses is harmless)
+    WRITE = "write"   # each lane's write, under its own ifs: the address is broadcast over the
+                      # loop (lanes that differ only along the other axes store the same value)
+    ADD = "add"       # one add per lane, whatever the ifs: the address is always broadcast
+
+
 def element_ptr(ctx: Ctx, b: ir.Buffer, indices, mask_low: tuple[bool, ...],
-                loc: ir.Loc, reads: bool = False) -> tuple[str, Optional[str]]:
-    """Pointer and mask (in bounds, and the enclosing parallel `if`s) of global elements; None
-    when nothing needs masking (every index a constant inside its static dimension). A read
-    whose address no parallel variable reaches is one scalar load: the `if`s do not guard it
-    (it is in bounds by its own mask, and harmless where no element needs it; Triton takes no
-    block mask for a scalar pointer)."""
+                loc: ir.Loc, access: Access) -> tuple[str, Optional[str]]:
+    """Pointer and mask (in bounds, and the enclosing parallel `if`s as ``access`` says) of
+    global elements; None when nothing needs masking (every index a constant inside its static
+    dimension). This is the one place that matches an address's shape (the loop axes its indices
+    read) with the mask's."""
     idx = [spell(ctx, i) for i in indices]
     ptr = " + ".join([ctx.name(b.name)] + [offset(ctx, b, d, atom(i)) for d, i in enumerate(idx)])
     conds = bounds(ctx, b, idx, mask_low, loc)
-    if ctx.par is not None and ctx.par.mask() and not (reads and not _mentions_parallel(ctx, indices)):
-        conds.append(ctx.par.mask())
+    par = ctx.par
+    if par is not None:
+        spans = par.axes(indices)
+        wider = not par.mask_axes() <= spans
+        if access is Access.ADD or access is Access.WRITE and wider:
+            ptr, wider = f"tl.broadcast_to({ptr}, {shape_text(par.shape)})", False
+        if par.mask() and not wider:
+            conds.append(par.mask())
     return ptr, " & ".join(conds) or None
 
 
@@ -241,10 +258,6 @@ def bounds(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: tuple[bool, ...
         if not (i.isdigit() and ir.as_int(dim) is not None and int(i) < ir.as_int(dim)):
             conds.append(f"({i} < {spell(ctx, dim)})")      # (a constant inside needs none)
     return conds
-
-
-def _mentions_parallel(ctx: Ctx, indices) -> bool:
-    return any(x in ctx.par.vars for i in indices for x in subexprs(i))
 
 
 def parallel_axes(ctx: Ctx, b: ir.Buffer, indices) -> Optional[list[Optional[int]]]:
