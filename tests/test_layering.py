@@ -120,7 +120,7 @@ def test_the_readme_documents_every_switch():
 
 def test_the_checker_sees_relative_imports():
     """The checker itself: a relative import of a backend from lowering would be caught."""
-    probe = ROOT / "lowering" / "passes" / "legalize.py"
+    probe = ROOT / "lowering" / "passes" / "despecialize.py"
     assert "tilews.lowering.ir" in _imports(probe) and "tilews.lowering.errors.CompileError" in _imports(probe)
 
 
