@@ -120,5 +120,6 @@ def _is_producer(s: ir.Stmt) -> bool:
     if not (isinstance(s, ir.Copy) and s.barrier is None and s.src.buffer.scope is ir.Scope.GLOBAL
             and s.dst.buffer.scope is ir.Scope.SHARED):
         return False
-    no_loads = not any(isinstance(x, ir.Load) for e in s.src.starts for x in subexprs(e))
-    return s.dst.is_whole and no_loads
+    on_chip = any(isinstance(x, ir.Load) and x.buffer.scope is not ir.Scope.GLOBAL
+                  for e in s.src.starts for x in subexprs(e))
+    return s.dst.is_whole and not on_chip
