@@ -8,19 +8,20 @@ role (GQA decode's per-block score column ``S_shared[:, k]``, its sink vector, i
 ``O_shared``) needs neither, and the Gluon emitter spells fragment math on register tiles only.
 
 Requires:  warp_specialize has run; in the pipelines of backends with warp-group MMA (gluon).
-Ensures:   in a kernel with one ``WarpSpecialize``, a shared buffer of rank 1 or 2 allocated at
-           the kernel's top level becomes a fragment of the same name, shape and dtype when one
-           role alone touches it and every statement touching it is
+Ensures:   in a kernel with one ``WarpSpecialize``: first, in each statement list,
+           ``copy F[block] -> X; ...; copy X -> G`` where X is a shared buffer touched by nothing
+           else, F a fragment not written between the two, ``block`` not all of F, X whole in
+           both and of G's dtype becomes ``copy F[block] -> G`` at the second copy's place (X's
+           allocation goes: a block of register rows is stored from registers under a mask);
+           then a shared buffer of rank 1 or 2 allocated at the kernel's top level becomes a
+           fragment of the same name, shape and dtype when one role alone touches it and every
+           statement touching it is
            * a copy without a barrier whose other side is global memory, a fragment or such a
-             buffer,
+             buffer, except a copy of all of it to global memory (a bulk store, which reads
+             shared memory),
            * a fill, or
            * a ``T.Parallel`` reading and writing it at the loop's variables in order over its
-             whole extent, or reading it as a vector indexed by one of them over its extent;
-           then, in each statement list, ``copy F[block] -> X; ...; copy X -> G`` where X is one
-           of those new fragments touched by nothing else, F a fragment not written between
-           the two, ``block`` not all of F and X of G's dtype becomes ``copy F[block] -> G`` at
-           the second copy's place (X's allocation goes): a block of register rows has no
-           register tile of its own.
+             whole extent, or reading it as a vector indexed by one of them over its extent.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -36,17 +37,19 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     wss = [s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)]
     if len(wss) != 1:
         return kernel
-    chosen = _private_scratch(kernel, wss[0])
-    if not chosen:
+    body, dropped = _forward_blocks(kernel.body)
+    body = dataclasses.replace(body, stmts=tuple(
+        s for s in body.stmts if not (isinstance(s, ir.Alloc) and s.buffer in dropped)))
+    kernel = dataclasses.replace(kernel, body=body)
+    chosen = _private_scratch(kernel, next(s for s in body.stmts if isinstance(s, ir.WarpSpecialize)))
+    if not chosen and not dropped:
         return kernel
     as_fragment = {b: dataclasses.replace(b, scope=ir.Scope.FRAGMENT) for b in chosen}
     body = transform(kernel.body, lambda n: as_fragment.get(n) if isinstance(n, ir.Buffer) else None)
-    body, dropped = _forward_blocks(body, set(as_fragment.values()))
-    body = dataclasses.replace(body, stmts=tuple(
-        s for s in body.stmts if not (isinstance(s, ir.Alloc) and s.buffer in dropped)))
-    names = ", ".join(sorted(b.name for b in chosen))
+    names = ", ".join(sorted(b.name for b in chosen)) or "nothing"
+    gone = "".join(f"; {b.name}'s copies forwarded to global memory" for b in sorted(dropped, key=lambda b: b.name))
     return dataclasses.replace(kernel, body=body).with_note(
-        f"registerize: {names} held in registers (one role's scratch, no asynchronous use)")
+        f"registerize: {names} held in registers (one role's scratch, no asynchronous use){gone}")
 
 
 def _private_scratch(kernel: ir.Kernel, ws: ir.WarpSpecialize) -> set:
@@ -79,8 +82,9 @@ def _bound_reads(s) -> set:
 def _register_use(s: ir.Stmt, b: ir.Buffer) -> bool:
     if isinstance(s, (ir.For, ir.If)):
         return False
-    if isinstance(s, ir.Copy):
-        return s.barrier is None and s.src.buffer != s.dst.buffer
+    if isinstance(s, ir.Copy):      # a whole tile stored to global memory stays a bulk store
+        whole_store = s.src.buffer == b and s.src.is_whole and s.dst.buffer.scope is ir.Scope.GLOBAL
+        return s.barrier is None and s.src.buffer != s.dst.buffer and not whole_store
     if isinstance(s, ir.Fill):
         return True
     if not isinstance(s, ir.Parallel):
@@ -98,9 +102,9 @@ def _register_use(s: ir.Stmt, b: ir.Buffer) -> bool:
     return True
 
 
-def _forward_blocks(body: ir.Seq, fragments: set) -> tuple[ir.Seq, set]:
-    """Forward copies of a fragment's block through a new fragment to global memory (module
-    docstring); the fragments that became unused."""
+def _forward_blocks(body: ir.Seq) -> tuple[ir.Seq, set]:
+    """Forward copies of a fragment's block through a shared buffer to global memory (module
+    docstring); the buffers that became unused."""
     dropped: set = set()
 
     def fn(s):
@@ -108,7 +112,7 @@ def _forward_blocks(body: ir.Seq, fragments: set) -> tuple[ir.Seq, set]:
             return None
         stmts = list(s.stmts)
         for i, first in enumerate(stmts):
-            if not (isinstance(first, ir.Copy) and first.dst.buffer in fragments
+            if not (isinstance(first, ir.Copy) and first.dst.buffer.scope is ir.Scope.SHARED
                     and first.src.buffer.scope is ir.Scope.FRAGMENT and not first.src.is_whole
                     and first.dst.is_whole):
                 continue
