@@ -7,7 +7,8 @@ Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop,
            epilogue]] — where the
            loop body — or the body of one `if` that is the whole loop body, its condition reading
            no on-chip memory (block-sparse loops) — holds global -> shared copies (the
-           producers) filling whole shared buffers that nothing else writes and that no statement
+           producers; their starts may read global memory, a varlen start ``cu_seqlens[b]``, but
+           no on-chip memory) filling whole shared buffers that nothing else writes and that no statement
            of the body before the copy touches (so every copy can be issued at the start of its
            iteration, ahead of the consumers: attention's V copy after its Q K^T gemm), the
            other statements only reading them (the consumers), a ``PipelinePlan``; otherwise a
