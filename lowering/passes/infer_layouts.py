@@ -14,7 +14,9 @@ Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
            * a ``WgmmaOperandA`` (on the accumulator of its gemm) for a fragment a gemm reads as
              its A operand;
            * for the other fragments, the layout their uses imply, propagated to a fixed point:
-             a fragment -> fragment copy keeps the layout across; a reduction's destination is
+             a whole fragment -> fragment copy keeps the layout across, a vector copied into
+             a row or column of a 2-d fragment gives it the parent of its slice along that dim
+             (a score column ``S[:, k]`` from a row reduction); a reduction's destination is
              the ``RowSlice`` of its source along the reduced dim (and the source the parent of a
              slice destination); inside a ``T.Parallel`` every fragment indexed by all the loop's
              variables (in order) has the loop's layout and a vector indexed by one of them the
@@ -102,10 +104,17 @@ def _distributed(layout) -> bool:
 def _implied(s: ir.Stmt, chosen: dict, frames: dict) -> Iterator[tuple[str, object]]:
     """(fragment, layout) pairs statement ``s`` implies from the layouts chosen so far."""
     if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT \
-            and s.dst.buffer.scope is ir.Scope.FRAGMENT and s.src.tile_shape == s.dst.tile_shape:
+            and s.dst.buffer.scope is ir.Scope.FRAGMENT and s.src.is_whole and s.dst.is_whole \
+            and s.src.tile_shape == s.dst.tile_shape:
         for a, b in ((s.src.buffer, s.dst.buffer), (s.dst.buffer, s.src.buffer)):
             if a.name in chosen and _distributed(chosen[a.name]):
                 yield b.name, chosen[a.name]
+    elif isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT \
+            and s.dst.buffer.scope is ir.Scope.FRAGMENT and len(s.dst.buffer.shape) == 2 \
+            and len(s.src.buffer.shape) == 1:
+        src = chosen.get(s.src.buffer.name)        # a vector into a row or column
+        if isinstance(src, layouts.RowSlice) and s.dst.extents[src.dim] == 1:
+            yield s.dst.buffer.name, src.parent
     elif isinstance(s, ir.Reduce) and s.src.scope is ir.Scope.FRAGMENT and len(s.src.shape) == 2:
         src, dst = chosen.get(s.src.name), chosen.get(s.dst.name)
         if src is not None and _distributed(src):

@@ -15,12 +15,15 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              of its group with a proxy fence between (or before the arrival when none is TMA),
              and runs a whole warp group;
            * global -> fragment and fragment -> global copies (a whole 1-d or 2-d fragment, not
-             a register A operand) keep legalize's DIRECT / MASKED choice, their buffer passed
+             a register A operand, or for stores its leading block: registerize's forwarded
+             ``acc_o[:valid, :]``) keep legalize's DIRECT / MASKED choice, their buffer passed
              as a pointer (an unstaged epilogue store: warp_specialize);
            * a run of a shared buffer copied into a whole 1-d fragment is DIRECT (a load from
              shared memory in the fragment's layout);
-           * fragment -> shared stores and fragment -> fragment copies (casts) are DIRECT and
-             shared -> global copies TMA stores, each followed by ``BulkStoreWait(0)``;
+           * fragment -> shared stores and fragment -> fragment copies (casts, and a whole
+             vector into one row or column of a 2-d fragment at a runtime index: a score column
+             ``S[:, k]``) are DIRECT and shared -> global copies TMA stores, each followed by
+             ``BulkStoreWait(0)``;
            * gemms whose B is in shared memory and whose A is in shared memory or a whole 2-d
              fragment (register A: attention's P @ V) are WGMMA, each followed by ``GemmWait(0)``
              — a run of consecutive gemms none of which reads another's accumulator (the pieces
@@ -536,11 +539,13 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict, registers: bool) -> ir.Copy:
                           f"an accumulator-like layout (line {s.loc.line})")
         return s
     if src is ir.Scope.FRAGMENT and dst is ir.Scope.GLOBAL:
-        # left unstaged by warp_specialize (a release follows): stored from registers
-        if not s.src.is_whole or s.dst.tile_shape != s.src.buffer.static_shape \
+        # left unstaged by warp_specialize (a release follows) or a leading block of a fragment
+        # (registerize: GQA decode's valid heads): stored from registers
+        leading = all(ir.as_int(x) == 0 for x in s.src.starts)
+        if not leading or s.dst.tile_shape != s.src.tile_shape \
                 or len(s.src.buffer.shape) > 2 or isinstance(layouts.get(s.src.buffer.name), WgmmaOperandA):
-            raise _Refuse(f"a fragment -> global copy other than a whole 1-d or 2-d fragment in "
-                          f"an accumulator-like layout (line {s.loc.line})")
+            raise _Refuse(f"a fragment -> global copy other than a whole 1-d or 2-d fragment (or "
+                          f"its leading block) in an accumulator-like layout (line {s.loc.line})")
         return s
     if src is ir.Scope.GLOBAL and dst is ir.Scope.SHARED:
         bar = s.barrier or _completing_barrier(s, rest)
@@ -563,10 +568,27 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict, registers: bool) -> ir.Copy:
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.DIRECT)
     if src is ir.Scope.FRAGMENT and dst in (ir.Scope.SHARED, ir.Scope.FRAGMENT):
         if dst is ir.Scope.FRAGMENT and not (s.src.is_whole and s.dst.is_whole
-                                             and s.src.tile_shape == s.dst.tile_shape):
-            raise _Refuse(f"a copy between parts of fragments (line {s.loc.line})")
+                                             and s.src.tile_shape == s.dst.tile_shape) \
+                and _line_of(s) is None:
+            raise _Refuse(f"a copy between parts of fragments other than a whole vector into one "
+                          f"row or column of a 2-d fragment (line {s.loc.line})")
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.DIRECT)
     raise _Refuse(f"a {src.value} -> {dst.value} copy (line {s.loc.line})")
+
+
+def _line_of(s: ir.Copy) -> Optional[int]:
+    """For a copy of a whole 1-d fragment into one row or column of a 2-d fragment (a score
+    column ``S[:, k]``), the dim the row or column is fixed in; else None."""
+    shape = s.dst.buffer.static_shape
+    if not (s.src.is_whole and len(s.src.buffer.shape) == 1 and len(shape) == 2
+            and s.src.buffer.scope is s.dst.buffer.scope is ir.Scope.FRAGMENT):
+        return None
+    fixed = [d for d in (0, 1) if s.dst.extents[d] == 1 and shape[d] != 1]
+    if len(fixed) != 1:
+        return None
+    other = 1 - fixed[0]
+    whole = ir.as_int(s.dst.starts[other]) == 0 and s.dst.extents[other] == shape[other]
+    return fixed[0] if whole and s.src.buffer.static_shape == (shape[other],) else None
 
 
 def _completing_barrier(s: ir.Copy, rest: tuple) -> Optional[ir.BarrierRef]:

@@ -7,7 +7,8 @@ Ensures:   for a kernel whose body is [allocations, prelude, one pipelined loop,
            epilogue]] — where the
            loop body — or the body of one `if` that is the whole loop body, its condition reading
            no on-chip memory (block-sparse loops) — holds global -> shared copies (the
-           producers) filling whole shared buffers that nothing else writes and that no statement
+           producers; their starts may read global memory, a varlen start ``cu_seqlens[b]``, but
+           no on-chip memory) filling whole shared buffers that nothing else writes and that no statement
            of the body before the copy touches (so every copy can be issued at the start of its
            iteration, ahead of the consumers: attention's V copy after its Q K^T gemm), the
            other statements only reading them (the consumers), a ``PipelinePlan``; otherwise a
@@ -120,5 +121,6 @@ def _is_producer(s: ir.Stmt) -> bool:
     if not (isinstance(s, ir.Copy) and s.barrier is None and s.src.buffer.scope is ir.Scope.GLOBAL
             and s.dst.buffer.scope is ir.Scope.SHARED):
         return False
-    no_loads = not any(isinstance(x, ir.Load) for e in s.src.starts for x in subexprs(e))
-    return s.dst.is_whole and no_loads
+    on_chip = any(isinstance(x, ir.Load) and x.buffer.scope is not ir.Scope.GLOBAL
+                  for e in s.src.starts for x in subexprs(e))
+    return s.dst.is_whole and not on_chip

@@ -17,8 +17,8 @@ from tilews.lowering.capabilities import SM90, Capabilities
 from tilews.lowering.config import BackendConfig
 from tilews.lowering.passes import (check_barriers, infer_layouts, legalize, legalize_wgmma,
                                     overlap_mma, overlap_softmax, overlap_store, persist, pingpong,
-                                    plan_buffers, plan_pipeline, split_consumers, split_extents,
-                                    swizzle_grid, warp_specialize)
+                                    plan_buffers, plan_pipeline, registerize, split_consumers,
+                                    split_extents, swizzle_grid, warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
 from tilews.lowering.plans import AsyncRefusal
 
@@ -38,8 +38,9 @@ PIPELINE = Pipeline((
     # which roles exist, so later passes plan for the buffers and roles that really exist.
     # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop;
     # then one consumer role per warp group where their rows are independent.
+    # Shared buffers left as one role's scratch then become register tiles.
     Phase("specialize", (Pass.of(persist), Pass.of(plan_pipeline), Pass.of(warp_specialize),
-                         Pass.of(split_consumers))),
+                         Pass.of(split_consumers), Pass.of(registerize))),
     # Rings and roles are final: place shared buffers and check the budget, then layouts.
     Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
     # The copy mechanisms, then Hopper's choices (TMA, wgmma, register budgets) or the reason to

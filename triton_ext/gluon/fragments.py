@@ -22,6 +22,7 @@ fragment copies, and where each fragment's Python variable is first defined.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from tilews.lowering import ir
@@ -247,18 +248,25 @@ def load(ctx: Ctx, s: ir.Copy) -> None:
 
 
 def store_tile(ctx: Ctx, s: ir.Copy) -> None:
-    """fragment -> global, from registers: a masked store when the copy is MASKED."""
+    """fragment -> global, from registers: a masked store when the copy is MASKED; a leading
+    block of the fragment is the whole fragment stored under a mask of the block's rows and
+    columns."""
     f, b = s.src.buffer, s.dst.buffer
-    ptr, mask = tile_address(ctx, s.dst, ctx.layouts[f.name], len(f.shape),
-                             s.mechanism is ir.CopyMechanism.MASKED, s.loc)
+    axes = [d for d, e in enumerate(s.dst.extents) if e != 1]
+    full = dict(zip(axes, f.static_shape))
+    dst = dataclasses.replace(s.dst, extents=tuple(full.get(d, e) for d, e in enumerate(s.dst.extents)))
+    ptr, mask = tile_address(ctx, dst, ctx.layouts[f.name], len(f.shape),
+                             s.mechanism is ir.CopyMechanism.MASKED, s.loc, valid=s.dst.extents)
     value = ctx.name(f.name) + (f".to({GL_DTYPE[b.dtype]})" if f.dtype != b.dtype else "")
     ctx.line(f"gl.store({ptr}, {value}{write_mask_arg(mask)})")
 
 
-def tile_address(ctx: Ctx, g: ir.Region, layout, rank: int, masked: bool, loc) -> tuple[str, list[str]]:
+def tile_address(ctx: Ctx, g: ir.Region, layout, rank: int, masked: bool, loc,
+                 valid: tuple = ()) -> tuple[str, list[str]]:
     """The pointer tensor of global region ``g`` as a ``rank``-d tile in ``layout`` (each of the
     region's non-unit dims an ``arange`` in the layout's slice along it) and, when ``masked``,
-    the conditions keeping it inside the buffer (and above 0 where ``mask_low`` says so)."""
+    the conditions keeping it inside the buffer (and above 0 where ``mask_low`` says so); where
+    ``valid`` gives a dim fewer elements than ``g``, the condition keeping it inside those."""
     b = g.buffer
     axes = [d for d, e in enumerate(g.extents) if e != 1]
     ptr, mask = [ctx.pointer(b, loc)], []
@@ -267,8 +275,11 @@ def tile_address(ctx: Ctx, g: ir.Region, layout, rank: int, masked: bool, loc) -
         if d in axes:
             k = axes.index(d)
             along = ctx.layout_const(layout if rank == 1 else RowSlice(1 - k, layout), "axis_layout")
-            name = ctx.fresh(f"{b.name}_i{d}")
-            ctx.line(f"{name} = {index} + gl.arange(0, {extent}, layout={along})")
+            name, offset = ctx.fresh(f"{b.name}_i{d}"), f"gl.arange(0, {extent}, layout={along})"
+            if valid and valid[d] < extent:
+                mask.append(f"(({name} - {atom(index)}) < {valid[d]})" if rank == 1 else
+                            f"(gl.expand_dims({name} - {atom(index)}, {1 - k}) < {valid[d]})")
+            ctx.line(f"{name} = {index} + {offset}")
             index = name if rank == 1 else f"gl.expand_dims({name}, {1 - k})"
         ptr.append(f"{atom(index)} * {ctx.stride(b, d)}")
         if masked:
@@ -279,12 +290,32 @@ def tile_address(ctx: Ctx, g: ir.Region, layout, rank: int, masked: bool, loc) -
 
 
 def copy(ctx: Ctx, s: ir.Copy) -> None:
-    """fragment -> fragment: cast, then convert to the destination's layout if it differs."""
+    """fragment -> fragment: cast, then convert to the destination's layout if it differs; a
+    vector into one row or column of a 2-d fragment (the destination's dim of extent 1) is a
+    select of the vector, broadcast, where the index along that dim is the region's start."""
     src, dst = s.src.buffer, s.dst.buffer
     value = ctx.name(src.name)
     if src.dtype != dst.dtype:
         value = f"{value}.to({GL_DTYPE[dst.dtype]})"
+    if not s.dst.is_whole:
+        _into_line(ctx, s, value)
+        return
     if ctx.layouts[src.name] != ctx.layouts[dst.name]:
         value = f"gl.convert_layout({value}, {ctx.layout(dst, s.loc)})"
     ctx.line(f"{ctx.name(dst.name)} = {value}")
+    ctx.defined.add(dst.name)
+
+
+def _into_line(ctx: Ctx, s: ir.Copy, value: str) -> None:
+    dst = s.dst.buffer
+    fixed = s.dst.extents.index(1)
+    layout = ctx.layouts[dst.name]
+    along = RowSlice(fixed, layout)
+    if ctx.layouts[s.src.buffer.name] != along:
+        value = f"gl.convert_layout({value}, {ctx.layout_const(along, 'axis_layout')})"
+    across = ctx.layout_const(RowSlice(1 - fixed, layout), "axis_layout")
+    index = f"gl.expand_dims(gl.arange(0, {dst.static_shape[fixed]}, layout={across}), {1 - fixed})"
+    x = ctx.name(dst.name)
+    ctx.line(f"{x} = gl.where({index} == {spell(ctx, s.dst.starts[fixed])}, "
+             f"gl.expand_dims({value}, {fixed}), {x})")
     ctx.defined.add(dst.name)
