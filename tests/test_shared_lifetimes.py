@@ -37,16 +37,17 @@ F16, F32 = T.float16, T.float32
 # an MLA decode: a block of query heads against one shared latent KV head (and its rotary part)
 
 
-def mla_decode(heads, kv_len, dim, pe_dim, block_H=64, block_N=64, stages=2):
+def mla_decode(heads, kv_len, dim, pe_dim, block_H=64, block_N=64, stages=2, batch=1):
     """Decode attention of ``heads`` query heads over one latent KV head: scores are
-    ``q . kv + q_pe . k_pe``, values are ``kv`` itself; the output goes out through a shared tile."""
+    ``q . kv + q_pe . k_pe``, values are ``kv`` itself; the output goes out through a shared tile.
+    One block per (head block, batch) tile."""
     log2e_scale = (dim + pe_dim) ** -0.5 * math.log2(math.e)
 
     @T.prim_func
-    def mla(Q: T.Tensor([1, heads, dim], F16), Q_pe: T.Tensor([1, heads, pe_dim], F16),
-            KV: T.Tensor([1, kv_len, 1, dim], F16), K_pe: T.Tensor([1, kv_len, 1, pe_dim], F16),
-            Out: T.Tensor([1, heads, dim], F16)):
-        with T.Kernel(heads // block_H, 1, threads=256) as (hb, b):
+    def mla(Q: T.Tensor([batch, heads, dim], F16), Q_pe: T.Tensor([batch, heads, pe_dim], F16),
+            KV: T.Tensor([batch, kv_len, 1, dim], F16), K_pe: T.Tensor([batch, kv_len, 1, pe_dim], F16),
+            Out: T.Tensor([batch, heads, dim], F16)):
+        with T.Kernel(heads // block_H, batch, threads=256) as (hb, b):
             q_tile = T.alloc_shared([block_H, dim], F16)
             p_tile = T.alloc_shared([block_H, block_N], F16)
             qpe_tile = T.alloc_shared([block_H, pe_dim], F16)
@@ -98,8 +99,9 @@ def mla_reference(q, q_pe, kv, k_pe):
     return torch.einsum("bhn,bnd->bhd", torch.softmax(scores, dim=-1), kv[:, :, 0])
 
 
-def mla_inputs(heads, kv_len, dim, pe_dim, seed=0):
-    shapes = [(1, heads, dim), (1, heads, pe_dim), (1, kv_len, 1, dim), (1, kv_len, 1, pe_dim)]
+def mla_inputs(heads, kv_len, dim, pe_dim, seed=0, batch=1):
+    shapes = [(batch, heads, dim), (batch, heads, pe_dim), (batch, kv_len, 1, dim),
+              (batch, kv_len, 1, pe_dim)]
     return [randn(*s, dtype=torch.float16, seed=seed + i) for i, s in enumerate(shapes)]
 
 

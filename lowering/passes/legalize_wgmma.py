@@ -6,7 +6,9 @@ Requires:  warp_specialize, plan_buffers, infer_layouts and legalize have run; i
 Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the construct and line (the
            backend then refuses the program and the next backend of its chain compiles it from the
            frontend IR). With an ``AsyncPlan``:
-           * global -> shared copies are TMA; in explicit programs a copy followed (before any
+           * global -> shared copies are TMA, a tile with a dim above ``TMA_BOX`` elements as
+             one copy per box of that many into its slice of the shared tile (``_boxes``; TMA
+             stores likewise); in explicit programs a copy followed (before any
              read of its destination) by an arrival on barrier ``b`` completes *on* ``b``
              (expect-tx), so no arrival happens while its bytes are in flight. With the target's
              ``register_copies`` (tl.enable_lower_ldgstg), a copy TMA cannot take (rows not a
@@ -89,6 +91,7 @@ from ..layouts import Blocked, NVMMAShared, WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, slot_shape
 from ..capabilities import bulk_copy_tensor, row_bytes
 from ..config import BackendConfig
+from ..simplify import fold
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
 
@@ -98,6 +101,7 @@ _SCALAR_DTYPES = (ir.DType.I32, ir.DType.F32)     # the types Gluon gives Python
 _COUNTING = (ir.BinOpKind.ADD, ir.BinOpKind.MUL)
 REGISTER_FILE = 65536
 TMA_SHARED_ALIGN = 128      # bytes: where a bulk tensor copy may start writing shared memory
+TMA_BOX = 256               # elements a dim of one bulk-copy box (Triton's descriptors) holds at most
 _KEPT_WHOLE = "split_extents: kept whole, "    # the note of a program split_extents did not cut
 
 
@@ -416,8 +420,12 @@ def _seq(body: ir.Seq, layouts: dict, registers: bool) -> ir.Seq:
             out.append(dataclasses.replace(s, then=_seq(s.then, layouts, registers),
                                            orelse=_seq(s.orelse, layouts, registers)))
         elif isinstance(s, ir.Copy):
-            out.append(_copy(s, stmts[i + 1:], layouts, registers))
-            if out[-1].mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
+            decided = _copy(s, stmts[i + 1:], layouts, registers)
+            if decided.mechanism is not ir.CopyMechanism.TMA:
+                out.append(decided)
+                continue
+            out.extend(_boxes(decided))
+            if s.dst.buffer.scope is ir.Scope.GLOBAL:
                 out.append(ir.BulkStoreWait(0, s.loc))    # overlap_store may defer it
         elif isinstance(s, ir.Gemm):
             if s.a.buffer.dtype is ir.DType.F32 and s.precision is not ir.GemmPrecision.TF32:
@@ -460,7 +468,7 @@ def _registers_first(stmts: list) -> tuple:
         staged = [c for c in run if c.mechanism is not ir.CopyMechanism.TMA]
         bulk = [c for c in run if c.mechanism is ir.CopyMechanism.TMA]
         if staged and bulk:
-            if len({c.dst.buffer for c in run}) != len(run):
+            if {c.dst.buffer for c in staged} & {c.dst.buffer for c in bulk}:
                 raise _Refuse(f"copies through registers and bulk copies fill the same shared "
                               f"buffer (line {run[0].loc.line})")
             out.extend(staged + [ir.ProxyFence(staged[-1].loc)] + bulk)
@@ -553,7 +561,7 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict, registers: bool) -> ir.Copy:
             raise _Refuse(f"the copy at line {s.loc.line} is not followed by a barrier arrival "
                           f"that could complete it asynchronously")
         tma = dataclasses.replace(s, barrier=bar, mechanism=ir.CopyMechanism.TMA)
-        if registers and _tma_problem(tma) is not None:
+        if registers and any(_tma_problem(box) is not None for box in _boxes(tma)):
             # through registers, before the arrival on ``bar`` (a plain one, after a fence)
             return dataclasses.replace(s, barrier=None)
         return tma
@@ -601,6 +609,36 @@ def _completing_barrier(s: ir.Copy, rest: tuple) -> Optional[ir.BarrierRef]:
     return None
 
 
+def _boxes(s: ir.Copy) -> tuple[ir.Copy, ...]:
+    """The TMA copy ``s`` as copies of boxes of at most ``TMA_BOX`` elements a dim: a tile whose
+    dim is a larger power of two (MLA's 512-wide latent rows) becomes one copy per ``TMA_BOX``
+    elements of that dim, global box and shared slice alike, in order; loads complete on ``s``'s
+    barrier, so its expect counts every box's bytes."""
+    glob, smem = (s.src, s.dst) if s.src.buffer.scope is ir.Scope.GLOBAL else (s.dst, s.src)
+    pairs = list(zip((d for d, e in enumerate(glob.extents) if e != 1),
+                     (d for d, e in enumerate(smem.extents) if e != 1)))
+    pieces = [(glob, smem)]
+    for gd, sd in pairs:
+        extent = glob.extents[gd]
+        if extent <= TMA_BOX or extent % TMA_BOX or smem.extents[sd] != extent:
+            continue
+        pieces = [(_shifted(g, gd, at), _shifted(m, sd, at))
+                  for g, m in pieces for at in range(0, extent, TMA_BOX)]
+    if len(pieces) == 1:
+        return (s,)
+    if glob is s.src:
+        return tuple(dataclasses.replace(s, src=g, dst=m) for g, m in pieces)
+    return tuple(dataclasses.replace(s, src=m, dst=g) for g, m in pieces)
+
+
+def _shifted(r: ir.Region, dim: int, at: int) -> ir.Region:
+    """The ``TMA_BOX`` elements of ``r`` from ``at`` along ``dim``."""
+    start = fold(ir.BinOp(ir.BinOpKind.ADD, r.starts[dim], ir.Const(at, ir.DType.I32, r.loc),
+                          ir.DType.I32, r.loc))
+    return dataclasses.replace(r, starts=r.starts[:dim] + (start,) + r.starts[dim + 1:],
+                               extents=r.extents[:dim] + (TMA_BOX,) + r.extents[dim + 1:])
+
+
 def _global(s: ir.Copy) -> ir.Buffer:
     return s.src.buffer if s.src.buffer.scope is ir.Scope.GLOBAL else s.dst.buffer
 
@@ -624,7 +662,7 @@ def _tma_problem(s: ir.Copy) -> Optional[str]:
                  "registers)" if s.dst.buffer.scope is ir.Scope.SHARED else "")
         return (f"rows of '{g.name}' are {pitch} bytes, not a multiple of 16, so it cannot "
                 f"be a bulk-copy (TMA) operand (line {s.loc.line}){loads}")
-    if any(b > 256 or not ir.is_power_of_two(b) for b in box) or box[-1] * g.dtype.itemsize < 16:
+    if any(b > TMA_BOX or not ir.is_power_of_two(b) for b in box) or box[-1] * g.dtype.itemsize < 16:
         return (f"tile {list(box)} of '{g.name}' is no bulk-copy box: each dim a power of two "
                 f"of at most 256 elements (Triton's descriptors), the inner one at least 16 bytes "
                 f"(line {s.loc.line})")

@@ -17,7 +17,12 @@ Ensures:   a kernel with a 2-d or 3-d grid of static extents bound to (bx, by[, 
            rows, longest first in each head — then share out evenly; in one direction, with 132
            blocks and 16 rows per head, a block's tiles would all sit at 4 of the 16 row
            positions: H100, causal D64 attention at 2048 keys 0.82x cuDNN in one direction,
-           0.95x alternating). A note says so. Anything else is unchanged.
+           0.95x alternating). A note says so. Unless the persistent form cannot fit shared
+           memory: the passes of ``config``'s pipeline between this one and ``plan_buffers`` run
+           on it, and where ``plan_buffers`` would place more than ``config.caps.smem_bytes``
+           (across tiles a buffer cannot lend its bytes: MLA decode's next query loads while
+           this tile's output, on the query's bytes in one tile per block, is stored), the
+           kernel keeps its grid and a note says why. Anything else is unchanged.
 Preserves: program meaning (each tile's statements run once, in some block) and locations.
 """
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ..plans import PipelinePlan
 from ..simplify import fold
 from ..config import BackendConfig
 from ..traverse import transform
-from . import plan_pipeline
+from . import plan_buffers, plan_pipeline
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -69,5 +74,20 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     tiles = ir.For(it, c(0), count, c(1), ir.ForKind.PERSISTENT, ir.Seq(work, loc), 0, loc)
     out = dataclasses.replace(kernel, grid=(c(sms),), block_vars=(block,), swizzle_panel=0,
                               body=ir.Seq(allocs + (tiles,), kernel.body.loc))
+    need = _shared_bytes(out, config)
+    if need > config.caps.smem_bytes:
+        return kernel.with_note(f"persist: {total} tiles > {sms} SMs, but the persistent kernel "
+                                f"would need {need} bytes of shared memory (no buffer lends its "
+                                f"bytes across tiles), more than the {config.caps.smem_bytes} of "
+                                f"target '{config.name}': one block per tile")
     return out.with_note(f"persist: {total} tiles > {sms} SMs: one block per SM "
                          f"looping over tiles {order}")
+
+
+def _shared_bytes(candidate: ir.Kernel, config: BackendConfig) -> int:
+    """The peak of ``plan_buffers``' placement of ``candidate`` after the passes of ``config``'s
+    pipeline that run between this pass and it (pipelining, warp specialization)."""
+    names = config.pipeline.pass_names
+    for p in config.pipeline.passes[names.index("persist") + 1:names.index("plan_buffers")]:
+        candidate = p.run(candidate, config)
+    return plan_buffers.place(candidate, config.caps.shared_reuse).total_bytes

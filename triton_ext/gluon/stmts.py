@@ -84,7 +84,7 @@ def _bar(ctx: Ctx, b: ir.BarrierRef) -> str:
 
 def _smem(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
     """A shared region as a shared-memory descriptor: leading unit dims (ring slots) indexed,
-    then a constant block of rows sliced, the rest whole."""
+    then each other dim whole or a constant slice of it."""
     b = r.buffer
     if b.scope is not ir.Scope.SHARED:
         raise InternalError(f"gluon backend: '{b.name}' is not in shared memory", loc)
@@ -92,13 +92,15 @@ def _smem(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
     while len(r.extents) - d > len(r.tile_shape) and r.extents[d] == 1:
         text += f".index({arg(ctx, r.starts[d])})"
         d += 1
-    start, rows = ir.as_int(r.starts[d]), r.extents[d]
-    if start is not None and (start, rows) != (0, b.static_shape[d]) and d >= len(r.extents) - 2:
-        text += f".slice({start}, {rows})"          # a block of rows (split consumers)
-        d += 1
-    if any(ir.as_int(st) != 0 for st in r.starts[d:]) or tuple(r.extents[d:]) != b.static_shape[d:]:
-        raise InternalError(f"gluon backend: no rule for a partial region of shared buffer "
-                            f"'{b.name}'", loc)
+    for view_dim, k in enumerate(range(d, len(r.extents))):
+        start, extent = ir.as_int(r.starts[k]), r.extents[k]
+        if (start, extent) == (0, b.static_shape[k]):
+            continue
+        if start is None:
+            raise InternalError(f"gluon backend: no rule for a partial region of shared buffer "
+                                f"'{b.name}' at a runtime start", loc)
+        # a block of rows (split consumers), a slice of columns (one bulk-copy box of a wide tile)
+        text += f".slice({start}, {extent})" if view_dim == 0 else f".slice({start}, {extent}, {view_dim})"
     return text
 
 
