@@ -129,3 +129,85 @@ def test_backward_style_programs_are_not_required_on_gluon():
         "and split_extents kept it whole: dim 0 of 'A_s' (192) is a gemm's M dim: rows are not "
         "cut (split_consumers divides them among warp groups)")
     assert not any(isinstance(s, ir.Alloc) and s.buffer.name.endswith("_128") for s in walk(kernel.body))
+
+
+# ----------------------------------------------------------------------------------------------
+# a training forward that also stores each row's log-sum-exp (TileLang's gqa_bwd flash_fwd, D 192)
+
+
+def forward_with_lse(batch, heads, seq_len, dim, block_M=128, block_N=64, threads=256):
+    import tilews.language as T
+    scale = 1.44269504 / dim ** 0.5
+    shape = [batch, seq_len, heads, dim]
+
+    @T.prim_func
+    def main(Q: T.Tensor(shape, T.float16), K: T.Tensor(shape, T.float16),
+             V: T.Tensor(shape, T.float16), Out: T.Tensor(shape, T.float16),
+             Lse: T.Tensor([batch, heads, seq_len], T.float32)):
+        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
+            Q_s = T.alloc_shared([block_M, dim], T.float16)
+            K_s = T.alloc_shared([block_N, dim], T.float16)
+            V_s = T.alloc_shared([block_N, dim], T.float16)
+            s = T.alloc_fragment([block_M, block_N], T.float32)
+            p = T.alloc_fragment([block_M, block_N], T.float16)
+            o = T.alloc_fragment([block_M, dim], T.float32)
+            m = T.alloc_fragment([block_M], T.float32)
+            m_prev = T.alloc_fragment([block_M], T.float32)
+            rescale = T.alloc_fragment([block_M], T.float32)
+            row_sum = T.alloc_fragment([block_M], T.float32)
+            lse = T.alloc_fragment([block_M], T.float32)
+            T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+            T.fill(o, 0)
+            T.fill(lse, 0)
+            T.fill(m, -T.infinity(T.float32))
+            for k in T.Pipelined(T.ceildiv(seq_len, block_N), num_stages=2):
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s)
+                T.clear(s)
+                T.gemm(Q_s, K_s, s, transpose_B=True)
+                T.copy(m, m_prev)
+                T.reduce_max(s, m, dim=1, clear=False)
+                for i in T.Parallel(block_M):
+                    rescale[i] = T.exp2(m_prev[i] * scale - m[i] * scale)
+                for i, j in T.Parallel(block_M, block_N):
+                    s[i, j] = T.exp2(s[i, j] * scale - m[i] * scale)
+                T.reduce_sum(s, row_sum, dim=1)
+                for i in T.Parallel(block_M):
+                    lse[i] = lse[i] * rescale[i] + row_sum[i]
+                T.copy(s, p)
+                for i, j in T.Parallel(block_M, dim):
+                    o[i, j] *= rescale[i]
+                T.copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s)
+                T.gemm(p, V_s, o)
+            for i, j in T.Parallel(block_M, dim):
+                o[i, j] /= lse[i]
+            for i in T.Parallel(block_M):
+                lse[i] = T.log2(lse[i]) + m[i] * scale
+            T.copy(o, Out[bz, bx * block_M:(bx + 1) * block_M, by, :])
+            T.copy(lse, Lse[bz, by, bx * block_M:(bx + 1) * block_M])
+    return main
+
+
+@pytest.mark.parametrize("dim", [128, 192])
+def test_forward_storing_lse_splits_its_consumers(dim):
+    """Each of the two split consumer roles stores its 64 rows of the log-sum-exp vector through
+    its half of the staging vector (a 1-d row-split buffer: its rows are dim 0), and the lowered
+    program computes what torch does, on the interpreter; it compiles for sm_90."""
+    import torch
+
+    from tilews.lowering import interpreter
+
+    from .helpers import poisoned, randn, rel_err
+    B, H, S = 1, 2, 256
+    prim = forward_with_lse(B, H, S, dim)
+    lowered = lower(build_kernel(prim), HOPPER)
+    assert lowered.find_plan(AsyncPlan) is not None, lowered.notes
+    roles = [r for s in walk(lowered.body) if isinstance(s, ir.WarpSpecialize) for r in s.roles]
+    assert len(roles) == 3, lowered.notes            # producer + 2 split consumers
+    q, k, v = (randn(B, S, H, dim, dtype=torch.float16, seed=s) for s in (7, 8, 9))
+    out, lse = poisoned(B, S, H, dim, dtype=torch.float16), poisoned(B, H, S)
+    interpreter.run(lowered, [q, k, v, out, lse])
+    logits = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) / dim ** 0.5
+    want_o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(logits, -1), v.double())
+    assert rel_err(out, want_o) < 5e-3
+    assert rel_err(lse, torch.logsumexp(logits, -1) * 1.44269504) < 1e-4
+    assert "warp_group_dot" in gluon_program(lowered).asm["ttgir"]

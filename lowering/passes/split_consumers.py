@@ -139,15 +139,15 @@ def _global_rows(s: ir.Copy, offset: int, rows: int) -> ir.Copy:
 
 def _row_shared(role: ir.Role) -> dict[ir.Buffer, int]:
     """Shared buffers the role reads as gemm A operands or writes from fragments (rows: dim 0 of
-    a tile, dim 1 of a ring of tiles, whose dim 0 is the slot), and shared vectors it reads into
-    1-d fragments (rows: the last dim), each with the dim of its rows."""
+    a tile or of a vector, dim 1 of a ring of them, whose dim 0 is the slot), and shared vectors
+    it reads into 1-d fragments (rows: the last dim), each with the dim of its rows."""
     out = {}
     for s in walk(role.body):
         if isinstance(s, ir.Gemm) and s.a.buffer.scope is ir.Scope.SHARED:
             out[s.a.buffer] = len(s.a.buffer.shape) - 2
         if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT \
-                and s.dst.buffer.scope is ir.Scope.SHARED:
-            out[s.dst.buffer] = len(s.dst.buffer.shape) - 2
+                and s.dst.buffer.scope is ir.Scope.SHARED:     # a tile, or a vector (lse)
+            out[s.dst.buffer] = len(s.dst.buffer.shape) - len(s.src.buffer.shape)
         if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.SHARED \
                 and s.dst.buffer.scope is ir.Scope.FRAGMENT and len(s.dst.buffer.shape) == 1:
             out[s.src.buffer] = len(s.src.buffer.shape) - 1
