@@ -34,7 +34,7 @@ from .. import ir, schedule
 from ..plans import PipelinePlan
 from ..simplify import fold
 from ..config import BackendConfig
-from ..traverse import transform
+from ..traverse import subexprs, transform, walk
 from . import plan_buffers, plan_pipeline
 
 
@@ -49,6 +49,13 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         return kernel
     if plan_pipeline.run(kernel, config).find_plan(PipelinePlan) is None:
         return kernel
+    sized = _trips_read_from_memory(kernel)
+    if sized is not None:
+        return kernel.with_note(f"persist: {math.prod(extents)} tiles > {sms} SMs, but the "
+                                f"T.Pipelined loop at line {sized.loc.line} runs a number of "
+                                f"iterations read from memory: tiles of unknown work would be "
+                                f"dealt out unevenly in advance, so one block per tile (the GPU "
+                                f"starts each block as an SM frees)")
     loc = kernel.loc
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
     block = ir.Var("block_id", ir.DType.I32, ir.VarKind.BLOCK, loc)
@@ -82,6 +89,17 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                                 f"target '{config.name}': one block per tile")
     return out.with_note(f"persist: {total} tiles > {sms} SMs: one block per SM "
                          f"looping over tiles {order}")
+
+
+def _trips_read_from_memory(kernel: ir.Kernel):
+    """The pipelined loop, where its bounds read global memory (varlen decoding's
+    ``cu_seqlens[b + 1] - cu_seqlens[b]`` keys); else None."""
+    for s in walk(kernel.body):
+        if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
+            if any(isinstance(e, ir.Load) and e.buffer.scope is ir.Scope.GLOBAL
+                   for bound in (s.start, s.stop) for e in subexprs(bound)):
+                return s
+    return None
 
 
 def _shared_bytes(candidate: ir.Kernel, config: BackendConfig) -> int:
