@@ -22,7 +22,10 @@ Ensures:   a kernel with a 2-d or 3-d grid of static extents bound to (bx, by[, 
            on it, and where ``plan_buffers`` would place more than ``config.caps.smem_bytes``
            (across tiles a buffer cannot lend its bytes: MLA decode's next query loads while
            this tile's output, on the query's bytes in one tile per block, is stored), the
-           kernel keeps its grid and a note says why. Anything else is unchanged.
+           kernel keeps its grid and a note says why; so it does where the pipelined loop's
+           bounds read global memory (varlen decoding: tiles of unknown work, which a split made
+           in advance would deal out unevenly, while the GPU starts each block of a grid on the
+           next free SM). Anything else is unchanged.
 Preserves: program meaning (each tile's statements run once, in some block) and locations.
 """
 from __future__ import annotations
