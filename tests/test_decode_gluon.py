@@ -19,10 +19,11 @@ import torch
 
 import tilews
 import tilews.language as T
-from tilews.lowering import interpreter
+from tilews.lowering import interpreter, ir
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import AsyncPlan
+from tilews.lowering.traverse import walk
 from tilews.triton_ext.gluon.backend import HOPPER
 
 from .helpers import poisoned, randn
@@ -184,3 +185,20 @@ def test_hopper_stays_warp_specialized(sizes, block_N, dim):
     assert shapes == {f"m64n{block_N}k16", f"m64n{dim}k16"}
     assert "cp.async.bulk.tensor" in ptx                 # Q, K and V through TMA
     assert not re.search(r"\b(ld|st)\.local\b", ptx), "the kernel spills registers"
+
+
+def test_tiles_of_unknown_work_stay_one_block_each():
+    """More tiles than SMs, but each tile's trip count is read from ``cu``: ``persist`` keeps the
+    grid (the GPU hands each block to the next free SM) and says why; the program still means
+    the same on the interpreter."""
+    lowered = lower(build_kernel(program()), HOPPER.replace(num_sms=2))
+    note = next(n for n in lowered.notes if n.startswith("persist:"))
+    assert "iterations read from memory" in note and "one block per tile" in note, note
+    assert len(lowered.grid) == 2
+    assert not any(isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT for s in walk(lowered.body))
+    assert lowered.find_plan(AsyncPlan) is not None, lowered.notes
+    args = inputs(LENGTHS, HEADS, KV_HEADS, DIM)
+    o = poisoned(len(LENGTHS), HEADS, DIM, dtype=torch.float16)
+    m = poisoned(len(LENGTHS), HEADS, MAX_LEN // BLOCK_N)
+    interpreter.run(lowered, [*args, o, m], seed=1)
+    check(o, m, args)

@@ -150,3 +150,13 @@ def test_split_boxes_and_persistence_mean_the_program(block_N, persistent):
     note = next(n for n in after.notes if n.startswith("persist:"))
     assert ("one block per tile" not in note) == persistent, note
     assert [columns(c.dst) for c in tma_copies(after, "KV")] == [(0, 256), (256, 256)]
+
+
+def test_a_two_stage_ring_releases_each_stage_in_its_own_iteration():
+    """MLA decode's KV ring has 2 stages: ``overlap_mma`` leaves its P V gemm waited in the
+    iteration that issued it (kept in flight, the release would come one iteration late and the
+    producer's next fill would start only as its data is wanted)."""
+    kernel = lowered(132)
+    assert [s.outstanding for s in walk(kernel.body) if isinstance(s, ir.GemmWait)] == [0, 0]
+    ring = next(s.buffer for s in walk(kernel.body) if isinstance(s, ir.Alloc) and s.buffer.name == "empty")
+    assert len(ring.arrive_counts) == 2

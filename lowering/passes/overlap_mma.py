@@ -9,15 +9,19 @@ Ensures:   each loop whose body ends ``gemm [wgmma]; gemm_wait 0; barrier_arrive
            ``i(k)`` is also the ring slot the gemm reads (so the arrival releases that slot), its A
            operand is in shared memory (a register A operand must stay untouched until the gemm
            completes, and the next iteration redefines it) and
-           ``b`` holds at least 2 barriers (a ring of >= 2 stages), becomes
+           ``b`` holds at least ``MIN_STAGES`` (3) barriers, becomes
            ``gemm; gemm_wait 1; if k > start: barrier_arrive b[i(k - step)]`` (for ``i(k) = x % n``
            spelled ``(x + n - 1) % n``, which stays non-negative) — the stage read by
            the previous iteration's gemm is released once that gemm is known complete, while this
            iteration's gemm runs — followed after the loop by ``gemm_wait 0`` and the release of
-           the last iteration's stage. With one stage the producer would wait for a release that
-           only comes after its own next fill (deadlock), so one-stage rings are left alone; with
-           >= 2 stages the producer's fill of iteration k needs the release of k - stages, which
-           the consumer gives at iteration k - stages + 1 <= k - 1.
+           the last iteration's stage. The deferred release costs the producer one stage of lead:
+           its fill of iteration k needs the release of k - stages, which the consumer now gives
+           at the end of iteration k - stages + 1. With one stage that is after the fill itself
+           (deadlock); with two it is the end of iteration k - 1, so every fill starts just as
+           its data is wanted and the loads' latency is exposed in every iteration (H100, MLA
+           decode's 2-stage ring of 64x576 KV tiles: 1.33x TileLang's time with the wgmma kept in
+           flight; see docs/performance.md); with three or more a fill still leads its use by at
+           least one iteration. So rings of fewer than three stages are left alone.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -29,6 +33,10 @@ from ..plans import AsyncPlan
 from ..config import BackendConfig
 from ..simplify import fold
 from ..traverse import rewrite_loops, transform
+
+
+MIN_STAGES = 3
+"""The fewest ring stages for which keeping a wgmma in flight still leaves the producer a lead."""
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -57,7 +65,7 @@ def _matches(loop: ir.For) -> bool:
     return (all(g.instr is ir.GemmInstr.WGMMA and g.a.buffer.scope is ir.Scope.SHARED for g in gemms)
             and isinstance(wait, ir.GemmWait) and wait.outstanding == 0
             and isinstance(arrive, ir.BarrierArrive)
-            and len(arrive.barrier.buffer.arrive_counts) >= 2
+            and len(arrive.barrier.buffer.arrive_counts) >= MIN_STAGES
             and any(op.starts[:1] == (arrive.barrier.index,) and len(op.extents) == 3
                     for g in gemms for op in (g.a, g.b)))
 

@@ -22,7 +22,10 @@ Ensures:   a kernel with a 2-d or 3-d grid of static extents bound to (bx, by[, 
            on it, and where ``plan_buffers`` would place more than ``config.caps.smem_bytes``
            (across tiles a buffer cannot lend its bytes: MLA decode's next query loads while
            this tile's output, on the query's bytes in one tile per block, is stored), the
-           kernel keeps its grid and a note says why. Anything else is unchanged.
+           kernel keeps its grid and a note says why; so it does where the pipelined loop's
+           bounds read global memory (varlen decoding: tiles of unknown work, which a split made
+           in advance would deal out unevenly, while the GPU starts each block of a grid on the
+           next free SM). Anything else is unchanged.
 Preserves: program meaning (each tile's statements run once, in some block) and locations.
 """
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .. import ir, schedule
 from ..plans import PipelinePlan
 from ..simplify import fold
 from ..config import BackendConfig
-from ..traverse import transform
+from ..traverse import subexprs, transform, walk
 from . import plan_buffers, plan_pipeline
 
 
@@ -49,6 +52,13 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         return kernel
     if plan_pipeline.run(kernel, config).find_plan(PipelinePlan) is None:
         return kernel
+    sized = _trips_read_from_memory(kernel)
+    if sized is not None:
+        return kernel.with_note(f"persist: {math.prod(extents)} tiles > {sms} SMs, but the "
+                                f"T.Pipelined loop at line {sized.loc.line} runs a number of "
+                                f"iterations read from memory: tiles of unknown work would be "
+                                f"dealt out unevenly in advance, so one block per tile (the GPU "
+                                f"starts each block as an SM frees)")
     loc = kernel.loc
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
     block = ir.Var("block_id", ir.DType.I32, ir.VarKind.BLOCK, loc)
@@ -82,6 +92,17 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                                 f"target '{config.name}': one block per tile")
     return out.with_note(f"persist: {total} tiles > {sms} SMs: one block per SM "
                          f"looping over tiles {order}")
+
+
+def _trips_read_from_memory(kernel: ir.Kernel):
+    """The pipelined loop, where its bounds read global memory (varlen decoding's
+    ``cu_seqlens[b + 1] - cu_seqlens[b]`` keys); else None."""
+    for s in walk(kernel.body):
+        if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
+            if any(isinstance(e, ir.Load) and e.buffer.scope is ir.Scope.GLOBAL
+                   for bound in (s.start, s.stop) for e in subexprs(bound)):
+                return s
+    return None
 
 
 def _shared_bytes(candidate: ir.Kernel, config: BackendConfig) -> int:
