@@ -46,6 +46,7 @@ from tilews.lowering.frontend import build_kernel
 from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import (AsyncPlan, AsyncRefusal, ConsumerSplit, LayoutPlan, PipelinePlan,
                                    SharedMemoryPlan)
+from tilews.lowering.passes import warp_specialize
 from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import buffers_read, buffers_written, transform, walk
 from tilews.ops.attention import attention, mha_fwd_program
@@ -299,7 +300,8 @@ def test_lowered_structure(case):
                for s in loop_loads)
     if not case.explicit:
         pipe = k.plan(PipelinePlan)
-        assert pipe.preloads and set(pipe.ring_buffers) == {"K_shared", "V_shared"} and pipe.stages == case.stages
+        assert pipe.preloads and set(pipe.ring_buffers) == {"K_shared", "V_shared"}
+        assert pipe.stages == max(case.stages, warp_specialize.MIN_RING_STAGES)   # 1 asked: 2 fit
     # each consumer's first wait is on Q's barrier (parity 0), at its top level, before anything
     # reads Q (docs/ws-semantics.md #9); only consumers wait on it
     q_shared = q_loads[0].dst.buffer.name
