@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tilews.language as T
+from examples.gemm import matmul
 from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import plan_buffers
@@ -25,21 +25,8 @@ from ..test_ws_oracle import assert_same_under_schedules, run_interp
 M, N, K = 96, 64, 160
 
 
-def gemm(num_stages, block_M=64, block_N=64, block_K=32):
-    @T.prim_func
-    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
-             C: T.Tensor((M, N), T.float16)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
-            A_s = T.alloc_shared((block_M, block_K), T.float16)
-            B_s = T.alloc_shared((block_K, block_N), T.float16)
-            C_f = T.alloc_fragment((block_M, block_N), T.float32)
-            T.clear(C_f)
-            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
-                T.copy(A[by * block_M, k * block_K], A_s)
-                T.copy(B[k * block_K, bx * block_N], B_s)
-                T.gemm(A_s, B_s, C_f)
-            T.copy(C_f, C[by * block_M, bx * block_N])
-    return main
+def gemm(num_stages):
+    return matmul.fn(M, N, K, block_M=64, block_N=64, block_K=32, num_stages=num_stages)
 
 
 def gemm_args():
