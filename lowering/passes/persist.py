@@ -84,7 +84,7 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     tiles = ir.For(it, c(0), count, c(1), ir.ForKind.PERSISTENT, ir.Seq(work, loc), 0, loc)
     out = dataclasses.replace(kernel, grid=(c(sms),), block_vars=(block,), swizzle_panel=0,
                               body=ir.Seq(allocs + (tiles,), kernel.body.loc))
-    need = _shared_bytes(out, config)
+    need = plan_buffers.peak_after("persist", out, config)
     if need > config.caps.smem_bytes:
         return kernel.with_note(f"persist: {total} tiles > {sms} SMs, but the persistent kernel "
                                 f"would need {need} bytes of shared memory (no buffer lends its "
@@ -103,12 +103,3 @@ def _trips_read_from_memory(kernel: ir.Kernel):
                    for bound in (s.start, s.stop) for e in subexprs(bound)):
                 return s
     return None
-
-
-def _shared_bytes(candidate: ir.Kernel, config: BackendConfig) -> int:
-    """The peak of ``plan_buffers``' placement of ``candidate`` after the passes of ``config``'s
-    pipeline that run between this pass and it (pipelining, warp specialization)."""
-    names = config.pipeline.pass_names
-    for p in config.pipeline.passes[names.index("persist") + 1:names.index("plan_buffers")]:
-        candidate = p.run(candidate, config)
-    return plan_buffers.place(candidate, config.caps.shared_reuse).total_bytes

@@ -73,6 +73,17 @@ def place(kernel: ir.Kernel, reuse: bool = True) -> SharedMemoryPlan:
                             max((o + b for _, o, b, _ in placed), default=0), reuses)
 
 
+def peak_after(pass_name: str, candidate: ir.Kernel, config: BackendConfig) -> int:
+    """The peak of ``place``'s placement of ``candidate``, a form pass ``pass_name`` considers,
+    after the passes of ``config``'s pipeline between that pass and this one (warp
+    specialization, consumer splits, registerized buffers): the shared memory it would really
+    take, for passes choosing between forms."""
+    names = config.pipeline.pass_names
+    for p in config.pipeline.passes[names.index(pass_name) + 1:names.index("plan_buffers")]:
+        candidate = p.run(candidate, config)
+    return place(candidate, config.caps.shared_reuse).total_bytes
+
+
 def _alignment(nbytes: int) -> int:
     align = 128
     while align < 1024 and align * 2 <= nbytes:

@@ -5,7 +5,10 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              with each role's projection (``roles.split``);
            * a kernel with a ``pipeline`` plan (targets with warp-group MMA): one producer role
              ``ws(0)`` running the loop's copies into ``stages``-deep ring buffers (a leading stage
-             dimension), each stage guarded by a *full*/*empty* barrier pair — the producer waits
+             dimension; at least ``MIN_RING_STAGES`` deep where the loop asks for fewer and
+             ``plan_buffers`` would place the deeper form, after the passes between, within
+             ``config.caps.smem_bytes``: a note says which, and the ``PipelinePlan`` records
+             the depth), each stage guarded by a *full*/*empty* barrier pair — the producer waits
              ``empty[s]`` with parity ``((i // S) & 1) ^ 1``, copies on ``full[s]`` and arrives
              on it; and one consumer role of ``threads / 128`` warp groups ``ws(1..n)`` that holds
              the prelude, waits ``full[s]`` with parity ``(i // S) & 1``, computes, arrives on
@@ -52,6 +55,14 @@ from ..config import BackendConfig
 from ..simplify import fold
 from ..traverse import buffers_read, rewrite, subexprs, touched, transform, walk
 from ..plans import PipelinePlan, SharedMemoryPlan
+from . import plan_buffers
+
+MIN_RING_STAGES = 2
+"""The fewest ring slots a warp-specialized loop gets where shared memory holds them: with one,
+the producer cannot load block k + 1 until the consumer has released block k, so loads and
+compute never overlap (H100, TileLang's varlen GQA decode at ``num_stages=1``: 1.03x
+TileLang's time with one slot, 0.99x with two). A program's ``num_stages`` below it is TileLang's
+request to its software pipeliner, not one for no prefetch."""
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -61,6 +72,27 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     plan: PipelinePlan | None = kernel.find_plan(PipelinePlan)
     if plan is None:
         return kernel
+    if plan.stages >= MIN_RING_STAGES:
+        return _specialized(kernel, plan, config)
+    deeper = _specialized(kernel, dataclasses.replace(plan, stages=MIN_RING_STAGES), config)
+    need = plan_buffers.peak_after("warp_specialize", deeper, config)
+    loop = _pipelined_loop(kernel, plan)
+    asked = f"the T.Pipelined loop at line {loop.loc.line} (num_stages={loop.num_stages})"
+    if need <= config.caps.smem_bytes:
+        return deeper.with_note(
+            f"warp_specialize: {asked} gets a ring of {MIN_RING_STAGES} slots, so the producer "
+            f"loads the next block while the consumer computes on this one ({need} bytes of "
+            f"shared memory)")
+    return _specialized(kernel, plan, config).with_note(
+        f"warp_specialize: {asked} keeps a ring of {plan.stages} slot "
+        f"(the producer loads the next block only once the consumer has released this one): "
+        f"{MIN_RING_STAGES} slots would need {need} bytes of shared memory, more than the "
+        f"{config.caps.smem_bytes} of target '{config.name}'")
+
+
+def _specialized(kernel: ir.Kernel, plan: PipelinePlan, config: BackendConfig) -> ir.Kernel:
+    """The automatic schedule with ``plan``'s ring depth: two slots for a persistent kernel's
+    preloads where they fit (see the contract), else one."""
     persistent = plan.tile_loop_index is not None
     own_staging = persistent and config.policy.staging_per_store
     if not persistent or not plan.preloads or config.policy.preload_slots < 2:
@@ -73,6 +105,13 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         f"warp_specialize: one slot for the preloads of each tile (the next tile's loads wait for "
         f"this tile's loop): two would need {need} bytes of shared memory, more than the "
         f"{config.caps.smem_bytes} of target '{config.name}'")
+
+
+def _pipelined_loop(kernel: ir.Kernel, plan: PipelinePlan) -> ir.For:
+    """The ``T.Pipelined`` loop ``plan`` describes (inside the tile loop of a persistent kernel)."""
+    top = kernel.body.stmts
+    body = top if plan.tile_loop_index is None else top[plan.tile_loop_index].body.stmts
+    return body[plan.loop_index]
 
 
 def _fitting(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, own_staging: bool,
@@ -90,7 +129,7 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, share_stagi
     top = kernel.body.stmts
     tile_loop = None if plan.tile_loop_index is None else top[plan.tile_loop_index]
     body = top if tile_loop is None else tile_loop.body.stmts
-    loop: ir.For = body[plan.loop_index]
+    loop = _pipelined_loop(kernel, plan)
     loc = loop.loc
     c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
     S = plan.stages
@@ -186,9 +225,8 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, share_stagi
     out = dataclasses.replace(kernel, body=ir.Seq((*allocs, ws), kernel.body.loc),
                               threads=kernel.threads + 128)
     shape = "" if tile_loop is None else " over a persistent tile loop (one running ring count)"
-    if pre.rings:
-        out = out.with_plan(dataclasses.replace(
-            plan, preload_rings=tuple(b.name for b in pre.rings.values())))
+    out = out.with_plan(dataclasses.replace(
+        plan, preload_rings=tuple(b.name for b in pre.rings.values())))
     return out.with_note(f"warp_specialize: T.Pipelined at line {loc.line} -> producer "
                          f"{roles.describe(producer.warpgroups)} + "
                          f"consumer {roles.describe(consumer.warpgroups)}, {S}-stage ring of "
