@@ -116,7 +116,7 @@ def fold(e: ir.Expr) -> ir.Expr:
 def difference(a: ir.Expr, b: ir.Expr) -> Optional[int]:
     """``a - b`` as an int when it does not depend on runtime values, comparing both as sums of
     integer multiples of the same terms (``(bx + 1) * 64 - bx * 64`` is 64); else None."""
-    x, y = _linear(a), _linear(b)
+    x, y = linear(a), linear(b)
     if x is None or y is None:
         return None
     terms = set(x) | set(y)
@@ -125,7 +125,7 @@ def difference(a: ir.Expr, b: ir.Expr) -> Optional[int]:
     return x.get(None, 0) - y.get(None, 0)
 
 
-def _linear(e: ir.Expr) -> Optional[dict]:
+def linear(e: ir.Expr) -> Optional[dict]:
     """``e`` as {term: coefficient} (the constant under None) for integer sums and products by
     constants; any other subexpression is one term."""
     if not e.dtype.is_int:
@@ -134,7 +134,7 @@ def _linear(e: ir.Expr) -> Optional[dict]:
     if c is not None:
         return {None: c}
     if isinstance(e, ir.BinOp) and e.op in (_B.ADD, _B.SUB, _B.MUL):
-        a, b = _linear(e.a), _linear(e.b)
+        a, b = linear(e.a), linear(e.b)
         if a is None or b is None:
             return None
         if e.op is _B.MUL:

@@ -54,11 +54,13 @@ def variants(case):
             ("block per tile, 2 stages", contextlib.nullcontext, {"num_stages": 2})]
 
 
-def run_case(case, rounds):
+def run_case(case, rounds, chosen=None):
+    """Time ``chosen`` (label, patch, factory kwargs) variants of ``case``, default ``variants``'s,
+    beside TileLang; print the table."""
     import torch
     folder, file, build, inputs, reference, _ = pc.CASES[case]()
     kernels = {}
-    for label, patch, extra in variants(case):
+    for label, patch, extra in chosen or variants(case):
         mod = pc.load("tilews", folder, file)
         factory = mod.flashattn
         if extra:
