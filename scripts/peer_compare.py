@@ -149,6 +149,7 @@ CASES = {
     "mla_decode": _mla_decode,
     "gqa_decode_varlen": _gqa_decode_varlen,
     "attention_d128": lambda: _attention(128, False),
+    "attention_d128_causal": lambda: _attention(128, True),
     "attention_d96": lambda: _attention(96, False),
     "attention_d192": lambda: _attention(192, False, block_N=64),
     "attention_d192_causal": lambda: _attention(192, True, block_N=64),
