@@ -289,3 +289,18 @@ def _hopper_shared() -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(_hopper_shared()))
+
+
+def test_pingpong_roles_reusing_their_own_bytes_pass_the_ttgir_check():
+    """Three split consumers taking turns (opt-in ping-pong) each store their output tile in their
+    query tile's bytes after the loop. Each role arrives on the turn barrier while its Q Kᵀ wgmma
+    is in flight and later writes that arena after waiting on the same barrier: its own program
+    order, not a release to another partition, so the TTGIR check (ws_verifier) accepts it, and it
+    compiles for sm_90."""
+    from tilews.ops.attention import mha_fwd_program
+    from .helpers import load
+    prim = mha_fwd_program(2, 8, 4096, 64, False, block_M=192, block_N=128, threads=384, num_stages=2)
+    prog = load(build_kernel(prim), "gluon", HOPPER.replace(pingpong=True))
+    plan = prog.kernel.plan(SharedMemoryPlan)
+    assert {("O_shared_0", "Q_shared_0"), ("O_shared_1", "Q_shared_1")} <= set(plan.reuses)
+    assert any(n.startswith("pingpong:") for n in prog.kernel.notes)

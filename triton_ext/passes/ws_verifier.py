@@ -14,9 +14,10 @@ run concurrently); a violation is a ``CompileError`` naming the kernel and the p
     ``ttng.warp_group_dot_wait {pendings = N}`` that covers it (at least N later wgmma issued
     before the wait). A pending value may only flow into another wgmma's accumulator, a wait, or
     a ``scf.yield``/``ttg.warp_yield``; any other use reads the accumulator too early. A
-    ``ttng.arrive_barrier`` *releases* the buffers that some partition writes after waiting on
+    ``ttng.arrive_barrier`` *releases* the buffers that another partition writes after waiting on
     that barrier (the last ``wait_barrier`` before the write); it must not happen while a wgmma
-    reading such a buffer at a possibly equal stage index is outstanding.
+    reading such a buffer at a possibly equal stage index is outstanding. (A partition's own
+    writes after its own waits are in its program order, which this check does not model.)
 (c) Warp groups. A partition holding a ``ttng.warp_group_dot`` runs a multiple of 4 warps and
     starts at a multiple of 4 (``warpGroupStartIds``; the default partition starts at 0).
 
@@ -407,6 +408,10 @@ class _Flow:
             return
         bar, bar_index = res
         for buf, writer in self.guards.get(bar, ()):
+            if _who(self.m, writer) == self.who:
+                # the partition's own later write is ordered by its program order, not by this
+                # arrive (its ping-pong turn barrier, or bytes it reuses by lifetime)
+                continue
             for d in out:
                 for base, index in d.reads:
                     if base is buf and (d in carried or self.m.may_alias(bar_index, index)):
