@@ -113,6 +113,12 @@ def fold(e: ir.Expr) -> ir.Expr:
     return transform(e, _fold)
 
 
+def shifted(e: ir.Expr, by: int) -> ir.Expr:
+    """``e + by``, folded (``e`` itself for 0): a region's start moved along its dim."""
+    return e if by == 0 else fold(ir.BinOp(ir.BinOpKind.ADD, e, ir.Const(by, ir.DType.I32, e.loc),
+                                           ir.DType.I32, e.loc))
+
+
 def difference(a: ir.Expr, b: ir.Expr) -> Optional[int]:
     """``a - b`` as an int when it does not depend on runtime values, comparing both as sums of
     integer multiples of the same terms (``(bx + 1) * 64 - bx * 64`` is 64); else None."""

@@ -91,9 +91,10 @@ from ..layouts import Blocked, NVMMAShared, WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, slot_shape
 from ..capabilities import bulk_copy_tensor, row_bytes
 from ..config import BackendConfig
-from ..simplify import fold
+from ..simplify import shifted
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
+from .split_extents import KEPT_WHOLE
 
 _SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
             ir.ProxyFence, ir.GemmWait, ir.Store, ir.AtomicAdd, ir.Parallel, ir.Reduce)
@@ -102,7 +103,6 @@ _COUNTING = (ir.BinOpKind.ADD, ir.BinOpKind.MUL)
 REGISTER_FILE = 65536
 TMA_SHARED_ALIGN = 128      # bytes: where a bulk tensor copy may start writing shared memory
 TMA_BOX = 256               # elements a dim of one bulk-copy box (Triton's descriptors) holds at most
-_KEPT_WHOLE = "split_extents: kept whole, "    # the note of a program split_extents did not cut
 
 
 class _Refuse(Exception):
@@ -147,7 +147,7 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.SHARED:
             tile = slot_shape(s.buffer, pipeline)
             if not all(ir.is_power_of_two(e) for e in tile):
-                kept = [n.removeprefix(_KEPT_WHOLE) for n in kernel.notes if n.startswith(_KEPT_WHOLE)]
+                kept = [n.removeprefix(KEPT_WHOLE) for n in kernel.notes if n.startswith(KEPT_WHOLE)]
                 raise _Refuse(f"shared buffer '{s.buffer.name}' is a {list(tile)} tile; Triton's "
                               f"shared layouts take powers of two (line {s.loc.line})"
                               + "".join(f", and split_extents kept it whole: {why}" for why in kept))
@@ -633,8 +633,7 @@ def _boxes(s: ir.Copy) -> tuple[ir.Copy, ...]:
 
 def _shifted(r: ir.Region, dim: int, at: int) -> ir.Region:
     """The ``TMA_BOX`` elements of ``r`` from ``at`` along ``dim``."""
-    start = fold(ir.BinOp(ir.BinOpKind.ADD, r.starts[dim], ir.Const(at, ir.DType.I32, r.loc),
-                          ir.DType.I32, r.loc))
+    start = shifted(r.starts[dim], at)
     return dataclasses.replace(r, starts=r.starts[:dim] + (start,) + r.starts[dim + 1:],
                                extents=r.extents[:dim] + (TMA_BOX,) + r.extents[dim + 1:])
 

@@ -41,7 +41,7 @@ from typing import Optional
 
 from .. import ir
 from ..config import BackendConfig
-from ..simplify import difference, fold
+from ..simplify import difference, fold, shifted
 from ..traverse import exprs_of, fresh_name, subexprs, transform, walk
 
 _SPLITTABLE = (ir.Scope.SHARED, ir.Scope.FRAGMENT)
@@ -69,6 +69,10 @@ class _Split:
         return tuple(o for o, _ in self.pieces[1:])
 
 
+KEPT_WHOLE = "split_extents: kept whole, "
+"""How the note of a program this pass leaves whole begins (legalize_wgmma repeats its reason)."""
+
+
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     odd = _odd_dims(kernel)
     if not odd:
@@ -81,7 +85,7 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         if left:
             raise _Whole(f"'{left[0]}' is used where the pass cannot cut it")
     except _Whole as why:
-        return kernel.with_note(f"split_extents: kept whole, {why}")
+        return kernel.with_note(f"{KEPT_WHOLE}{why}")
     names = ", ".join(f"{b.name} ({' + '.join(str(p.static_shape[s.dim]) for _, p in s.pieces)})"
                       for b, s in splits.items())
     return dataclasses.replace(kernel, body=body).with_note(
@@ -208,11 +212,6 @@ def _splits(kernel: ir.Kernel, dims: set) -> dict:
 # the rewrite
 
 
-def _shift(e: ir.Expr, by: int) -> ir.Expr:
-    return e if by == 0 else fold(ir.BinOp(ir.BinOpKind.ADD, e, ir.Const(by, ir.DType.I32, e.loc),
-                                           ir.DType.I32, e.loc))
-
-
 def _segments(extent: int, cuts) -> list[tuple[int, int]]:
     points = sorted({0, extent, *(c for c in cuts if 0 < c < extent)})
     return list(zip(points, points[1:]))
@@ -278,7 +277,7 @@ class _Rewriter:
         piece of its buffer holding it."""
         starts, extents = list(r.starts), list(r.extents)
         for d, (lo, hi) in zip(dims, seg):
-            starts[d] = _shift(starts[d], lo)
+            starts[d] = shifted(starts[d], lo)
             extents[d] = hi - lo
         sp = self.splits.get(r.buffer)
         if sp is None:
@@ -377,7 +376,7 @@ class _Rewriter:
         variable)."""
         shifts = {v: lo for v, lo in (shifts or {}).items() if lo}
         if shifts:
-            node = transform(node, lambda n: _shift(n, shifts[n]) if isinstance(n, ir.Var)
+            node = transform(node, lambda n: shifted(n, shifts[n]) if isinstance(n, ir.Var)
                              and n in shifts else None)
         return transform(node, lambda n: self.access(n, extents or {}) if isinstance(
             n, (ir.Load, ir.Store)) and n.buffer in self.splits else None)
@@ -398,6 +397,6 @@ class _Rewriter:
             lo = difference(e, var)
             hi = lo + extents[var]
         offset, piece = sp.piece_at(lo, hi)
-        index = ir.Const(lo - offset, ir.DType.I32, e.loc) if var is None else _shift(var, lo - offset)
+        index = ir.Const(lo - offset, ir.DType.I32, e.loc) if var is None else shifted(var, lo - offset)
         indices = n.indices[:sp.dim] + (index,) + n.indices[sp.dim + 1:]
         return dataclasses.replace(n, buffer=piece, indices=indices)
