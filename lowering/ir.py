@@ -53,6 +53,8 @@ class VarKind(enum.Enum):
     LOOP = "loop"        # serial / pipelined / unrolled loop index
     PARALLEL = "par"     # element index of a Parallel loop
     PARAM = "param"      # runtime scalar kernel parameter (T.dynamic dims, scalar arguments)
+    THREAD = "thread"    # a thread's index (T.get_thread_binding); the frontend only: its
+                         # thread-level lowering (frontend/threads.py) leaves none
 
 
 @dataclass(frozen=True)
@@ -447,11 +449,18 @@ class AtomicAdd(Stmt):
 
 @dataclass(frozen=True)
 class Parallel(Stmt):
-    """Element-wise loop nest; iterations are independent."""
+    """Element-wise loop nest; iterations are independent.
+
+    ``per_thread``: the loop is code the program wrote per thread (``T.get_thread_binding``):
+    its vars are the block's thread indices, slowest first (z, y, x of ``threads=(x, y, z)``),
+    its extents the thread counts, so iteration ``(z, y, x)`` is the work of thread
+    ``x + X * (y + Y * z)``. Backends that place iterations on threads themselves (Metal) give
+    each thread its own iteration; others treat it as any ``Parallel``."""
     vars: tuple[Var, ...]
     extents: tuple[int, ...]
     body: Seq
     loc: Loc = _loc()
+    per_thread: bool = False
 
 
 class ForKind(enum.Enum):

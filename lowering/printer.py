@@ -127,7 +127,7 @@ def _stmt(s: ir.Stmt, indent: int, out: list[str]) -> None:
         _stmt(s.body, indent + 1, out)
     elif isinstance(s, ir.Parallel):
         pairs = ", ".join(f"{v.name} < {e}" for v, e in zip(s.vars, s.extents))
-        out.append(f"{pad}parallel {pairs}:")
+        out.append(f"{pad}{'per_thread' if s.per_thread else 'parallel'} {pairs}:")
         _stmt(s.body, indent + 1, out)
     elif isinstance(s, ir.If):
         out.append(f"{pad}if {expr(s.cond)}:")

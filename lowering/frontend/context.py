@@ -38,10 +38,16 @@ class Builder:
         self.scratch: list[ir.Buffer] = []          # T.alloc_global buffers (also in params)
         self.notes: list[str] = []                  # hints recorded, not applied (ir.Kernel.notes)
         self.register_requests: dict[tuple[int, ...], int] = {}   # T.set_max_nreg per T.ws role
+        self.thread_shape: tuple[int, ...] = ()      # the open T.Kernel's threads, (x, y, z)
+        self.thread_vars: dict[int, ir.Var] = {}    # its thread indices asked for, by dimension
+        self.vectorized_loops: set[ir.Var] = set()  # index variables of T.vectorized loops
 
-    def open_kernel(self, grid: tuple, threads: int, block_vars: tuple) -> None:
+    def open_kernel(self, grid: tuple, threads: int, block_vars: tuple,
+                    thread_shape: tuple[int, ...] = ()) -> None:
         """Start a ``T.Kernel`` block."""
         self.kernel = {"grid": grid, "threads": threads, "block_vars": block_vars}
+        self.thread_shape = thread_shape or (threads,)
+        self.thread_vars = {}
 
     def close_kernel(self, body: ir.Seq, loc: ir.Loc) -> None:
         """End the open ``T.Kernel`` block with its ``body``; later statements are outside any

@@ -13,7 +13,7 @@ from .. import dtypes, ir, schedule
 from ..errors import CompileError
 from ..roles import describe
 from ..traverse import walk
-from . import block_wide
+from . import block_wide, threads
 from .context import builder, current_loc
 from .values import (BufferRef, ElementRef, RegionRef, Scalar, VarRef, as_dtype,  # noqa: F401
                      bitcast, cast, promote, to_expr)   # as_dtype, bitcast, cast: here for callers (semantic.cast)
@@ -97,7 +97,7 @@ def _block(body: list[ir.Stmt]) -> ir.Seq:
 
 
 class KernelFrame(Frame):
-    def __init__(self, grid: Sequence, threads: int):
+    def __init__(self, grid: Sequence, threads: int, thread_shape: Sequence[int] = ()):
         if not grid or len(grid) > 3:
             raise err(f"T.Kernel takes 1 to 3 grid extents, got {len(grid)}")
         if (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0
@@ -109,6 +109,7 @@ class KernelFrame(Frame):
                 raise err(f"grid extents must be positive, got {g}")
         self.grid = tuple(to_expr(g, ir.DType.I32) for g in grid)
         self.threads = threads
+        self.thread_shape = tuple(thread_shape) or (threads,)
         self.loc = current_loc()
 
     def enter(self, names):
@@ -119,7 +120,7 @@ class KernelFrame(Frame):
         default = ("bx", "by", "bz")
         vars_ = tuple(ir.Var(b.unique(n or default[i]), ir.DType.I32, ir.VarKind.BLOCK, current_loc())
                       for i, n in enumerate((list(names) + [None] * 3)[:len(self.grid)]))
-        b.open_kernel(self.grid, self.threads, vars_)
+        b.open_kernel(self.grid, self.threads, vars_, self.thread_shape)
         b._stack.append([])
         vals = tuple(Scalar(v) for v in vars_)
         return vals[0] if len(vals) == 1 else vals
@@ -127,6 +128,7 @@ class KernelFrame(Frame):
     def exit(self, body):
         b = builder()
         b._stack.pop()
+        body = threads.lower(body, b.thread_vars, self.thread_shape, b.vectorized_loops, b.unique)
         b.close_kernel(_block(block_wide.assign(body, b.unique)), self.loc)
 
 
@@ -160,7 +162,9 @@ class WsFrame(Frame):
 class LoopFrame(Frame):
     """``range``, ``T.serial``, ``T.unroll`` and ``T.Pipelined`` loops."""
 
-    def __init__(self, kind: ir.ForKind, start, stop=None, step=1, num_stages: int = 0):
+    def __init__(self, kind: ir.ForKind, start, stop=None, step=1, num_stages: int = 0,
+                 vectorized: bool = False):
+        self.vectorized = vectorized
         if stop is None:
             start, stop = 0, start
         if isinstance(step, int) and step <= 0:
@@ -193,6 +197,8 @@ class LoopFrame(Frame):
         if b.parallel_vars:
             raise err("loops inside T.Parallel are not supported; use nested T.Parallel extents")
         self.var = ir.Var(b.unique(names[0] or "i"), ir.DType.I32, ir.VarKind.LOOP, current_loc())
+        if self.vectorized:
+            b.vectorized_loops.add(self.var)
         return Scalar(self.var)
 
     def exit(self, body):
@@ -566,9 +572,6 @@ def store(target, value) -> None:
     buf = target.buffer
     if buf.scope is ir.Scope.BARRIER:
         raise err(f"'{buf.name}' is a barrier and cannot be assigned")
-    if buf.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT, ir.Scope.GLOBAL) and not builder().parallel_vars:
-        raise err(f"element stores into {buf.scope.value} buffer '{buf.name}' must be inside "
-                  f"T.Parallel (local buffers may be stored directly)")
     builder().emit(ir.Store(buf, target.indices, to_expr(value, buf.dtype), current_loc()))
 
 
@@ -587,8 +590,10 @@ def atomic_add(dst, value, order: str = "relaxed", return_prev: bool = False) ->
             raise err("T.atomic_add with a scalar value needs an element destination (C[i, j])")
         r = ir.Region(dst.buffer, dst.indices, (1,) * len(dst.indices), current_loc())
         payload = to_expr(value, dst.buffer.dtype)
-    if r.buffer.scope is not ir.Scope.GLOBAL:
-        raise err(f"T.atomic_add targets global memory, not {r.buffer.scope.value} '{r.buffer.name}'")
+    if r.buffer.scope is not ir.Scope.GLOBAL and not (
+            r.buffer.scope is ir.Scope.SHARED and not isinstance(payload, ir.Region)):
+        raise err(f"T.atomic_add targets global memory (or, element by element, shared memory), "
+                  f"not {r.buffer.scope.value} '{r.buffer.name}'")
     if order not in ir.MEMORY_ORDERS:
         raise err(f"T.atomic_add: memory order {order!r} is not one of {', '.join(ir.MEMORY_ORDERS)}")
     prev = None
@@ -600,6 +605,36 @@ def atomic_add(dst, value, order: str = "relaxed", return_prev: bool = False) ->
     builder().emit(ir.AtomicAdd(r, payload, current_loc(), prev, order))
     return None if prev is None else Scalar(ir.Load(prev, (ir.Const(0, ir.DType.I32, current_loc()),),
                                                    current_loc()))
+
+
+def thread_index(dim: int, extent=None) -> Scalar:
+    """A thread's index along ``dim`` (0, 1, 2: x, y, z) of the kernel's ``threads``; ``extent``,
+    where given, must be that dimension's thread count."""
+    b = builder()
+    shape = b.thread_shape
+    if b.kernel is None:
+        raise err("thread indices exist inside `with T.Kernel(...)` only")
+    if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < 3:
+        raise err(f"thread dimension must be 0, 1 or 2 (x, y, z), got {dim!r}")
+    count = shape[dim] if dim < len(shape) else 1
+    if extent is not None and extent != count:
+        raise err(f"thread dimension {dim} has {count} threads (T.Kernel(threads={shape})), "
+                  f"not {extent}")
+    if b.roles:
+        raise err("thread indices inside T.ws are not supported: a role's threads are a part of "
+                  "the block's")
+    var = b.thread_vars.get(dim)
+    if var is None:
+        var = ir.Var(b.unique(b.name_hint or ("tx", "ty", "tz")[dim]), ir.DType.I32,
+                     ir.VarKind.THREAD, current_loc())
+        b.thread_vars[dim] = var
+    return Scalar(var)
+
+
+def sync_threads() -> None:
+    """``T.sync_threads()``: a block barrier; every thread must reach it."""
+    _tile_op("T.sync_threads")
+    builder().emit(ir.BlockSync(False, current_loc()))
 
 
 def barrier_arrive(bar) -> None:

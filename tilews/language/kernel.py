@@ -20,12 +20,15 @@ def macro(fn):
 
 def Kernel(*grid, threads=128):
     """``with T.Kernel(gx, gy, threads=N) as (bx, by):`` — a grid of blocks of ``threads`` threads;
-    binds the block indices. TileLang's ``threads=(x, y[, z])`` is ``x * y * z`` threads: how they
-    are laid out matters only to thread-level code, which tilews does not have."""
+    binds the block indices. TileLang's ``threads=(x, y[, z])`` is ``x * y * z`` threads, x
+    fastest; thread-level code sees each thread's (x, y, z) through ``T.get_thread_binding``."""
+    shape = (threads,)
     if isinstance(threads, (tuple, list)) and threads and all(
             isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in threads):
-        threads = math.prod(threads)
-    return semantic.KernelFrame(grid, threads)
+        shape, threads = tuple(threads), math.prod(threads)
+    if len(shape) > 3:
+        raise semantic.err(f"T.Kernel(threads=...) takes at most 3 extents (x, y, z), got {shape}")
+    return semantic.KernelFrame(grid, threads, shape)
 
 
 def ws(*warpgroups: int):

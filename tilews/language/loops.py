@@ -38,8 +38,9 @@ def vectorized(start, stop=None, *, annotations=None):
     """A loop whose iterations are independent and touch contiguous elements. tilews runs it as
     a sequential loop (``T.serial``): any order of independent iterations gives the same result,
     and the body may hold what a serial loop's may (per-thread ``T.alloc_local`` stores, tile
-    operations)."""
-    return semantic.LoopFrame(ir.ForKind.SERIAL, start, stop, 1)
+    operations). In per-thread code its iterations become one more parallel dimension (a
+    thread's vector), where its bounds are known at build time."""
+    return semantic.LoopFrame(ir.ForKind.SERIAL, start, stop, 1, vectorized=True)
 
 
 Serial, Unroll, Vectorized = serial, unroll, vectorized

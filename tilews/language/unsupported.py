@@ -17,9 +17,6 @@ _EXTERNAL_SOURCE = ("tilews compiles through Triton and Metal: CUDA source canno
                     "a kernel")
 
 REASONS = {
-    "get_thread_binding": _THREAD_LEVEL,
-    "get_block_binding": _THREAD_LEVEL,
-    "thread_binding": _THREAD_LEVEL,
     "alloc_reducer": _THREAD_LEVEL,
     "finalize_reducer": _THREAD_LEVEL,
     "tvm_thread_allreduce": _THREAD_LEVEL,
