@@ -13,7 +13,8 @@ kernels on the same random inputs, and compares each output with a float32 torch
 Timing: ``rounds`` rounds, each timing tilews then TileLang (CUDA events over enough
 launches for ~25 ms), so both see the same machine state; the table gives each one's median time
 and the median tilews/TileLang ratio with its spread (min-max over rounds; < 1 means tilews is
-faster). The TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this
+faster); a case with a torch baseline (GEMV: ``torch.mv``, cuBLAS) times it in the same rounds and
+gives the tilews/torch ratio too. The TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this
 script unpacks it into /tmp/site when it finds ``.peers/tilelang.tar.xz``. JSON goes to
 ``$OUT/peer_compare.json``.
 """
@@ -145,7 +146,36 @@ def _attention(dim, causal, batch=8, heads=16, seq=4096, block_M=128, block_N=12
     return "flash_attention", "example_mha_fwd_bshd.py", build, inputs, reference, flops
 
 
+def _gemv(n, k, block_n, reduce_threads, form="splitk_gemv_vectorized_tvm"):
+    """TileLang's thread-level GEMV (``gemv/example_gemv.py``), C[n] = B[n, :] . A, fp16 with
+    float32 accumulation; the baseline is ``torch.mv`` (cuBLAS) on the same tensors."""
+    import torch
+
+    def build(mod):
+        return getattr(mod, form).compile(N=n, K=k, BLOCK_N=block_n, reduce_threads=reduce_threads)
+
+    def inputs():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        return [torch.randn(k, device="cuda", dtype=torch.float16, generator=g),
+                torch.randn(n, k, device="cuda", dtype=torch.float16, generator=g)]
+
+    def reference(a, b):
+        return [b.float() @ a.float()]
+
+    def baseline(a, b):
+        return lambda: torch.mv(b, a)
+
+    return "gemv", "example_gemv.py", build, inputs, reference, 2 * n * k, baseline
+
+
 CASES = {
+    "gemv_4096": lambda: _gemv(4096, 4096, 2, 32),
+    "gemv_4096_b4": lambda: _gemv(4096, 4096, 4, 32),
+    "gemv_4096_b8": lambda: _gemv(4096, 4096, 8, 32),
+    "gemv_14336": lambda: _gemv(14336, 4096, 2, 32),
+    "gemv_14336_b4": lambda: _gemv(14336, 4096, 4, 32),
+    "gemv_14336_b8": lambda: _gemv(14336, 4096, 8, 32),
+    "gemv_4096_vec": lambda: _gemv(4096, 4096, 2, 32, "splitk_gemv_vectorized"),
     "mla_decode": _mla_decode,
     "gqa_decode_varlen": _gqa_decode_varlen,
     "attention_d128": lambda: _attention(128, False),
@@ -178,13 +208,30 @@ def launches_ms(fn, target_ms=25.0) -> float:
     return start.elapsed_time(end) / n
 
 
+def graph_ms(fn, per_graph=50, target_ms=25.0) -> float:
+    """The mean time of one launch (ms) replayed from a CUDA graph of ``per_graph`` launches: the
+    GPU's time without the host's launch cost (what decode loops captured in graphs see)."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    return launches_ms(graph.replay, target_ms) / per_graph
+
+
 def as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def run_case(name: str, rounds: int) -> dict:
+def run_case(name: str, rounds: int, graphs: bool = False) -> dict:
     import torch
-    folder, file, build, inputs, reference, flops = CASES[name]()
+    folder, file, build, inputs, reference, flops, *baseline = CASES[name]()
     row = {"case": name, "example": f"{folder}/{file}"}
     kernels = {}
     for flavour, label in (("tilews", "tilews"), ("original", "tilelang")):
@@ -206,19 +253,28 @@ def run_case(name: str, rounds: int) -> dict:
         except Exception as e:          # noqa: BLE001
             row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:400]}"
             traceback.print_exc()
-    runnable = {lb: k for lb, k in kernels.items() if f"{lb}_error" not in row}
+    runnable = {lb: (lambda k=k: k(*args)) for lb, k in kernels.items() if f"{lb}_error" not in row}
+    if baseline:
+        runnable["torch"] = baseline[0](*args)
     times = {lb: [] for lb in runnable}
+    timer = graph_ms if graphs else launches_ms
+    row["timing"] = "cuda graphs" if graphs else "launches"
     for _ in range(rounds if len(runnable) else 0):
-        for lb, k in runnable.items():
-            times[lb].append(launches_ms(lambda: k(*args)))
+        for lb, fn in list(runnable.items()):
+            try:
+                times[lb].append(timer(fn))
+            except Exception as e:      # noqa: BLE001 - e.g. a launch that cannot be captured
+                row[f"{lb}_error"] = f"timing: {type(e).__name__}: {str(e)[:300]}"
+                del runnable[lb], times[lb]
         torch.cuda.synchronize()
     for lb, ts in times.items():
         row[f"{lb}_ms"] = statistics.median(ts)
         row[f"{lb}_tflops"] = flops / statistics.median(ts) * 1e-9
-    if len(times) == 2:
-        ratios = [a / b for a, b in zip(times["tilews"], times["tilelang"])]
-        row["ratio"] = statistics.median(ratios)
-        row["ratio_spread"] = [min(ratios), max(ratios)]
+    for peer, key in (("tilelang", "ratio"), ("torch", "ratio_torch")):
+        if "tilews" in times and peer in times:
+            ratios = [a / b for a, b in zip(times["tilews"], times[peer])]
+            row[key] = statistics.median(ratios)
+            row[key + "_spread"] = [min(ratios), max(ratios)]
     if "tilews" in kernels:
         report = getattr(kernels["tilews"], "report", None)
         row["tilews_backend"] = str(getattr(report, "backend", "") or "")[:80]
@@ -229,6 +285,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--graphs", action="store_true",
+                    help="time launches replayed from CUDA graphs (the GPU's time, no host cost)")
     opts = ap.parse_args()
     import torch
     if not torch.cuda.is_available():
@@ -237,21 +295,26 @@ def main() -> None:
     rows = []
     for name in opts.cases.split(","):
         print(f"== {name}", flush=True)
-        rows.append(run_case(name, opts.rounds))
+        rows.append(run_case(name, opts.rounds, opts.graphs))
         print(json.dumps(rows[-1]), flush=True)
     out = pathlib.Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "peer_compare.json").write_text(json.dumps(
+    name = "peer_compare_graphs.json" if opts.graphs else "peer_compare.json"
+    (out / name).write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "rounds": opts.rounds, "rows": rows}, indent=1))
-    print(f"\n{torch.cuda.get_device_name()}, {opts.rounds} rounds, interleaved")
+    print(f"\n{torch.cuda.get_device_name()}, {opts.rounds} rounds, interleaved"
+          f"{', CUDA graphs' if opts.graphs else ''}")
     print(f"{'case':24} {'tilews ms':>10} {'TileLang ms':>12} {'tw/TL':>7} {'spread':>13} "
-          f"{'tw err':>9} {'TL err':>9}")
+          f"{'tw err':>9} {'TL err':>9} {'torch ms':>9} {'tw/torch':>8} {'spread':>11}")
     for r in rows:
         fmt = lambda k, f: (f.format(r[k]) if k in r else "-")
         spread = "-" if "ratio_spread" not in r else "{:.2f}-{:.2f}".format(*r["ratio_spread"])
+        spread_torch = ("-" if "ratio_torch_spread" not in r
+                        else "{:.2f}-{:.2f}".format(*r["ratio_torch_spread"]))
         print(f"{r['case']:24} {fmt('tilews_ms', '{:.4f}'):>10} {fmt('tilelang_ms', '{:.4f}'):>12} "
               f"{fmt('ratio', '{:.3f}'):>7} {spread:>13} {fmt('tilews_rel_err', '{:.1e}'):>9} "
-              f"{fmt('tilelang_rel_err', '{:.1e}'):>9}")
+              f"{fmt('tilelang_rel_err', '{:.1e}'):>9} {fmt('torch_ms', '{:.4f}'):>9} "
+              f"{fmt('ratio_torch', '{:.3f}'):>8} {spread_torch:>11}")
         for lb in ("tilews", "tilelang"):
             if f"{lb}_error" in r:
                 print(f"    {lb}: {r[lb + '_error'][:300]}")

@@ -340,15 +340,14 @@ def test_tilelang_names_tilews_lacks_say_why_at_the_users_line():
         @T.prim_func
         def main(A: T.Tensor((N,), T.float32)):
             with T.Kernel(1, threads=128):
-                tx = T.get_thread_binding()  # <- error
-                A[tx] = 0.0
+                T.sync_grid()  # <- error
         return main
-    with pytest.raises(tilews.CompileError, match="T.get_thread_binding is TileLang's; tilews does "
-                                                  "not provide it: the thread level") as info:
+    with pytest.raises(tilews.CompileError, match="T.sync_grid is TileLang's; tilews does "
+                                                  "not provide it: a grid-wide barrier") as info:
         tilews.jit(out_idx=[], target="interpret")(f)(128)
     assert info.value.loc.line == marked_line(f)
-    with pytest.raises(T.unsupported.NotProvided, match="T.call_extern is TileLang's"):
-        T.call_extern
+    with pytest.raises(T.unsupported.NotProvided, match="T.ptx_cp_async is TileLang's"):
+        T.ptx_cp_async
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         T.no_such_name
 
