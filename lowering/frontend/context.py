@@ -41,6 +41,8 @@ class Builder:
         self.thread_shape: tuple[int, ...] = ()      # the open T.Kernel's threads, (x, y, z)
         self.thread_vars: dict[int, ir.Var] = {}    # its thread indices asked for, by dimension
         self.vectorized_loops: set[ir.Var] = set()  # index variables of T.vectorized loops
+        self.reduce_scopes: list = []               # open T.attr(comm_reducer, "reduce_scope"), innermost last
+        self.reducers: dict[ir.Buffer, ir.ReduceKind] = {}   # T.alloc_reducer buffers, their combiner
 
     def open_kernel(self, grid: tuple, threads: int, block_vars: tuple,
                     thread_shape: tuple[int, ...] = ()) -> None:

@@ -13,7 +13,7 @@ from .. import dtypes, ir, schedule
 from ..errors import CompileError
 from ..roles import describe
 from ..traverse import walk
-from . import block_wide, threads
+from . import block_wide, reducers, threads
 from .context import builder, current_loc
 from .values import (BufferRef, ElementRef, RegionRef, Scalar, VarRef, as_dtype,  # noqa: F401
                      bitcast, cast, promote, to_expr)   # as_dtype, bitcast, cast: here for callers (semantic.cast)
@@ -291,7 +291,12 @@ class ParallelFrame(Frame):
             if not isinstance(s, (ir.Store, ir.If, ir.AtomicAdd)):
                 raise CompileError(f"only element stores, `if` and T.atomic_add may appear inside "
                                    f"T.Parallel, not {type(s).__name__.lower()}", s.loc)
-        b.emit(ir.Parallel(self.vars, self.extents, _block(body), self.loc))
+        allocs, stmts = reducers.split(ir.Parallel(self.vars, self.extents, _block(body), self.loc),
+                                       b.reducers, b.unique)
+        for a in allocs:
+            _place(a, hoist=True)
+        for s in stmts:
+            b.emit(s)
 
 
 def emit_if(cond: Scalar, then: list[ir.Stmt], orelse: list[ir.Stmt], loc: ir.Loc) -> None:

@@ -17,8 +17,9 @@ Contract (``lower``):
   every access to it gains the thread's indices.
 * Per-thread stores and element atomics become ``Parallel(per_thread=True)`` statements over the
   thread dimensions (z, y, x); consecutive ones share one unless a later one touches shared or
-  global memory an earlier one of the group writes (or writes what one reads), so that the
-  barrier a backend needs between them has a place to stand.
+  global memory or a fragment (storage other threads see) an earlier one of the group writes
+  (or writes what one reads), so that the barrier a backend needs between them has a place to
+  stand (a thread reading another's element, as a shuffle does, reads it after every write).
 * A branch on a per-thread condition becomes masks on the statements it holds (the condition is
   evaluated once, into a per-thread flag, where the branch writes something it reads). A loop with
   per-thread bounds runs from the block's smallest start to its largest stop, each thread's
@@ -51,7 +52,7 @@ from ..traverse import buffers_read, buffers_written, exprs_of, footprint, subex
 
 Fresh = Callable[[str], str]
 _I32 = ir.DType.I32
-_MEMORY = (ir.Scope.SHARED, ir.Scope.GLOBAL)
+_MEMORY = (ir.Scope.SHARED, ir.Scope.GLOBAL, ir.Scope.FRAGMENT)   # seen by other threads
 
 
 def lower(body: list[ir.Stmt], thread_vars: dict[int, ir.Var], thread_shape: Sequence[int],

@@ -456,6 +456,27 @@ class KernelVisitor:
                 kwargs[kw.arg] = self.eval(kw.value)
         return fn(*args, **kwargs)
 
+    def expr_Lambda(self, node: ast.Lambda):
+        """A build-time function of positional parameters; a call evaluates its body here, with
+        the parameters bound (TileLang's ``T.comm_reducer(lambda x, y: x + y, ...)``)."""
+        a = node.args
+        if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults:
+            raise self.error("a lambda in a kernel takes plain positional parameters only")
+        names = [p.arg for p in a.args]
+
+        def call(*values):
+            if len(values) != len(names):
+                raise TypeError(f"the lambda takes {len(names)} arguments, got {len(values)}")
+            saved = dict(self.local)
+            try:
+                for name, value in zip(names, values):
+                    self.local[name] = _Binding(value, self.depth, self.b.loc.line)
+                return self.eval(node.body)
+            finally:
+                self.local.clear()
+                self.local.update(saved)
+        return call
+
     # -- comprehensions: evaluated at build time, their names local to them as in Python --------
     def expr_ListComp(self, node: ast.ListComp):
         return [self.eval(node.elt) for _ in self._comprehension(node.generators)]

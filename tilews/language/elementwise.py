@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tilews.lowering import ir
-from tilews.lowering.frontend import hints, semantic
+from tilews.lowering.frontend import cross_thread, hints, semantic
 from tilews.lowering.frontend.values import ceildiv  # noqa: F401  (re-exported as T.ceildiv)
 
 
@@ -72,6 +72,8 @@ def reinterpret(value, dtype):
     if isinstance(value, str):
         raise semantic.err(f"T.reinterpret(value, dtype) takes the value first, got the dtype "
                            f"{value!r} (TVM's tirx.reinterpret takes the dtype first)")
+    if dtype == "handle":       # TVM's null handle, which T.attr's reduce scope takes
+        return cross_thread.null_handle(value)
     return semantic.bitcast(value, dtype)
 
 

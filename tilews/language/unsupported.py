@@ -9,19 +9,12 @@ from tilews.lowering.dtypes import SUB_BYTE_NAMES
 from tilews.lowering.frontend import context, semantic
 from tilews.unprovided import NotProvided
 
-_THREAD_LEVEL = ("the thread level (a per-thread index and per-thread control flow) is not "
-                 "supported yet: tilews programs are written per tile")
 _INSTRUCTIONS = ("tilews chooses and issues the hardware instructions itself (T.gemm, T.copy, "
                  "T.Pipelined, T.ws); explicit ones are not provided")
 _EXTERNAL_SOURCE = ("tilews compiles through Triton and Metal: CUDA source cannot be spliced into "
                     "a kernel")
 
 REASONS = {
-    "alloc_reducer": _THREAD_LEVEL,
-    "finalize_reducer": _THREAD_LEVEL,
-    "tvm_thread_allreduce": _THREAD_LEVEL,
-    "comm_reducer": _THREAD_LEVEL,
-    "dp4a": _THREAD_LEVEL,
     "wgmma_gemm": _INSTRUCTIONS,
     "wait_wgmma": _INSTRUCTIONS,
     "ptx_cp_async": _INSTRUCTIONS,
@@ -32,8 +25,6 @@ REASONS = {
     "alloc_tmem": _INSTRUCTIONS + " (and tcgen05 / tensor memory are Blackwell's)",
     "call_extern": _EXTERNAL_SOURCE,
     "import_source": _EXTERNAL_SOURCE,
-    "evaluate": _EXTERNAL_SOURCE,
-    "attr": _EXTERNAL_SOURCE,
     "sync_grid": "a grid-wide barrier is not supported: split the work into kernels",
     "im2col": "T.im2col is not provided yet: copy the patches with T.copy over computed indices",
     "gemm_sp": "structured-sparse T.gemm_sp is not provided",
