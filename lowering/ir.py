@@ -358,8 +358,10 @@ class ProxyFence(Stmt):
 class BlockSync(Stmt):
     """Every thread of the block waits here for all the others; their writes to shared memory (and,
     with ``device``, to global memory) before it are visible to every thread after it. Inserted by
-    ``insert_syncs`` on targets whose backend spells the barriers itself (Metal); elsewhere a
-    whole-tile statement is one step and needs none. (A no-op in the interpreter.)"""
+    ``insert_syncs`` on targets whose backend spells the barriers itself (Metal), and for
+    per-thread code in the interpreter, where it ends an epoch of its checks for races between
+    threads (``interpreter/thread_races.py``; elsewhere a no-op there); otherwise a whole-tile
+    statement is one step and needs none."""
     device: bool = False
     loc: Loc = _loc()
 

@@ -31,6 +31,11 @@ class Pass:
         """The pass of a pass module (``lowering/passes/<name>.py``), named by its module."""
         return Pass(module.__name__.rsplit(".", 1)[-1], module.run)
 
+    def only_where(self, applies: Callable[[ir.Kernel], bool]) -> "Pass":
+        """This pass, run only on the kernels ``applies`` accepts (others pass unchanged)."""
+        run = self.run
+        return Pass(self.name, lambda kernel, config: run(kernel, config) if applies(kernel) else kernel)
+
 
 @dataclass(frozen=True)
 class Phase:

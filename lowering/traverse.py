@@ -59,6 +59,11 @@ def walk(s: ir.Stmt, opaque: tuple = ()) -> Iterator[ir.Stmt]:
         yield from walk(body, opaque)
 
 
+def per_thread_code(s: ir.Stmt) -> bool:
+    """Whether ``s`` holds code the program wrote per thread (a ``Parallel(per_thread=True)``)."""
+    return any(isinstance(t, ir.Parallel) and t.per_thread for t in walk(s))
+
+
 def rewrite(s: ir.Stmt, fn: Callable[[ir.Stmt], Optional[ir.Stmt]]) -> ir.Stmt:
     """Rebuild ``s`` bottom-up: children first, then ``fn`` on the rebuilt node.
 

@@ -6,7 +6,8 @@ run as coroutines under a seeded random scheduler; barriers have mbarrier semant
 arrival count, transaction bytes) and asynchronous copies land at a scheduler-chosen later point.
 It raises:
 
-* ``RaceError`` for conflicting shared-memory accesses not ordered by barriers (vector clocks),
+* ``RaceError`` for conflicting shared-memory accesses not ordered by barriers (between roles:
+  vector clocks; between the threads of per-thread code: block barriers, ``thread_races``),
 * ``DeadlockError`` when every unfinished role waits on a barrier and no copy is in flight,
 * ``UninitializedReadError`` for reads of on-chip memory nothing wrote,
 
@@ -14,8 +15,8 @@ each naming the user's ``file:line``. ``check=False`` turns off race and initial
 (not deadlock detection). ``accumulate_f64=True`` holds float fragments/locals and on-chip float
 arithmetic in float64. Modules: ``values`` (dtypes, rounding), ``memory`` (buffers, written
 masks), ``expressions`` (vectorized Expr evaluation), ``barriers`` (mbarriers, clocks), ``races``,
-``scheduler``, ``executor`` (statements), ``binding`` (arguments), ``program`` (grid and roles),
-``messages`` (how errors name things).
+``thread_races``, ``scheduler``, ``executor`` (statements), ``binding`` (arguments), ``program``
+(grid and roles), ``messages`` (how errors name things).
 """
 from __future__ import annotations
 

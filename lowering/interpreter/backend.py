@@ -9,8 +9,9 @@ from ..arguments import ArgumentRules
 from ..backend import Backend, Machine
 from ..capabilities import INTERPRETER, Capabilities
 from ..config import BackendConfig
-from ..passes import legalize, plan_buffers, swizzle_grid, warp_specialize
+from ..passes import insert_syncs, legalize, plan_buffers, swizzle_grid, warp_specialize
 from ..pipeline import Pass, Phase, Pipeline
+from ..traverse import per_thread_code
 from .program import execute
 
 PIPELINE = Pipeline((
@@ -20,6 +21,10 @@ PIPELINE = Pipeline((
     Phase("plan memory", (Pass.of(plan_buffers),)),
     # Copy mechanisms (masks where bounds are not proven) and unroll rules, as every backend.
     Phase("legalize", (Pass.of(legalize),)),
+    # Per-thread code (T.get_thread_binding) gets the block barriers a SIMT target needs, so that
+    # the interpreter's thread-level race checks judge the program those targets run; tile-level
+    # kernels need none here (a tile statement is one step).
+    Phase("sync", (Pass.of(insert_syncs).only_where(lambda k: per_thread_code(k.body)),)),
     # Last: a swizzled grid's block indices become the panel order.
     Phase("grid", (Pass.of(swizzle_grid),)),
 ))

@@ -21,6 +21,10 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
 * ``For`` of every kind runs sequentially; ``If`` outside ``Parallel`` takes one branch.
 * ``BarrierArrive`` arrives with the role's thread count (releasing its clock); ``BarrierWait``
   blocks until the phase of that parity has completed, then acquires that phase's clock.
+* In a block running per-thread code (``Block.threads`` set), each statement first tells the
+  thread-level race tracker who runs it (``thread_races``: the threads of a per-thread
+  ``Parallel``'s iterations; the block together for a tile operation; every thread alike
+  otherwise), and a ``BlockSync`` ends its epoch. Elsewhere ``BlockSync`` is a no-op.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from .memory import Memory, region_box
 from .messages import at
 from .races import Actor, RaceTracker
 from .scheduler import SWITCH, Scheduler, Wait
+from .thread_races import BLOCK, EVERY, ThreadRaces
 
 _REDUCE = {ir.ReduceKind.MAX: (np.max, np.maximum), ir.ReduceKind.MIN: (np.min, np.minimum),
            ir.ReduceKind.SUM: (np.sum, np.add),
@@ -55,6 +60,7 @@ class Block:
     scheduler: Scheduler
     races: Optional[RaceTracker]
     addresses: AddressSpace = field(default_factory=AddressSpace)
+    threads: Optional[ThreadRaces] = None    # races between threads, where code is per-thread
 
 
 class RoleExecutor:
@@ -65,6 +71,7 @@ class RoleExecutor:
         self.num = block.evaluator.num
         self.threads = threads
         self.actor: Optional[Actor] = block.races.add_role(name) if block.races else None
+        self.thread_races = block.threads
         self._shared_cache: dict[int, bool] = {}
         # statements that may yield (generators), and those that run straight through
         self._blocking = {ir.Seq: self._seq, ir.For: self._for, ir.If: self._if,
@@ -107,6 +114,8 @@ class RoleExecutor:
     def _stmt(self, s: ir.Stmt, env: dict) -> Iterator:
         if self._touches_shared(s):
             yield from self._point()
+        if self.thread_races is not None:
+            self._runs(s)
         run = self._blocking.get(type(s))
         if run is not None:
             yield from run(s, env)
@@ -116,6 +125,17 @@ class RoleExecutor:
             raise RuntimeError(at(s.loc, f"the interpreter cannot run {type(s).__name__} inside "
                                          f"a role"))
         run(s, env)
+
+    def _runs(self, s: ir.Stmt) -> None:
+        """Tell the thread-level race tracker who runs ``s`` (a per-thread ``Parallel`` names its
+        threads when its lanes exist), or end its epoch at a ``BlockSync``."""
+        if isinstance(s, ir.BlockSync):
+            self.thread_races.sync()
+            return
+        tile = (isinstance(s, _TILE_OPS)
+                or (isinstance(s, ir.Parallel) and s.vars and not s.per_thread)
+                or (isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region)))
+        self.thread_races.statement(BLOCK if tile else EVERY)
 
     def _seq(self, s: ir.Seq, env: dict) -> Iterator:
         for t in s.stmts:
@@ -251,6 +271,9 @@ class RoleExecutor:
         rank = len(s.vars)
         for d, (v, n) in enumerate(zip(s.vars, s.extents)):
             lanes[v] = np.arange(n, dtype=np.int64).reshape([n if k == d else 1 for k in range(rank)])
+        if s.per_thread and self.thread_races is not None:
+            tracker = self.thread_races
+            tracker.statement(tracker.thread_ids(s.extents, [lanes[v] for v in s.vars]))
         self._lanes(s.body, lanes, None)
 
     def _lanes(self, body: ir.Seq, env: dict, mask: Optional[np.ndarray]) -> None:
@@ -271,6 +294,9 @@ class RoleExecutor:
         idx = [self.ev.eval(i, env, mask) for i in s.indices]
         value = self.ev.eval(s.value, env, mask)
         self.mem.scatter(s.buffer, idx, value, mask, s.loc)
+
+
+_TILE_OPS = (ir.Copy, ir.Gemm, ir.Fill, ir.Reduce, ir.CumSum)     # run by the block together
 
 
 def _no_op(s: ir.Stmt, env: dict) -> None:

@@ -12,7 +12,9 @@ Contract:
   of bounds is an ``OutOfBoundsError`` at the statement's line.
 * When checking, reading an on-chip element nothing wrote raises ``UninitializedReadError`` naming
   the buffer, the element and the line; every shared-memory access is first reported to
-  ``observer.access(buf, box, write, loc)`` (race detection) unless ``observe=False``.
+  ``observer.access(buf, box, write, loc)`` (race detection between roles) and, in a block running
+  per-thread code, element by element to ``threads`` (``thread_races.ThreadRaces``: races between
+  its threads), unless ``observe=False``.
 * When checking a kernel with a ``SharedMemoryPlan``, shared buffers live in one byte arena at
   their planned offsets (``SharedArena``): each write records its buffer as the owner of the
   bytes it covers, and reading bytes another buffer wrote since (the plan put two live buffers
@@ -29,6 +31,7 @@ import numpy as np
 from .. import ir
 from ..errors import OutOfBoundsError, SharedOverlapError, UninitializedReadError
 from .messages import at
+from .thread_races import ThreadRaces
 from .values import Numerics, poison, to_storage
 
 Box = tuple[tuple[int, int], ...]
@@ -77,10 +80,12 @@ class SharedArena:
 
 class Memory:
     def __init__(self, globals_: dict[str, np.ndarray], numerics: Numerics, check: bool,
-                 observer=None, arena: Optional[SharedArena] = None):
+                 observer=None, arena: Optional[SharedArena] = None,
+                 threads: Optional[ThreadRaces] = None):
         self.num = numerics
         self.check = check
         self.observer = observer
+        self.threads = threads
         self.arena = arena if check else None
         self._arrays = dict(globals_)
         self._written: dict[str, np.ndarray] = {}
@@ -176,7 +181,7 @@ class Memory:
                    loc: ir.Loc) -> None:
         """``buf[idx] += values`` lane by lane; lanes hitting one element all add (in float64 /
         int64, rounded once)."""
-        arr, lanes, act = self._lanes(buf, idx, active, loc, True, np.shape(values))
+        arr, lanes, act = self._lanes(buf, idx, active, loc, True, np.shape(values), atomic=True)
         act = np.ones(lanes[0].shape, dtype=bool) if act is None else act
         if buf.scope is not ir.Scope.GLOBAL:
             self._check_written(buf, lanes, act, loc)
@@ -192,7 +197,8 @@ class Memory:
         pos = np.unravel_index(cells, arr.shape)
         arr[pos] = to_storage(self.num.round(arr[pos].astype(wide) + sums, buf.dtype), arr.dtype)
 
-    def _lanes(self, buf, idx, active, loc, write: bool, values_shape: tuple = ()):
+    def _lanes(self, buf, idx, active, loc, write: bool, values_shape: tuple = (),
+               atomic: bool = False):
         """Broadcast indices, mask and values' shape; bounds-check; report the access; check
         initialization. Returns (array, safe index arrays, active lanes or None for all)."""
         arr = self.array(buf, loc)
@@ -215,8 +221,12 @@ class Memory:
         else:
             lanes = tuple(np.where(act, i, 0) for i in idx)
         if buf.scope is ir.Scope.SHARED and (act is None or act.any()):
-            picked = lanes if act is None else tuple(i[act] for i in lanes)
-            self._observe(buf, tuple((int(i.min()), int(i.max()) + 1) for i in picked), write, loc)
+            if self.observer is not None:
+                picked = lanes if act is None else tuple(i[act] for i in lanes)
+                self.observer.access(buf, tuple((int(i.min()), int(i.max()) + 1) for i in picked),
+                                     write, loc)
+            if self.threads is not None:
+                self.threads.access(buf, lanes, act, write, atomic, loc)
         if not write and buf.scope is not ir.Scope.GLOBAL:
             self._check_written(buf, lanes, act, loc)
             self._check_owner(buf, lanes if act is None else tuple(i[act] for i in lanes), loc)
@@ -250,8 +260,12 @@ class Memory:
                                              f"it before this read{hint}"))
 
     def _observe(self, buf: ir.Buffer, box: Box, write: bool, loc: ir.Loc) -> None:
-        if self.observer is not None and buf.scope is ir.Scope.SHARED:
+        if buf.scope is not ir.Scope.SHARED:
+            return
+        if self.observer is not None:
             self.observer.access(buf, box, write, loc)
+        if self.threads is not None:
+            self.threads.box(buf, box, write, False, loc)
 
 
 def _clip(starts, extents, shape):

@@ -3,6 +3,8 @@
 Contract: ``execute(kernel, args, ...)`` has ``run``'s meaning and returns the schedule trace
 (the name of every scheduling choice, in order: a role, or the landing of an asynchronous copy),
 so tests and tools can see which interleaving a seed produced.
+* A kernel holding per-thread code (``Parallel(per_thread=True)``) is checked, when checking, for
+  races between its threads too (``thread_races``), each block with a fresh tracker.
 * A kernel whose body holds ``Role`` blocks is first split (``roles.streams``) into block-wide
   allocations plus one ``WarpSpecialize``; each role then runs with ``128 * len(warpgroups)``
   threads. A kernel without roles is one role of ``kernel.threads`` threads.
@@ -23,6 +25,7 @@ import numpy as np
 from .. import ir
 from ..plans import SharedMemoryPlan
 from ..roles import streams
+from ..traverse import per_thread_code
 from .addresses import AddressSpace
 from .barriers import Barriers
 from .binding import bind
@@ -31,6 +34,7 @@ from .expressions import Evaluator
 from .memory import Memory, SharedArena
 from .races import RaceTracker
 from .scheduler import Scheduler
+from .thread_races import ThreadRaces
 from .values import Numerics
 
 
@@ -43,6 +47,7 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
     rng = random.Random(seed)
     addresses = AddressSpace()
     trace: list[str] = []
+    per_thread = check and per_thread_code(kernel.body)
     blocks = [c[::-1] for c in itertools.product(*(range(n) for n in reversed(grid)))]
     if block_order is not None:
         random.Random(block_order).shuffle(blocks)
@@ -54,11 +59,12 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
                 for v, e in kernel.block_defs:
                     block_env[v] = np.int64(Evaluator(None, numerics).index(e, block_env))
                 races = RaceTracker() if check else None
+                threads = ThreadRaces(kernel.threads) if per_thread else None
                 shared = kernel.find_plan(SharedMemoryPlan)
                 memory = Memory(arrays, numerics, check, races,
-                                SharedArena(shared) if shared is not None else None)
+                                SharedArena(shared) if shared is not None else None, threads)
                 block = Block(memory, Barriers(), Evaluator(memory, numerics),
-                              Scheduler(rng, trace, f"block {coords}"), races, addresses)
+                              Scheduler(rng, trace, f"block {coords}"), races, addresses, threads)
                 _run_block(block, allocs, roles, block_env)
     finally:
         finish()

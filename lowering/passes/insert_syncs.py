@@ -1,16 +1,24 @@
-"""insert_syncs: block barriers where threads share memory across statements (Metal).
+"""insert_syncs: block barriers where threads share memory across statements.
 
-Requires:  legalize_metal has run (``FragmentStoragePlan``). In the pipelines of backends that spell
-           block barriers between statements that share on-chip memory (metal).
+Requires:  nothing. Fragments count as shared memory where ``legalize_metal``'s
+           ``FragmentStoragePlan`` puts them there; without that plan every fragment is registers
+           (the interpreter's thread-level kernels: a per-thread fragment is only ever indexed by
+           its own thread's indices). In the pipelines of backends that spell block barriers
+           between statements that share on-chip memory (metal: every kernel) and of the
+           interpreter (kernels holding per-thread code, ``Parallel(per_thread=True)``: it checks
+           that code with the barriers a SIMT target needs).
 Ensures:   between any two statements A (earlier) and B of one thread stream where A writes memory
            that B reads or writes, or A reads memory B writes, a ``BlockSync`` stands on every path
            from A to B (including around loops, from one iteration's tail to the next's head), for
            the memory other threads may touch: shared buffers, fragments held in shared memory, and
-           global buffers (a sync after global writes is ``device``: it makes them visible too). Memory each thread
-           keeps to itself (fragments in registers, replicated or in simdgroup matrices) needs
-           none. A ``T.Parallel`` loop is one statement (its iterations are independent). Syncs are
-           placed just before B, and only where a hazard is pending since the last sync; for what
-           is pending, an ``if`` counts as one statement (its condition is uniform), so the sync
+           global buffers (a sync after global writes is ``device``: it makes them visible too).
+           Memory each thread keeps to itself (fragments in registers, replicated or in simdgroup
+           matrices) needs none. A ``T.Parallel`` loop is one statement (its iterations are
+           independent; a per-thread one's iterations are the threads, and two of its statements
+           that share memory are two loops, ``frontend/threads.py``). Hazards are by buffer, not
+           element: threads touching only their own elements still get a sync. Syncs are placed
+           just before B, and only where a hazard is pending since the last sync; for what is
+           pending, an ``if`` counts as one statement (its condition is uniform), so the sync
            stands before it rather than in one branch.
 Preserves: program meaning and every node's loc (a sync takes B's loc).
 """
@@ -28,8 +36,8 @@ NONE: Pending = (frozenset(), frozenset())
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
-    plan = kernel.plan(FragmentStoragePlan)
-    shared = {name for name, where in plan.storage if where == "shared"}
+    plan = kernel.find_plan(FragmentStoragePlan)
+    shared = {name for name, where in plan.storage if where == "shared"} if plan is not None else set()
     body, _ = _Syncs(shared).seq(kernel.body, NONE)
     return dataclasses.replace(kernel, body=body)
 
