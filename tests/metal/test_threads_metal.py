@@ -270,7 +270,10 @@ def sanitized(kernel: ir.Kernel) -> harness.HarnessKernel:
 
 
 def test_missing_barrier_after_shared_atomics_is_a_data_race():
-    N, K = 8, 256
+    """The harness's lanes are OS threads that meet at a mutex in every barrier: in a threadgroup
+    whose lanes happen to run one after another, those meetings order the racing accesses too, so
+    the planted kernel runs 16 threadgroups, each one more chance for its lanes to overlap."""
+    N, K = 64, 256
     lowered = lower(build_kernel(splitk_gemv(N, K, BLOCK_N=4, reduce_threads=32, one_writer=True)),
                     METAL)
     A, B, ref = gemv_operands(N, K, seed=9)
