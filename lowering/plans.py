@@ -198,6 +198,10 @@ class FragmentStoragePlan(Plan):
     * ``"matrix"``: simdgroup matrices, tiled by ``tilings[name]`` (a gemm accumulator, and the
       fragments T.Parallel loops combine with it element for element); a T.Parallel loop over
       matrices runs per simdgroup tile, staging each 8x8 tile through scratch;
+    * ``"private"``: a per-thread local of shape ``thread_shape + own shape``: thread
+      ``x + X * (y + Y * z)`` keeps elements ``(z, y, x, ...)`` (its own shape, row-major) in its
+      registers; only per-thread T.Parallel loops at their own thread's indices, whole fills and
+      whole copies between such buffers touch it;
     * ``"replicated"``: every thread holds the whole buffer and computes the same values (written
       only by statements outside ``T.Parallel``);
     * ``"shared"``: in the block's shared memory, readable by every thread (everything else).
@@ -206,7 +210,9 @@ class FragmentStoragePlan(Plan):
     ``scratch``: (element type, slots) of the per-simdgroup staging areas, each slot 64 elements,
     that staged matrix copies, reductions across simdgroups (float32 partials) and T.Parallel
     loops over matrices (a slot per matrix buffer) use; ``simdgroups``: the block's simdgroups, of
-    ``simd_width`` threads each.
+    ``simd_width`` threads each; ``thread_shape``: the block's thread dims, slowest first, as every
+    per-thread T.Parallel loop's leading vars iterate them (its other vars: a loop in each thread),
+    () without such loops.
 
     Per statement, keyed by what later passes keep (``double_buffer`` repeats a loop's statements
     with other indices and buffers, ``insert_syncs`` adds barriers), each read through its method,
@@ -232,6 +238,7 @@ class FragmentStoragePlan(Plan):
     matrix_copies: tuple[tuple[tuple, bool], ...]
     reductions: tuple[tuple[str, int], ...]
     parallels: tuple[tuple[str, tuple[tuple[str, ir.DType, int], ...]], ...]
+    thread_shape: tuple[int, ...] = ()
 
     def of(self, name: str) -> str:
         return dict(self.storage)[name]

@@ -9,6 +9,7 @@ the ``tws_`` prefix of the emitter's own names), then it gets a suffix. The emit
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -42,7 +43,8 @@ def msl_type(dt: ir.DType, loc: ir.Loc) -> str:
 class ParallelFrame:
     vars: tuple[ir.Var, ...]
     extents: tuple[int, ...]
-    slot: str           # the slot index of this thread's iteration (registers buffers' index)
+    slot: str           # the slot index of this thread's iteration (registers buffers' index;
+                        # "" in a per-thread loop, which touches no registers buffer)
     staged: tuple = ()  # (matrix buffer name, its element staged in scratch) when the loop runs
                         # per simdgroup tile
 
@@ -117,12 +119,16 @@ class Ctx:
     # -- storage -------------------------------------------------------------------------------
     def where(self, b: ir.Buffer) -> str:
         """"global", "shared" (a shared buffer or a fragment held in shared memory), "registers",
-        "replicated" or "matrix"."""
+        "private", "replicated" or "matrix"."""
         if b.scope is ir.Scope.GLOBAL:
             return "global"
         if b.scope is ir.Scope.SHARED:
             return "shared"
         return self.storage.of(b.name)
+
+    def private_size(self, b: ir.Buffer) -> int:
+        """Elements of a private buffer each thread holds (those after the thread dims)."""
+        return math.prod(b.static_shape[len(self.storage.thread_shape):])
 
     def slots(self, b: ir.Buffer) -> int:
         """Elements of a registers buffer each thread holds."""

@@ -11,8 +11,12 @@ what Metal cannot run: this module raises only ``InternalError``), where the blo
 * thread ``t`` is ``tws_tid``; simdgroup ``tws_sg = t / 32``, lane ``tws_lane = t % 32``;
 * whole-tile statements (copies, fills) and ``T.Parallel`` loops hand flat element ``e`` to thread
   ``e % threads`` (its slot ``e / threads``: where a registers buffer keeps that element);
+* a per-thread ``T.Parallel`` (``per_thread``) runs thread ``t``'s own iteration in thread ``t``:
+  its thread vars (the plan's ``thread_shape``, slowest first) are ``t``'s digits, its other vars
+  a loop in the thread; a private buffer keeps the thread's own elements, indexed by the indices
+  after the thread indices;
 * shared buffers and fragments held in shared memory are ``threadgroup`` arrays declared at the
-  top of the body; registers, replicated and matrix buffers are thread-local arrays;
+  top of the body; registers, private, replicated and matrix buffers are thread-local arrays;
 * ``T.gemm``: each simdgroup of the accumulator's tiling multiplies its own 8x8 tiles with
   ``simdgroup_multiply_accumulate``, operands loaded from threadgroup memory (transposes by the
   load's flag); an accumulator in shared memory is loaded before and stored after;
@@ -24,7 +28,10 @@ what Metal cannot run: this module raises only ``InternalError``), where the blo
   ``simd_min``), or, with fewer outputs than simdgroups, every simdgroup's partial into scratch and a
   second step across them;
 * statements outside ``T.Parallel`` that store one element (global or shared) run on thread 0;
-  replicated buffers are written by every thread alike.
+  replicated buffers are written by every thread alike;
+* atomic adds: ``atomic_fetch_add_explicit`` on the element as a ``device`` or ``threadgroup``
+  atomic; a float32 add into threadgroup memory (Metal has no float atomics there) is a
+  compare-and-swap loop on the element's bits (``tws_atomic_add_threadgroup``).
 
 Every statement is preceded by a ``// tilews: file.py:LINE`` comment.
 """
@@ -99,6 +106,8 @@ def _declarations(ctx: Ctx, kernel: ir.Kernel) -> None:
             ctx.line(f"threadgroup {t} {name}[{n}];")
         elif where == "registers":
             ctx.line(f"{t} {name}[{ctx.slots(b)}];")
+        elif where == "private":
+            ctx.line(f"{t} {name}[{ctx.private_size(b)}];")
         elif where == "replicated":
             ctx.line(f"{t} {name}[{n}];")
         else:
@@ -205,6 +214,14 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
         return
     masked = s.mechanism is ir.CopyMechanism.MASKED
     same = src.buffer.dtype == dst.buffer.dtype
+    if ctx.where(dst.buffer) == "private":      # from a private buffer of its shape (legalize_metal)
+        n = ctx.fresh("i")
+        value = f"{ctx.name(src.buffer.name)}[{n}]"
+        with ctx.block(f"for (int {n} = 0; {n} < {ctx.private_size(dst.buffer)}; ++{n})"):
+            value = value if same else convert(ctx, decoded(ctx, value, src.buffer.dtype),
+                                               dst.buffer.dtype, s.loc)
+            ctx.line(f"{ctx.name(dst.buffer.name)}[{n}] = {value};")
+        return
     with each_element(ctx, _tile_size(src)) as (e, slot):
         value = _source(ctx, src, e, slot, src.mask_low if masked else None, decode=not same)
         if not same:
@@ -224,9 +241,10 @@ def _fill(ctx: Ctx, s: ir.Fill) -> None:
         t = ctx.storage.tiling(b.name)
         _fill_matrix(ctx, name, t.tiles_m * t.tiles_n, msl_type(b.dtype, s.loc), value)
         return
-    if where in ("registers", "replicated"):
+    if where in ("registers", "private", "replicated"):
         n = ctx.fresh("i")
-        count = ctx.slots(b) if where == "registers" else math.prod(b.static_shape)
+        count = (ctx.slots(b) if where == "registers" else ctx.private_size(b) if where == "private"
+                 else math.prod(b.static_shape))
         with ctx.block(f"for (int {n} = 0; {n} < {count}; ++{n})"):
             ctx.line(f"{name}[{n}] = {value};")
         return
@@ -467,16 +485,31 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
 
 
 _ATOMIC = {ir.DType.F32: "atomic_float", ir.DType.I32: "atomic_int", ir.DType.U32: "atomic_uint"}
+_SPACES = {ir.Scope.GLOBAL: "device", ir.Scope.SHARED: "threadgroup"}
+
+# Metal has atomic floats in device memory only: in threadgroup memory, a compare-and-swap loop on
+# the element's bits
+ATOMIC_ADD_THREADGROUP_FLOAT = """inline void tws_atomic_add_threadgroup(threadgroup float* at, float v) {
+  threadgroup atomic_uint* bits = (threadgroup atomic_uint*)at;
+  uint seen = atomic_load_explicit(bits, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(bits, &seen, as_type<uint>(as_type<float>(seen) + v),
+                                                memory_order_relaxed, memory_order_relaxed)) {}
+}
+"""
 
 
 def _atomic(ctx: Ctx, b: ir.Buffer, indices: list[str], value: str, mask_low, loc: ir.Loc) -> str:
-    kind = _ATOMIC.get(b.dtype)
-    if kind is None or b.scope is not ir.Scope.GLOBAL:
+    kind, space = _ATOMIC.get(b.dtype), _SPACES.get(b.scope)
+    if kind is None or space is None:
         raise InternalError(f"metal backend: no atomic add into '{b.name}' ({b.scope.value}, "
                             f"{b.dtype}) (legalize_metal should have refused it)", loc)
-    ptr = f"(device {kind}*)({ctx.name(b.name)} + {offset(ctx, b, indices)})"
-    text = f"atomic_fetch_add_explicit({ptr}, {value}, memory_order_relaxed);"
-    cond = in_bounds(ctx, b, indices, mask_low)
+    at = f"{ctx.name(b.name)} + {offset(ctx, b, indices)}"
+    if b.scope is ir.Scope.SHARED and b.dtype is ir.DType.F32:
+        ctx.helpers.add(ATOMIC_ADD_THREADGROUP_FLOAT)
+        text = f"tws_atomic_add_threadgroup({at}, {value});"
+    else:
+        text = f"atomic_fetch_add_explicit(({space} {kind}*)({at}), {value}, memory_order_relaxed);"
+    cond = in_bounds(ctx, b, indices, mask_low) if b.scope is ir.Scope.GLOBAL else None
     return f"if ({cond}) {text}" if cond else text
 
 
@@ -498,6 +531,9 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
 
 
 def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
+    if s.per_thread:
+        _per_thread(ctx, s)
+        return
     matrices = ctx.storage.matrix_loop(s)
     if matrices:
         _matrix_parallel(ctx, s, matrices)
@@ -512,6 +548,25 @@ def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
             ctx.line(f"const int {ctx.name(v.name)} = {idx};")
             rest *= n
         with ctx.parallel(ParallelFrame(s.vars, s.extents, slot)):
+            stmt(ctx, s.body)
+
+
+def _per_thread(ctx: Ctx, s: ir.Parallel) -> None:
+    """Thread ``t`` runs its own iterations: the thread vars are ``t``'s digits (x fastest), the
+    vars after them a loop nest in the thread."""
+    n = len(ctx.storage.thread_shape)
+    ctx.nonneg.update(s.vars)
+    with contextlib.ExitStack() as nest:
+        nest.enter_context(ctx.block())
+        rest = 1
+        for k in reversed(range(n)):
+            digit = f"int({TID})" if rest == 1 else f"int({TID}) / {rest}"
+            ctx.line(f"const int {ctx.name(s.vars[k].name)} = {f'{digit} % {s.extents[k]}' if k else digit};")
+            rest *= s.extents[k]
+        for v, extent in zip(s.vars[n:], s.extents[n:]):
+            name = ctx.name(v.name)
+            nest.enter_context(ctx.block(f"for (int {name} = 0; {name} < {extent}; ++{name})"))
+        with ctx.parallel(ParallelFrame(s.vars, s.extents, "")):
             stmt(ctx, s.body)
 
 

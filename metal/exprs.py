@@ -7,7 +7,8 @@ are computed in ``long``. A global element is read as zero and written not at al
 buffer (every ``index < dim``, and ``index >= 0`` where legalize's ``mask_low`` says it may be
 negative). On-chip elements are read where their storage keeps them: shared memory at their
 offset, a registers buffer at the slot of the current ``T.Parallel`` iteration (lowering made
-every such access the owning thread's), a replicated buffer at its offset.
+every such access the owning thread's), a private buffer at the offset of the indices after the
+thread's own, a replicated buffer at its offset.
 
 Arithmetic follows the IR's types: operands are converted to the result type; integer ``//`` and
 ``%`` follow Python's floor semantics (``tws_floordiv``/``tws_mod`` unless both operands are
@@ -112,9 +113,14 @@ def element(ctx: Ctx, b: ir.Buffer, indices: list[str]) -> str:
     where = ctx.where(b)
     name = ctx.name(b.name)
     if where == "registers":
-        if ctx.par is None:
-            raise InternalError(f"metal backend: registers buffer '{b.name}' read outside T.Parallel")
+        if ctx.par is None or not ctx.par.slot:
+            raise InternalError(f"metal backend: registers buffer '{b.name}' read outside a "
+                                f"T.Parallel dealt element by element")
         return f"{name}[{ctx.par.slot}]"
+    if where == "private":      # this thread's part: the indices after the thread's own
+        n = len(ctx.storage.thread_shape)
+        local = ir.Buffer(b.name, b.shape[n:], b.dtype, b.scope)
+        return f"{name}[{offset(ctx, local, indices[n:])}]"
     if where == "matrix":
         staged = dict(ctx.par.staged) if ctx.par is not None else {}
         if b.name not in staged:

@@ -25,7 +25,10 @@
 //   A default-constructed matrix is all NaN (an uninitialized accumulator shows in the result).
 //   multiply_accumulate computes in float and rounds once to the destination type.
 // * math in namespace metal (exp exp2 log log2 sqrt rsqrt abs fabs max min fmax fmin floor ceil
-//   pow select as_type) and relaxed device atomics (atomic_int/uint/float fetch_add).
+//   pow select as_type) and relaxed atomics (atomic_int/uint/float fetch_add, atomic_int/uint load
+//   and compare_exchange_weak), in device or threadgroup memory alike;
+// * `threadgroup T*` (a pointer into threadgroup memory, in a cast or a parameter) is a plain
+//   pointer: the harness drops the qualifier there (harness.translation_unit).
 //
 // Execution: by default lanes are fibers (ucontext) on the calling thread. The first simdgroup with
 // a runnable lane runs as far as it can (its lanes in order, each until it blocks at a
@@ -165,6 +168,16 @@ inline int atomic_fetch_add_explicit(atomic_int* a, int v, memory_order) {
 }
 inline uint atomic_fetch_add_explicit(atomic_uint* a, uint v, memory_order) {
   return __atomic_fetch_add(&a->value, v, __ATOMIC_RELAXED);
+}
+template <class A>
+inline auto atomic_load_explicit(A* a, memory_order) -> decltype(a->value) {
+  return __atomic_load_n(&a->value, __ATOMIC_RELAXED);
+}
+template <class A, class T>
+inline bool atomic_compare_exchange_weak_explicit(A* a, T* expected, T desired, memory_order,
+                                                  memory_order) {
+  return __atomic_compare_exchange_n(&a->value, expected, desired, true, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED);
 }
 inline float atomic_fetch_add_explicit(atomic_float* a, float v, memory_order) {
   float old;

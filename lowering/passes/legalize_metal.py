@@ -15,6 +15,10 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
              whole copies (with, on the other side, global or shared memory or a buffer of the same
              shape held the same way), ``T.Parallel`` loops over exactly its shape that access it
              at their own indices in order, whole-tile atomic adds from it;
+           * ``private`` for a per-thread local (shape: the block's thread dims, then its own
+             shape) every element access of which a ``T.Parallel(per_thread)`` makes at its own
+             thread's indices, otherwise only filled whole or copied whole to or from another
+             such buffer: each thread keeps its own part (its thread's elements) in registers;
            * ``replicated`` for a small buffer (<= 256 bytes) written only outside ``T.Parallel``
              (element stores and whole fills): every thread keeps the same copy;
            * ``shared`` for everything else (gemm operands, reduction and scan sources and results,
@@ -24,7 +28,9 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
            simdgroups that divide its rows and columns into multiples of 8, the most square tiles
            per simdgroup among those). Shared buffers that feed a gemm with FP8 elements become
            float16 (every FP8 value is exact there; the copy into them decodes). The plan also
-           records the block's simdgroups and their width (32 threads), and how each statement
+           records the block's simdgroups and their width (32 threads), the block's thread dims
+           (slowest first, as the per-thread ``T.Parallel`` loops iterate them: the shortest
+           prefix of their extents that counts every thread), and how each statement
            over fragments runs, by keys the later passes (``double_buffer``, ``insert_syncs``) keep:
            whether a copy out of a matrix accumulator is staged through scratch (it masks,
            converts, or writes rows that are not contiguous) or stored straight; how many
@@ -38,14 +44,15 @@ Ensures:   a ``FragmentStoragePlan`` (``lowering.plans``) giving every fragment 
 Errors:    ``CompileError`` at the user's line for what Metal cannot run (a ``PointerView``,
            ``T.make_tensor``: Metal buffers have no addresses to pass in a table; the frontend already holds
            ``threads`` to multiples of 32 up to 1024, Metal's limits too, grids to 3 dims, copies to
-           tiles of one shape and atomic adds to global memory): a gemm whose tile dims are not
+           tiles of one shape and atomic adds to global or shared memory): a gemm whose tile dims are not
            multiples of 8, whose operands are not float16/bfloat16/float32 (FP8 decoded), or whose
            accumulator is not float32/float16; a tile-form operand that is not the last two dims of
            its buffer; more shared memory than the target has (naming the largest buffers); then,
            at the first such node in program order, a value of a type Metal lacks (float64: a
            parameter, a buffer, a constant, a cast) and an atomic add that returns the previous
            value, has a memory order other than relaxed, or adds elements other than float32,
-           int32 or uint32.
+           int32 or uint32 (in shared memory, Metal has no float atomics: a float32 add is a
+           compare-and-swap loop on the element's bits, which the emitter spells).
 Preserves: program meaning and every node's loc (FP8 -> float16 is exact).
 """
 from __future__ import annotations
@@ -66,7 +73,8 @@ MATRIX = 8
 REPLICATED_MAX_BYTES = 256
 GEMM_OPERANDS = (ir.DType.F16, ir.DType.BF16, ir.DType.F32)
 ACCUMULATORS = (ir.DType.F32, ir.DType.F16)
-ATOMICS = (ir.DType.F32, ir.DType.I32, ir.DType.U32)   # what Metal adds atomically
+ATOMICS = (ir.DType.F32, ir.DType.I32, ir.DType.U32)   # what Metal adds atomically (float32 in
+                                                       # threadgroup memory by compare-and-swap)
 ON_CHIP = (ir.Scope.FRAGMENT, ir.Scope.LOCAL)
 
 
@@ -85,7 +93,8 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         if isinstance(s, ir.Gemm):
             _check_gemm(s)
             tilings.setdefault(s.c.buffer.name, _tiling(s, simdgroups))
-    uses = _Uses()
+    thread_shape = _thread_shape(kernel)
+    uses = _Uses(thread_shape)
     uses.stmt(kernel.body, None)
     storage = _decide(uses, tilings)
     statements = _Statements(kernel, storage, simdgroups)
@@ -106,8 +115,29 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     _check_spellable(kernel)     # after the budget, as when the emitter refused these
     plan = FragmentStoragePlan(tuple(sorted(storage.items())), tuple(sorted(tilings.items())),
                                total, scratch, simdgroups, SIMD, statements.table("copies"),
-                               statements.table("reductions"), statements.table("parallels"))
+                               statements.table("reductions"), statements.table("parallels"),
+                               thread_shape)
     return kernel.with_plan(plan)
+
+
+def _thread_shape(kernel: ir.Kernel) -> tuple[int, ...]:
+    """The block's thread dims (z, y, x), as the per-thread T.Parallel loops iterate them: the
+    shortest prefix of their extents that counts the block's threads (a trailing thread dim of
+    extent 1 then reads as a vector dim of one iteration: the same work). () without such loops."""
+    shapes = set()
+    for s in walk(kernel.body):
+        if isinstance(s, ir.Parallel) and s.per_thread:
+            n = next((k for k in range(1, len(s.extents) + 1)
+                      if math.prod(s.extents[:k]) == kernel.threads), None)
+            if n is None:
+                raise InternalError(f"legalize_metal: the per-thread T.Parallel over "
+                                    f"{list(s.extents)} does not start with the block's "
+                                    f"{kernel.threads} threads", s.loc)
+            shapes.add(tuple(s.extents[:n]))
+    if len(shapes) > 1:
+        raise InternalError(f"legalize_metal: per-thread T.Parallel loops over different thread "
+                            f"dims {sorted(shapes)}", kernel.loc)
+    return shapes.pop() if shapes else ()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,8 +205,9 @@ def _check_atomic(s: ir.AtomicAdd) -> None:
         raise CompileError(f"T.atomic_add into '{b.name}' with {what}: the Metal backend spells "
                            f"relaxed adds that return nothing", s.loc)
     if b.dtype not in ATOMICS:
+        where = "threadgroup (shared)" if b.scope is ir.Scope.SHARED else "global"
         raise CompileError(f"T.atomic_add into '{b.name}' ({b.scope.value}, {b.dtype}): Metal adds "
-                           f"atomically to float32, int32 and uint32 in global memory", s.loc)
+                           f"atomically to float32, int32 and uint32 in {where} memory", s.loc)
 
 
 def _tiling(s: ir.Gemm, simdgroups: int) -> MatrixTiling:
@@ -212,9 +243,11 @@ def _decode_fp8_operands(kernel: ir.Kernel) -> ir.Kernel:
 
 @dataclasses.dataclass
 class _Use:
-    kind: str                     # fill | copy | gemm_c | operand | reduce (and scan) | par | uniform | atomic
+    kind: str                     # fill | copy | gemm_c | operand | reduce (and scan) | par | thread
+                                  # (in a per-thread T.Parallel) | uniform | atomic
     whole: bool = True
-    aligned: bool = False         # par: the loop's own indices over exactly the buffer's shape
+    aligned: bool = False         # par: the loop's own indices over exactly the buffer's shape;
+                                  # thread: the loop's own thread indices in front
     write: bool = False
     other: Optional[ir.Region] = None   # copy: the other side
 
@@ -222,7 +255,8 @@ class _Use:
 class _Uses:
     """Every access of each fragment / local buffer, in program order."""
 
-    def __init__(self):
+    def __init__(self, thread_shape: tuple[int, ...]):
+        self.thread_shape = thread_shape
         self.buffers: dict[str, ir.Buffer] = {}
         self.of: dict[str, list[_Use]] = {}
         # per T.Parallel: the fragments it touches, and whether always at its own indices
@@ -270,6 +304,12 @@ class _Uses:
         if par is None:
             self.add(b, _Use("uniform", write=write))
             return
+        if par.per_thread:
+            n = len(self.thread_shape)
+            own = (tuple(indices[:n]) == tuple(par.vars[:n])
+                   and b.static_shape[:n] == self.thread_shape)
+            self.add(b, _Use("thread", aligned=own, write=write))
+            return
         aligned = (tuple(indices) == tuple(par.vars) and b.scope in ON_CHIP
                    and tuple(par.extents) == b.static_shape)
         self.add(b, _Use("par", aligned=aligned, write=write))
@@ -282,8 +322,9 @@ def _decide(uses: _Uses, tilings: dict) -> dict[str, str]:
     storage = {}
     for name, b in uses.buffers.items():
         us = uses.of[name]
-        storage[name] = ("matrix" if _matrix(b, us, tilings.get(name)) else "registers" if _registers(us)
-                         else "replicated" if _replicated(b, us) else "shared")
+        storage[name] = ("matrix" if _matrix(b, us, tilings.get(name)) else "private" if _private(us)
+                         else "registers" if _registers(us) else "replicated" if _replicated(b, us)
+                         else "shared")
     changed = True
     while changed:
         changed = False
@@ -303,10 +344,11 @@ def _decide(uses: _Uses, tilings: dict) -> dict[str, str]:
                 if joins:
                     tilings[n] = tiling
                 changed = True
-        # a registers copy needs the same layout on the other side
+        # a registers (private) copy needs the same layout on the other side
         for name, us in uses.of.items():
             b = uses.buffers[name]
-            if storage[name] == "registers" and not all(_same_layout(b, u, storage) for u in us):
+            if storage[name] in ("registers", "private") and not all(
+                    _same_layout(b, u, storage) for u in us):
                 storage[name] = "shared"
                 changed = True
     return storage
@@ -325,6 +367,13 @@ def _matrix(b: ir.Buffer, us: list[_Use], tiling: Optional[MatrixTiling]) -> boo
                for u in us)
 
 
+def _private(us: list[_Use]) -> bool:
+    """Whether every thread can keep its own part of the buffer: accessed by per-thread T.Parallel
+    loops at their own thread's indices (at least once), otherwise filled or copied whole."""
+    return any(u.kind == "thread" for u in us) and all(
+        u.kind == "thread" and u.aligned or u.whole and u.kind in ("fill", "copy") for u in us)
+
+
 def _registers(us: list[_Use]) -> bool:
     return all(u.whole and u.kind in ("fill", "copy", "atomic") or u.kind == "par" and u.aligned
                for u in us)
@@ -332,19 +381,24 @@ def _registers(us: list[_Use]) -> bool:
 
 def _replicated(b: ir.Buffer, us: list[_Use]) -> bool:
     return b.nbytes <= REPLICATED_MAX_BYTES and all(
-        u.kind == "uniform" or u.kind == "fill" and u.whole or u.kind == "par" and not u.write
+        u.kind == "uniform" or u.kind == "fill" and u.whole
+        or u.kind in ("par", "thread") and not u.write
         or u.kind == "copy" and not u.write for u in us)
 
 
 def _same_layout(b: ir.Buffer, u: _Use, storage: dict[str, str]) -> bool:
-    """A copy between ``b`` (held in registers) and another on-chip buffer pairs the same elements
-    in the same threads: the other is in shared memory, or a whole buffer of ``b``'s shape held
-    in registers."""
-    if u.kind != "copy" or u.other.buffer.scope not in ON_CHIP:
+    """A copy between ``b`` (held in registers, or private) and another buffer pairs the same
+    elements in the same threads: for registers, the other is global, in shared memory, or a whole
+    buffer of ``b``'s shape held in registers; for private, a whole private buffer of ``b``'s
+    shape."""
+    mine = storage[b.name]
+    if u.kind != "copy" or u.other.buffer.scope not in ON_CHIP and mine == "registers":
         return True
     other = u.other.buffer
-    return storage[other.name] == "shared" or (storage[other.name] == "registers" and u.other.is_whole
-                                               and other.static_shape == b.static_shape)
+    same = u.other.is_whole and other.static_shape == b.static_shape
+    if mine == "private":
+        return other.scope in ON_CHIP and storage[other.name] == "private" and same
+    return storage[other.name] == "shared" or storage[other.name] == "registers" and same
 
 
 # ----------------------------------------------------------------------------------------------
