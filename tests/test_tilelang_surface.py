@@ -347,8 +347,8 @@ def test_tilelang_names_tilews_lacks_say_why_at_the_users_line():
                                                   "not provide it: the thread level") as info:
         tilews.jit(out_idx=[], target="interpret")(f)(128)
     assert info.value.loc.line == marked_line(f)
-    with pytest.raises(T.unsupported.NotProvided, match="T.call_extern is TileLang's"):
-        T.call_extern
+    with pytest.raises(T.unsupported.NotProvided, match="T.ptx_cp_async is TileLang's"):
+        T.ptx_cp_async
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         T.no_such_name
 

@@ -41,6 +41,7 @@ class Builder:
         self.thread_shape: tuple[int, ...] = ()      # the open T.Kernel's threads, (x, y, z)
         self.thread_vars: dict[int, ir.Var] = {}    # its thread indices asked for, by dimension
         self.vectorized_loops: set[ir.Var] = set()  # index variables of T.vectorized loops
+        self.imported_sources: list[str] = []       # T.import_source's text (frontend/extern.py)
 
     def open_kernel(self, grid: tuple, threads: int, block_vars: tuple,
                     thread_shape: tuple[int, ...] = ()) -> None:
