@@ -43,6 +43,7 @@ class Builder:
         self.vectorized_loops: set[ir.Var] = set()  # index variables of T.vectorized loops
         self.reduce_scopes: list = []               # open T.attr(comm_reducer, "reduce_scope"), innermost last
         self.reducers: dict[ir.Buffer, ir.ReduceKind] = {}   # T.alloc_reducer buffers, their combiner
+        self.imported_sources: list[str] = []       # T.import_source's text (frontend/extern.py)
 
     def open_kernel(self, grid: tuple, threads: int, block_vars: tuple,
                     thread_shape: tuple[int, ...] = ()) -> None:

@@ -16,6 +16,7 @@ from .memory import (alloc_barrier, alloc_fragment, alloc_global, alloc_local, a
                      alloc_var, create_list_of_mbarrier, get_mbarrier, make_tensor, ptr)
 from .reduce import reduce_abssum, reduce_max, reduce_min, reduce_sum
 from .reduce import alloc_reducer, cumsum, finalize_reducer, reduce_absmax
+from .extern import access_ptr, call_extern, import_source
 from .threads import (get_block_binding, get_thread_binding, get_thread_bindings, sync_threads,
                       thread_binding)
 from .sync import barrier_arrive, barrier_wait, mbarrier_arrive, mbarrier_wait_parity
