@@ -20,7 +20,7 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              a register A operand, or for stores its leading block: registerize's forwarded
              ``acc_o[:valid, :]``) keep legalize's DIRECT / MASKED choice, their buffer passed
              as a pointer (an unstaged epilogue store: warp_specialize);
-           * a run of a shared buffer copied into a whole 1-d fragment is DIRECT (a load from
+           * a shared tile copied into a whole 1-d or 2-d fragment is DIRECT (a load from
              shared memory in the fragment's layout);
            * fragment -> shared stores and fragment -> fragment copies (casts, and a whole
              vector into one row or column of a 2-d fragment at a runtime index: a score column
@@ -36,9 +36,14 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * fragment math is kept as written: ``T.Parallel`` loops of rank 1 or 2 whose stores
              (possibly under an ``if``) write fragments indexed by all the loop's variables in
              order, or global elements whose indices use every loop variable, and which read
-             fragments indexed that way or vectors indexed by one loop variable, global elements
-             and scalars; row/column reductions of 2-d fragments into 1-d fragments; fills of
-             fragments;
+             fragments indexed that way (or so in every dim but one, whose index is computed:
+             a gather along it, ``B_local[i, j // 2]``) or vectors indexed by one loop variable,
+             global elements and scalars; row/column reductions of 2-d fragments into 1-d
+             fragments; fills of fragments;
+           * per-thread code (``Parallel(per_thread=True)``, docs/design.md §2) is fragment math
+             like a ``T.Parallel`` (its thread and vector dims the loop's); where it reads,
+             stores or adds atomically into shared memory element by element, the refusal says
+             so (Gluon has no element address in shared memory);
            * element ``T.atomic_add``s to global memory are kept (outside ``T.Parallel`` one per
              block, possibly returning the old value into a scalar local; inside, one per
              iteration); tile atomics are refused;
@@ -91,6 +96,7 @@ from ..layouts import Blocked, NVMMAShared, WgmmaAccumulator, WgmmaOperandA
 from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, slot_shape
 from ..capabilities import bulk_copy_tensor, row_bytes
 from ..config import BackendConfig
+from ..gathers import gathered_axis
 from ..simplify import shifted
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
                         generic_shared_writes, subexprs, walk)
@@ -257,6 +263,8 @@ def _statements(s: ir.Stmt):
 def _check_parallel(p: ir.Parallel, laid_out: dict) -> None:
     """The fragment math the Gluon emitter spells (see the module docstring)."""
     line = p.loc.line
+    if p.per_thread:
+        _check_per_thread(p)
     if len(p.vars) > 2:
         raise _Refuse(f"a {len(p.vars)}-d T.Parallel (line {line}); fragments are 1-d or 2-d")
     for s in walk(p.body):
@@ -294,9 +302,30 @@ def _check_parallel(p: ir.Parallel, laid_out: dict) -> None:
                 whole = tuple(x.indices) == p.vars and tuple(b.static_shape) == tuple(p.extents)
                 vector = (len(x.indices) == 1 and x.indices[0] in p.vars and
                           b.static_shape[0] == p.extents[p.vars.index(x.indices[0])])
-                if not (whole or vector):
+                if not (whole or vector or gathered_axis(x, p.vars, p.extents) is not None):
                     raise _Refuse(f"fragment '{b.name}' is read at line {x.loc.line or s.loc.line} "
                                   f"at indices other than the loop's variables")
+
+
+
+def _check_per_thread(p: ir.Parallel) -> None:
+    """Per-thread code touching shared memory element by element: Gluon names shared memory only
+    as whole tiles and views of them (``.index``, ``.slice``, ``.permute``), loaded into or
+    stored from register tensors; it has no element address there, so no gather, scatter or
+    atomic. Checked first, to say so rather than call the loop a ``T.Parallel`` the program
+    never wrote."""
+    why = "Gluon reads and writes shared memory only as whole tiles, not at per-thread indices"
+    for s in walk(p.body):
+        if isinstance(s, ir.AtomicAdd) and s.dst.buffer.scope is ir.Scope.SHARED:
+            raise _Refuse(f"per-thread code at line {s.loc.line} adds atomically into shared "
+                          f"buffer '{s.dst.buffer.name}': Gluon has no atomics on shared memory")
+        if isinstance(s, ir.Store) and s.buffer.scope is ir.Scope.SHARED:
+            raise _Refuse(f"per-thread code at line {s.loc.line} stores into shared buffer "
+                          f"'{s.buffer.name}' at thread-computed indices: {why}")
+        for x in (x for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)):
+            if x.buffer.scope is ir.Scope.SHARED:
+                raise _Refuse(f"per-thread code at line {x.loc.line or s.loc.line} reads shared "
+                              f"buffer '{x.buffer.name}' at thread-computed indices: {why}")
 
 
 def _shared_element(x: ir.Load, loop_vars, laid_out: dict) -> bool:
@@ -568,11 +597,12 @@ def _copy(s: ir.Copy, rest: tuple, layouts: dict, registers: bool) -> ir.Copy:
     if src is ir.Scope.SHARED and dst is ir.Scope.GLOBAL:
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.TMA)
     if src is ir.Scope.SHARED and dst is ir.Scope.FRAGMENT:
-        # a vector read from shared memory (block-wise FP8's row scales from their ring slot)
-        if not s.dst.is_whole or len(s.dst.buffer.shape) != 1 \
+        # a vector read from shared memory (block-wise FP8's row scales from their ring slot),
+        # a packed tile read for fragment math (a dequantizing GEMM's B_shared -> B_local)
+        if not s.dst.is_whole or len(s.dst.buffer.shape) > 2 \
                 or s.src.tile_shape != s.dst.buffer.static_shape:
-            raise _Refuse(f"a shared -> fragment copy other than a run of a shared buffer into a "
-                          f"whole 1-d fragment (line {s.loc.line})")
+            raise _Refuse(f"a shared -> fragment copy other than a shared tile into a whole 1-d "
+                          f"or 2-d fragment (line {s.loc.line})")
         return dataclasses.replace(s, mechanism=ir.CopyMechanism.DIRECT)
     if src is ir.Scope.FRAGMENT and dst in (ir.Scope.SHARED, ir.Scope.FRAGMENT):
         if dst is ir.Scope.FRAGMENT and not (s.src.is_whole and s.dst.is_whole

@@ -19,6 +19,7 @@ from typing import Callable
 
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
+from tilews.lowering.gathers import gathered_axis
 from tilews.lowering.layouts import NVMMAShared, RowSlice
 from tilews.lowering.simplify import NONNEG_OPS
 
@@ -133,15 +134,21 @@ def element_address(ctx: Ctx, b: ir.Buffer, indices, loc) -> tuple[str, list[str
 
 
 def _fragment_element(ctx: Ctx, e: ir.Load) -> str:
-    """A fragment read inside the loop: the tensor itself, or a vector expanded along the other
-    axis, in the loop's layout."""
+    """A fragment read inside the loop: the tensor itself, a vector expanded along the other
+    axis, or a gather along the dim whose index is computed (``legalize_wgmma.gathered_axis``),
+    in the loop's layout."""
     f, b = ctx.par, e.buffer
     if f is None:
         raise InternalError(f"gluon backend: fragment '{b.name}' read element by element outside "
                             f"a T.Parallel", e.loc)
     x, own = ctx.name(b.name), ctx.layouts[b.name]
-    if tuple(e.indices) == f.vars or len(f.vars) == 1:
+    if tuple(e.indices) == f.vars or len(f.vars) == 1 and e.indices[0] in f.vars:
         return x if own == f.layout else f"gl.convert_layout({x}, {f.const})"
+    axis = gathered_axis(e, f.vars, f.extents)
+    if axis is not None:
+        src = x if own == f.layout else f"gl.convert_layout({x}, {f.const})"
+        index = f"gl.full({list(f.extents)}, 0, gl.int32, layout={f.const})"
+        return f"gl.gather({src}, gl.broadcast({atom(spell(ctx, e.indices[axis]))}, {index})[0], {axis})"
     axis = f.vars.index(e.indices[0])
     want = RowSlice(1 - axis, f.layout)
     v = x if own == want else f"gl.convert_layout({x}, {ctx.layout_const(want, 'axis_layout')})"

@@ -201,8 +201,10 @@ def _spell_once(ctx: Ctx, e: ir.Expr) -> str:
 
 def _mixed(e: ir.Expr, dtype: ir.DType) -> bool:
     """Whether ``e`` reads a value of another type than ``dtype`` (Triton's promotion of it may
-    differ from the IR's)."""
+    differ from the IR's: a float of another width, or an integer element in float math, which
+    Triton computes in f32 next to a bf16)."""
     return any(isinstance(x, (ir.Load, ir.Var)) and x.dtype != dtype and x.dtype.is_float
+               or isinstance(x, ir.Load) and dtype.is_float and not x.dtype.is_float
                for x in subexprs(e))
 
 

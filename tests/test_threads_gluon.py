@@ -1,0 +1,294 @@
+"""Thread-level programs on Hopper (issue 39): which reach the warp-specialized Gluon path, and
+why the others go to ``tl``.
+
+* ``mxfp4_gemm`` is TileLang's ``example_dequant_gemm_bf16_mxfp4_hopper.py`` with
+  ``fast_dequant=False``: each ``T.Pipelined`` step copies a packed FP4 tile of B into shared
+  memory, unpacks it with fragment math that reads the packed byte of column ``j`` at ``j // 2``
+  (a gather along the row: ``gl.gather``) and scales it by ``2 ** Scale``, stores the bf16 tile
+  into shared memory and feeds ``T.gemm``. It compiles for sm_90 warp-specialized (producer
+  partition, ``warp_group_dot``, TMA copies, mbarriers); its lowered Hopper program and the
+  ``interpret`` target match a float64 reference.
+* ``int4_gemm_threads`` unpacks per thread instead (``tx = T.get_thread_binding()``: packed
+  bytes loaded from shared memory at ``tx``-computed indices into ``T.alloc_local``, values
+  stored into the shared B tile at ``tx``-computed indices). Gluon has no element address in
+  shared memory (no gather, scatter or atomic there), so the Gluon backend refuses it, saying
+  which per-thread access at which line; ``interpret`` matches a float64 reference.
+* A split-K GEMV has no tile operation at all: nothing to warp-specialize, so the chain's
+  choice is ``tl``, with the reason in the report (and its per-thread atomic into shared memory
+  is a second reason Gluon could not spell it).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import tilews
+import tilews.language as T
+from tilews.lowering import interpreter
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.pipeline import lower
+from tilews.lowering.plans import AsyncPlan, AsyncRefusal
+from tilews.triton_ext.gluon.backend import HOPPER
+
+from .helpers import gluon_program, marked_line, poisoned, randn
+
+TOL = dict(rtol=1e-2, atol=1e-2)
+
+
+def fp4_to_bf16(val, pos):
+    """Nibble ``pos`` of the byte ``val`` (sign, 2 exponent bits, 1 mantissa bit) as bf16."""
+    f4 = (val >> (pos.astype(T.uint16) * 4)) & 15
+    sign = f4 >> 3
+    exp = ((f4 & 6) >> 1) + 126
+    man = f4 & 1
+    return T.reinterpret(((((sign << 8) | exp) << 7) | (man << 6)).astype(T.uint16), T.bfloat16)
+
+
+def mxfp4_gemm(M, N, K, block_M=128, block_N=128, block_K=128, num_stages=2, threads=256,
+               scale_size=32):
+    QK, Block_QK = K // 2, block_K // 2
+
+    @T.macro
+    def simple_dequant(B_shared, B_dequantize_shared, Scale, k):
+        B_local = T.alloc_fragment((block_N, Block_QK), T.uint8)
+        B_dequantize_local = T.alloc_fragment((block_N, block_K), T.bfloat16)
+        bx = T.get_block_binding(0)
+        T.copy(B_shared, B_local)
+        for i, j in T.Parallel(block_N, block_K):
+            s = Scale[bx * block_N + i, k * block_K // scale_size + j // scale_size]
+            B_dequantize_local[i, j] = fp4_to_bf16(B_local[i, j // 2], j % 2) * T.shift_left(1, s)
+        T.copy(B_dequantize_local, B_dequantize_shared)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.bfloat16), B: T.Tensor((N, QK), T.uint8),
+             Scale: T.Tensor((N, K // scale_size), T.uint8), C: T.Tensor((M, N), T.bfloat16)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared((block_M, block_K), T.bfloat16)
+            B_shared = T.alloc_shared((block_N, Block_QK), T.uint8)
+            B_dequantize_shared = T.alloc_shared((block_N, block_K), T.bfloat16)
+            C_local = T.alloc_fragment((block_M, block_N), T.float32)
+            C_shared = T.alloc_shared((block_M, block_N), T.bfloat16)
+            T.clear(C_local)
+            for k in T.Pipelined(K // block_K, num_stages=num_stages):
+                T.copy(A[by * block_M, k * block_K], A_shared)
+                T.copy(B[bx * block_N, k * Block_QK], B_shared)
+                simple_dequant(B_shared, B_dequantize_shared, Scale, k)
+                T.gemm(A_shared, B_dequantize_shared, C_local, transpose_B=True)
+            T.copy(C_local, C_shared)
+            T.copy(C_shared, C[by * block_M, bx * block_N])
+    return main
+
+
+def int4_gemm_threads(M, N, K, block_M=128, block_N=128, block_K=64, num_stages=2, threads=128):
+    """C = A @ dequant(B)^T, B's int4 values (offset 8) two per byte, one scale per row of B,
+    unpacked per thread inside the pipelined loop."""
+    Block_QK = block_K // 2
+    per_thread = 4                      # packed bytes a thread unpacks per step
+    steps = block_N * Block_QK // (threads * per_thread)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((N, K // 2), T.uint8),
+             Scale: T.Tensor((N,), T.float16), C: T.Tensor((M, N), T.float16)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared((block_M, block_K), T.float16)
+            B_shared = T.alloc_shared((block_N, Block_QK), T.uint8)
+            B_dequantize = T.alloc_shared((block_N, block_K), T.float16)
+            C_local = T.alloc_fragment((block_M, block_N), T.float32)
+            packed = T.alloc_local((per_thread,), T.uint8)
+            tx = T.get_thread_binding()
+            T.clear(C_local)
+            for k in T.Pipelined(K // block_K, num_stages=num_stages):
+                T.copy(A[by * block_M, k * block_K], A_shared)
+                T.copy(B[bx * block_N, k * Block_QK], B_shared)
+                for i in T.serial(steps):
+                    base = (i * threads + tx) * per_thread
+                    for v in T.vectorized(per_thread):
+                        packed[v] = B_shared[(base + v) // Block_QK, (base + v) % Block_QK]  # <- load
+                    for v in T.serial(per_thread):
+                        e = (base + v) * 2
+                        row = e // block_K
+                        s = Scale[bx * block_N + row]
+                        B_dequantize[row, e % block_K] = ((packed[v] & 15).astype(T.float16) - 8) * s
+                        B_dequantize[row, e % block_K + 1] = ((packed[v] >> 4).astype(T.float16) - 8) * s
+                T.gemm(A_shared, B_dequantize, C_local, transpose_B=True)
+            T.copy(C_local, C[by * block_M, bx * block_N])
+    return main
+
+
+def splitk_gemv(N, K, BLOCK_N, reduce_threads, dtype=T.float16, accum_dtype=T.float32):
+    TILE_K = 8
+    BLOCK_K = reduce_threads * TILE_K
+
+    @T.prim_func
+    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, BLOCK_N), threads=(BLOCK_N, reduce_threads)) as bn:
+            tn = T.get_thread_binding(0)
+            tk = T.get_thread_binding(1)
+            A_local = T.alloc_local((TILE_K,), dtype)
+            B_local = T.alloc_local((TILE_K,), dtype)
+            C_shared = T.alloc_shared((BLOCK_N,), accum_dtype)
+            C_accum = T.alloc_local((1,), accum_dtype)
+            if tk == 0:
+                C_shared[tn] = 0
+            T.clear(C_accum)
+            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
+                for k in T.vectorized(TILE_K):
+                    A_local[k] = A[bk * BLOCK_K + tk * TILE_K + k]
+                    B_local[k] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk * TILE_K + k]
+                for k in T.serial(TILE_K):
+                    C_accum[0] += A_local[k].astype(accum_dtype) * B_local[k].astype(accum_dtype)
+            T.atomic_add(C_shared[tn], C_accum[0])
+            C[bn * BLOCK_N + tn] = C_shared[tn]
+    return main
+
+
+# ----------------------------------------------------------------------------------------------
+# references (float64)
+
+
+def fp4_reference(packed: torch.Tensor) -> torch.Tensor:
+    """(N, K/2) bytes -> (N, K) float64: low nibble first, (-1)^s * 2^(e - 1) * (1 + m / 2)."""
+    nibbles = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(packed.shape[0], -1).long()
+    sign = 1 - 2 * (nibbles >> 3)
+    exp = (nibbles & 6) >> 1
+    man = nibbles & 1
+    return sign * torch.pow(2.0, exp.double() - 1) * (1 + man.double() / 2)
+
+
+def mxfp4_inputs(M, N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    A = randn(M, K, dtype=torch.bfloat16, seed=seed)
+    qB = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
+    Scale = torch.randint(0, 4, (N, K // 32), generator=g, dtype=torch.uint8)
+    return A, qB, Scale
+
+
+def mxfp4_reference(A, qB, Scale):
+    B = fp4_reference(qB) * torch.pow(2.0, Scale.double()).repeat_interleave(32, dim=1)
+    return A.double() @ B.T
+
+
+def int4_inputs(M, N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    A = randn(M, K, dtype=torch.float16, seed=seed)
+    qB = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
+    Scale = (torch.rand(N, generator=g) * 0.1 + 0.01).to(torch.float16)
+    return A, qB, Scale
+
+
+def int4_reference(A, qB, Scale):
+    values = torch.stack((qB & 15, qB >> 4), dim=-1).reshape(qB.shape[0], -1).double() - 8
+    return A.double() @ (values * Scale.double()[:, None]).T
+
+
+def close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert not out.isnan().any()
+    scale = ref.abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    assert err <= TOL["atol"] * scale + TOL["rtol"] * scale, (err, scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# the dequantizing GEMM of TileLang's example (tile-level unpacking): warp-specialized on Gluon
+
+
+MX = I4 = (256, 256, 256)
+
+# program, its inputs, its reference, the output's dtype
+DEQUANT_GEMMS = {"mxfp4_tile_level": (mxfp4_gemm, mxfp4_inputs, mxfp4_reference, torch.bfloat16),
+                 "int4_per_thread": (int4_gemm_threads, int4_inputs, int4_reference, torch.float16)}
+
+
+@pytest.mark.parametrize("name", sorted(DEQUANT_GEMMS))
+def test_dequant_gemm_numerics_interpret(name):
+    program, inputs, reference, out_dtype = DEQUANT_GEMMS[name]
+    A, qB, Scale = inputs(*MX)
+    C = poisoned(MX[0], MX[1], dtype=out_dtype)
+    tilews.compile(program(*MX), target="interpret")(A, qB, Scale, C)
+    close(C, reference(A, qB, Scale))
+
+
+def test_mxfp4_gemm_lowered_for_hopper_matches_reference():
+    """The program as the Gluon backend receives it (roles, rings, barriers) on the interpreter."""
+    lowered = lower(build_kernel(mxfp4_gemm(*MX)), HOPPER)
+    assert lowered.find_plan(AsyncPlan) is not None, lowered.find_plan(AsyncRefusal)
+    A, qB, Scale = mxfp4_inputs(*MX, seed=1)
+    C = poisoned(MX[0], MX[1], dtype=torch.bfloat16)
+    interpreter.run(lowered, [A, qB, Scale, C], seed=1)
+    close(C, mxfp4_reference(A, qB, Scale))
+
+
+def test_mxfp4_gemm_compiles_warp_specialized_for_sm90():
+    kernel = tilews.compile(mxfp4_gemm(*MX), target="hopper")
+    assert kernel.report.target == "hopper", kernel.report.notes
+    ttgir = gluon_program(lower(build_kernel(mxfp4_gemm(*MX)), HOPPER)).asm["ttgir"]
+    assert len(re.findall(r"ttg\.warp_specialize\(", ttgir)) == 1
+    # the producer partition: one warp issuing the TMA copies of A and packed B
+    assert re.findall(r"partition\d+\(.*\) num_warps\((\d+)\)", ttgir) == ["1"]
+    assert len(re.findall(r"ttng\.async_tma_copy_global_to_local", ttgir)) == 2
+    assert re.search(r"ttng\.warp_group_dot .*isAsync = true", ttgir)
+    assert "ttng.init_barrier" in ttgir and "ttng.wait_barrier" in ttgir
+    assert "ttng.barrier_expect" in ttgir
+    # B_local[i, j // 2] is a gather of the packed tile along its row; the bf16 tile is stored
+    # to shared memory and fenced before wgmma reads it
+    assert re.search(r"tt\.gather .*\{axis = 1 : i32\}", ttgir)
+    assert "ttng.fence_async_shared" in ttgir
+
+
+# ----------------------------------------------------------------------------------------------
+# the same GEMM unpacked per thread: Gluon refuses it, saying why
+
+
+def test_int4_gemm_threads_gluon_refusal_names_the_per_thread_access():
+    """The pipelined loop has a warp-specialized form; what Gluon cannot spell is the per-thread
+    read of B_shared at tx-computed indices (the first per-thread access in program order)."""
+    prog = int4_gemm_threads(*I4)
+    lowered = lower(build_kernel(prog), HOPPER)
+    assert any(n.startswith("warp_specialize: T.Pipelined") for n in lowered.notes), lowered.notes
+    refusal = lowered.find_plan(AsyncRefusal)
+    assert refusal is not None
+    line = marked_line(int4_gemm_threads, "# <- load")
+    assert refusal.reason == (
+        f"per-thread code at line {line} reads shared buffer 'B_shared' at thread-computed "
+        f"indices: Gluon reads and writes shared memory only as whole tiles, not at per-thread "
+        f"indices")
+
+
+# ----------------------------------------------------------------------------------------------
+# a kernel with no tile operations: tl is the chain's choice, and the report says why
+
+
+def test_splitk_gemv_goes_to_tl_with_the_reason():
+    lowered = lower(build_kernel(splitk_gemv(256, 512, 4, 32)), HOPPER)
+    refusal = lowered.find_plan(AsyncRefusal)
+    assert refusal is not None and refusal.reason.startswith(
+        "the program has no warp-specialized form"), refusal
+
+
+def test_naive_gemv_compiles_on_tl_for_hopper():
+    """A per-thread GEMV (one output row per thread) through the whole chain: Gluon refuses, tl
+    compiles it, the report's notes say so."""
+    BLOCK_N, BLOCK_K = 128, 32
+
+    @T.prim_func
+    def gemv(A: T.Tensor((256,), T.float16), B: T.Tensor((256, 256), T.float16),
+             C: T.Tensor((256,), T.float16)):
+        with T.Kernel(T.ceildiv(256, BLOCK_N), threads=BLOCK_N) as bn:
+            tn = T.get_thread_binding(0)
+            B_shared = T.alloc_shared((BLOCK_N, BLOCK_K), T.float16)
+            C_reg = T.alloc_local((1,), T.float32)
+            T.clear(C_reg)
+            for bk in T.serial(T.ceildiv(256, BLOCK_K)):
+                for tk in T.serial(BLOCK_K):
+                    B_shared[tn, tk] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk]
+                for tk in T.serial(BLOCK_K):
+                    C_reg[0] += A[bk * BLOCK_K + tk].astype(T.float32) * \
+                        B_shared[tn, tk].astype(T.float32)
+            C[bn * BLOCK_N + tn] = C_reg[0]
+
+    kernel = tilews.compile(gemv, target="hopper")
+    assert kernel.report.target == "hopper -> triton", kernel.report.notes
+    assert any("the gluon backend refused the program (the program has no warp-specialized form"
+               in n and n.endswith("using tl") for n in kernel.report.notes), kernel.report.notes
