@@ -14,6 +14,7 @@ subprocess without ``TRITON_INTERPRET`` (``python -m tests.test_threads_tl compi
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,113 @@ def test_per_thread_atomics_into_shared_and_global():
     ref = torch.zeros(BINS, dtype=torch.float64).index_add_(0, L.long(), X.double())
     torch.testing.assert_close(H.double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(S.double(), X.double().sum().reshape(1), rtol=1e-5, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# compile-only for sm_90 (the tl path on Hopper)
+
+
+SM90 = {**{form: lambda f=f: f(1024, 1024) for form, f in GEMVS.items()},
+        "ragged": lambda: ragged_row_sums(1024, 64), "branch": lambda: branch_writes(1024),
+        "histogram": lambda: histogram(1024, 16)}
+
+
+def _compile_sm90(name: str, out: str) -> None:
+    """Build program ``name`` of ``SM90`` for sm_90 as Triton's JIT specializes contiguous,
+    16-byte aligned tensors at launch (pointers and strides divisible by 16 hinted so, strides of
+    1 constants), and write its TTGIR and PTX to ``out`` (JSON)."""
+    import importlib.util
+    import json
+    import math
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tilews.lowering.frontend import build_kernel
+    from tilews.lowering.pipeline import lower
+    from tilews.lowering.plans import StreamPlan
+    from tilews.triton_ext.tl import emit
+    from tilews.triton_ext.tl.backend import TRITON_GPU
+
+    from .helpers import services
+
+    lowered = lower(build_kernel(SM90[name]()), TRITON_GPU)
+    spec = importlib.util.spec_from_file_location("tilews_threads_tl",
+                                                  services().store.source_file(emit(lowered)))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    signature, constants, attrs = {}, {}, {}
+    for p in lowered.params:            # (every parameter a tensor of static shape)
+        attrs[(len(signature),)] = [["tt.divisibility", 16]]
+        signature[p.name] = "*" + {"f16": "fp16", "f32": "fp32", "i32": "i32"}[p.dtype.value]
+        shape = [int(d.value) for d in p.shape]
+        for d in range(len(shape)):
+            stride, at = math.prod(shape[d + 1:]), (len(signature),)
+            if stride == 1:
+                constants[at] = 1
+            elif stride % 16 == 0:
+                attrs[at] = [["tt.divisibility", 16]]
+            signature[f"{p.name}_stride{d}"] = "constexpr" if stride == 1 else "i32"
+    fn = triton.jit(getattr(module, lowered.name))
+    compiled = triton.compile(ASTSource(fn, signature, constants, attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": lowered.plan(StreamPlan).num_warps})
+    with open(out, "w") as f:
+        json.dump({k: compiled.asm[k] for k in ("ttgir", "ptx")}, f)
+
+
+def _sm90(name: str, tmp_path) -> dict:
+    import json
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-m", "tests.test_threads_tl", "compile", name, str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def _ops(ptx: str, op: str) -> int:
+    """How many instructions of (a part of) a kernel's PTX are ``op`` (``op`` or ``op.*``)."""
+    return len(re.findall(rf"^\s*(?:@%p\d+\s+)?{re.escape(op)}(?![\w])", ptx, re.M))
+
+
+@pytest.mark.parametrize("name", sorted(SM90))
+def test_compiles_for_sm90(name, tmp_path):
+    ptx = _sm90(name, tmp_path)["ptx"]
+    assert ".entry main" in ptx
+    if name in GEMVS:       # the K loop's products: one FMA each, whatever reads the operands
+        assert _ops(ptx, "fma.rn.f32") > 0
+    if name == "histogram":  # the block's bins, then the total: adds at device scope
+        assert _ops(ptx, "atom.global.gpu.relaxed.add.f32") >= 2, ptx
+
+
+def test_vectorized_splitk_gemv_on_sm90(tmp_path):
+    """BLOCK_N=2, reduce_threads=32 (64 threads), TILE_K=8 halves: each thread loads its 8
+    elements of B (and of A) with one 128-bit load and multiplies them where they lie."""
+    asm = _sm90("splitk_vectorized", tmp_path)
+    ttgir, ptx = asm["ttgir"], asm["ptx"]
+    loads = re.findall(r"tt\.load %\S+, .*: tensor<32x2x8x!tt\.ptr<f16>, (#\w+)>", ttgir)
+    assert len(loads) == 2, ttgir          # A and B, each at the loop's whole (thread) shape
+    for layout in set(loads):
+        spec = re.search(rf"^{layout} = #ttg\.blocked<\{{(.*)\}}>", ttgir, re.M).group(1)
+        # the 8 elements of a thread's TILE_K dim in that thread's registers
+        assert "sizePerThread = [1, 1, 8]" in spec and "threadsPerWarp = [32, 1, 1]" in spec, spec
+        assert re.search(r"warpsPerCTA = \[\d+, \d+, 1\]", spec), spec
+    assert _ops(ptx, "ld.global.v4.b32") == 2 and _ops(ptx, "ld.global") == 2, ptx
+    # A_local[t, k] / B_local[t, k] at the serial k: no gather, no shuffle, no select, no add;
+    # from the loads to the last product, the 8 products and their operands' conversions (the
+    # loop over bk keeps its 4 iterations in one loop)
+    assert "tt.gather" not in ttgir.split("scf.for", 1)[1]
+    products = ptx.split("ld.global.v4.b32", 2)[2].rsplit("fma.rn.f32", 1)[0] + "fma.rn.f32"
+    assert _ops(products, "fma.rn.f32") == _ops(ptx, "fma.rn.f32") == 8
+    assert _ops(products, "cvt.f32.f16") == 16
+    for op in ("selp", "add", "sub", "setp", "shfl", "ld", "st", "bar"):
+        assert _ops(products, op) == 0, (op, products)
+    # the block's sum into C_shared: a butterfly over the 32 reduce threads, once
+    assert _ops(ptx, "shfl.sync.bfly.b32") == 5
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "compile":
+        _compile_sm90(*sys.argv[2:])

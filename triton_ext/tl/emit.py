@@ -293,7 +293,7 @@ def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
     if not s.vars:
         stmt(ctx, s.body)
         return
-    frame = ParallelFrame(s.vars, s.extents, ctx.plan.tile(s.extents))
+    frame = ParallelFrame(s.vars, s.extents, ctx.plan.tile(s.extents), s.per_thread)
     for k, (v, n) in enumerate(zip(s.vars, frame.shape)):
         ctx.line(f"{ctx.name(v.name)} = {arange(n, k, len(s.extents))}")
     ctx.nonneg.update(s.vars)
