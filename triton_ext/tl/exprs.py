@@ -6,14 +6,18 @@ nest. Element accesses:
 
 * a global element ``A[i, j]`` is a masked ``tl.load`` at ``A + i * A_stride0 + j * A_stride1``
   (``bounds``: ``i < dim`` always, ``i >= 0`` where legalize's ``mask_low`` says ``i`` may be
-  negative; offsets in 64 bits for the buffers in the ``StreamPlan``'s ``wide_offsets``);
+  negative; offsets in 64 bits for the buffers in the ``StreamPlan``'s ``wide_offsets``); in
+  per-thread code (``Parallel.per_thread``) a load of the loop's whole shape (``Access.READ``);
 * an on-chip buffer indexed by the parallel variables (each over the buffer's whole extent, in any
   order, or a subset of them; ``0`` on unit dims) is the register tensor itself, permuted and
   broadcast into the loop's axes;
-* an on-chip buffer indexed otherwise inside ``T.Parallel`` (``B[i, j // 2]``, a loop of another
-  extent) is gathered (``tl.gather`` of the flat buffer at each iteration's offset);
 * an on-chip element at indices that do not involve the parallel variables is extracted with a
-  one-hot ``tl.where`` and a sum; a local buffer of shape (1,) is a plain scalar.
+  one-hot ``tl.where`` and a sum (of a float's bits); where the buffer's other dims are indexed by
+  parallel variables as above (``A_local[t, k]`` at a serial ``k``), only the former dims are
+  (``_picked``), which costs nothing where they lie in each thread's registers and the index is
+  a constant after unrolling; a local buffer of shape (1,) is a plain scalar;
+* an on-chip buffer indexed otherwise inside ``T.Parallel`` (``B[i, j // 2]``, a loop of another
+  extent) is gathered (``tl.gather`` of the flat buffer at each iteration's offset).
 
 On-chip buffers are tensors of ``StreamPlan.tile`` of their shape (``Ctx.shape``).
 
