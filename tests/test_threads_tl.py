@@ -4,7 +4,7 @@ Numerics on ``target="triton"`` (Triton's CPU interpreter here) against float64 
 inputs, outputs poisoned: every GEMV form of TileLang's ``gemv`` example that needs no thread
 reduction intrinsic (naive, naive split-K, split-K, split-K vectorized), a per-thread loop whose
 trip count comes from a tensor, a per-thread branch writing global memory, per-thread atomic adds
-into shared and into global memory.
+into shared and into global memory (also at shared indices computed from two thread dims).
 
 Compile-only for ``GPUTarget("cuda", 90, 32)`` (the ``tl`` path on Hopper; no GPU needed): the
 vectorized split-K GEMV loads B with 128-bit loads, keeps each thread's ``TILE_K`` elements in
@@ -166,6 +166,28 @@ def histogram(N, BINS, threads=128):
     return main
 
 
+def histogram_2d(N, BINS):
+    """The histogram on threads=(32, 4), bins laid out (2, BINS // 2): every shared index reads
+    both thread indices (a thread's flat number ``ty * 32 + tx``)."""
+    H = BINS // 2
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), T.float32), L: T.Tensor((N,), T.int32),
+             Y: T.Tensor((2, H), T.float32)):
+        with T.Kernel(T.ceildiv(N, 128), threads=(32, 4)) as bx:
+            tx = T.get_thread_binding(0)
+            ty = T.get_thread_binding(1)
+            t = ty * 32 + tx
+            bins = T.alloc_shared((2, H), T.float32)
+            if t < BINS:
+                bins[t // H, t % H] = 0
+            label = L[bx * 128 + t]
+            T.atomic_add(bins[label // H, label % H], X[bx * 128 + t])
+            if t < BINS:
+                T.atomic_add(Y[t // H, t % H], bins[t // H, t % H])
+    return main
+
+
 # ----------------------------------------------------------------------------------------------
 # numerics on target="triton"
 
@@ -226,13 +248,23 @@ def test_per_thread_atomics_into_shared_and_global():
     torch.testing.assert_close(S.double(), X.double().sum().reshape(1), rtol=1e-5, atol=1e-4)
 
 
+def test_per_thread_shared_indices_of_two_thread_dims():
+    N, BINS = 256, 16
+    X = randn(N, seed=8)
+    L = torch.randint(0, BINS, (N,), generator=torch.Generator().manual_seed(9), dtype=torch.int32)
+    Y = torch.zeros(2, BINS // 2)
+    tilews.compile(histogram_2d(N, BINS), target="triton")(X, L, Y)
+    ref = torch.zeros(BINS, dtype=torch.float64).index_add_(0, L.long(), X.double())
+    torch.testing.assert_close(Y.double().reshape(-1), ref, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------
 # compile-only for sm_90 (the tl path on Hopper)
 
 
 SM90 = {**{form: lambda f=f: f(1024, 1024) for form, f in GEMVS.items()},
         "ragged": lambda: ragged_row_sums(1024, 64), "branch": lambda: branch_writes(1024),
-        "histogram": lambda: histogram(1024, 16)}
+        "histogram": lambda: histogram(1024, 16), "histogram_2d": lambda: histogram_2d(1024, 16)}
 
 
 def _compile_sm90(name: str, out: str) -> None:

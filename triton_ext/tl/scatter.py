@@ -3,8 +3,8 @@ over the buffer's whole extent: ``buf[i // 2, j] = v``, ``sinks[i] = Sinks[by]``
 another extent, ``S[h, k] = v`` at a runtime ``k``, each possibly under an ``if``.
 
 Triton has no scatter into a register tensor, so the store is turned around: for each element of
-the buffer, the iteration that writes it. Each dim of the buffer is indexed by an expression of at
-most one parallel variable (each variable indexing at most one dim), or of none:
+the buffer, the iteration that writes it. Where each dim of the buffer is indexed by an expression
+of at most one parallel variable (each variable indexing at most one dim), or of none:
 
 1. the value and the store's mask (the enclosing ``if``s, the iterations that exist, the indices
    inside the buffer) as tensors over the loop;
@@ -15,6 +15,10 @@ most one parallel variable (each variable indexing at most one dim), or of none:
    mask gathered;
 4. the buffer replaced where that mask is set and the dims indexed by no variable select.
 
+Otherwise (``S[ty * 32 + tx]`` in per-thread code of two thread dims) over the flat iterations: for
+each element, the last iteration whose flat offset into the buffer is that element (a one-hot of
+buffer size x iteration count).
+
 Where several iterations store to one element, the last in loop order wins (the interpreter's
 order); the program's result is then the one its loop order gives.
 
@@ -24,21 +28,25 @@ in float32 (int32) at least and rounded once. The masked-off iterations' values 
 loop axes no index reads are summed away, the rest laid out in the buffer's dim order (as 3), and
 along each dim whose index is not the loop variable over the whole dim, the sum over the
 iterations whose index is each element (a one-hot of dim x loop extent); the dims indexed by no
-variable select with a one-hot.
+variable select with a one-hot. Where an index reads several variables, over the flat iterations
+as a store.
 """
 from __future__ import annotations
+
+import math
+from typing import Optional
 
 from tilews.lowering import ir
 from tilews.lowering.traverse import subexprs
 
-from ..pysource import nonneg
+from ..pysource import atom, nonneg
 from .context import TL_DTYPE, Ctx, arange, shape_text
 from .exprs import one_hot, spell, value_as
 
 
 def scatter(ctx: Ctx, s: ir.Store) -> None:
     b, par = s.buffer, ctx.par
-    readers = _readers(ctx, b, s.indices, s.loc)
+    readers = _readers(ctx, s.indices)
     cur, rank = list(par.shape), len(par.shape)
     value, hit = ctx.fresh(f"{b.name}_value"), ctx.fresh(f"{b.name}_hit")
     ctx.line(f"{value} = tl.broadcast_to({value_as(ctx, s.value, b.dtype)}, {shape_text(cur)})")
@@ -46,6 +54,9 @@ def scatter(ctx: Ctx, s: ir.Store) -> None:
     ctx.line(f"{hit} = tl.full({shape_text(cur)}, 1, tl.int32)")
     if conds:
         ctx.line(f"{hit} = tl.where({' & '.join(conds)}, {hit}, 0)")
+    if readers is None:
+        _flat_store(ctx, b, s.indices, value, hit)
+        return
     for a in range(rank):                      # 2: axes no index reads
         if a in readers or cur[a] == 1:
             continue
@@ -76,6 +87,21 @@ def scatter(ctx: Ctx, s: ir.Store) -> None:
     ctx.line(f"{x} = tl.where({' & '.join(conds)}, {value}, {x})")
 
 
+def _flat_store(ctx: Ctx, b: ir.Buffer, indices, value: str, hit: str) -> None:
+    """Step 2-4 over the flat iterations, where an index reads several loop variables (or one
+    variable indexes several dims: ``S[ty * 32 + tx]``): per element, the last iteration (in loop
+    order) that stores to it."""
+    flat, lanes, n = _flat(ctx, b, indices)
+    last = ctx.fresh("last")
+    ctx.line(f"{last} = tl.max(tl.where(({flat}[None, :] == tl.arange(0, {n})[:, None]) & "
+             f"(tl.reshape({hit}, ({lanes},))[None, :] != 0), tl.arange(0, {lanes})[None, :], -1), "
+             f"axis=1)")
+    ctx.line(f"{value} = tl.gather(tl.reshape({value}, ({lanes},)), tl.maximum({last}, 0), 0)")
+    shape = shape_text(ctx.shape(b))
+    x = ctx.name(b.name)
+    ctx.line(f"{x} = tl.where(tl.reshape({last} >= 0, {shape}), tl.reshape({value}, {shape}), {x})")
+
+
 def scatter_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     """``s.dst`` (an element of an on-chip buffer) += ``s.value`` in each iteration of the loop
     (once outside one)."""
@@ -85,13 +111,19 @@ def scatter_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
         x, picked = ctx.name(b.name), one_hot(ctx, b, indices)
         ctx.line(f"{x} = tl.where({picked}, {_plus(ctx, b, wide, value_as(ctx, s.value, wide))}, {x})")
         return
-    readers = _readers(ctx, b, indices, s.loc)
+    readers = _readers(ctx, indices)
     cur, rank = list(par.shape), len(par.shape)
     value = ctx.fresh(f"{b.name}_add")
     ctx.line(f"{value} = tl.broadcast_to({value_as(ctx, s.value, wide)}, {shape_text(cur)})")
     conds = _conds(ctx, b, indices)
     if conds:
         ctx.line(f"{value} = tl.where({' & '.join(conds)}, {value}, 0)")
+    if readers is None:                        # S[ty * 32 + tx]: over the flat iterations
+        flat, lanes, n = _flat(ctx, b, indices)
+        ctx.line(f"{value} = tl.sum(tl.where({flat}[None, :] == tl.arange(0, {n})[:, None], "
+                 f"tl.reshape({value}, ({lanes},))[None, :], 0), axis=1)")
+        ctx.line(f"{ctx.name(b.name)} = {_plus(ctx, b, wide, f'tl.reshape({value}, {shape_text(ctx.shape(b))})')}")
+        return
     for a in range(rank):                      # the axes no index reads
         if a not in readers and cur[a] != 1:
             ctx.line(f"{value} = tl.sum({value}, axis={a}, keep_dims=True)")
@@ -172,16 +204,27 @@ def _writes(ctx: Ctx, index: ir.Expr, axis: int, width: int, n: int) -> str:
            f"(tl.arange(0, {width})[None, :] < {ctx.par.extents[axis]}))"
 
 
-def _readers(ctx: Ctx, b: ir.Buffer, indices, loc: ir.Loc) -> list:
-    """For each dim of the buffer, the loop axis its index reads (None: none)."""
+def _readers(ctx: Ctx, indices) -> Optional[list]:
+    """For each dim of the buffer, the loop axis its index reads (None: none); None where an index
+    reads several, or a variable indexes several dims."""
     readers = []
     for i in indices:
         axes = {ctx.par.vars.index(x) for x in subexprs(i) if x in ctx.par.vars}
         if len(axes) > 1 or axes & set(readers):
-            raise ctx.unsupported(f"this access to on-chip buffer '{b.name}' inside "
-                                  f"T.Parallel", loc,
-                                  "inside T.Parallel, index each dim of an on-chip buffer you "
-                                  "store or add to by an expression of at most one parallel "
-                                  "variable, each variable in at most one dim")
+            return None
         readers.append(axes.pop() if axes else None)
     return readers
+
+
+def _flat(ctx: Ctx, b: ir.Buffer, indices) -> tuple[str, int, int]:
+    """Each iteration's flat offset into ``b``'s register tensor, as a tensor of the loop's
+    iterations in loop order; and the numbers of iterations and of elements."""
+    shape, lanes = ctx.shape(b), math.prod(ctx.par.shape)
+    terms = []
+    for d, i in enumerate(indices):
+        stride = math.prod(shape[d + 1:])
+        terms.append(spell(ctx, i) if stride == 1 else f"{atom(spell(ctx, i))} * {stride}")
+    flat = ctx.fresh(f"{b.name}_at")
+    ctx.line(f"{flat} = tl.reshape(tl.broadcast_to({' + '.join(terms)}, "
+             f"{shape_text(ctx.par.shape)}), ({lanes},))")
+    return flat, lanes, math.prod(shape)
