@@ -24,12 +24,14 @@ _RESERVED = {"tl", "range", "float"}
 @dataclass
 class ParallelFrame:
     """An enclosing ``T.Parallel``: its variables (axis = position), extents, the shape of its
-    tensors (``StreamPlan.tile`` of the extents) and the masks around the current statement, each
-    with the loop axes it spans (the first, with padding, selecting the iterations that exist;
-    then the enclosing ``if``s)."""
+    tensors (``StreamPlan.tile`` of the extents), whether it is per-thread code
+    (``Parallel.per_thread``) and the masks around the current statement, each with the loop axes
+    it spans (the first, with padding, selecting the iterations that exist; then the enclosing
+    ``if``s)."""
     vars: tuple[ir.Var, ...]
     extents: tuple[int, ...]
     shape: tuple[int, ...]
+    per_thread: bool = False
     masks: list[tuple[str, frozenset[int]]] = field(default_factory=list)
 
     def axis(self, e: ir.Expr) -> Optional[int]:

@@ -24,7 +24,7 @@ from tilews.lowering.traverse import subexprs
 from ..pysource import GRID_SUFFIX, host_expr, nonneg
 from . import tiles
 from .context import TL_DTYPE, Ctx, ParallelFrame, arange, shape_text
-from .scatter import scatter
+from .scatter import scatter, scatter_add
 from .exprs import (Access, cast, element_ptr, from_parallel, mask_arg, masked_load, one_hot,
                     parallel_axes, parallel_view, spell, value_as)
 
@@ -263,14 +263,17 @@ def _require_covered(ctx: Ctx, s: ir.Stmt, indices, values) -> None:
 
 
 def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
-    """The add at device scope with ``s.order`` as Triton's ``sem``; a block barrier before a
-    release (the block's earlier writes, made by all its threads, precede the add) and after an
-    acquire (no thread reads before the add has returned)."""
+    """Into global memory: the add at device scope with ``s.order`` as Triton's ``sem``; a block
+    barrier before a release (the block's earlier writes, made by all its threads, precede the
+    add) and after an acquire (no thread reads before the add has returned). Into an on-chip
+    buffer (element adds of per-thread code): a scatter-add into its register tensor."""
     b = s.dst.buffer
     order = f", sem='{s.order}', scope='gpu'"
     if s.releases:
         ctx.line("tl.debug_barrier()")
-    if isinstance(s.value, ir.Region):
+    if b.scope is not ir.Scope.GLOBAL:
+        scatter_add(ctx, s)
+    elif isinstance(s.value, ir.Region):
         ptr, mask, _ = tiles.region_ptr(ctx, s.dst, masked=True)
         value = tiles.tile_value(ctx, s.value, s.loc)
         to = "" if s.value.buffer.dtype == b.dtype else f".to({TL_DTYPE[b.dtype]})"
@@ -285,8 +288,12 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
 
 def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
     """The loop's variables as ``tl.arange``s over its tensor shape; with padding, the iterations
-    that exist are the frame's first mask."""
-    frame = ParallelFrame(s.vars, s.extents, ctx.plan.tile(s.extents))
+    that exist are the frame's first mask. A loop of no variables (a uniform element statement of
+    per-thread code) is its body, spelled as outside ``T.Parallel``."""
+    if not s.vars:
+        stmt(ctx, s.body)
+        return
+    frame = ParallelFrame(s.vars, s.extents, ctx.plan.tile(s.extents), s.per_thread)
     for k, (v, n) in enumerate(zip(s.vars, frame.shape)):
         ctx.line(f"{ctx.name(v.name)} = {arange(n, k, len(s.extents))}")
     ctx.nonneg.update(s.vars)

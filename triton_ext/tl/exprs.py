@@ -6,14 +6,18 @@ nest. Element accesses:
 
 * a global element ``A[i, j]`` is a masked ``tl.load`` at ``A + i * A_stride0 + j * A_stride1``
   (``bounds``: ``i < dim`` always, ``i >= 0`` where legalize's ``mask_low`` says ``i`` may be
-  negative; offsets in 64 bits for the buffers in the ``StreamPlan``'s ``wide_offsets``);
+  negative; offsets in 64 bits for the buffers in the ``StreamPlan``'s ``wide_offsets``); in
+  per-thread code (``Parallel.per_thread``) a load of the loop's whole shape (``Access.READ``);
 * an on-chip buffer indexed by the parallel variables (each over the buffer's whole extent, in any
   order, or a subset of them; ``0`` on unit dims) is the register tensor itself, permuted and
   broadcast into the loop's axes;
-* an on-chip buffer indexed otherwise inside ``T.Parallel`` (``B[i, j // 2]``, a loop of another
-  extent) is gathered (``tl.gather`` of the flat buffer at each iteration's offset);
 * an on-chip element at indices that do not involve the parallel variables is extracted with a
-  one-hot ``tl.where`` and a sum; a local buffer of shape (1,) is a plain scalar.
+  one-hot ``tl.where`` and a sum (of a float's bits); where the buffer's other dims are indexed by
+  parallel variables as above (``A_local[t, k]`` at a serial ``k``), only the former dims are
+  (``_picked``), which costs nothing where they lie in each thread's registers and the index is
+  a constant after unrolling; a local buffer of shape (1,) is a plain scalar;
+* an on-chip buffer indexed otherwise inside ``T.Parallel`` (``B[i, j // 2]``, a loop of another
+  extent) is gathered (``tl.gather`` of the flat buffer at each iteration's offset).
 
 On-chip buffers are tensors of ``StreamPlan.tile`` of their shape (``Ctx.shape``).
 
@@ -166,10 +170,36 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
     axes = parallel_axes(ctx, b, e.indices)
     if axes is not None:
         return parallel_view(ctx, b, axes)
-    if ctx.par is not None and ctx.par.axes(e.indices):
-        return _gather(ctx, b, e.indices)
-    picked = f"tl.where({one_hot(ctx, b, e.indices)}, {ctx.name(b.name)}, 0)"
-    return f"tl.sum({picked}, axis=None).to({TL_DTYPE[b.dtype]})"
+    if ctx.par is None or not ctx.par.axes(e.indices):
+        return _picked(ctx, b, e.indices, range(len(e.indices)))
+    fixed = [d for d, i in enumerate(e.indices) if not ctx.par.axes([i])]
+    rest = [d for d in range(len(e.indices)) if d not in fixed]
+    axes = _axes(ctx, [e.indices[d] for d in rest], [b.static_shape[d] for d in rest])
+    if fixed and axes is not None:      # B[i, k]: the loop's i, a k of no parallel variable
+        shape = [ctx.shape(b)[d] for d in rest]
+        return _view(ctx, _picked(ctx, b, e.indices, fixed), shape, axes)
+    return _gather(ctx, b, e.indices)
+
+
+def _picked(ctx: Ctx, b: ir.Buffer, indices, dims) -> str:
+    """On-chip ``b`` with each dim of ``dims`` reduced to its element at ``indices[d]`` (an index
+    the parallel variables do not read): the element kept by a one-hot select and the dim summed
+    away, a float as its bits (exact whatever its value; where a dim lies in each thread's
+    registers and the index is a constant, the selects and sums fold away)."""
+    x, dt = ctx.name(b.name), TL_DTYPE[b.dtype]
+    bits = _BITS[b.dtype.bits] if b.dtype.is_float else None
+    if bits:
+        x = f"{x}.to({bits}, bitcast=True)"
+    x = f"tl.where({one_hot(ctx, b, [i if d in dims else None for d, i in enumerate(indices)])}, {x}, 0)"
+    if len(dims) == len(indices):
+        x = f"tl.sum({x}, axis=None)"
+    else:
+        for d in sorted(dims, reverse=True):
+            x = f"tl.sum({x}, axis={d})"
+    return f"{x}.to({bits}).to({dt}, bitcast=True)" if bits else f"{x}.to({dt})"
+
+
+_BITS = {8: "tl.int8", 16: "tl.int16", 32: "tl.int32", 64: "tl.int64"}   # a float's bits
 
 
 def _gather(ctx: Ctx, b: ir.Buffer, indices) -> str:
@@ -205,7 +235,10 @@ class Access(enum.Enum):
     mask of the enclosing ``if``s when that mask spans loop axes its address does not (Triton
     takes no mask wider than the pointer)."""
     READ = "read"     # one load shared by those lanes; the ifs do not guard it (its own bounds
-                      # mask keeps it in the buffer, and a value no lane uses is harmless)
+                      # mask keeps it in the buffer, and a value no lane uses is harmless). In
+                      # per-thread code each lane's own load, under its ifs (every thread loads
+                      # what it reads: the load has the loop's shape, so Triton lays it out as
+                      # the loop's other tensors, each thread's elements in that thread)
     WRITE = "write"   # each lane's write, under its own ifs: the address is broadcast over the
                       # loop (lanes that differ only along the other axes store the same value)
     ADD = "add"       # one add per lane, whatever the ifs: the address is always broadcast
@@ -224,7 +257,9 @@ def element_ptr(ctx: Ctx, b: ir.Buffer, indices, mask_low: tuple[bool, ...],
     if par is not None:
         spans = par.axes(indices)
         wider = not par.mask_axes() <= spans
-        if access is Access.ADD or access is Access.WRITE and wider:
+        per_lane = access is Access.ADD or access is Access.WRITE and wider or \
+            access is Access.READ and par.per_thread and len(spans) < len(par.shape)
+        if per_lane:
             ptr, wider = f"tl.broadcast_to({ptr}, {shape_text(par.shape)})", False
         if par.mask() and not wider:
             conds.append(par.mask())
@@ -263,10 +298,15 @@ def bounds(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: tuple[bool, ...
 def parallel_axes(ctx: Ctx, b: ir.Buffer, indices) -> Optional[list[Optional[int]]]:
     """For each dim of ``b``: the parallel axis indexing it (None for a unit dim indexed by 0), or
     None if the indices are not that pattern."""
+    return _axes(ctx, indices, b.static_shape)
+
+
+def _axes(ctx: Ctx, indices, extents) -> Optional[list[Optional[int]]]:
+    """``parallel_axes`` of indices into dims of ``extents``."""
     if ctx.par is None:
         return None
     axes: list[Optional[int]] = []
-    for i, n in zip(indices, b.static_shape):
+    for i, n in zip(indices, extents):
         a = ctx.par.axis(i)
         if a is not None and ctx.par.extents[a] == n and a not in axes:
             axes.append(a)
@@ -279,10 +319,15 @@ def parallel_axes(ctx: Ctx, b: ir.Buffer, indices) -> Optional[list[Optional[int
 
 def parallel_view(ctx: Ctx, b: ir.Buffer, axes: list[Optional[int]]) -> str:
     """The register tensor of ``b`` laid out along the loop's axes (broadcast over the others)."""
-    x = ctx.name(b.name)
+    return _view(ctx, ctx.name(b.name), ctx.shape(b), axes)
+
+
+def _view(ctx: Ctx, x: str, shape, axes: list[Optional[int]]) -> str:
+    """Tensor ``x`` of ``shape`` whose dims are the loop's ``axes`` (``parallel_axes``) laid out
+    along the loop's axes."""
     present = [a for a in axes if a is not None]
     if len(present) != len(axes):
-        x = f"tl.reshape({x}, {shape_text([n for n, a in zip(ctx.shape(b), axes) if a is not None])})"
+        x = f"tl.reshape({x}, {shape_text([n for n, a in zip(shape, axes) if a is not None])})"
     order = sorted(range(len(present)), key=lambda k: present[k])
     if order != list(range(len(present))):
         x = f"tl.permute({x}, {shape_text(order)})"
