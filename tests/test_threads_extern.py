@@ -6,10 +6,9 @@ poisoned output), against a numpy reference that performs the CUDA source's arit
 bit (lop3: the magic-number float16 words and their f16x2 subtract/multiply steps; twiddling: the
 bfloat16 words the masks build, times 2^126): exact equality. The layout test checks that a
 decoder undoes ``interleave_weight``. The fp16 x int4 GEMV of TileLang's
-``example_dequant_gemv_fp16xint4.py`` (``fast_decoding=True``) runs as TileLang writes it; its
-reduction (``T.tvm_thread_allreduce``) is another branch's work, so it is xfail until that lands,
-and the same GEMV with the block's partial sums added in shared memory checks the decode inside a
-real kernel. Errors: a name with no implementation, at the user's line; an imported source that
+``example_dequant_gemv_fp16xint4.py`` (``fast_decoding=True``) runs as TileLang writes it (its
+reduction a ``T.tvm_thread_allreduce``), and the same GEMV with the block's partial sums added in
+shared memory checks the decode inside a kernel of another form. Errors: a name with no implementation, at the user's line; an imported source that
 does not define the called name; a pointer of the wrong dtype; a read past the pointed buffer.
 """
 from __future__ import annotations
@@ -345,9 +344,6 @@ def _gemv_operands(M, N, K):
     return a, b, a.double() @ deq.T
 
 
-@pytest.mark.xfail(not hasattr(T, "tvm_thread_allreduce"), strict=True,
-                   reason="T.tvm_thread_allreduce (the GEMV's reduction) is not provided yet "
-                          "(branch thr-reduce)")
 @pytest.mark.parametrize("target", TARGETS)
 def test_dequantize_gemv_fast_decoding(target):
     M, N, K = 1, 64, 256
@@ -357,12 +353,7 @@ def test_dequantize_gemv_fast_decoding(target):
     assert ((c.double() - ref).abs() / ref.abs()).max() < 1e-2    # float16 sums
 
 
-@pytest.mark.parametrize("target", [
-    "interpret",
-    pytest.param("triton", marks=pytest.mark.xfail(
-        strict=True, raises=(tilews.CompileError, tilews.InternalError),
-        reason="element atomics into shared memory in per-thread code: the tl backend's "
-               "thread-level support (branch thr-tl)"))])
+@pytest.mark.parametrize("target", TARGETS)
 def test_dequantize_gemv_decodes_inside_a_kernel(target):
     M, N, K = 1, 64, 256
     a, b, ref = _gemv_operands(M, N, K)

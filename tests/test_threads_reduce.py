@@ -17,17 +17,6 @@ from tilews.tvm import DataType
 from .helpers import marked_line, poisoned, randn
 
 TARGETS = ["interpret", "triton"]
-# the tl backend cannot yet spell a per-thread store that every thread of one thread dim makes
-# to the same element (e.g. `C[bn * BLOCK_N + tn] = C_reduced[0]`, uniform over tk): branch
-# thr-tl's backend work
-UNIFORM_STORE = "triton backend: a per-thread store whose address does not depend on every thread index"
-
-
-def on(target, reason=None):
-    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason and target == "triton" else []
-    return pytest.param(target, marks=marks, id=target)
-
-
 # ----------------------------------------------------------------------------------------------
 # the programs of gemv/example_gemv.py, as TileLang users write them
 
@@ -104,7 +93,7 @@ def gemv_alloc_reducer(a, x, block_M=128, block_N=128, num_stages=2, threads=256
     return o
 
 
-@pytest.mark.parametrize("target", [on("interpret"), on("triton", UNIFORM_STORE)])
+@pytest.mark.parametrize("target", TARGETS)
 def test_splitk_gemv_with_tvm_thread_allreduce(target):
     N, K = 64, 512                       # 2 x 32 threads; 2 rounds of 256 columns per row
     A, B = randn(K, dtype=torch.float16, seed=1), randn(N, K, dtype=torch.float16, seed=2)

@@ -220,8 +220,13 @@ def _cumsum(ctx: Ctx, s: ir.CumSum) -> None:
 def _store(ctx: Ctx, s: ir.Store) -> None:
     b = s.buffer
     if b.scope is ir.Scope.GLOBAL:
-        _require_covered(ctx, s, s.indices, [s.value])
+        writers = _last_writers(ctx, s.indices)
+        if writers is None:
+            _require_covered(ctx, s, s.indices, [s.value])
         ptr, mask = element_ptr(ctx, b, s.indices, s.mask_low, s.loc, Access.WRITE)
+        if writers is not None:
+            ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.shape)})"
+            mask = writers if mask is None else f"({mask}) & {writers}"
         ctx.line(f"tl.store({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)})")
         return
     if b in ctx.scalars and ctx.par is None:
@@ -247,6 +252,32 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
                               "T.Parallel, or reduce into it")
     else:
         scatter(ctx, s)
+
+
+def _last_writers(ctx: Ctx, indices) -> str | None:
+    """Per-thread code where several threads store one global element (the address reads none of
+    some loop axes: TileLang's ``C[row] = total[0]`` run by every thread of a row): a mask keeping
+    the last active thread of each such group, in iteration order, as the interpreter's scatter
+    keeps the last store. None where every thread stores its own element."""
+    par = ctx.par
+    if par is None or not par.per_thread:
+        return None
+    spans = par.axes(indices)
+    missing = [k for k, n in enumerate(par.extents) if k not in spans and n > 1]
+    if not missing:
+        return None
+    full = shape_text(par.shape)
+    keep = None
+    for k in missing:                       # outermost first: the last in iteration order
+        idx = ctx.name(par.vars[k].name)
+        active = " & ".join(m for m in (par.mask(), keep) if m)
+        if not active:
+            last = str(par.extents[k] - 1)
+        else:
+            last = (f"tl.max(tl.where(tl.broadcast_to({active}, {full}), {idx}, -1), axis={k}, "
+                    f"keep_dims=True)")
+        keep = f"({idx} == {last})" if keep is None else f"{keep} & ({idx} == {last})"
+    return keep
 
 
 def _require_covered(ctx: Ctx, s: ir.Stmt, indices, values) -> None:
