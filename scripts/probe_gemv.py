@@ -22,8 +22,9 @@ from peer_compare import graph_ms, launches_ms, load, unpack_peers  # noqa: E402
 def spelled_loops(head: str):
     """The tl emitter with serial loops of build-time bounds spelled ``head`` (a format of
     ``bounds``)."""
+    import importlib
     from tilews.lowering import ir
-    from tilews.triton_ext.tl import emit
+    emit = importlib.import_module("tilews.triton_ext.tl.emit")
     original = emit._for
 
     def variant(ctx, s):
@@ -51,18 +52,20 @@ def main() -> None:
     cfg = dict(N=n, K=k, BLOCK_N=2, reduce_threads=32)
     tl_mod = load("original", "gemv", "example_gemv.py")
     tl_kernel = tl_mod.splitk_gemv_vectorized_tvm.compile(**cfg)
-    print("=== TileLang CUDA source\n", tl_kernel.get_kernel_source()[:6000])
+    print("=== TileLang CUDA source\n", tl_kernel.get_kernel_source()[-1500:])
     a = torch.randn(k, device="cuda", dtype=torch.float16)
     b = torch.randn(n, k, device="cuda", dtype=torch.float16)
     ref = b.float() @ a.float()
 
     os.environ["TILEWS_DISABLE_CACHE"] = "1"
+    import importlib
     from tilews.lowering import ir
-    from tilews.triton_ext.tl import emit
+    emit = importlib.import_module("tilews.triton_ext.tl.emit")
     variants = {"range": None, "unroll2": "tl.range({bounds}, loop_unroll_factor=2)",
                 "unroll4": "tl.range({bounds}, loop_unroll_factor=4)",
                 "stages2": "tl.range({bounds}, num_stages=2)",
-                "stages3": "tl.range({bounds}, num_stages=3)"}
+                "stages3": "tl.range({bounds}, num_stages=3)",
+                "static": "tl.static_range({bounds})"}
     original = emit._for
     kernels = {}
     for name, head in variants.items():
