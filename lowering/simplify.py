@@ -181,6 +181,39 @@ def nonneg(e: ir.Expr, known) -> bool:
     return False
 
 
+def interval(e: ir.Expr, ranges: dict) -> Optional[tuple[int, int]]:
+    """The smallest and largest value of an integer expression whose variables lie in ``ranges``
+    (var -> (lo, hi), inclusive), through sums, differences, products, and floor division and
+    remainder by positive constants; None where that is not known."""
+    if isinstance(e, ir.Const):
+        return (e.value, e.value) if isinstance(e.value, int) and not isinstance(e.value, bool) else None
+    if isinstance(e, ir.Var):
+        return ranges.get(e)
+    if not isinstance(e, ir.BinOp) or not e.dtype.is_int:
+        return None
+    a = interval(e.a, ranges)
+    if a is None:
+        return None
+    if e.op in (_B.FLOORDIV, _B.MOD):
+        c = ir.as_int(e.b)
+        if c is None or c <= 0:
+            return None
+        if e.op is _B.FLOORDIV:
+            return a[0] // c, a[1] // c
+        return (a[0] % c, a[1] % c) if a[0] // c == a[1] // c else (0, c - 1)
+    b = interval(e.b, ranges)
+    if b is None:
+        return None
+    if e.op is _B.ADD:
+        return a[0] + b[0], a[1] + b[1]
+    if e.op is _B.SUB:
+        return a[0] - b[1], a[1] - b[0]
+    if e.op is _B.MUL:
+        products = [x * y for x in a for y in b]
+        return min(products), max(products)
+    return None
+
+
 def _lower_bound(e: ir.Expr, known) -> Optional[int]:
     """A lower bound of an integer sum or difference whose terms are constants or never negative
     (0 for those), or None."""

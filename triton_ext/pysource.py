@@ -31,6 +31,11 @@ class SourceWriter:
         self._names: dict[str, str] = {}
         self._used = set(keyword.kwlist) | reserved
         self.nonneg: set[ir.Var] = simplify.never_negative(kernel)
+        # the values integer variables take where they are bound (inclusive): block indices of
+        # build-time grid extents now, loop and parallel variables as their loops are spelled
+        self.ranges: dict[ir.Var, tuple[int, int]] = {
+            v: (0, g - 1) for v, g in zip(kernel.block_vars, map(ir.as_int, kernel.grid))
+            if g is not None and not kernel.block_defs and not kernel.swizzle_panel}
 
     def ieee_rounded(self, dtype: ir.DType) -> bool:
         """Whether a division or square root computed in ``dtype`` is spelled in its IEEE-rounded

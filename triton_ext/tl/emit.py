@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from tilews.lowering import ir
+from tilews.lowering import ir, simplify
 from tilews.lowering.errors import CompileError, InternalError
 from tilews.lowering.traverse import subexprs
 
@@ -328,6 +328,7 @@ def _parallel(ctx: Ctx, s: ir.Parallel) -> None:
     for k, (v, n) in enumerate(zip(s.vars, frame.shape)):
         ctx.line(f"{ctx.name(v.name)} = {arange(n, k, len(s.extents))}")
     ctx.nonneg.update(s.vars)
+    ctx.ranges.update((v, (0, n - 1)) for v, n in zip(s.vars, frame.shape))
     padded = [k for k, (e, n) in enumerate(zip(s.extents, frame.shape)) if e != n]
     if padded:
         exists = " & ".join(f"({ctx.name(s.vars[k].name)} < {s.extents[k]})" for k in padded)
@@ -341,6 +342,9 @@ def _for(ctx: Ctx, s: ir.For) -> None:
     var = ctx.name(s.var.name)
     if nonneg(ctx, s.start) and (ir.as_int(s.step) or 0) > 0:
         ctx.nonneg.add(s.var)
+    low, high = (simplify.interval(x, ctx.ranges) for x in (s.start, s.stop))
+    if low is not None and high is not None and (ir.as_int(s.step) or 0) > 0:
+        ctx.ranges[s.var] = (low[0], high[1] - 1)
     runtime = any(x in ctx.runtime or isinstance(x, ir.Load)
                   for e in (s.start, s.stop, s.step) for x in subexprs(e))
     if runtime and ctx.plan.loops_as_while:

@@ -31,7 +31,7 @@ import enum
 import math
 from typing import Callable, Optional
 
-from tilews.lowering import ir
+from tilews.lowering import ir, simplify
 from tilews.lowering.errors import InternalError
 from tilews.lowering.traverse import subexprs
 
@@ -252,7 +252,7 @@ def element_ptr(ctx: Ctx, b: ir.Buffer, indices, mask_low: tuple[bool, ...],
     read) with the mask's."""
     idx = [spell(ctx, i) for i in indices]
     ptr = " + ".join([ctx.name(b.name)] + [offset(ctx, b, d, atom(i)) for d, i in enumerate(idx)])
-    conds = bounds(ctx, b, idx, mask_low, loc)
+    conds = bounds(ctx, b, idx, mask_low, loc, indices)
     par = ctx.par
     if par is not None:
         spans = par.axes(indices)
@@ -280,18 +280,23 @@ def offset(ctx: Ctx, b: ir.Buffer, d: int, index: str) -> str:
 
 
 def bounds(ctx: Ctx, b: ir.Buffer, indices: list[str], mask_low: tuple[bool, ...],
-           loc: ir.Loc) -> list[str]:
-    """Conditions that ``indices`` (spelled) lie inside global ``b``: ``< dim`` on every dim,
-    ``>= 0`` on the dims ``mask_low`` (legalize's decision) marks."""
+           loc: ir.Loc, exprs=None) -> list[str]:
+    """Conditions that ``indices`` (spelled; ``exprs``, where given, the same as IR) lie inside
+    global ``b``: ``< dim`` on every dim whose index is not known to stay below a build-time dim
+    (``simplify.interval`` over the writer's variable ranges), ``>= 0`` on the dims ``mask_low``
+    (legalize's decision) marks."""
     if len(mask_low) != len(indices):
         raise InternalError(f"triton backend: an access to '{b.name}' has no mask_low decision "
                             f"(legalize makes it)", loc)
     conds = []
-    for i, dim, low in zip(indices, b.shape, mask_low):
+    for d, (i, dim, low) in enumerate(zip(indices, b.shape, mask_low)):
         if low:
             conds.append(f"({i} >= 0)")
-        if not (i.isdigit() and ir.as_int(dim) is not None and int(i) < ir.as_int(dim)):
-            conds.append(f"({i} < {spell(ctx, dim)})")      # (a constant inside needs none)
+        size = ir.as_int(dim)
+        span = simplify.interval(exprs[d], ctx.ranges) if exprs is not None else None
+        inside = size is not None and (i.isdigit() and int(i) < size or span is not None and span[1] < size)
+        if not inside:
+            conds.append(f"({i} < {spell(ctx, dim)})")
     return conds
 
 
