@@ -258,6 +258,40 @@ def test_per_thread_shared_indices_of_two_thread_dims():
     torch.testing.assert_close(Y.double().reshape(-1), ref, rtol=1e-5, atol=1e-5)
 
 
+def chunked_unpack(rows, cols, threads=128, local=4):
+    """TileLang's per-thread dequantization shape: each thread unpacks ``local`` values per round
+    and stores them at flat offsets ``round * threads * local + tx * local + v`` of a shared tile
+    (``S[e // cols, e % cols]``), then the tile is copied out."""
+    rounds = rows * cols // (threads * local)
+
+    @T.prim_func
+    def main(X: T.Tensor((rows, cols), T.int32), Y: T.Tensor((rows, cols), T.float32)):
+        with T.Kernel(1, threads=threads):
+            tx = T.get_thread_binding()
+            S = T.alloc_shared((rows, cols), T.float32)
+            vals = T.alloc_local((local,), T.float32)
+            for i in T.serial(rounds):
+                for v in T.vectorized(local):
+                    e = i * threads * local + tx * local + v
+                    vals[v] = T.cast(X[e // cols, e % cols] * 3 - 1, T.float32)
+                for v in T.vectorized(local):
+                    e = i * threads * local + tx * local + v
+                    S[e // cols, e % cols] = vals[v]
+            T.copy(S, Y)
+    return main
+
+
+@pytest.mark.parametrize("rows,cols", [(16, 64), (64, 128)])
+def test_per_thread_stores_of_aligned_runs_into_a_shared_tile(rows, cols):
+    X = torch.randint(-50, 50, (rows, cols), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
+    Y = poisoned(rows, cols)
+    tilews.compile(chunked_unpack(rows, cols), target="triton")(X, Y)
+    assert torch.equal(Y, (X * 3 - 1).float())
+    # the store is the round's values placed as one chunk, not a one-hot over the tile
+    source = tilews.compile(chunked_unpack(rows, cols), target="triton").get_kernel_source()
+    assert "chunk" in source and f"{rows * cols}" not in source.split("chunk", 1)[1].split("\n")[0]
+
+
 # ----------------------------------------------------------------------------------------------
 # compile-only for sm_90 (the tl path on Hopper)
 

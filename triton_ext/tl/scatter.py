@@ -15,9 +15,11 @@ of at most one parallel variable (each variable indexing at most one dim), or of
    mask gathered;
 4. the buffer replaced where that mask is set and the dims indexed by no variable select.
 
-Otherwise (``S[ty * 32 + tx]`` in per-thread code of two thread dims) over the flat iterations: for
-each element, the last iteration whose flat offset into the buffer is that element (a one-hot of
-buffer size x iteration count).
+Otherwise (``S[ty * 32 + tx]`` in per-thread code of two thread dims) over the flat iterations: where
+the iterations write one aligned run of the buffer in row-major order (``S[e // C, e % C]`` with
+``e = base + t * J + j``), the loop's values reshaped into that chunk; else, for each element, the
+last iteration whose flat offset into the buffer is that element (a one-hot of buffer size x
+iteration count).
 
 Where several iterations store to one element, the last in loop order wins (the interpreter's
 order); the program's result is then the one its loop order gives.
@@ -37,6 +39,7 @@ import math
 from typing import Optional
 
 from tilews.lowering import ir
+from tilews.lowering.simplify import linear
 from tilews.lowering.traverse import subexprs
 
 from ..pysource import atom, nonneg
@@ -55,7 +58,8 @@ def scatter(ctx: Ctx, s: ir.Store) -> None:
     if conds:
         ctx.line(f"{hit} = tl.where({' & '.join(conds)}, {hit}, 0)")
     if readers is None:
-        _flat_store(ctx, b, s.indices, value, hit)
+        if not _chunk_store(ctx, b, s.indices, value, hit):
+            _flat_store(ctx, b, s.indices, value, hit)
         return
     for a in range(rank):                      # 2: axes no index reads
         if a in readers or cur[a] == 1:
@@ -85,6 +89,57 @@ def scatter(ctx: Ctx, s: ir.Store) -> None:
         conds.append(one_hot(ctx, b, [i if a is None else None for i, a in zip(s.indices, readers)]))
     x = ctx.name(b.name)
     ctx.line(f"{x} = tl.where({' & '.join(conds)}, {value}, {x})")
+
+
+def _flat_offset(b: ir.Buffer, indices) -> ir.Expr:
+    """The row-major offset of ``b[indices]`` in ``b`` (``(e // C, e % C)`` into ``[R, C]`` is e)."""
+    shape = b.static_shape
+    if (len(indices) == 2 and all(isinstance(i, ir.BinOp) for i in indices)
+            and (indices[0].op, indices[1].op) == (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD)
+            and indices[0].a == indices[1].a and ir.as_int(indices[0].b) == ir.as_int(indices[1].b) == shape[1]):
+        return indices[0].a
+    flat: Optional[ir.Expr] = None
+    for i, stride in zip(indices, [math.prod(shape[d + 1:]) for d in range(len(shape))]):
+        term = ir.BinOp(ir.BinOpKind.MUL, i, ir.Const(stride, ir.DType.I32), ir.DType.I32)
+        flat = term if flat is None else ir.BinOp(ir.BinOpKind.ADD, flat, term, ir.DType.I32)
+    return flat
+
+
+def _chunk_store(ctx: Ctx, b: ir.Buffer, indices, value: str, hit: str) -> bool:
+    """A store whose iterations, in loop order, write one aligned run of ``b``'s elements in
+    row-major order (``S[e // C, e % C] = v[t, j]`` with ``e = base + t * J + j``, ``base`` a
+    multiple of the loop's size: TileLang's per-thread dequantization into a shared tile): the
+    run is the loop's values reshaped, placed at chunk ``base / size`` of ``b`` viewed as chunks
+    (work of the buffer's size, not of a one-hot). False where the store is not of that form."""
+    par = ctx.par
+    shape = b.static_shape
+    if tuple(par.shape) != tuple(par.extents) or tuple(ctx.shape(b)) != shape:
+        return False
+    terms = linear(_flat_offset(b, indices))
+    size = math.prod(par.extents)
+    total = math.prod(shape)
+    if terms is None or total % size:
+        return False
+    strides = [math.prod(par.extents[k + 1:]) for k in range(len(par.extents))]
+    if any(terms.get(v, 0) != st for v, st in zip(par.vars, strides)):
+        return False
+    base = {t: c for t, c in terms.items() if t not in par.vars}
+    if any(c % size for c in base.values()) or any(
+            t is not None and any(x in par.vars for x in subexprs(t)) for t in base):
+        return False
+    start = ir.Const(0, ir.DType.I32)
+    for t, c in base.items():
+        term = ir.Const(c, ir.DType.I32) if t is None else ir.BinOp(
+            ir.BinOpKind.MUL, t, ir.Const(c, ir.DType.I32), ir.DType.I32)
+        start = ir.BinOp(ir.BinOpKind.ADD, start, term, ir.DType.I32)
+    chunks, x = total // size, ctx.name(b.name)
+    chunk = ctx.fresh("chunk")
+    ctx.line(f"{chunk} = {atom(spell(ctx, start))} // {size}")
+    where = (f"(tl.arange(0, {chunks})[:, None] == {chunk}) & "
+             f"(tl.reshape({hit}, (1, {size})) != 0)")
+    ctx.line(f"{x} = tl.reshape(tl.where({where}, tl.reshape({value}, (1, {size})), "
+             f"tl.reshape({x}, ({chunks}, {size}))), {shape_text(shape)})")
+    return True
 
 
 def _flat_store(ctx: Ctx, b: ir.Buffer, indices, value: str, hit: str) -> None:
