@@ -168,13 +168,12 @@ def _gemv(n, k, block_n, reduce_threads, form="splitk_gemv_vectorized_tvm"):
     return "gemv", "example_gemv.py", build, inputs, reference, 2 * n * k, baseline
 
 
+# the GEMV's (BLOCK_N, reduce_threads) configs of at least a warp (the example's autotuning space)
+GEMV_CONFIGS = [(2, 32), (4, 32), (8, 32), (16, 32), (8, 8), (16, 8), (32, 8), (32, 4), (64, 4)]
+
 CASES = {
-    "gemv_4096": lambda: _gemv(4096, 4096, 2, 32),
-    "gemv_4096_b4": lambda: _gemv(4096, 4096, 4, 32),
-    "gemv_4096_b8": lambda: _gemv(4096, 4096, 8, 32),
-    "gemv_14336": lambda: _gemv(14336, 4096, 2, 32),
-    "gemv_14336_b4": lambda: _gemv(14336, 4096, 4, 32),
-    "gemv_14336_b8": lambda: _gemv(14336, 4096, 8, 32),
+    **{f"gemv_{n}_{bn}x{rt}": (lambda n=n, bn=bn, rt=rt: _gemv(n, 4096, bn, rt))
+       for n in (4096, 14336) for bn, rt in GEMV_CONFIGS},
     "gemv_4096_vec": lambda: _gemv(4096, 4096, 2, 32, "splitk_gemv_vectorized"),
     "mla_decode": _mla_decode,
     "gqa_decode_varlen": _gqa_decode_varlen,
@@ -318,6 +317,30 @@ def main() -> None:
         for lb in ("tilews", "tilelang"):
             if f"{lb}_error" in r:
                 print(f"    {lb}: {r[lb + '_error'][:300]}")
+    best_of_configs(rows)
+
+
+def best_of_configs(rows: list) -> None:
+    """Cases that differ only in a config (``gemv_<n>_<BLOCK_N>x<threads>``): each library at its
+    fastest config, and torch, from the medians above."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        stem, _, config = r["case"].rpartition("_")
+        if "x" in config and stem.startswith("gemv_"):
+            groups.setdefault(stem, []).append((config, r))
+    for stem, members in groups.items():
+        best = {}
+        for lb in ("tilews", "tilelang", "torch"):
+            timed = [(r[f"{lb}_ms"], config) for config, r in members if f"{lb}_ms" in r]
+            if timed:
+                best[lb] = min(timed)
+        line = ", ".join(f"{lb} {ms * 1e3:.2f} us ({config})" for lb, (ms, config) in best.items())
+        ratios = ""
+        if "tilews" in best and "tilelang" in best:
+            ratios += f"; tilews/TileLang {best['tilews'][0] / best['tilelang'][0]:.3f}"
+        if "tilews" in best and "torch" in best:
+            ratios += f"; tilews/torch {best['tilews'][0] / best['torch'][0]:.3f}"
+        print(f"best of configs, {stem}: {line}{ratios}")
 
 
 if __name__ == "__main__":
