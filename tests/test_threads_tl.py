@@ -376,7 +376,7 @@ def test_vectorized_splitk_gemv_on_sm90(tmp_path):
     elements of B (and of A) with one 128-bit load and multiplies them where they lie."""
     asm = _sm90("splitk_vectorized", tmp_path)
     ttgir, ptx = asm["ttgir"], asm["ptx"]
-    loads = re.findall(r"tt\.load %[^\s,]+(?:, .*)? : tensor<32x2x8x!tt\.ptr<f16>, (#\w+)>", ttgir)
+    loads = re.findall(r"tt\.load %[^\s,]+[^:\n]* : tensor<32x2x8x!tt\.ptr<f16>, (#\w+)>", ttgir)
     assert len(loads) == 2, ttgir          # A and B, each at the loop's whole (thread) shape
     for layout in set(loads):
         spec = re.search(rf"^{layout} = #ttg\.blocked<\{{(.*)\}}>", ttgir, re.M).group(1)
@@ -385,14 +385,16 @@ def test_vectorized_splitk_gemv_on_sm90(tmp_path):
         assert re.search(r"warpsPerCTA = \[\d+, \d+, 1\]", spec), spec
     # every global load a 128-bit one, unmasked (the indices stay inside A and B: bounds known
     # from the loops' ranges), two per iteration of the K loop (LLVM unrolls its 4 iterations)
-    loads = _ops(ptx, "ld.global.v4.b32")
+    loads = len(re.findall(r"^\s*ld\.global\S*\.v4\.b32", ptx, re.M))
     assert loads == _ops(ptx, "ld.global") and loads % 2 == 0 and loads >= 2, ptx
     assert "@%p" not in "".join(re.findall(r"^.*ld\.global.*$", ptx, re.M))
+    # B streams through the block's own rows: marked first to evict; A (every block's) is not
+    assert _ops(ptx, "ld.global.L1::evict_first.L2::cache_hint.v4.b32") == loads // 2
     # A_local[t, k] / B_local[t, k] at the serial k: no gather, no shuffle, no select, no add;
     # from the loads to the last product, 8 products per pair of loads and their operands'
     # conversions
     assert "tt.gather" not in ttgir.split("scf.for", 1)[-1]
-    products = ptx.split("ld.global.v4.b32", 1)[1].rsplit("fma.rn.f32", 1)[0] + "fma.rn.f32"
+    products = re.split(r"ld\.global\S*\.v4\.b32", ptx, maxsplit=1)[1].rsplit("fma.rn.f32", 1)[0] + "fma.rn.f32"
     assert _ops(products, "fma.rn.f32") == _ops(ptx, "fma.rn.f32") == 4 * loads
     assert _ops(products, "cvt.f32.f16") == 8 * loads
     for op in ("selp", "sub", "shfl", "st", "bar"):

@@ -152,19 +152,32 @@ def _select(ctx: Ctx, e: ir.Select) -> str:
     return f"tl.where({spell(ctx, e.cond)}, {spell(ctx, e.a)}, {spell(ctx, e.b)})"
 
 
-def masked_load(ptr: str, mask: Optional[str], dtype: ir.DType) -> str:
+def masked_load(ptr: str, mask: Optional[str], dtype: ir.DType, streamed: bool = False) -> str:
     """A load whose masked-off lanes read a zero of the element type (Triton's CPU interpreter
-    cannot cast an integer 0 to an FP8 type)."""
+    cannot cast an integer 0 to an FP8 type); ``streamed``: marked first to evict (data read once,
+    which should not push out what other blocks read again)."""
+    hint = ", eviction_policy='evict_first'" if streamed else ""
     if mask is None:
-        return f"tl.load({ptr})"
-    return f"tl.load({ptr}{mask_arg(mask)}, other={'0.0' if dtype.is_float else '0'})"
+        return f"tl.load({ptr}{hint})"
+    return f"tl.load({ptr}{mask_arg(mask)}, other={'0.0' if dtype.is_float else '0'}{hint})"
+
+
+def _streamed(ctx: Ctx, e: ir.Load) -> bool:
+    """A load of per-thread code that streams through its block's own data: its address reads
+    every block index (no other block reads the element) and a serial loop's index (each
+    iteration reads new data) — the B of TileLang's thread-level GEMV (a streaming hint there:
+    14336 x 4096 on an H200, 30.1 -> 29.3 us; scripts/probe_gemv_regs.py)."""
+    if ctx.par is None or not ctx.par.per_thread or not ctx.kernel.block_vars:
+        return False
+    read = {x for i in e.indices for x in subexprs(i) if isinstance(x, ir.Var)}
+    return set(ctx.kernel.block_vars) <= read and any(v.kind is ir.VarKind.LOOP for v in read)
 
 
 def _load(ctx: Ctx, e: ir.Load) -> str:
     b = e.buffer
     if b.scope is ir.Scope.GLOBAL:
         ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc, Access.READ)
-        return masked_load(ptr, mask, b.dtype)
+        return masked_load(ptr, mask, b.dtype, _streamed(ctx, e))
     if b in ctx.scalars:
         return ctx.name(b.name)
     axes = parallel_axes(ctx, b, e.indices)
