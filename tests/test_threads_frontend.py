@@ -13,6 +13,7 @@ from tilews.lowering import ir
 from tilews.lowering.traverse import walk
 
 from .helpers import marked_line
+from .thread_programs import splitk_gemv as split_k_gemv
 
 
 def interpreted(prog):
@@ -21,32 +22,6 @@ def interpreted(prog):
 
 def frontend_ir(prog) -> ir.Kernel:
     return interpreted(prog).ir_before
-
-
-def split_k_gemv(N, K, BLOCK_N, reduce_threads, TILE_K=8, dtype=T.float16):
-    BLOCK_K = reduce_threads * TILE_K
-
-    @T.prim_func
-    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, BLOCK_N), threads=(BLOCK_N, reduce_threads)) as bn:
-            tn = T.get_thread_binding(0)
-            tk = T.get_thread_binding(1)
-            A_local = T.alloc_local((TILE_K,), dtype)
-            B_local = T.alloc_local((TILE_K,), dtype)
-            C_shared = T.alloc_shared((BLOCK_N,), T.float32)
-            C_accum = T.alloc_local((1,), T.float32)
-            if tk == 0:
-                C_shared[tn] = 0
-            T.clear(C_accum)
-            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
-                for k in T.vectorized(TILE_K):
-                    A_local[k] = A[bk * BLOCK_K + tk * TILE_K + k]
-                    B_local[k] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk * TILE_K + k]
-                for k in T.serial(TILE_K):
-                    C_accum[0] += A_local[k].astype(T.float32) * B_local[k].astype(T.float32)
-            T.atomic_add(C_shared[tn], C_accum[0])
-            C[bn * BLOCK_N + tn] = C_shared[tn]
-    return main
 
 
 def test_per_thread_locals_become_fragments_over_the_thread_dims():

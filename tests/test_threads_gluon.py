@@ -33,6 +33,7 @@ from tilews.lowering.plans import AsyncPlan, AsyncRefusal
 from tilews.triton_ext.gluon.backend import HOPPER
 
 from .helpers import gluon_program, marked_line, poisoned, randn
+from .thread_programs import splitk_gemv
 
 TOL = dict(rtol=1e-2, atol=1e-2)
 
@@ -114,33 +115,6 @@ def int4_gemm_threads(M, N, K, block_M=128, block_N=128, block_K=64, num_stages=
                         B_dequantize[row, e % block_K + 1] = ((packed[v] >> 4).astype(T.float16) - 8) * s
                 T.gemm(A_shared, B_dequantize, C_local, transpose_B=True)
             T.copy(C_local, C[by * block_M, bx * block_N])
-    return main
-
-
-def splitk_gemv(N, K, BLOCK_N, reduce_threads, dtype=T.float16, accum_dtype=T.float32):
-    TILE_K = 8
-    BLOCK_K = reduce_threads * TILE_K
-
-    @T.prim_func
-    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, BLOCK_N), threads=(BLOCK_N, reduce_threads)) as bn:
-            tn = T.get_thread_binding(0)
-            tk = T.get_thread_binding(1)
-            A_local = T.alloc_local((TILE_K,), dtype)
-            B_local = T.alloc_local((TILE_K,), dtype)
-            C_shared = T.alloc_shared((BLOCK_N,), accum_dtype)
-            C_accum = T.alloc_local((1,), accum_dtype)
-            if tk == 0:
-                C_shared[tn] = 0
-            T.clear(C_accum)
-            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
-                for k in T.vectorized(TILE_K):
-                    A_local[k] = A[bk * BLOCK_K + tk * TILE_K + k]
-                    B_local[k] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk * TILE_K + k]
-                for k in T.serial(TILE_K):
-                    C_accum[0] += A_local[k].astype(accum_dtype) * B_local[k].astype(accum_dtype)
-            T.atomic_add(C_shared[tn], C_accum[0])
-            C[bn * BLOCK_N + tn] = C_shared[tn]
     return main
 
 

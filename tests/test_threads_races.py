@@ -2,6 +2,8 @@
 and the interpreter's races between threads (``interpreter/thread_races.py``) when one is missing."""
 from __future__ import annotations
 
+import inspect
+
 import dataclasses
 
 import pytest
@@ -14,6 +16,7 @@ from tilews.lowering.errors import RaceError
 from tilews.lowering.traverse import rewrite, walk
 
 from .helpers import marked_line, poisoned, randn
+from .thread_programs import splitk_gemv
 
 
 def lowered(prog) -> ir.Kernel:
@@ -36,33 +39,6 @@ def without_sync(kernel: ir.Kernel, line: int) -> ir.Kernel:
 # ----------------------------------------------------------------------------------------------
 # split-K GEMV: each output row's dot product split over reduce_threads threads, summed by shared
 # atomics (TileLang's gemv example, its split-K form)
-
-
-def splitk_gemv(N, K, BLOCK_N, reduce_threads, dtype="float16", accum_dtype="float"):
-    TILE_K = 8
-    BLOCK_K = reduce_threads * TILE_K
-
-    @T.prim_func
-    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, BLOCK_N), threads=(BLOCK_N, reduce_threads)) as bn:
-            tn = T.get_thread_binding(0)
-            tk = T.get_thread_binding(1)
-            A_local = T.alloc_local((TILE_K,), dtype)
-            B_local = T.alloc_local((TILE_K,), dtype)
-            C_shared = T.alloc_shared((BLOCK_N,), accum_dtype)
-            C_accum = T.alloc_local((1,), accum_dtype)
-            if tk == 0:
-                C_shared[tn] = 0  # <- init
-            T.clear(C_accum)
-            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
-                for k in T.vectorized(TILE_K):
-                    A_local[k] = A[bk * BLOCK_K + tk * TILE_K + k]
-                    B_local[k] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk * TILE_K + k]
-                for k in T.serial(TILE_K):
-                    C_accum[0] += A_local[k].astype(accum_dtype) * B_local[k].astype(accum_dtype)
-            T.atomic_add(C_shared[tn], C_accum[0])  # <- atomic
-            C[bn * BLOCK_N + tn] = C_shared[tn]  # <- read
-    return main
 
 
 def gemv_args(N, K, seed=0):
@@ -101,7 +77,7 @@ def test_missing_barrier_before_the_read_is_a_race_at_both_lines():
     with pytest.raises(RaceError) as info:
         interpreter.run(kernel, list(gemv_args(N, K)))
     text = str(info.value)
-    assert f"test_threads_races.py:{read}:" in text and f"test_threads_races.py:{atomic}" in text
+    assert f"thread_programs.py:{read}:" in text and f"thread_programs.py:{atomic}" in text
     assert "shared buffer 'C_shared'" in text
     # thread (x=0, y=0) reads element 0, which all 32 threads of x=0 added into
     assert "the read of element [0] by thread 0 (x=0, y=0)" in text
@@ -115,10 +91,11 @@ def test_missing_barrier_before_the_atomics_is_a_race_with_the_init():
     with pytest.raises(RaceError) as info:
         interpreter.run(kernel, list(gemv_args(N, K)))
     text = str(info.value)
-    assert text.startswith(f"{__file__}:{atomic}:")
+    source = inspect.getsourcefile(splitk_gemv)
+    assert text.startswith(f"{source}:{atomic}:")
     assert (f"the atomic add of element [0] by thread 124 (x=0, y=31) is not ordered by a block "
             f"barrier (T.sync_threads) with the write of it by thread 0 (x=0, y=0) at "
-            f"{__file__}:{init}:") in text
+            f"{source}:{init}:") in text
 
 
 def test_tile_level_kernels_get_no_barriers_in_the_interpreter():

@@ -26,6 +26,7 @@ import tilews
 import tilews.language as T
 
 from .helpers import poisoned, randn
+from .thread_programs import splitk_gemv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,40 +76,17 @@ def naive_splitk_gemv(N, K, BLOCK_N, BLOCK_K, dtype=T.float16, accum_dtype=T.flo
     return main
 
 
-def splitk_gemv(N, K, BLOCK_N, BLOCK_K, reduce_threads, vectorized=False, dtype=T.float16,
-                accum_dtype=T.float32):
-    """TileLang's ``splitk_gemv`` (``vectorized``: ``splitk_gemv_vectorized``, whose caller picks
-    ``BLOCK_K = reduce_threads * TILE_K``, TILE_K elements of 128 bits)."""
-    TILE_K = T.ceildiv(BLOCK_K, reduce_threads)
-    load_loop = T.vectorized if vectorized else T.serial
-
-    @T.prim_func
-    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, BLOCK_N), threads=(BLOCK_N, reduce_threads)) as bn:
-            tn = T.get_thread_binding(0)
-            tk = T.get_thread_binding(1)
-            A_local = T.alloc_local((TILE_K,), dtype)
-            B_local = T.alloc_local((TILE_K,), dtype)
-            C_shared = T.alloc_shared((BLOCK_N,), accum_dtype)
-            C_accum = T.alloc_local((1,), accum_dtype)
-            if tk == 0:
-                C_shared[tn] = 0
-            T.clear(C_accum)
-            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
-                for k in load_loop(TILE_K):
-                    A_local[k] = A[bk * BLOCK_K + tk * TILE_K + k]
-                    B_local[k] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk * TILE_K + k]
-                for k in T.serial(TILE_K):
-                    C_accum[0] += A_local[k].astype(accum_dtype) * B_local[k].astype(accum_dtype)
-            T.atomic_add(C_shared[tn], C_accum[0])
-            C[bn * BLOCK_N + tn] = C_shared[tn]
-    return main
+def tl_splitk_gemv(N, K, BLOCK_N, BLOCK_K, reduce_threads, vectorized=False, dtype=T.float16):
+    """TileLang's ``splitk_gemv`` (``vectorized``: ``splitk_gemv_vectorized``), given its
+    ``BLOCK_K`` as the example's callers do."""
+    return splitk_gemv(N, K, BLOCK_N, reduce_threads, T.ceildiv(BLOCK_K, reduce_threads),
+                       vectorized=vectorized, dtype=dtype)
 
 
 def splitk_gemv_vectorized(N, K, BLOCK_N, reduce_threads, dtype=T.float16):
     TILE_K = 128 // 16
-    return splitk_gemv(N, K, BLOCK_N, reduce_threads * TILE_K, reduce_threads, vectorized=True,
-                       dtype=dtype)
+    return tl_splitk_gemv(N, K, BLOCK_N, reduce_threads * TILE_K, reduce_threads, vectorized=True,
+                          dtype=dtype)
 
 
 def ragged_row_sums(R, W, threads=64):
@@ -199,7 +177,7 @@ def _gemv_ref(A, B):
 GEMVS = {
     "naive": lambda N, K: naive_gemv(N, K, 128, 32),
     "naive_splitk": lambda N, K: naive_splitk_gemv(N, K, 32, 32),
-    "splitk": lambda N, K: splitk_gemv(N, K, 32, 32, 8),
+    "splitk": lambda N, K: tl_splitk_gemv(N, K, 32, 32, 8),
     "splitk_vectorized": lambda N, K: splitk_gemv_vectorized(N, K, 2, 32),
 }
 

@@ -11,7 +11,7 @@ import torch
 import tilews
 
 from ..helpers import randn
-from ..test_threads_frontend import split_k_gemv
+from ..thread_programs import splitk_gemv as split_k_gemv
 from ..test_threads_reduce import _tree, gemv_alloc_reducer, shuffles, splitk_gemv_vectorized_tvm
 
 pytestmark = pytest.mark.gpu

@@ -27,6 +27,7 @@ from tilews.metal.backend import METAL
 from tilews.metal.emit import emit
 
 from ..helpers import marked_line, poisoned, randn, rel_err
+from ..thread_programs import splitk_gemv
 
 pytestmark = pytest.mark.skipif(harness.compiler() is None, reason="needs a C++17 compiler")
 
@@ -41,38 +42,6 @@ def storage(kernel) -> dict:
 
 # ----------------------------------------------------------------------------------------------
 # programs, as TileLang users write them (gemv/example_gemv.py)
-
-
-def splitk_gemv(N, K, BLOCK_N, reduce_threads, dtype="float16", accum_dtype="float",
-                one_writer=False):
-    """gemv/example_gemv.py's split-K kernel. There, every thread of a row stores the row's result
-    (the same value: a benign race, which ThreadSanitizer reports all the same); ``one_writer``
-    leaves the store to the row's thread tk == 0."""
-    TILE_K = 8
-    BLOCK_K = reduce_threads * TILE_K
-
-    @T.prim_func
-    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, BLOCK_N), threads=(BLOCK_N, reduce_threads)) as bn:
-            tn = T.get_thread_binding(0)
-            tk = T.get_thread_binding(1)
-            A_local = T.alloc_local((TILE_K,), dtype)
-            B_local = T.alloc_local((TILE_K,), dtype)
-            C_shared = T.alloc_shared((BLOCK_N,), accum_dtype)
-            C_accum = T.alloc_local((1,), accum_dtype)
-            if tk == 0:
-                C_shared[tn] = 0
-            T.clear(C_accum)
-            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
-                for k in T.vectorized(TILE_K):
-                    A_local[k] = A[bk * BLOCK_K + tk * TILE_K + k]
-                    B_local[k] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk * TILE_K + k]
-                for k in T.serial(TILE_K):
-                    C_accum[0] += A_local[k].astype(accum_dtype) * B_local[k].astype(accum_dtype)
-            T.atomic_add(C_shared[tn], C_accum[0])
-            if not one_writer or tk == 0:
-                C[bn * BLOCK_N + tn] = C_shared[tn]
-    return main
 
 
 def naive_gemv(N, K, BLOCK_N, BLOCK_K, dtype="float16", accum_dtype="float"):
