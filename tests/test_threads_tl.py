@@ -26,32 +26,13 @@ import tilews
 import tilews.language as T
 
 from .helpers import poisoned, randn
-from .thread_programs import splitk_gemv
+from .thread_programs import naive_gemv, splitk_gemv
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # ----------------------------------------------------------------------------------------------
 # programs, written as TileLang's gemv examples write them
-
-
-def naive_gemv(N, K, BLOCK_N, BLOCK_K, dtype=T.float16, accum_dtype=T.float32):
-    @T.prim_func
-    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, BLOCK_N)) as bn:          # threads=128, TileLang's default
-            tn = T.get_thread_binding(0)
-            A_shared = T.alloc_shared((BLOCK_K,), dtype)
-            B_shared = T.alloc_shared((BLOCK_N, BLOCK_K), dtype)
-            C_reg = T.alloc_local((1,), accum_dtype)
-            T.clear(C_reg)
-            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
-                for tk in T.serial(BLOCK_K):
-                    A_shared[tk] = A[bk * BLOCK_K + tk]
-                    B_shared[tn, tk] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk]
-                for tk in T.serial(BLOCK_K):
-                    C_reg[0] += A_shared[tk].astype(accum_dtype) * B_shared[tn, tk].astype(accum_dtype)
-            C[bn * BLOCK_N + tn] = C_reg[0]
-    return main
 
 
 def naive_splitk_gemv(N, K, BLOCK_N, BLOCK_K, dtype=T.float16, accum_dtype=T.float32):

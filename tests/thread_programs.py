@@ -37,3 +37,27 @@ def splitk_gemv(N, K, BLOCK_N, reduce_threads, TILE_K=8, vectorized=True, one_wr
             if not one_writer or tk == 0:
                 C[bn * BLOCK_N + tn] = C_shared[tn]  # <- read
     return main
+
+
+def naive_gemv(N, K, BLOCK_N, BLOCK_K, threads=None, dtype=T.float16, accum_dtype=T.float32):
+    """TileLang's ``naive_gemv``: thread tn computes row tn of the block; the block stages each K
+    step's slice of A and its rows of B in shared memory (every thread writes the same A slice).
+    ``threads``: the kernel's (TileLang's default, 128, where not given)."""
+    frame = {} if threads is None else {"threads": threads}
+
+    @T.prim_func
+    def main(A: T.Tensor((K,), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, BLOCK_N), **frame) as bn:
+            tn = T.get_thread_binding(0)
+            A_shared = T.alloc_shared((BLOCK_K,), dtype)
+            B_shared = T.alloc_shared((BLOCK_N, BLOCK_K), dtype)
+            C_reg = T.alloc_local((1,), accum_dtype)
+            T.clear(C_reg)
+            for bk in T.serial(T.ceildiv(K, BLOCK_K)):
+                for tk in T.serial(BLOCK_K):
+                    A_shared[tk] = A[bk * BLOCK_K + tk]
+                    B_shared[tn, tk] = B[bn * BLOCK_N + tn, bk * BLOCK_K + tk]
+                for tk in T.serial(BLOCK_K):
+                    C_reg[0] += A_shared[tk].astype(accum_dtype) * B_shared[tn, tk].astype(accum_dtype)
+            C[bn * BLOCK_N + tn] = C_reg[0]
+    return main
