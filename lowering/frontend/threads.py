@@ -72,8 +72,13 @@ def _loc(s) -> ir.Loc:
     return getattr(s, "loc", ir.UNKNOWN_LOC)
 
 
-def _and(a: Optional[ir.Expr], b: ir.Expr) -> ir.Expr:
-    return b if a is None else ir.BinOp(ir.BinOpKind.AND, a, b, ir.DType.BOOL, b.loc)
+# the conditions a per-thread statement runs under, outermost first: each is evaluated only where
+# the ones before it hold (nested ``if``s), so a flag written under a branch is read under it
+Mask = tuple
+
+
+def _and(mask: Mask, cond: ir.Expr) -> Mask:
+    return mask + (cond,)
 
 
 def _not(e: ir.Expr) -> ir.Expr:
@@ -97,7 +102,7 @@ class _Lowering:
         self.promoted: dict[ir.Buffer, ir.Buffer] = {}
         self.allocs: list[ir.Alloc] = []
         self._out: list[list[ir.Stmt]] = []
-        self._run: list[tuple[ir.Stmt, Optional[ir.Expr]]] = []
+        self._run: list[tuple[ir.Stmt, Mask]] = []
         self._run_memory: tuple[set, set] = (set(), set())
         if self.thread_var:
             self._find_varying(body)
@@ -137,7 +142,7 @@ class _Lowering:
     # -- output ------------------------------------------------------------------------------
     def run(self, body: list[ir.Stmt]) -> list[ir.Stmt]:
         with self._block() as out:
-            self._seq(body, None)
+            self._seq(body, ())
         return self.allocs + out
 
     @contextmanager
@@ -154,7 +159,7 @@ class _Lowering:
         self._flush()
         self._out[-1].append(s)
 
-    def _add(self, s: ir.Stmt, mask: Optional[ir.Expr]) -> None:
+    def _add(self, s: ir.Stmt, mask: Mask) -> None:
         """A per-thread statement (thread indices and unpromoted locals still in it)."""
         reads, writes = footprint(s)
         reads = {b for b in reads if b.scope in _MEMORY}
@@ -175,7 +180,7 @@ class _Lowering:
         self._out[-1].append(self._parallel([], [], stmts, per_thread=True))
 
     def _parallel(self, extra_vars: list[ir.Var], extra_extents: list[int],
-                  stmts: list[tuple[ir.Stmt, Optional[ir.Expr]]], per_thread: bool) -> ir.Parallel:
+                  stmts: list[tuple[ir.Stmt, Mask]], per_thread: bool) -> ir.Parallel:
         """A Parallel over the thread dims (``per_thread``) and then ``extra_vars`` (their
         fresh replacements bound), of ``stmts`` each under its mask."""
         loc = _loc(stmts[0][0])
@@ -184,17 +189,21 @@ class _Lowering:
                              ir.VarKind.PARALLEL, loc) for i in range(len(self.dims))) if per_thread else ()
         evars = tuple(ir.Var(self.fresh(v.name), _I32, ir.VarKind.PARALLEL, loc) for v in extra_vars)
         rename = dict(zip(extra_vars, evars))
-        body: list[ir.Stmt] = []
+        groups: list[tuple[Mask, list[ir.Stmt]]] = []
         for s, mask in stmts:
             s = self._localize(s, tvars, rename)
-            if mask is not None:
-                mask = self._localize_expr(mask, tvars, rename)
-                if body and isinstance(body[-1], ir.If) and body[-1].cond == mask and not body[-1].orelse.stmts:
-                    prev = body.pop()
-                    s = dataclasses.replace(prev, then=ir.Seq(prev.then.stmts + (s,), prev.loc))
-                else:
-                    s = ir.If(mask, ir.Seq((s,), _loc(s)), ir.Seq((), _loc(s)), _loc(s))
-            body.append(s)
+            mask = tuple(self._localize(c, tvars, rename) for c in mask)
+            if groups and groups[-1][0] == mask:
+                groups[-1][1].append(s)
+            else:
+                groups.append((mask, [s]))
+        body: list[ir.Stmt] = []
+        for mask, group in groups:
+            inner = tuple(group)
+            for cond in reversed(mask):
+                loc = _loc(inner[0])
+                inner = (ir.If(cond, ir.Seq(inner, loc), ir.Seq((), loc), loc),)
+            body.extend(inner)
         return ir.Parallel(tvars + evars, (self.extents if per_thread else ()) + tuple(extra_extents),
                            ir.Seq(tuple(body), loc), loc, per_thread)
 
@@ -217,8 +226,6 @@ class _Lowering:
                                            extents=(1,) * len(tvars) + x.extents)
             return None
         return transform(node, fix)
-
-    _localize_expr = _localize
 
     def _promote(self, buf: ir.Buffer) -> ir.Buffer:
         out = self.promoted.get(buf)
@@ -243,11 +250,11 @@ class _Lowering:
         return buf
 
     # -- statements --------------------------------------------------------------------------
-    def _seq(self, stmts, mask: Optional[ir.Expr]) -> None:
+    def _seq(self, stmts, mask: Mask) -> None:
         for s in stmts:
             self._stmt(s, mask)
 
-    def _stmt(self, s: ir.Stmt, mask: Optional[ir.Expr]) -> None:
+    def _stmt(self, s: ir.Stmt, mask: Mask) -> None:
         if isinstance(s, ir.Seq):
             self._seq(s.stmts, mask)
         elif isinstance(s, ir.Alloc):
@@ -264,8 +271,8 @@ class _Lowering:
         else:
             self._block_wide(s, mask)
 
-    def _element(self, s, mask: Optional[ir.Expr]) -> None:
-        per_thread = mask is not None or self._stmt_varying(s)
+    def _element(self, s, mask: Mask) -> None:
+        per_thread = bool(mask) or self._stmt_varying(s)
         if per_thread:
             if isinstance(s, ir.AtomicAdd) and s.prev is not None:
                 raise CompileError("T.atomic_add(return_prev=True) in per-thread code is not "
@@ -276,14 +283,14 @@ class _Lowering:
         if target.scope is ir.Scope.LOCAL or (isinstance(s, ir.AtomicAdd) and target.scope is ir.Scope.GLOBAL):
             self._emit(s)           # (an element atomic outside T.Parallel: one add per block)
         else:                       # every thread writes the same: one iteration, block-wide
-            self._emit(self._parallel([], [], [(s, None)], per_thread=False))
+            self._emit(self._parallel([], [], [(s, ())], per_thread=False))
 
-    def _if(self, s: ir.If, mask: Optional[ir.Expr]) -> None:
-        if mask is None and not self.is_varying(s.cond):
+    def _if(self, s: ir.If, mask: Mask) -> None:
+        if not mask and not self.is_varying(s.cond):
             with self._block() as then:
-                self._seq(s.then.stmts, None)
+                self._seq(s.then.stmts, ())
             with self._block() as orelse:
-                self._seq(s.orelse.stmts, None)
+                self._seq(s.orelse.stmts, ())
             self._emit(dataclasses.replace(s, then=ir.Seq(tuple(then), s.then.loc),
                                            orelse=ir.Seq(tuple(orelse), s.orelse.loc)))
             return
@@ -297,7 +304,7 @@ class _Lowering:
         if s.orelse.stmts:
             self._seq(s.orelse.stmts, _and(mask, _not(cond)))
 
-    def _for(self, s: ir.For, mask: Optional[ir.Expr]) -> None:
+    def _for(self, s: ir.For, mask: Mask) -> None:
         if self.is_varying(s.step):
             raise CompileError("a loop's step must be the same in every thread (it reads a thread "
                                "index or a per-thread value)", s.loc)
@@ -310,7 +317,7 @@ class _Lowering:
             self._seq(s.body.stmts, mask)
         self._emit(dataclasses.replace(s, body=ir.Seq(tuple(body), s.body.loc)))
 
-    def _ragged_for(self, s: ir.For, mask: Optional[ir.Expr]) -> None:
+    def _ragged_for(self, s: ir.For, mask: Mask) -> None:
         """A loop whose bounds differ between threads: the block runs the union of the threads'
         iteration spaces; each thread's statements are masked to its own."""
         loc = s.loc
@@ -318,14 +325,14 @@ class _Lowering:
         n = math.prod(self.extents)
         start = self._local((1,), _I32, f"{s.var.name}_start", loc)
         stop = self._local((1,), _I32, f"{s.var.name}_stop", loc)
-        self._add(ir.Store(start, (zero,), s.start, loc), None)
         # a thread the loop does not run for (masked off) contributes an empty range
-        stop_value = s.stop if mask is None else ir.Select(mask, s.stop, s.start, _I32, loc)
-        self._add(ir.Store(stop, (zero,), stop_value, loc), None)
+        self._add(ir.Store(start, (zero,), s.start, loc), ())
+        self._add(ir.Store(stop, (zero,), s.start, loc), ())
+        self._add(ir.Store(stop, (zero,), s.stop, loc), mask)
         lows, highs = (self._table(n, f"{s.var.name}_{what}", loc) for what in ("starts", "stops"))
         lin = self._linear_thread(loc)
-        self._add(ir.Store(lows, (lin,), ir.Load(start, (zero,), loc), loc), None)
-        self._add(ir.Store(highs, (lin,), ir.Load(stop, (zero,), loc), loc), None)
+        self._add(ir.Store(lows, (lin,), ir.Load(start, (zero,), loc), loc), ())
+        self._add(ir.Store(highs, (lin,), ir.Load(stop, (zero,), loc), loc), ())
         low, high = (self._table(1, f"{s.var.name}_{what}", loc) for what in ("lo", "hi"))
         self._emit(ir.Reduce(ir.ReduceKind.MIN, lows, low, 0, True, loc))
         self._emit(ir.Reduce(ir.ReduceKind.MAX, highs, high, 0, True, loc))
@@ -334,10 +341,11 @@ class _Lowering:
                        ir.Cmp(ir.CmpKind.LT, s.var, ir.Load(stop, (zero,), loc), loc), ir.DType.BOOL, loc)
         if ir.as_int(s.step) != 1:
             offset = ir.BinOp(ir.BinOpKind.SUB, s.var, ir.Load(start, (zero,), loc), _I32, loc)
-            own = _and(own, ir.Cmp(ir.CmpKind.EQ, ir.BinOp(ir.BinOpKind.MOD, offset, s.step, _I32, loc),
-                                   zero, loc))
+            own = ir.BinOp(ir.BinOpKind.AND, own, ir.Cmp(
+                ir.CmpKind.EQ, ir.BinOp(ir.BinOpKind.MOD, offset, s.step, _I32, loc), zero, loc),
+                ir.DType.BOOL, loc)
         with self._block() as body:
-            self._seq(s.body.stmts, _and(mask, own))
+            self._seq(s.body.stmts, (own,))       # masked-off threads have an empty range
         self._emit(dataclasses.replace(s, start=ir.Load(low, (zero,), loc),
                                        stop=ir.Load(high, (zero,), loc),
                                        body=ir.Seq(tuple(body), s.body.loc)))
@@ -359,19 +367,19 @@ class _Lowering:
                 out = v if out is None else ir.BinOp(ir.BinOpKind.ADD, out, v, _I32, loc)
         return out if out is not None else _const(0, loc)
 
-    def _as_dimension(self, s: ir.For, mask: Optional[ir.Expr]) -> bool:
+    def _as_dimension(self, s: ir.For, mask: Mask) -> bool:
         """Emit an independent loop of element stores as parallel dimensions (see the module
         docstring); False where it is not one."""
         start, stop = ir.as_int(s.start), ir.as_int(s.stop)
         if (not self.thread_var or s.kind not in (ir.ForKind.SERIAL, ir.ForKind.UNROLL)
                 or start is None or stop is None or ir.as_int(s.step) != 1 or stop <= start):
             return False
-        leaves = list(self._leaves(s.body.stmts, None))
+        leaves = list(self._leaves(s.body.stmts, ()))
         if leaves is None or not leaves or any(x is None for x in leaves):
             return False
         if s.var not in self.vectorized and not self._independent(s, [t for t, _ in leaves]):
             return False
-        per_thread = [mask is not None or m is not None or self._stmt_varying(t) for t, m in leaves]
+        per_thread = [bool(mask) or bool(m) or self._stmt_varying(t) for t, m in leaves]
         if not any(per_thread) or any(
                 not pt and _target(t).scope is ir.Scope.LOCAL for (t, _), pt in zip(leaves, per_thread)):
             return False
@@ -381,9 +389,8 @@ class _Lowering:
         groups: list[tuple[bool, list]] = []
         for (t, m), pt in zip(leaves, per_thread):
             t = transform(t, lambda x: offset.get(x) if isinstance(x, ir.Var) else None)
-            if m is not None:
-                m = transform(m, lambda x: offset.get(x) if isinstance(x, ir.Var) else None)
-            m = m if mask is None else _and(mask, m) if m is not None else mask
+            m = mask + tuple(transform(c, lambda x: offset.get(x) if isinstance(x, ir.Var) else None)
+                             for c in m)
             if groups and groups[-1][0] == pt:
                 groups[-1][1].append((t, m))
             else:
@@ -419,8 +426,8 @@ class _Lowering:
                 return False
         return True
 
-    def _fill(self, s: ir.Fill, mask: Optional[ir.Expr]) -> None:
-        if mask is None and not self.is_varying(s.value):
+    def _fill(self, s: ir.Fill, mask: Mask) -> None:
+        if not mask and not self.is_varying(s.value):
             self._emit(dataclasses.replace(s, dst=self._whole(s.dst)))
             return
         loc = s.loc
@@ -430,9 +437,9 @@ class _Lowering:
         self._flush()
         self._out[-1].append(self._parallel(idx, list(s.dst.extents), [(store, mask)], per_thread=True))
 
-    def _block_wide(self, s: ir.Stmt, mask: Optional[ir.Expr]) -> None:
+    def _block_wide(self, s: ir.Stmt, mask: Mask) -> None:
         what = _what(s)
-        if mask is not None:
+        if mask:
             raise CompileError(f"{what} under a per-thread condition: all threads of the block run "
                                f"it together, so it cannot depend on one thread's branch or loop",
                                s.loc)
@@ -467,7 +474,7 @@ class _Lowering:
         if isinstance(s, ir.WarpSpecialize):
             return dataclasses.replace(s, roles=tuple(self._roles(r) for r in s.roles))
         with self._block() as body:
-            self._seq(s.body.stmts, None)
+            self._seq(s.body.stmts, ())
         return dataclasses.replace(s, body=ir.Seq(tuple(body), s.body.loc))
 
 
