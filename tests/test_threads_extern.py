@@ -344,7 +344,7 @@ def _gemv_operands(M, N, K):
     return a, b, a.double() @ deq.T
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TARGETS + ["metal"])
 def test_dequantize_gemv_fast_decoding(target):
     M, N, K = 1, 64, 256
     a, b, ref = _gemv_operands(M, N, K)
@@ -353,7 +353,7 @@ def test_dequantize_gemv_fast_decoding(target):
     assert ((c.double() - ref).abs() / ref.abs()).max() < 1e-2    # float16 sums
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TARGETS + ["metal"])
 def test_dequantize_gemv_decodes_inside_a_kernel(target):
     M, N, K = 1, 64, 256
     a, b, ref = _gemv_operands(M, N, K)

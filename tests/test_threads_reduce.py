@@ -16,7 +16,7 @@ from tilews.tvm import DataType
 
 from .helpers import marked_line, poisoned, randn
 
-TARGETS = ["interpret", "triton"]
+TARGETS = ["interpret", "triton", "metal"]
 # ----------------------------------------------------------------------------------------------
 # the programs of gemv/example_gemv.py, as TileLang users write them
 
