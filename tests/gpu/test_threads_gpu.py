@@ -12,6 +12,7 @@ import tilews
 
 from ..helpers import randn
 from ..thread_programs import splitk_gemv as split_k_gemv
+from ..test_threads_gluon import DEQUANT_GEMMS, close
 from ..test_threads_reduce import _tree, gemv_alloc_reducer, shuffles, splitk_gemv_vectorized_tvm
 
 pytestmark = pytest.mark.gpu
@@ -52,3 +53,22 @@ def test_shuffles_and_warp_reduction():
     butterfly, tree = (o.cpu() for o in outs[:2])
     assert torch.equal(butterfly, a.view(2, 32).sum(dim=1).repeat_interleave(32))
     assert torch.equal(tree, _tree(a))
+
+
+@pytest.mark.parametrize("name", ["mxfp4_tile_level", "mxfp4_fast_dequant", "int4_per_thread_runs",
+                                  "int4_per_thread"])
+@pytest.mark.parametrize("size", [(256, 256, 256), (512, 1024, 2048)])
+def test_dequant_gemms_on_hopper(name, size):
+    """TileLang-style dequantizing GEMMs whose per-thread dequant step feeds T.gemm in a pipelined
+    loop: warp-specialized on Gluon where the step reads and writes whole runs of shared tiles
+    (mxfp4 fast_dequant, int4 runs), on tl otherwise (int4 per thread)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a Hopper GPU")
+    program, inputs, reference, out_dtype = DEQUANT_GEMMS[name]
+    A, qB, Scale = inputs(*size)
+    C = torch.full((size[0], size[1]), float("nan"), dtype=out_dtype)
+    kern = tilews.compile(program(*size), target="hopper")
+    got = C.cuda()
+    kern(A.cuda(), qB.cuda(), Scale.cuda(), got)
+    close(got.cpu(), reference(A, qB, Scale))
+    assert kern.report.backend == ("tl" if name == "int4_per_thread" else "gluon"), kern.report
