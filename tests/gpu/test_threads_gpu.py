@@ -62,6 +62,9 @@ def test_dequant_gemms_on_hopper(name, size):
     per-thread dequant step (shared memory at thread-computed indices) on tl."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a Hopper GPU")
+    if "per_thread" in name and size[0] > 256:
+        pytest.skip("tl spells its strided per-thread stores into the shared tile as a one-hot over "
+                    "the tile: correct, but minutes at this size")
     program, inputs, reference, out_dtype = DEQUANT_GEMMS[name]
     A, qB, Scale = inputs(*size)
     C = torch.full((size[0], size[1]), float("nan"), dtype=out_dtype)
