@@ -157,10 +157,29 @@ class AsyncPlan(Plan):
     register_loads: tuple[tuple[str, int, object], ...] = ()   # (shared buffer, rows per chunk,
                                                         # the chunk's register layout) of each
                                                         # global -> shared copy through registers
+    shared_chunks: tuple["SharedChunk", ...] = ()       # how per-thread code reads and
+                                                        # writes runs of shared tiles
 
     @property
     def tma_buffers(self) -> frozenset[str]:
         return frozenset(g for g, _ in self.tma_descriptors)
+
+
+@dataclass(frozen=True)
+class SharedChunk:
+    """Per-thread code reading or writing runs of ``size`` elements of shared buffer ``buffer``
+    (``lowering/chunks.py``): its leading ``slots`` indices (ring slots) select the tile, the tile
+    is viewed as ``view`` = [chunks, rows, cols] in its own shared layout (whole rows per run, a
+    multiple of 8: whole periods of any swizzle, so each chunk is laid out as a tile of its own)
+    and one chunk is loaded or
+    stored as a [rows, cols] register tensor in ``layout``, in which thread t holds elements
+    t * n .. t * n + n - 1 of the run (n: the loop's vector length), the loop's per-thread layout
+    reshaped."""
+    buffer: str
+    size: int
+    slots: int
+    view: tuple[int, int, int]
+    layout: object
 
 
 @dataclass(frozen=True)
