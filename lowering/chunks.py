@@ -7,7 +7,7 @@ the tile starting at ``base`` (uniform over the loop, a multiple of the loop's s
 is the whole chunk ``base // size`` of the tile viewed as ``[chunks, size]``: one tensor of the
 loop's shape. The ``tl`` backend places a store's values there (``triton_ext/tl/scatter.py``);
 ``legalize_wgmma`` lets such shared accesses onto the Gluon path, whose emitter loads and stores
-the chunk through a view of the shared tile. Both ask ``chunk_start``.
+the chunk as a row slice of the shared tile (at a compile-time row). Both ask ``chunk_start``.
 """
 from __future__ import annotations
 

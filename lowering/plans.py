@@ -168,17 +168,20 @@ class AsyncPlan(Plan):
 @dataclass(frozen=True)
 class SharedChunk:
     """Per-thread code reading or writing runs of ``size`` elements of shared buffer ``buffer``
-    (``lowering/chunks.py``): its leading ``slots`` indices (ring slots) select the tile, the tile
-    is viewed as ``view`` = [chunks, rows, cols] in its own shared layout (whole rows per run, a
-    multiple of 8: whole periods of any swizzle, so each chunk is laid out as a tile of its own)
-    and one chunk is loaded or
-    stored as a [rows, cols] register tensor in ``layout``, in which thread t holds elements
-    t * n .. t * n + n - 1 of the run (n: the loop's vector length), the loop's per-thread layout
-    reshaped."""
+    (``lowering/chunks.py``): its leading ``slots`` indices (ring slots) select the tile, a run
+    is ``rows`` whole rows of the tile (a multiple of 8) starting at a row known when the kernel
+    is compiled (the loops its start depends on are unrolled), so it is a static row slice of the
+    tile in the tile's own shared layout, whatever that layout is (a view of the tile as
+    [chunks, rows, cols] indexed at run time would be laid out as chunks of their own, which is
+    the tile's layout only where a row fits in one swizzle row: not for a 128-column bf16 tile,
+    whose 128-byte swizzle stores columns 64.. after all the rows of columns 0..63). One run is
+    loaded or stored as a [rows, cols] register tensor in ``layout``, in which thread t holds
+    elements t * n .. t * n + n - 1 of the run (n: the loop's vector length), the loop's
+    per-thread layout reshaped."""
     buffer: str
     size: int
     slots: int
-    view: tuple[int, int, int]
+    rows: int
     layout: object
 
 

@@ -12,7 +12,9 @@ why the others go to ``tl``.
   loaded from the shared tile at ``tx``-computed indices (one aligned run of the tile per step:
   ``lowering/chunks.py``), decoded by ``T.call_extern`` (tilews.extern's twiddling decoder),
   scaled, and 8 values stored into the bf16 shared tile as one run. Gluon loads and stores each
-  run as a chunk of a view of the tile, so it stays warp-specialized.
+  run as a row slice of the tile (the step loop unrolled, so each run's first row is known when
+  the kernel is compiled), so it stays warp-specialized; its lowered Hopper program matches the
+  reference on the interpreter.
 * ``int4_gemm_chunks`` unpacks int4 per thread the same way; ``int4_gemm_threads`` stores each
   thread's values at strided indices instead (no run of the tile): Gluon has no element address
   in shared memory, so the Gluon backend refuses it, naming that store and its line;
@@ -130,10 +132,11 @@ def int4_gemm_chunks(M, N, K, **config):
 
 
 def int4_gemm_threads(M, N, K, block_M=128, block_N=128, block_K=64, num_stages=2, threads=128,
-                      store_runs=False):
+                      store_runs=False, first_step_of_block=False):
     """C = A @ dequant(B)^T, B's int4 values (offset 8) two per byte, one scale per row of B,
     unpacked per thread inside the pipelined loop; each thread stores its values at strided
-    indices, or (``store_runs``) as one run of the tile."""
+    indices, or (``store_runs``) as one run of the tile. ``first_step_of_block``: the step loop
+    starts at ``bx // N`` (0, but known only at run time)."""
     Block_QK = block_K // 2
     per_thread = 4                      # packed bytes a thread unpacks per step
     steps = block_N * Block_QK // (threads * per_thread)
@@ -163,10 +166,10 @@ def int4_gemm_threads(M, N, K, block_M=128, block_N=128, block_K=64, num_stages=
             for k in T.Pipelined(K // block_K, num_stages=num_stages):
                 T.copy(A[by * block_M, k * block_K], A_shared)
                 T.copy(B[bx * block_N, k * Block_QK], B_shared)
-                for i in T.serial(steps):
+                for i in T.serial(bx // N if first_step_of_block else 0, steps):
                     base = (i * threads + tx) * per_thread
                     for v in T.vectorized(per_thread):
-                        packed[v] = B_shared[(base + v) // Block_QK, (base + v) % Block_QK]
+                        packed[v] = B_shared[(base + v) // Block_QK, (base + v) % Block_QK]  # <- read
                     if store_runs:
                         s = Scale[bx * block_N + base * 2 // block_K]
                         for v in T.vectorized(2 * per_thread):
@@ -256,14 +259,17 @@ def test_dequant_gemm_numerics_interpret(name):
     close(C, reference(A, qB, Scale))
 
 
-def test_mxfp4_gemm_lowered_for_hopper_matches_reference():
-    """The program as the Gluon backend receives it (roles, rings, barriers) on the interpreter."""
-    lowered = lower(build_kernel(mxfp4_gemm(*MX)), HOPPER)
+@pytest.mark.parametrize("name", ["mxfp4_tile_level", "mxfp4_fast_dequant", "int4_per_thread_runs"])
+def test_dequant_gemm_lowered_for_hopper_matches_reference(name):
+    """The program as the Gluon backend receives it (roles, rings, barriers; per-thread code
+    inside the consumer role) on the interpreter."""
+    program, inputs, reference, out_dtype = DEQUANT_GEMMS[name]
+    lowered = lower(build_kernel(program(*MX)), HOPPER)
     assert lowered.find_plan(AsyncPlan) is not None, lowered.find_plan(AsyncRefusal)
-    A, qB, Scale = mxfp4_inputs(*MX, seed=1)
-    C = poisoned(MX[0], MX[1], dtype=torch.bfloat16)
+    A, qB, Scale = inputs(*MX, seed=1)
+    C = poisoned(MX[0], MX[1], dtype=out_dtype)
     interpreter.run(lowered, [A, qB, Scale, C], seed=1)
-    close(C, mxfp4_reference(A, qB, Scale))
+    close(C, reference(A, qB, Scale))
 
 
 def test_mxfp4_gemm_compiles_warp_specialized_for_sm90():
@@ -290,17 +296,19 @@ def test_mxfp4_gemm_compiles_warp_specialized_for_sm90():
 @pytest.mark.parametrize("name", ["mxfp4_fast_dequant", "int4_per_thread_runs"])
 def test_per_thread_dequant_plans_runs_of_shared_tiles(name):
     """legalize_wgmma's plan: the packed bytes read from B_shared's ring slot and the values
-    written to the tile wgmma reads, each as runs of whole rows (16 per step), and a proxy
-    fence between those stores and the wgmma. (The interpreter's per-thread race check does not
-    run warp-specialized programs yet: the numerics are checked on the frontend IR.)"""
+    written to the tile wgmma reads, each as runs of whole rows (16 per step), the step loop
+    unrolled (each run a row slice at a compile-time row), and a proxy fence between those
+    stores and the wgmma."""
     program = DEQUANT_GEMMS[name][0]
     lowered = lower(build_kernel(program(*MX)), HOPPER)
     plan = lowered.find_plan(AsyncPlan)
     assert plan is not None, lowered.find_plan(AsyncRefusal)
     dequantized = {"mxfp4_fast_dequant": "B_dequantize_shared", "int4_per_thread_runs": "B_dequantize"}
-    assert [(c.buffer, c.slots, c.view[1]) for c in plan.shared_chunks] == \
+    assert [(c.buffer, c.slots, c.rows) for c in plan.shared_chunks] == \
         [("B_shared", 1, 16), (dequantized[name], 0, 16)]
     consumer = [s for s in walk(lowered.body) if isinstance(s, ir.Role)][-1]
+    steps = [s for s in walk(consumer.body) if isinstance(s, ir.For) and s.var.name == "i"]
+    assert [s.kind for s in steps] == [ir.ForKind.UNROLL]
     order = [type(s).__name__ for s in walk(consumer.body) if isinstance(s, (ir.ProxyFence, ir.Gemm))]
     assert order[:2] == ["ProxyFence", "Gemm"], order
 
@@ -316,10 +324,36 @@ def test_per_thread_dequant_compiles_warp_specialized_for_sm90(name):
     assert len(re.findall(r"ttng\.async_tma_copy_global_to_local", ttgir)) == 2
     assert re.search(r"ttng\.warp_group_dot .*isAsync = true", ttgir)
     # each step's run of packed bytes is one load from the ring slot, its decoded run one store
-    # into the tile wgmma reads (and C's staging store), fenced before the wgmma
-    assert len(re.findall(r"ttg\.local_load", ttgir)) == 1
-    assert len(re.findall(r"ttg\.local_store", ttgir)) == 2
+    # into the tile wgmma reads (8 steps, unrolled; and C's staging store), fenced before the
+    # wgmma; each run is a row slice of the 2-d tile itself, so Triton addresses it in the tile's
+    # layout (a [chunks, rows, cols] view indexed at run time put columns 64.. of a 128-column
+    # bf16 tile at the wrong addresses: wgmma read a permuted B on the GPU)
+    assert len(re.findall(r"ttg\.local_load", ttgir)) == 8
+    assert len(re.findall(r"ttg\.local_store", ttgir)) == 9
     assert "ttng.fence_async_shared" in ttgir
+    source = gluon_program(lower(build_kernel(program(*MX)), HOPPER)).source
+    assert "_reinterpret(gl.bfloat16, [8," not in source and "_reinterpret(gl.float16, [8," not in source
+    assert re.search(r"B_dequantize(_shared)?\.slice\(.* // \d+, 16\)\.store\(", source)
+
+
+@pytest.mark.parametrize("name", ["mxfp4_fast_dequant", "int4_per_thread_runs"])
+def test_per_thread_stores_are_ordered_before_and_after_the_wgmma(name):
+    """In the consumer partition (PTX; Triton inserts the barriers when lowering to LLVM, so the
+    TTGIR has none): every thread's stores of the dequantized runs, then its proxy fence, then a
+    barrier of all the partition's threads, before the wgmma reads the tile; and after each
+    wgmma's wait, a barrier of the partition before the next step's stores overwrite the tile."""
+    program = DEQUANT_GEMMS[name][0]
+    ptx = gluon_program(lower(build_kernel(program(*MX)), HOPPER)).asm["ptx"]
+    threads = {"mxfp4_fast_dequant": 256, "int4_per_thread_runs": 128}[name]
+    ops = re.findall(r"^\s*(st\.shared\.v4|fence\.proxy\.async|bar\.sync\s+0, \d+|"
+                     r"wgmma\.mma_async|wgmma\.wait_group)", ptx, flags=re.M)
+    ops = [re.sub(r"\s+", " ", o) for o in ops]
+    barrier = f"bar.sync 0, {threads}"
+    first_mma, wait = ops.index("wgmma.mma_async"), ops.index("wgmma.wait_group")
+    before = ops[:first_mma]
+    last_store = len(before) - 1 - before[::-1].index("st.shared.v4")
+    assert before[last_store:] == ["st.shared.v4", "fence.proxy.async", barrier], before[last_store:]
+    assert ops[wait + 1] == barrier, ops[wait:wait + 3]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,6 +376,24 @@ def test_int4_gemm_threads_gluon_refusal_names_the_per_thread_access():
         f"at per-thread indices")
     kernel = tilews.compile(prog, target="hopper")
     assert kernel.report.target == "hopper -> triton", kernel.report.notes
+
+
+def test_per_thread_run_at_a_run_time_row_is_refused_naming_the_loop():
+    """A run of a shared tile is a row slice at a row known when the kernel is compiled: a step
+    loop starting at a block-dependent value cannot be unrolled, so Gluon refuses, naming the
+    loop's variable and the line, and tl compiles it (the interpreter computes it right)."""
+    prog = int4_gemm_threads(*I4, store_runs=True, first_step_of_block=True)
+    refusal = lower(build_kernel(prog), HOPPER).find_plan(AsyncRefusal)
+    assert refusal is not None
+    line = marked_line(int4_gemm_threads, "# <- read")
+    assert re.fullmatch(rf"per-thread code at line {line} reads or writes a run of shared "
+                        rf"buffer 'B_shared' starting at a row that depends on 'i', known only at "
+                        rf"run time: .*", refusal.reason), refusal.reason
+    assert tilews.compile(prog, target="hopper").report.target == "hopper -> triton"
+    A, qB, Scale = int4_inputs(*I4)
+    C = poisoned(I4[0], I4[1], dtype=torch.float16)
+    tilews.compile(prog, target="interpret")(A, qB, Scale, C)
+    close(C, int4_reference(A, qB, Scale))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ f32 for 16-bit types). Scalars are: block indices, loop indices, scalar
 parameters, constants, scalar locals (the role's Python variable of that name) and elements of
 global buffers (``gl.load(A + i * A_stride0 + j * A_stride1, mask=..., other=0)``: out of bounds
 reads 0, as in the IR; the pointer and strides are parameters of the role). Per-thread code reads
-a run of a shared tile as its chunk (``chunk_view``). Integer ``//`` and
+a run of a shared tile as a row slice of it (``chunk_view``). Integer ``//`` and
 ``%`` follow Python (floor) semantics; they are spelled natively when both operands are provably
 non-negative (``tl``'s analysis, plus the scalar locals legalize found non-negative), else with a
 remainder correction that is right whichever rounding Triton applies.
@@ -193,7 +193,7 @@ def _shared_element(ctx: Ctx, e: ir.Load) -> str:
 
 
 def _shared_chunk(ctx: Ctx, e: ir.Load) -> str:
-    """Per-thread code reading one aligned run of a shared tile: its chunk loaded (``chunk_view``),
+    """Per-thread code reading one aligned run of a shared tile: its rows loaded (``chunk_view``),
     in the loop's shape and layout."""
     desc, chunk = chunk_view(ctx, e.buffer, e.indices, e.loc)
     f = ctx.par
@@ -203,11 +203,10 @@ def _shared_chunk(ctx: Ctx, e: ir.Load) -> str:
 
 def chunk_view(ctx: Ctx, b: ir.Buffer, indices, loc):
     """Per-thread code's read or store of one aligned run of shared tile ``b`` (``lowering/
-    chunks.py``): the descriptor of its chunk — the tile, its ring slot indexed, seen as the
-    AsyncPlan's [chunks, rows, cols] in its own layout (over the same bytes: a chunk is whole
-    periods of the tile's swizzle) and chunk ``start // size`` indexed — and the plan's entry,
-    whose layout places the chunk's elements in threads as the loop's per-thread layout does
-    (reshaping between them moves no data)."""
+    chunks.py``): the descriptor of its rows — the tile, its ring slot indexed, sliced at the
+    run's first row (a compile-time value: legalize_wgmma unrolled the loops it depends on), in
+    the tile's own layout — and the plan's entry, whose layout places the run's elements in
+    threads as the loop's per-thread layout does (reshaping between them moves no data)."""
     f = ctx.par
     size = math.prod(f.extents)
     chunk = ctx.shared_chunks.get((b.name, size))
@@ -215,10 +214,10 @@ def chunk_view(ctx: Ctx, b: ir.Buffer, indices, loc):
                                                    indices[chunk.slots:], f.vars, f.extents)
     if start is None:
         raise InternalError(f"gluon backend: no rule for per-thread code accessing shared buffer "
-                            f"'{b.name}' other than a run the AsyncPlan's shared_chunks view", loc)
+                            f"'{b.name}' other than a run the AsyncPlan's shared_chunks name", loc)
     smem = ctx.name(b.name) + "".join(f".index({arg(ctx, i)})" for i in indices[:chunk.slots])
-    view = f"{smem}._reinterpret({GL_DTYPE[b.dtype]}, {list(chunk.view)}, {ctx.layout(b, loc)})"
-    return f"{view}.index({atom(spell(ctx, start))} // {size})", chunk
+    cols = size // chunk.rows
+    return f"{smem}.slice({atom(spell(ctx, start))} // {cols}, {chunk.rows})", chunk
 
 
 def _cmp(ctx: Ctx, e: ir.Cmp) -> str:

@@ -16,7 +16,7 @@ fragment copies, and where each fragment's Python variable is first defined.
   layout); under an ``if`` it keeps the old elements where the condition is false (``gl.where``).
   Per-thread code over the thread dim alone writes one column of a per-thread local by merging
   each thread's value into its row; per-thread code writing a run of a shared tile stores the
-  run as its chunk (``exprs.chunk_view``).
+  run into its rows of the tile (``exprs.chunk_view``).
   A subexpression the stored value repeats (a Python variable of the user's program used several
   times) is computed once into a temporary, so a repeated global load is issued once.
 * A reduction along a dim of a 2-d fragment is ``gl.max`` / ``gl.min`` / ``gl.sum`` (16-bit sums
@@ -176,7 +176,7 @@ def store(ctx: Ctx, s: ir.Store) -> None:
         desc, chunk = chunk_view(ctx, b, s.indices, s.loc)
         layout = ctx.layout_const(chunk.layout, "chunk_layout")
         ctx.line(f"{desc}.store(gl.convert_layout(gl.reshape({atom(value)}, "
-                 f"{list(chunk.view[1:])}), {layout}))")
+                 f"{[chunk.rows, chunk.size // chunk.rows]}), {layout}))")
         return
     column = per_thread_column(b, s.indices, f.vars, f.extents)
     if column is not None:
