@@ -157,10 +157,32 @@ class AsyncPlan(Plan):
     register_loads: tuple[tuple[str, int, object], ...] = ()   # (shared buffer, rows per chunk,
                                                         # the chunk's register layout) of each
                                                         # global -> shared copy through registers
+    shared_chunks: tuple["SharedChunk", ...] = ()       # how per-thread code reads and
+                                                        # writes runs of shared tiles
 
     @property
     def tma_buffers(self) -> frozenset[str]:
         return frozenset(g for g, _ in self.tma_descriptors)
+
+
+@dataclass(frozen=True)
+class SharedChunk:
+    """Per-thread code reading or writing runs of ``size`` elements of shared buffer ``buffer``
+    (``lowering/chunks.py``): its leading ``slots`` indices (ring slots) select the tile, a run
+    is ``rows`` whole rows of the tile (a multiple of 8) starting at a row known when the kernel
+    is compiled (the loops its start depends on are unrolled), so it is a static row slice of the
+    tile in the tile's own shared layout, whatever that layout is (a view of the tile as
+    [chunks, rows, cols] indexed at run time would be laid out as chunks of their own, which is
+    the tile's layout only where a row fits in one swizzle row: not for a 128-column bf16 tile,
+    whose 128-byte swizzle stores columns 64.. after all the rows of columns 0..63). One run is
+    loaded or stored as a [rows, cols] register tensor in ``layout``, in which thread t holds
+    elements t * n .. t * n + n - 1 of the run (n: the loop's vector length), the loop's
+    per-thread layout reshaped."""
+    buffer: str
+    size: int
+    slots: int
+    rows: int
+    layout: object
 
 
 @dataclass(frozen=True)

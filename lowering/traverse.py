@@ -235,7 +235,10 @@ def transform(node, fn: Callable):
 
 
 def generic_shared_writes(s: ir.Stmt) -> set:
-    """Shared buffers ``s`` writes through the generic proxy (ordinary stores)."""
+    """Shared buffers ``s`` writes through the generic proxy (ordinary stores; a ``Parallel``'s
+    element stores, per-thread code's included)."""
+    if isinstance(s, ir.Parallel):
+        return {b for t in walk(s.body) for b in generic_shared_writes(t)}
     if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA:
         return set()
     if isinstance(s, (ir.Copy, ir.Fill)):

@@ -4,7 +4,12 @@ Contract: ``execute(kernel, args, ...)`` has ``run``'s meaning and returns the s
 (the name of every scheduling choice, in order: a role, or the landing of an asynchronous copy),
 so tests and tools can see which interleaving a seed produced.
 * A kernel holding per-thread code (``Parallel(per_thread=True)``) is checked, when checking, for
-  races between its threads too (``thread_races``), each block with a fresh tracker.
+  races between its threads too (``thread_races``), each block with a fresh tracker — unless it
+  is warp-specialized: there a per-thread loop runs over its role's threads, not the block's,
+  and what orders them within the role is the backend compiler's (Triton's barrier insertion
+  puts a barrier of the partition's warps at every shared-memory hazard between its threads;
+  the IR holds no ``BlockSync`` there), while the roles' accesses to each other's shared
+  memory are checked by ``races`` against the mbarrier protocol as in any role.
 * A kernel whose body holds ``Role`` blocks is first split (``roles.streams``) into block-wide
   allocations plus one ``WarpSpecialize``; each role then runs with ``128 * len(warpgroups)``
   threads. A kernel without roles is one role of ``kernel.threads`` threads.
@@ -25,7 +30,7 @@ import numpy as np
 from .. import ir
 from ..plans import SharedMemoryPlan
 from ..roles import streams
-from ..traverse import per_thread_code
+from ..traverse import per_thread_code, walk
 from .addresses import AddressSpace
 from .barriers import Barriers
 from .binding import bind
@@ -47,7 +52,8 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
     rng = random.Random(seed)
     addresses = AddressSpace()
     trace: list[str] = []
-    per_thread = check and per_thread_code(kernel.body)
+    per_thread = check and per_thread_code(kernel.body) and not any(
+        isinstance(s, (ir.Role, ir.WarpSpecialize)) for s in walk(kernel.body))
     blocks = [c[::-1] for c in itertools.product(*(range(n) for n in reversed(grid)))]
     if block_order is not None:
         random.Random(block_order).shuffle(blocks)

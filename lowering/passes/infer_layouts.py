@@ -20,7 +20,11 @@ Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
              the ``RowSlice`` of its source along the reduced dim (and the source the parent of a
              slice destination); inside a ``T.Parallel`` every fragment indexed by all the loop's
              variables (in order) has the loop's layout and a vector indexed by one of them the
-             slice of it along that axis. Fragments nothing constrains are ``Blocked``.
+             slice of it along that axis. Per-thread code (``Parallel(per_thread=True)`` over
+             the role's threads, then at most one vector dim) runs in a ``Blocked`` layout of one
+             thread per element of its thread dim and the vector dim in the thread's registers,
+             and so do its 2-d per-thread locals (a thread's row of a ``(threads, n)``
+             fragment). Fragments nothing constrains are ``Blocked``.
              The first layout a fragment gets is kept: a use that wants another one converts
              (the emitter spells ``convert_layout`` where a value's layout and the layout its
              use needs differ; for 16-bit P the accumulator -> operand conversion moves no data,
@@ -69,6 +73,13 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
             chosen.setdefault(g.a.buffer.name,
                               layouts.WgmmaOperandA(chosen[g.c.buffer.name], 32 // g.a.buffer.dtype.bits))
     loops = [s for s in stmts if isinstance(s, ir.Parallel)]
+    for p in loops:
+        if p.per_thread and p.extents[0] == 32 * warps and len(p.vars) <= 2:
+            frames.setdefault(p.vars[0].name, _per_thread(p.extents, warps))
+            for b, idx in (a for s in walk(p.body) for a in element_accesses(s)):
+                if b.scope is ir.Scope.FRAGMENT and len(b.shape) == 2 and idx[0] == p.vars[0] \
+                        and b.static_shape[0] == p.extents[0]:
+                    chosen.setdefault(b.name, _per_thread(b.static_shape, warps))
     changed = True
     while changed:
         changed = False
@@ -88,6 +99,12 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
     for p in loops:               # a loop touching no fragment runs in a plain layout
         frame = _frame(p, chosen) or layouts.Blocked(len(p.vars), warps)
         frames.setdefault(p.vars[0].name, frame)
+
+
+def _per_thread(shape: tuple[int, ...], warps: int):
+    """The layout of per-thread code over ``shape`` (a thread dim, then a vector dim): one
+    thread per element of the thread dim, the vector dim in the thread's registers."""
+    return layouts.Blocked(len(shape), warps, *((shape[1], 1) if len(shape) == 2 else ()))
 
 
 def _fragments(s: ir.Stmt) -> Iterator[ir.Buffer]:

@@ -41,9 +41,18 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              global elements and scalars; row/column reductions of 2-d fragments into 1-d
              fragments; fills of fragments;
            * per-thread code (``Parallel(per_thread=True)``, docs/design.md §2) is fragment math
-             like a ``T.Parallel`` (its thread and vector dims the loop's); where it reads,
-             stores or adds atomically into shared memory element by element, the refusal says
-             so (Gluon has no element address in shared memory);
+             like a ``T.Parallel`` (its thread and vector dims the loop's), and may also read and
+             write one column of a 2-d per-thread local at a uniform index in a loop over the
+             thread dim alone (``gathers.per_thread_column``: a call's unrolled code); its reads,
+             and unmasked stores, of shared memory where the loop's iterations touch one aligned
+             run of whole rows of the tile (``lowering/chunks.py``: TileLang's per-thread
+             dequantization) are recorded in the plan's ``shared_chunks`` (a run is a row slice
+             of the tile, one register tensor of the loop's per-thread layout reshaped); a run
+             starts at a row known when the kernel is compiled: the loops of per-thread code
+             (constant bounds) its start depends on become ``ForKind.UNROLL``, and a start
+             depending on anything else is refused, saying so; any other read, store or atomic
+             add into shared memory element by element is refused, saying so (Gluon has no
+             element address in shared memory);
            * element ``T.atomic_add``s to global memory are kept (outside ``T.Parallel`` one per
              block, possibly returning the old value into a scalar local; inside, one per
              iteration); tile atomics are refused;
@@ -93,13 +102,14 @@ from typing import Optional
 from .. import ir, protocol, roles
 from ..errors import CompileError
 from ..layouts import Blocked, NVMMAShared, WgmmaAccumulator, WgmmaOperandA
-from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, slot_shape
+from ..plans import AsyncPlan, AsyncRefusal, LayoutPlan, PipelinePlan, SharedChunk, slot_shape
 from ..capabilities import bulk_copy_tensor, row_bytes
 from ..config import BackendConfig
-from ..gathers import gathered_axis
+from ..chunks import chunk_start
+from ..gathers import gathered_axis, per_thread_column
 from ..simplify import shifted
 from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
-                        generic_shared_writes, subexprs, walk)
+                        generic_shared_writes, rewrite, subexprs, substmts, walk)
 from .split_extents import KEPT_WHOLE
 
 _SPELLED = (ir.Alloc, ir.For, ir.If, ir.BarrierWait, ir.BarrierArrive, ir.Copy, ir.Gemm, ir.Fill,
@@ -127,7 +137,12 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if len(wss) != 1:
         raise _Refuse("the program has no warp-specialized form (no T.ws roles and no "
                       "T.Pipelined loop of copies feeding a T.gemm)")
-    laid_out = dict(kernel.plan(LayoutPlan).layouts)
+    layout_plan = kernel.plan(LayoutPlan)
+    laid_out, frames = dict(layout_plan.layouts), dict(layout_plan.frames)
+    pipeline = kernel.find_plan(PipelinePlan)
+    chunks: dict[tuple[str, int], SharedChunk] = {}
+    around = _loops_around(kernel.body, ())
+    unrolled: set[tuple[ir.Var, ir.Loc]] = set()        # (var, loc) of the loops to unroll
     for s in _statements(kernel.body):
         if isinstance(s, ir.PointerView):
             raise _Refuse(f"T.make_tensor (line {s.loc.line}) views memory at an address read in "
@@ -138,15 +153,17 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
             raise _Refuse(f"a pipelined loop inside a role (line {s.loc.line})")
         if isinstance(s, ir.Parallel):
-            _check_parallel(s, laid_out)
+            chunked = _check_per_thread(s, frames, pipeline, chunks, around[id(s)], unrolled) \
+                if s.per_thread else set()
+            _check_parallel(s, laid_out, chunked)
         if isinstance(s, ir.Reduce):
             _check_reduce(s)
         if isinstance(s, ir.AtomicAdd):
             _check_atomic(s)
     ws = wss[0]
     scalars = _scalar_locals(kernel, ws)
-    bodies = [_seq(r.body, laid_out, config.codegen.register_copies) for r in ws.roles]
-    pipeline = kernel.find_plan(PipelinePlan)
+    bodies = [_unroll(_seq(r.body, laid_out, config.codegen.register_copies), unrolled)
+              for r in ws.roles]
     bulk_filled = {t.dst.buffer for body in bodies for t in walk(body) if isinstance(t, ir.Copy)
                    and t.mechanism is ir.CopyMechanism.TMA and t.dst.buffer.scope is ir.Scope.SHARED}
     for s in kernel.body.stmts:
@@ -193,7 +210,8 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         default_role=default.warpgroups,
         num_warps=next(r.num_warps for r in new_roles if r.warpgroups == default.warpgroups),
         barrier_counts=counts, tma_descriptors=tuple(descriptors), scalar_locals=scalars,
-        pointer_params=pointers, register_loads=_register_loads(new_roles)))
+        pointer_params=pointers, register_loads=_register_loads(new_roles),
+        shared_chunks=tuple(chunks.values())))
 
 
 # elements of a register-staged tile each producer thread holds at once, and the producer's
@@ -260,11 +278,10 @@ def _statements(s: ir.Stmt):
     return walk(s, opaque=(ir.Parallel,))
 
 
-def _check_parallel(p: ir.Parallel, laid_out: dict) -> None:
-    """The fragment math the Gluon emitter spells (see the module docstring)."""
+def _check_parallel(p: ir.Parallel, laid_out: dict, chunked: set) -> None:
+    """The fragment math the Gluon emitter spells (see the module docstring); ``chunked``: the
+    ids of the shared accesses ``_check_per_thread`` accepted."""
     line = p.loc.line
-    if p.per_thread:
-        _check_per_thread(p)
     if len(p.vars) > 2:
         raise _Refuse(f"a {len(p.vars)}-d T.Parallel (line {line}); fragments are 1-d or 2-d")
     for s in walk(p.body):
@@ -276,6 +293,8 @@ def _check_parallel(p: ir.Parallel, laid_out: dict) -> None:
         if not isinstance(s, ir.Store):
             raise _Refuse(f"a {type(s).__name__.lower()} inside T.Parallel (line {s.loc.line})")
         b = s.buffer
+        if id(s) in chunked or p.per_thread and per_thread_column(b, s.indices, p.vars, p.extents) is not None:
+            continue
         if b.scope is ir.Scope.GLOBAL:
             used = {v for i in s.indices for v in subexprs(i) if isinstance(v, ir.Var)}
             if not set(p.vars) <= used:
@@ -294,7 +313,9 @@ def _check_parallel(p: ir.Parallel, laid_out: dict) -> None:
                 if not isinstance(x, ir.Load) or x.buffer.scope is ir.Scope.GLOBAL:
                     continue
                 b = x.buffer
-                if b.scope is ir.Scope.LOCAL or _shared_element(x, p.vars, laid_out):
+                if b.scope is ir.Scope.LOCAL or id(x) in chunked or _shared_element(x, p.vars, laid_out):
+                    continue
+                if p.per_thread and per_thread_column(b, x.indices, p.vars, p.extents) is not None:
                     continue
                 if b.scope is not ir.Scope.FRAGMENT:
                     raise _Refuse(f"an element read of {b.scope.value} buffer '{b.name}' inside "
@@ -308,24 +329,101 @@ def _check_parallel(p: ir.Parallel, laid_out: dict) -> None:
 
 
 
-def _check_per_thread(p: ir.Parallel) -> None:
+def _loops_around(s: ir.Stmt, outer: tuple) -> dict[int, tuple[ir.For, ...]]:
+    """The loops around each ``Parallel`` in ``s`` (by id), outermost first."""
+    if isinstance(s, ir.Parallel):
+        return {id(s): outer}
+    inner = outer + (s,) if isinstance(s, ir.For) else outer
+    found: dict[int, tuple[ir.For, ...]] = {}
+    for body in substmts(s):
+        for t in body.stmts:
+            found.update(_loops_around(t, inner))
+    return found
+
+
+def _unroll(body: ir.Seq, loops: set) -> ir.Seq:
+    """``body`` with the loops ``loops`` names ((var, loc)) unrolled."""
+    return rewrite(body, lambda s: dataclasses.replace(s, kind=ir.ForKind.UNROLL)
+                   if isinstance(s, ir.For) and (s.var, s.loc) in loops else None)
+
+
+def _check_per_thread(p: ir.Parallel, frames: dict, pipeline, chunks: dict, around: tuple,
+                      unrolled: set) -> set[int]:
     """Per-thread code touching shared memory element by element: Gluon names shared memory only
-    as whole tiles and views of them (``.index``, ``.slice``, ``.permute``), loaded into or
+    as whole tiles and views of them (``.index``, ``.reshape``, ``.slice``), loaded into or
     stored from register tensors; it has no element address there, so no gather, scatter or
-    atomic. Checked first, to say so rather than call the loop a ``T.Parallel`` the program
-    never wrote."""
+    atomic. A read, or an unmasked store, of one aligned run of a shared tile (``_chunk``) is a
+    row slice of the tile: its id is returned, its slice recorded in ``chunks`` and the loops
+    its start depends on (of ``around``, the loops around ``p``) added to ``unrolled``.
+    Any other access is refused, checked first to say so rather than call the loop a
+    ``T.Parallel`` the program never wrote."""
     why = "Gluon reads and writes shared memory only as whole tiles, not at per-thread indices"
+    frame = frames.get(p.vars[0].name)
+    chunked: set[int] = set()
     for s in walk(p.body):
         if isinstance(s, ir.AtomicAdd) and s.dst.buffer.scope is ir.Scope.SHARED:
             raise _Refuse(f"per-thread code at line {s.loc.line} adds atomically into shared "
                           f"buffer '{s.dst.buffer.name}': Gluon has no atomics on shared memory")
         if isinstance(s, ir.Store) and s.buffer.scope is ir.Scope.SHARED:
-            raise _Refuse(f"per-thread code at line {s.loc.line} stores into shared buffer "
-                          f"'{s.buffer.name}' at thread-computed indices: {why}")
+            unmasked = any(t is s for t in p.body.stmts)
+            if not (unmasked and _chunk(p, frame, pipeline, s.buffer, s.indices, chunks, around,
+                                        unrolled, s.loc.line)):
+                raise _Refuse(f"per-thread code at line {s.loc.line} stores into shared buffer "
+                              f"'{s.buffer.name}' at thread-computed indices: {why}")
+            chunked.add(id(s))
         for x in (x for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)):
             if x.buffer.scope is ir.Scope.SHARED:
-                raise _Refuse(f"per-thread code at line {x.loc.line or s.loc.line} reads shared "
-                              f"buffer '{x.buffer.name}' at thread-computed indices: {why}")
+                if not _chunk(p, frame, pipeline, x.buffer, x.indices, chunks, around, unrolled,
+                              x.loc.line or s.loc.line):
+                    raise _Refuse(f"per-thread code at line {x.loc.line or s.loc.line} reads shared "
+                                  f"buffer '{x.buffer.name}' at thread-computed indices: {why}")
+                chunked.add(id(x))
+    return chunked
+
+
+def _chunk(p: ir.Parallel, frame, pipeline, b: ir.Buffer, indices, chunks: dict, around: tuple,
+           unrolled: set, line: int) -> bool:
+    """Whether ``b[indices]`` (its ring slot indexed uniformly) is one aligned run of whole rows
+    of the tile, a multiple of 8 (any swizzle's period), (``lowering/chunks.py``) in per-thread
+    code running in infer_layouts' per-thread layout, whose thread t's elements are
+    t * n .. t * n + n - 1 of a [rows, cols] register tensor of at most 32 threads along a row;
+    records the slice and the loops to unroll (``_static_start``)."""
+    tile = slot_shape(b, pipeline)
+    slots = len(b.shape) - len(tile)
+    start = None if len(tile) != 2 else chunk_start(tile, indices[slots:], p.vars, p.extents)
+    if start is None or any(v in p.vars for i in indices[:slots] for v in subexprs(i)):
+        return False
+    size, cols = math.prod(p.extents), tile[1]
+    vector = p.extents[1] if len(p.vars) == 2 else 1
+    threads = p.extents[0]
+    warps = threads // 32
+    per_thread = Blocked(len(p.vars), warps, *((vector, 1) if len(p.vars) == 2 else ()))
+    if frame != per_thread or threads % 32 or size % (8 * cols) or cols % vector or cols // vector > 32:
+        return False
+    unrolled.update(_static_start(start, around, b, line))
+    chunks[(b.name, size)] = SharedChunk(b.name, size, slots, size // cols,
+                                         Blocked(2, warps, vector, cols // vector))
+    return True
+
+
+def _static_start(start: ir.Expr, around: tuple, b: ir.Buffer, line: int) -> set:
+    """The loops (of ``around``: (var, loc)) to unroll so that a run of shared tile ``b``
+    starting at ``start`` starts at a row known when the kernel is compiled (Gluon slices shared
+    memory at static rows only): those whose variables ``start`` reads, each of constant bounds
+    around per-thread code only; refused where ``start`` reads anything else."""
+    loops = {f.var: f for f in around}
+    out = set()
+    for v in {x for x in subexprs(start) if isinstance(x, ir.Var)}:
+        f = loops.get(v)
+        if f is None or any(ir.as_int(x) is None for x in (f.start, f.stop, f.step)) or not all(
+                isinstance(t, (ir.Parallel, ir.For, ir.If)) for t in walk(f.body, opaque=(ir.Parallel,))):
+            raise _Refuse(f"per-thread code at line {line} reads or writes a run of shared buffer "
+                          f"'{b.name}' starting at a row that depends on '{v.name}', known only "
+                          f"at run time: Gluon slices shared tiles at rows known when the kernel "
+                          f"is compiled (a constant-bounds loop of per-thread code is unrolled "
+                          f"for it)")
+        out.add((f.var, f.loc))
+    return out
 
 
 def _shared_element(x: ir.Load, loop_vars, laid_out: dict) -> bool:

@@ -1,8 +1,8 @@
 """The state of one Gluon emission: a ``SourceWriter`` (lines, Python names, with the names
 Gluon source uses reserved), plus the decisions lowering recorded, read once from the kernel's
 ``AsyncPlan`` and ``LayoutPlan``: layouts, TMA descriptors, barrier counts, the default role, the
-scalar locals (and which are never negative) and the global buffers passed as pointers (and the
-roles reading them).
+scalar locals (and which are never negative), the global buffers passed as pointers (and the
+roles reading them) and the views of shared tiles per-thread code reads and writes by runs.
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class Ctx(SourceWriter):
         self.pointers: dict[str, tuple[tuple[int, ...], ...]] = dict(plan.pointer_params)
         self.register_loads: dict[str, tuple] = {b: (rows, layout) for b, rows, layout
                                                   in plan.register_loads}
+        self.shared_chunks = {(c.buffer, c.size): c for c in plan.shared_chunks}
         # the role being emitted: its warp groups, fragments (declared at its start) and gemm
         # accumulators
         self.role: tuple[int, ...] = ()

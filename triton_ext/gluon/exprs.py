@@ -7,7 +7,8 @@ fragment read is the fragment tensor in that layout (a vector expanded along the
 f32 for 16-bit types). Scalars are: block indices, loop indices, scalar
 parameters, constants, scalar locals (the role's Python variable of that name) and elements of
 global buffers (``gl.load(A + i * A_stride0 + j * A_stride1, mask=..., other=0)``: out of bounds
-reads 0, as in the IR; the pointer and strides are parameters of the role). Integer ``//`` and
+reads 0, as in the IR; the pointer and strides are parameters of the role). Per-thread code reads
+a run of a shared tile as a row slice of it (``chunk_view``). Integer ``//`` and
 ``%`` follow Python (floor) semantics; they are spelled natively when both operands are provably
 non-negative (``tl``'s analysis, plus the scalar locals legalize found non-negative), else with a
 remainder correction that is right whichever rounding Triton applies.
@@ -18,8 +19,9 @@ import math
 from typing import Callable
 
 from tilews.lowering import ir
+from tilews.lowering.chunks import chunk_start
 from tilews.lowering.errors import InternalError
-from tilews.lowering.gathers import gathered_axis
+from tilews.lowering.gathers import gathered_axis, per_thread_column
 from tilews.lowering.layouts import NVMMAShared, RowSlice
 from tilews.lowering.simplify import NONNEG_OPS
 
@@ -102,6 +104,8 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
     if b.scope is ir.Scope.FRAGMENT:
         return _fragment_element(ctx, e)
     if b.scope is ir.Scope.SHARED:
+        if ctx.par is not None and (b.name, math.prod(ctx.par.extents)) in ctx.shared_chunks:
+            return _shared_chunk(ctx, e)
         return _shared_element(ctx, e)
     if b.scope is not ir.Scope.GLOBAL:
         raise InternalError(f"gluon backend: no rule for reading {b.scope.value} buffer '{b.name}' "
@@ -135,24 +139,36 @@ def element_address(ctx: Ctx, b: ir.Buffer, indices, loc) -> tuple[str, list[str
 
 def _fragment_element(ctx: Ctx, e: ir.Load) -> str:
     """A fragment read inside the loop: the tensor itself, a vector expanded along the other
-    axis, or a gather along the dim whose index is computed (``legalize_wgmma.gathered_axis``),
-    in the loop's layout."""
+    axis, a gather along the dim whose index is computed (``gathers.gathered_axis``), or a
+    per-thread local's column (``gathers.per_thread_column``: a gather along the row), in the
+    loop's layout."""
     f, b = ctx.par, e.buffer
     if f is None:
         raise InternalError(f"gluon backend: fragment '{b.name}' read element by element outside "
                             f"a T.Parallel", e.loc)
     x, own = ctx.name(b.name), ctx.layouts[b.name]
+    column = per_thread_column(b, e.indices, f.vars, f.extents)
+    if column is not None:      # the thread's element of it, picked from its row
+        pick = _indices(ctx, column, [f.extents[0], 1], ctx.layout(b, e.loc))
+        return f"gl.convert_layout(gl.reshape(gl.gather({x}, {pick}, 1), [{f.extents[0]}]), {f.const})"
     if tuple(e.indices) == f.vars or len(f.vars) == 1 and e.indices[0] in f.vars:
         return x if own == f.layout else f"gl.convert_layout({x}, {f.const})"
     axis = gathered_axis(e, f.vars, f.extents)
     if axis is not None:
         src = x if own == f.layout else f"gl.convert_layout({x}, {f.const})"
-        index = f"gl.full({list(f.extents)}, 0, gl.int32, layout={f.const})"
-        return f"gl.gather({src}, gl.broadcast({atom(spell(ctx, e.indices[axis]))}, {index})[0], {axis})"
+        return f"gl.gather({src}, {_indices(ctx, e.indices[axis], list(f.extents), f.const)}, {axis})"
     axis = f.vars.index(e.indices[0])
     want = RowSlice(1 - axis, f.layout)
     v = x if own == want else f"gl.convert_layout({x}, {ctx.layout_const(want, 'axis_layout')})"
     return f"gl.expand_dims({v}, {1 - axis})"
+
+
+def _indices(ctx: Ctx, index: ir.Expr, shape: list, layout: str) -> str:
+    """A gather's index tensor: ``index`` (a constant, a scalar or a tensor of the loop) at each
+    element of ``shape``."""
+    if ir.as_int(index) is not None:
+        return f"gl.full({shape}, {ir.as_int(index)}, gl.int32, layout={layout})"
+    return f"gl.broadcast({atom(spell(ctx, index))}, gl.full({shape}, 0, gl.int32, layout={layout}))[0]"
 
 
 def _shared_element(ctx: Ctx, e: ir.Load) -> str:
@@ -174,6 +190,34 @@ def _shared_element(ctx: Ctx, e: ir.Load) -> str:
         return f"{column}.load({f.const})"
     row = ctx.layout_const(RowSlice(1, f.layout), "axis_layout")
     return f"gl.expand_dims({column}.load({row}), 1)"
+
+
+def _shared_chunk(ctx: Ctx, e: ir.Load) -> str:
+    """Per-thread code reading one aligned run of a shared tile: its rows loaded (``chunk_view``),
+    in the loop's shape and layout."""
+    desc, chunk = chunk_view(ctx, e.buffer, e.indices, e.loc)
+    f = ctx.par
+    value = f"{desc}.load({ctx.layout_const(chunk.layout, 'chunk_layout')})"
+    return f"gl.convert_layout(gl.reshape({value}, {list(f.extents)}), {f.const})"
+
+
+def chunk_view(ctx: Ctx, b: ir.Buffer, indices, loc):
+    """Per-thread code's read or store of one aligned run of shared tile ``b`` (``lowering/
+    chunks.py``): the descriptor of its rows — the tile, its ring slot indexed, sliced at the
+    run's first row (a compile-time value: legalize_wgmma unrolled the loops it depends on), in
+    the tile's own layout — and the plan's entry, whose layout places the run's elements in
+    threads as the loop's per-thread layout does (reshaping between them moves no data)."""
+    f = ctx.par
+    size = math.prod(f.extents)
+    chunk = ctx.shared_chunks.get((b.name, size))
+    start = None if chunk is None else chunk_start(b.static_shape[chunk.slots:],
+                                                   indices[chunk.slots:], f.vars, f.extents)
+    if start is None:
+        raise InternalError(f"gluon backend: no rule for per-thread code accessing shared buffer "
+                            f"'{b.name}' other than a run the AsyncPlan's shared_chunks name", loc)
+    smem = ctx.name(b.name) + "".join(f".index({arg(ctx, i)})" for i in indices[:chunk.slots])
+    cols = size // chunk.rows
+    return f"{smem}.slice({atom(spell(ctx, start))} // {cols}, {chunk.rows})", chunk
 
 
 def _cmp(ctx: Ctx, e: ir.Cmp) -> str:

@@ -14,6 +14,9 @@ fragment copies, and where each fragment's Python variable is first defined.
   converted to the layout its use needs when its own differs (``gl.convert_layout``). A store
   assigns the whole fragment (broadcast to the loop's shape, cast to its dtype, converted to its
   layout); under an ``if`` it keeps the old elements where the condition is false (``gl.where``).
+  Per-thread code over the thread dim alone writes one column of a per-thread local by merging
+  each thread's value into its row; per-thread code writing a run of a shared tile stores the
+  run into its rows of the tile (``exprs.chunk_view``).
   A subexpression the stored value repeats (a Python variable of the user's program used several
   times) is computed once into a temporary, so a repeated global load is issued once.
 * A reduction along a dim of a 2-d fragment is ``gl.max`` / ``gl.min`` / ``gl.sum`` (16-bit sums
@@ -27,12 +30,13 @@ from dataclasses import dataclass, field
 
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
+from tilews.lowering.gathers import per_thread_column
 from tilews.lowering.layouts import RowSlice
 from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, subexprs, touched, walk
 
 from ..pysource import atom
 from .context import GL_DTYPE, Ctx
-from .exprs import element_address, mask_arg, spell, write_mask_arg
+from .exprs import chunk_view, element_address, mask_arg, spell, write_mask_arg
 
 
 @dataclass
@@ -98,7 +102,8 @@ def _defines(s: ir.Stmt, name: str) -> bool:
     if isinstance(s, ir.Reduce):
         return s.dst.name == name and s.clear and s.src.name != name
     if isinstance(s, ir.Parallel):
-        stores = [t for t in s.body.stmts if isinstance(t, ir.Store) and t.buffer.name == name]
+        stores = [t for t in s.body.stmts if isinstance(t, ir.Store) and t.buffer.name == name
+                  and tuple(t.indices) == s.vars]         # (a column store keeps the rest)
         reads = [x for t in walk(s.body) for x in _loads(t) if x.buffer.name == name]
         return bool(stores) and not reads
     return False
@@ -167,6 +172,16 @@ def store(ctx: Ctx, s: ir.Store) -> None:
         return
     if s.value.dtype != b.dtype or _mixed(s.value, b.dtype):
         value = f"{atom(value)}.to({GL_DTYPE[b.dtype]})"
+    if b.scope is ir.Scope.SHARED:          # per-thread code writing a run: its chunk
+        desc, chunk = chunk_view(ctx, b, s.indices, s.loc)
+        layout = ctx.layout_const(chunk.layout, "chunk_layout")
+        ctx.line(f"{desc}.store(gl.convert_layout(gl.reshape({atom(value)}, "
+                 f"{[chunk.rows, chunk.size // chunk.rows]}), {layout}))")
+        return
+    column = per_thread_column(b, s.indices, f.vars, f.extents)
+    if column is not None:
+        _into_column(ctx, s, column, value)
+        return
     own = ctx.layouts[b.name]
     if f.masks:
         old = x if own == f.layout else f"gl.convert_layout({x}, {f.const})"
@@ -174,6 +189,22 @@ def store(ctx: Ctx, s: ir.Store) -> None:
     if own != f.layout:
         value = f"gl.convert_layout({value}, {ctx.layout(b, s.loc)})"
     ctx.line(f"{x} = {value}")
+    ctx.defined.add(b.name)
+
+
+def _into_column(ctx: Ctx, s: ir.Store, column: ir.Expr, value: str) -> None:
+    """Per-thread code over the thread dim writing one column of a per-thread local
+    (``gathers.per_thread_column``): the thread's value merged into its row there (and where
+    the loop's masks hold)."""
+    f, b = ctx.par, s.buffer
+    x, own = ctx.name(b.name), ctx.layout(b, s.loc)
+    along = ctx.layout_const(RowSlice(1, ctx.layouts[b.name]), "axis_layout")
+    cols = ctx.layout_const(RowSlice(0, ctx.layouts[b.name]), "axis_layout")
+    where = [f"(gl.expand_dims(gl.arange(0, {b.static_shape[1]}, layout={cols}), 0) == "
+             f"{atom(spell(ctx, column))})"]
+    where += [f"gl.expand_dims(gl.convert_layout({m}, {along}), 1)" for m in f.masks]
+    row = f"gl.expand_dims(gl.convert_layout({value}, {along}), 1)"
+    ctx.line(f"{x} = gl.where({' & '.join(where)}, {row}, {x})")
     ctx.defined.add(b.name)
 
 

@@ -39,7 +39,7 @@ import math
 from typing import Optional
 
 from tilews.lowering import ir
-from tilews.lowering.simplify import linear
+from tilews.lowering.chunks import chunk_start
 from tilews.lowering.traverse import subexprs
 
 from ..pysource import atom, nonneg
@@ -91,48 +91,21 @@ def scatter(ctx: Ctx, s: ir.Store) -> None:
     ctx.line(f"{x} = tl.where({' & '.join(conds)}, {value}, {x})")
 
 
-def _flat_offset(b: ir.Buffer, indices) -> ir.Expr:
-    """The row-major offset of ``b[indices]`` in ``b`` (``(e // C, e % C)`` into ``[R, C]`` is e)."""
-    shape = b.static_shape
-    if (len(indices) == 2 and all(isinstance(i, ir.BinOp) for i in indices)
-            and (indices[0].op, indices[1].op) == (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD)
-            and indices[0].a == indices[1].a and ir.as_int(indices[0].b) == ir.as_int(indices[1].b) == shape[1]):
-        return indices[0].a
-    flat: Optional[ir.Expr] = None
-    for i, stride in zip(indices, [math.prod(shape[d + 1:]) for d in range(len(shape))]):
-        term = ir.BinOp(ir.BinOpKind.MUL, i, ir.Const(stride, ir.DType.I32), ir.DType.I32)
-        flat = term if flat is None else ir.BinOp(ir.BinOpKind.ADD, flat, term, ir.DType.I32)
-    return flat
-
-
 def _chunk_store(ctx: Ctx, b: ir.Buffer, indices, value: str, hit: str) -> bool:
     """A store whose iterations, in loop order, write one aligned run of ``b``'s elements in
-    row-major order (``S[e // C, e % C] = v[t, j]`` with ``e = base + t * J + j``, ``base`` a
-    multiple of the loop's size: TileLang's per-thread dequantization into a shared tile): the
-    run is the loop's values reshaped, placed at chunk ``base / size`` of ``b`` viewed as chunks
-    (work of the buffer's size, not of a one-hot). False where the store is not of that form."""
+    row-major order (``lowering/chunks.py``: TileLang's per-thread dequantization into a shared
+    tile): the run is the loop's values reshaped, placed at chunk ``start / size`` of ``b``
+    viewed as chunks (work of the buffer's size, not of a one-hot). False where the store is not
+    of that form."""
     par = ctx.par
     shape = b.static_shape
     if tuple(par.shape) != tuple(par.extents) or tuple(ctx.shape(b)) != shape:
         return False
-    terms = linear(_flat_offset(b, indices))
+    start = chunk_start(shape, indices, par.vars, par.extents)
+    if start is None:
+        return False
     size = math.prod(par.extents)
-    total = math.prod(shape)
-    if terms is None or total % size:
-        return False
-    strides = [math.prod(par.extents[k + 1:]) for k in range(len(par.extents))]
-    if any(terms.get(v, 0) != st for v, st in zip(par.vars, strides)):
-        return False
-    base = {t: c for t, c in terms.items() if t not in par.vars}
-    if any(c % size for c in base.values()) or any(
-            t is not None and any(x in par.vars for x in subexprs(t)) for t in base):
-        return False
-    start = ir.Const(0, ir.DType.I32)
-    for t, c in base.items():
-        term = ir.Const(c, ir.DType.I32) if t is None else ir.BinOp(
-            ir.BinOpKind.MUL, t, ir.Const(c, ir.DType.I32), ir.DType.I32)
-        start = ir.BinOp(ir.BinOpKind.ADD, start, term, ir.DType.I32)
-    chunks, x = total // size, ctx.name(b.name)
+    chunks, x = math.prod(shape) // size, ctx.name(b.name)
     chunk = ctx.fresh("chunk")
     ctx.line(f"{chunk} = {atom(spell(ctx, start))} // {size}")
     where = (f"(tl.arange(0, {chunks})[:, None] == {chunk}) & "
