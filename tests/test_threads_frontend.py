@@ -219,3 +219,16 @@ def test_thread_dimension_errors_name_the_kernels_threads():
                 X[t] = 1.0
         return main
     _raises_at_mark(g, "thread dimension must be 0, 1 or 2")
+
+
+def test_a_local_indexed_past_its_size_by_a_thread_index_is_refused():
+    def f():
+        @T.prim_func
+        def main(X: T.Tensor((32,), T.float32)):
+            with T.Kernel(1, threads=32):
+                t = T.get_thread_binding()
+                v = T.alloc_local((1,), T.float32)
+                v[0] = X[t]
+                X[t] = v[(t + 1) % 32]  # <- error
+        return main
+    _raises_at_mark(f, r"index 0 of local 'v' \(shape \[1\]\) takes values 0..31, outside 0..0")

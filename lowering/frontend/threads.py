@@ -32,7 +32,8 @@ Contract (``lower``):
   stores where it stands under per-thread control or fills a per-thread value.
 * A uniform element store (or element atomic) outside ``T.Parallel`` into shared, fragment or
   global memory becomes a ``Parallel`` of one iteration (every thread writes the same value).
-* Refused at the user's line: a tile operation or ``T.sync_threads`` under per-thread control (all
+* Refused at the user's line: an element index of a local buffer that reads a thread index and can
+  leave the buffer (known from the thread counts and the loops' build-time bounds), a tile operation or ``T.sync_threads`` under per-thread control (all
   threads run those together), a ``T.Parallel`` or tile operation reading a thread index or
   per-thread local (other than copies, fills and reductions of per-thread locals into per-thread
   locals, which act on the fragments), a per-thread loop step, ``return_prev`` in per-thread code.
@@ -47,8 +48,9 @@ from typing import Callable, Optional, Sequence
 
 from .. import ir
 from ..errors import CompileError
-from ..simplify import linear
-from ..traverse import buffers_read, buffers_written, exprs_of, footprint, subexprs, transform, walk
+from ..simplify import interval, linear
+from ..traverse import (buffers_read, buffers_written, element_accesses, exprs_of, footprint,
+                        subexprs, substmts, transform, walk)
 
 Fresh = Callable[[str], str]
 _I32 = ir.DType.I32
@@ -58,6 +60,8 @@ _MEMORY = (ir.Scope.SHARED, ir.Scope.GLOBAL, ir.Scope.FRAGMENT)   # seen by othe
 def lower(body: list[ir.Stmt], thread_vars: dict[int, ir.Var], thread_shape: Sequence[int],
           vectorized: set, fresh: Fresh) -> list[ir.Stmt]:
     """The kernel body with every per-thread statement in block-wide form (module docstring)."""
+    ranges = {v: (0, thread_shape[d] - 1) for d, v in thread_vars.items() if d < len(thread_shape)}
+    _check_local_indices(body, ranges)
     lowering = _Lowering(body, thread_vars, tuple(thread_shape), vectorized, fresh)
     out = lowering.run(body)
     leftover = [v for s in out for t in walk(s) for e in exprs_of(t) for v in subexprs(e)
@@ -66,6 +70,35 @@ def lower(body: list[ir.Stmt], thread_vars: dict[int, ir.Var], thread_shape: Seq
         raise CompileError(f"internal: thread index '{leftover[0].name}' left after the thread "
                            f"level was lowered", leftover[0].loc)
     return out
+
+
+def _check_local_indices(stmts, ranges: dict) -> None:
+    """Refuse, at its line, an element access of a local buffer whose index reads a thread index and
+    can leave the buffer (``simplify.interval`` over the thread indices and the build-time bounds
+    of the loops around it): a thread's registers have no neighbours to read (``v[(tx + 1) % 32]``
+    on a 1-element local), and a backend would read nothing there without a word."""
+    for s in stmts:
+        for buf, indices in element_accesses(s):
+            if buf.scope is not ir.Scope.LOCAL:
+                continue
+            for d, (i, size) in enumerate(zip(indices, buf.static_shape)):
+                if not any(isinstance(x, ir.Var) and x.kind is ir.VarKind.THREAD for x in subexprs(i)):
+                    continue            # (loop indices alone may be correlated: no false alarms)
+                span = interval(i, ranges)
+                if span is not None and (span[0] < 0 or span[1] >= size):
+                    raise CompileError(f"index {d} of local '{buf.name}' (shape "
+                                       f"{list(buf.static_shape)}) takes values {span[0]}..{span[1]}, "
+                                       f"outside 0..{size - 1}: a local is one thread's own storage",
+                                       _loc(s))
+        inner = dict(ranges)
+        if isinstance(s, ir.For):
+            low, high = interval(s.start, ranges), interval(s.stop, ranges)
+            if low is not None and high is not None and (ir.as_int(s.step) or 0) > 0:
+                inner[s.var] = (low[0], high[1] - 1)
+        elif isinstance(s, ir.Parallel):
+            inner.update((v, (0, n - 1)) for v, n in zip(s.vars, s.extents))
+        for body in substmts(s):
+            _check_local_indices(body.stmts, inner)
 
 
 def _loc(s) -> ir.Loc:
