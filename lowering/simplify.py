@@ -214,6 +214,15 @@ def interval(e: ir.Expr, ranges: dict) -> Optional[tuple[int, int]]:
     return None
 
 
+def loop_range(s: ir.For, ranges: dict) -> Optional[tuple[int, int]]:
+    """The values loop ``s``'s variable takes (inclusive), from ``interval`` of its bounds; None
+    where they are not known or the step is not a positive constant."""
+    low, high = interval(s.start, ranges), interval(s.stop, ranges)
+    if low is None or high is None or (ir.as_int(s.step) or 0) <= 0:
+        return None
+    return low[0], high[1] - 1
+
+
 def _lower_bound(e: ir.Expr, known) -> Optional[int]:
     """A lower bound of an integer sum or difference whose terms are constants or never negative
     (0 for those), or None."""

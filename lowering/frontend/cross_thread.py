@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 from .. import ir
 from . import semantic
+from .threads import linear_thread
 from .context import builder, current_loc
 from .values import BufferRef, ElementRef, Scalar, to_expr
 
@@ -49,12 +50,9 @@ def _threads(what: str) -> tuple[tuple[Scalar, ...], tuple[int, ...]]:
             tuple(b.thread_shape[d] for d in dims))
 
 
-def _linear(indices: Sequence[Scalar], counts: Sequence[int]):
+def _linear(indices: Sequence[Scalar], counts: Sequence[int]) -> Scalar:
     """The thread's linear index (x fastest) from its (z, y, x) indices."""
-    out = indices[0]
-    for i, n in zip(indices[1:], counts[1:]):
-        out = out * n + i
-    return out
+    return Scalar(linear_thread([i.expr for i in indices], counts, current_loc()))
 
 
 def _unlinear(lin, counts: Sequence[int]) -> tuple:

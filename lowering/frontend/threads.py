@@ -48,7 +48,7 @@ from typing import Callable, Optional, Sequence
 
 from .. import ir
 from ..errors import CompileError
-from ..simplify import interval, linear
+from ..simplify import interval, linear, loop_range
 from ..traverse import (buffers_read, buffers_written, element_accesses, exprs_of, footprint,
                         subexprs, substmts, transform, walk)
 
@@ -72,6 +72,19 @@ def lower(body: list[ir.Stmt], thread_vars: dict[int, ir.Var], thread_shape: Seq
     return out
 
 
+def linear_thread(indices: Sequence[Optional[ir.Expr]], counts: Sequence[int],
+                  loc: ir.Loc) -> ir.Expr:
+    """The linear index ``x + X * (y + Y * z)`` of the thread of (z, y, x) ``indices`` (None: 0)
+    in a block of (z, y, x) ``counts``."""
+    out: Optional[ir.Expr] = None
+    for i, count in zip(indices, counts):
+        if out is not None:
+            out = ir.BinOp(ir.BinOpKind.MUL, out, _const(count, loc), _I32, loc)
+        if i is not None:
+            out = i if out is None else ir.BinOp(ir.BinOpKind.ADD, out, i, _I32, loc)
+    return out if out is not None else _const(0, loc)
+
+
 def _check_local_indices(stmts, ranges: dict) -> None:
     """Refuse, at its line, an element access of a local buffer whose index reads a thread index and
     can leave the buffer (``simplify.interval`` over the thread indices and the build-time bounds
@@ -91,10 +104,9 @@ def _check_local_indices(stmts, ranges: dict) -> None:
                                        f"outside 0..{size - 1}: a local is one thread's own storage",
                                        _loc(s))
         inner = dict(ranges)
-        if isinstance(s, ir.For):
-            low, high = interval(s.start, ranges), interval(s.stop, ranges)
-            if low is not None and high is not None and (ir.as_int(s.step) or 0) > 0:
-                inner[s.var] = (low[0], high[1] - 1)
+        span = loop_range(s, ranges) if isinstance(s, ir.For) else None
+        if span is not None:
+            inner[s.var] = span
         elif isinstance(s, ir.Parallel):
             inner.update((v, (0, n - 1)) for v, n in zip(s.vars, s.extents))
         for body in substmts(s):
@@ -163,8 +175,8 @@ class _Lowering:
                 c = control or any(self.is_varying(e) for e in (s.start, s.stop, s.step))
                 changed |= self._mark(s.body.stmts, c)
             elif isinstance(s, (ir.Role, ir.WarpSpecialize)):
-                for body in (s.body.stmts,) if isinstance(s, ir.Role) else ((r,) for r in s.roles):
-                    changed |= self._mark(body, control)
+                for body in substmts(s):
+                    changed |= self._mark(body.stmts, control)
             elif not isinstance(s, ir.Parallel) and (control or self._stmt_varying(s)):
                 for b in buffers_written(s):
                     if b.scope is ir.Scope.LOCAL and b not in self.varying:
@@ -233,9 +245,9 @@ class _Lowering:
         body: list[ir.Stmt] = []
         for mask, group in groups:
             inner = tuple(group)
+            where = _loc(inner[0])
             for cond in reversed(mask):
-                loc = _loc(inner[0])
-                inner = (ir.If(cond, ir.Seq(inner, loc), ir.Seq((), loc), loc),)
+                inner = (ir.If(cond, ir.Seq(inner, where), ir.Seq((), where), where),)
             body.extend(inner)
         return ir.Parallel(tvars + evars, (self.extents if per_thread else ()) + tuple(extra_extents),
                            ir.Seq(tuple(body), loc), loc, per_thread)
@@ -389,16 +401,9 @@ class _Lowering:
         return buf
 
     def _linear_thread(self, loc: ir.Loc) -> ir.Expr:
-        """The thread's linear index (x fastest), in THREAD vars (dims never asked for are 0)."""
+        """The thread's linear index, in THREAD vars (dims never asked for are 0)."""
         by_dim = {i: v for v, i in self.thread_var.items()}
-        out: Optional[ir.Expr] = None
-        for i, extent in enumerate(self.extents):
-            v = by_dim.get(i)
-            if out is not None:
-                out = ir.BinOp(ir.BinOpKind.MUL, out, _const(extent, loc), _I32, loc)
-            if v is not None:
-                out = v if out is None else ir.BinOp(ir.BinOpKind.ADD, out, v, _I32, loc)
-        return out if out is not None else _const(0, loc)
+        return linear_thread([by_dim.get(i) for i in range(len(self.extents))], self.extents, loc)
 
     def _as_dimension(self, s: ir.For, mask: Mask) -> bool:
         """Emit an independent loop of element stores as parallel dimensions (see the module
@@ -408,7 +413,7 @@ class _Lowering:
                 or start is None or stop is None or ir.as_int(s.step) != 1 or stop <= start):
             return False
         leaves = list(self._leaves(s.body.stmts, ()))
-        if leaves is None or not leaves or any(x is None for x in leaves):
+        if not leaves or any(x is None for x in leaves):
             return False
         if s.var not in self.vectorized and not self._independent(s, [t for t, _ in leaves]):
             return False
@@ -418,12 +423,13 @@ class _Lowering:
             return False
         offset = {s.var: s.var if start == 0 else
                   ir.BinOp(ir.BinOpKind.ADD, s.var, _const(start, s.loc), _I32, s.loc)}
+
+        def shifted(node):          # the loop's index counted from its start
+            return transform(node, lambda x: offset.get(x) if isinstance(x, ir.Var) else None)
         self._flush()
         groups: list[tuple[bool, list]] = []
         for (t, m), pt in zip(leaves, per_thread):
-            t = transform(t, lambda x: offset.get(x) if isinstance(x, ir.Var) else None)
-            m = mask + tuple(transform(c, lambda x: offset.get(x) if isinstance(x, ir.Var) else None)
-                             for c in m)
+            t, m = shifted(t), mask + tuple(shifted(c) for c in m)
             if groups and groups[-1][0] == pt:
                 groups[-1][1].append((t, m))
             else:
@@ -467,8 +473,7 @@ class _Lowering:
         idx = [ir.Var(self.fresh("i"), _I32, ir.VarKind.LOOP, loc) for _ in s.dst.extents]
         target = tuple(ir.BinOp(ir.BinOpKind.ADD, st, i, _I32, loc) for st, i in zip(s.dst.starts, idx))
         store = ir.Store(s.dst.buffer, target, s.value, loc)
-        self._flush()
-        self._out[-1].append(self._parallel(idx, list(s.dst.extents), [(store, mask)], per_thread=True))
+        self._emit(self._parallel(idx, list(s.dst.extents), [(store, mask)], per_thread=True))
 
     def _block_wide(self, s: ir.Stmt, mask: Mask) -> None:
         what = _what(s)

@@ -342,9 +342,9 @@ def _for(ctx: Ctx, s: ir.For) -> None:
     var = ctx.name(s.var.name)
     if nonneg(ctx, s.start) and (ir.as_int(s.step) or 0) > 0:
         ctx.nonneg.add(s.var)
-    low, high = (simplify.interval(x, ctx.ranges) for x in (s.start, s.stop))
-    if low is not None and high is not None and (ir.as_int(s.step) or 0) > 0:
-        ctx.ranges[s.var] = (low[0], high[1] - 1)
+    span = simplify.loop_range(s, ctx.ranges)
+    if span is not None:
+        ctx.ranges[s.var] = span
     runtime = any(x in ctx.runtime or isinstance(x, ir.Load)
                   for e in (s.start, s.stop, s.step) for x in subexprs(e))
     if runtime and ctx.plan.loops_as_while:
