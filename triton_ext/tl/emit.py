@@ -24,7 +24,7 @@ from tilews.lowering.traverse import buffers_read, subexprs, walk
 from ..pysource import GRID_SUFFIX, host_expr, nonneg
 from . import tiles
 from .context import TL_DTYPE, Ctx, ParallelFrame, arange, shape_text
-from .scatter import scatter, scatter_add
+from .scatter import last_where, scatter, scatter_add
 from .exprs import (Access, cast, element_ptr, from_parallel, mask_arg, masked_load, one_hot,
                     parallel_axes, parallel_view, spell, value_as)
 
@@ -274,8 +274,7 @@ def _last_writers(ctx: Ctx, indices) -> str | None:
         if not active:
             last = str(par.extents[k] - 1)
         else:
-            last = (f"tl.max(tl.where(tl.broadcast_to({active}, {full}), {idx}, -1), axis={k}, "
-                    f"keep_dims=True)")
+            last = last_where(f"tl.broadcast_to({active}, {full})", idx, k, keep_dims=True)
         keep = f"({idx} == {last})" if keep is None else f"{keep} & ({idx} == {last})"
     return keep
 

@@ -47,6 +47,14 @@ from .context import TL_DTYPE, Ctx, arange, shape_text
 from .exprs import one_hot, spell, value_as
 
 
+def last_where(mask: str, index: str, axis: int, keep_dims: bool = False) -> str:
+    """Along ``axis``, the largest ``index`` (the last iteration in loop order) where ``mask``
+    holds, -1 where it holds nowhere: the one rule for which of several stores to an element
+    wins."""
+    keep = ", keep_dims=True" if keep_dims else ""
+    return f"tl.max(tl.where({mask}, {index}, -1), axis={axis}{keep})"
+
+
 def scatter(ctx: Ctx, s: ir.Store) -> None:
     b, par = s.buffer, ctx.par
     readers = _readers(ctx, s.indices)
@@ -65,8 +73,7 @@ def scatter(ctx: Ctx, s: ir.Store) -> None:
         if a in readers or cur[a] == 1:
             continue
         last = ctx.fresh("last")
-        ctx.line(f"{last} = tl.max(tl.where({hit} != 0, {arange(cur[a], a, rank)}, -1), axis={a}, "
-                 f"keep_dims=True)")
+        ctx.line(f"{last} = {last_where(f'{hit} != 0', arange(cur[a], a, rank), a, keep_dims=True)}")
         ctx.line(f"{value} = tl.gather({value}, tl.maximum({last}, 0), {a})")
         ctx.line(f"{hit} = ({last} >= 0).to(tl.int32)")
         cur[a] = 1
@@ -78,8 +85,8 @@ def scatter(ctx: Ctx, s: ir.Store) -> None:
         width, n = shape[d], full[d]
         shape[d] = n
         last = ctx.fresh("last")
-        ctx.line(f"{last} = tl.max(tl.where({_writes(ctx, i, a, width, n)}, "
-                 f"tl.arange(0, {width})[None, :], -1), axis=1)")
+        along_dim = f"tl.arange(0, {width})[None, :]"
+        ctx.line(f"{last} = {last_where(_writes(ctx, i, a, width, n), along_dim, 1)}")
         along = f"tl.reshape({last}, {shape_text([n if k == d else 1 for k in range(len(shape))])})"
         index = f"tl.broadcast_to(tl.maximum({along}, 0), {shape_text(shape)})"
         ctx.line(f"{value} = tl.gather({value}, {index}, {d})")
@@ -121,9 +128,9 @@ def _flat_store(ctx: Ctx, b: ir.Buffer, indices, value: str, hit: str) -> None:
     order) that stores to it."""
     flat, lanes, n = _flat(ctx, b, indices)
     last = ctx.fresh("last")
-    ctx.line(f"{last} = tl.max(tl.where(({flat}[None, :] == tl.arange(0, {n})[:, None]) & "
-             f"(tl.reshape({hit}, ({lanes},))[None, :] != 0), tl.arange(0, {lanes})[None, :], -1), "
-             f"axis=1)")
+    writes = (f"({flat}[None, :] == tl.arange(0, {n})[:, None]) & "
+              f"(tl.reshape({hit}, ({lanes},))[None, :] != 0)")
+    ctx.line(f"{last} = {last_where(writes, f'tl.arange(0, {lanes})[None, :]', 1)}")
     ctx.line(f"{value} = tl.gather(tl.reshape({value}, ({lanes},)), tl.maximum({last}, 0), 0)")
     shape = shape_text(ctx.shape(b))
     x = ctx.name(b.name)
