@@ -3,6 +3,7 @@
 ``Tiles``), and ``tilews.ops.matmul`` with its schedules (``tune``, ``run``, ``matmul_schedule``,
 ``Schedule``)."""
 from .attention import attention
+from . import attention_backward  # noqa: F401  (the op tilews::attention_backward)
 from .epilogue import matmul_bias_act
 from .fp8 import Tiles, fp8_scaled_mm, tune_fp8
 from .matmul import matmul, matmul_schedule, run, tune

@@ -35,14 +35,22 @@ def _dims(batch, heads, seq_len, dim, layout):
 
 
 def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=128, num_stages=2,
-                    threads=256, layout="bhsd", dtype=T.float16):
+                    threads=256, layout="bhsd", dtype=T.float16, kv_heads=None, store_lse=False):
+    """The forward program: ``Output = softmax(Q K^T / sqrt(dim)) V``. ``kv_heads`` (default
+    ``heads``): K and V have that many heads, each serving ``heads // kv_heads`` consecutive query
+    heads (GQA). ``store_lse``: a fifth parameter ``LSE`` [batch, heads, lse_rows(seq_len,
+    block_M)] float32 receives each row's log-sum-exp of the scaled scores in base 2
+    (``log2(sum) + max * scale``, what the backward reads), rows past the end included (finite:
+    their Q rows are zeros)."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    group = heads // kv_heads
     scale = LOG2E / math.sqrt(dim)                 # softmax in base 2
     shape = _dims(batch, heads, seq_len, dim, layout)
+    kv_shape = _dims(batch, kv_heads, seq_len, dim, layout)
     accum = T.float32
 
-    @T.prim_func
-    def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
-             Output: T.Tensor(shape, dtype)):
+    @T.macro
+    def attend(Q, K, V, Output, LSE):
         with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bm, by, bz):
             # causal: the longest rows (the last query blocks) start first, so the short ones
             # fill the tail of the schedule instead of leaving one long block running alone
@@ -73,9 +81,9 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
                 loop_range = T.ceildiv(seq_len, block_N)
             for k in T.Pipelined(loop_range, num_stages=num_stages):
                 if layout == "bhsd":
-                    T.copy(K[bz, by, k * block_N, 0], K_shared)
+                    T.copy(K[bz, by // group, k * block_N, 0], K_shared)
                 else:
-                    T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_shared)
+                    T.copy(K[bz, k * block_N:(k + 1) * block_N, by // group, :], K_shared)
                 # -inf where a key is past the end (or, causal, after the query), only in the
                 # blocks that hold such keys. Causal: S starts as 0 / -inf and Q K^T
                 # accumulates into it (TileLang's form: the mask is ready before the gemm is
@@ -100,9 +108,9 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
                             acc_s[i, j] = T.if_then_else(k * block_N + j < seq_len, acc_s[i, j],
                                                          -T.infinity(accum))
                 if layout == "bhsd":
-                    T.copy(V[bz, by, k * block_N, 0], V_shared)
+                    T.copy(V[bz, by // group, k * block_N, 0], V_shared)
                 else:
-                    T.copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_shared)
+                    T.copy(V[bz, k * block_N:(k + 1) * block_N, by // group, :], V_shared)
                 T.copy(scores_max, scores_max_prev)
                 T.fill(scores_max, -T.infinity(accum))
                 T.reduce_max(acc_s, scores_max, dim=1, clear=False)
@@ -130,26 +138,74 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
                 T.copy(O_shared, Output[bz, by, bx * block_M, 0])
             else:
                 T.copy(O_shared, Output[bz, bx * block_M:(bx + 1) * block_M, by, :])
+            if LSE is not None:
+                # log2(sum) + max * scale: logsum holds 1 / sum here
+                for i in T.Parallel(block_M):
+                    logsum[i] = scores_max[i] * scale - T.log2(logsum[i])
+                T.copy(logsum, LSE[bz, by, bx * block_M])
+
+    if store_lse:
+        @T.prim_func
+        def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+                 Output: T.Tensor(shape, dtype),
+                 LSE: T.Tensor([batch, heads, lse_rows(seq_len, block_M)], accum)):
+            attend(Q, K, V, Output, LSE)
+    else:
+        @T.prim_func
+        def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+                 Output: T.Tensor(shape, dtype)):
+            attend(Q, K, V, Output, None)
     return main
 
 
+def lse_rows(seq_len: int, block_M: int) -> int:
+    """The rows of the forward's log-sum-exp (and the backward's row vectors): whole query blocks."""
+    return -(-seq_len // block_M) * block_M
+
+
 mha_fwd = tilews.jit(out_idx=[3])(mha_fwd_program)
+
+
+@tilews.jit(out_idx=[3, 4])
+def mha_fwd_lse(*args, **kwargs):
+    """``mha_fwd_program`` storing the log-sum-exp (what the backward reads)."""
+    return mha_fwd_program(*args, **kwargs, store_lse=True)
 
 _OPERAND_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
               layout: str = "bhsd") -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v for 4-d fp16/bf16 tensors of the same shape, [batch, heads,
-    seq, D] (``layout="bhsd"``) or [batch, seq, heads, D] (``"bshd"``); causal masks keys after
-    the query's position."""
-    shape = _check(q, k, v, layout)
-    batch, heads, seq_len, dim = shape if layout == "bhsd" else (shape[0], shape[2], shape[1], shape[3])
+    """softmax(q k^T / sqrt(D)) v for 4-d fp16/bf16 tensors, q [batch, heads, seq, D]
+    (``layout="bhsd"``) or [batch, seq, heads, D] (``"bshd"``), k and v the same with
+    ``kv_heads`` heads dividing ``heads`` (GQA: query head h reads KV head h // (heads //
+    kv_heads)); causal masks keys after the query's position. Differentiable: where an operand
+    requires grad (and grad mode is on), the op records its backward (``attention_backward``)."""
+    _check(q, k, v, layout)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and
+                                         (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return torch.ops.tilews.attention(q, k, v, bool(is_causal), layout)[0]
+    return _forward(q, k, v, bool(is_causal), layout, store_lse=False)[0]
+
+
+def _forward(q, k, v, is_causal: bool, layout: str, store_lse: bool):
+    """(output, the base-2 log-sum-exp [batch, heads, rows] or None)."""
+    batch, heads, seq_len, dim, kv_heads = operand_sizes(q, k, layout)
     if seq_len == 0 or batch == 0 or heads == 0:
-        return torch.empty_like(q)
-    kernel = mha_fwd(batch, heads, seq_len, dim, bool(is_causal), layout=layout,
+        lse = q.new_zeros((batch, heads, 0), dtype=torch.float32) if store_lse else None
+        return torch.empty_like(q), lse
+    factory = mha_fwd_lse if store_lse else mha_fwd
+    kernel = factory(batch, heads, seq_len, dim, is_causal, layout=layout, kv_heads=kv_heads,
                      dtype=dtypes.from_torch(q.dtype), **blocks(dim, gpu=q.device.type == "cuda"))
-    return kernel(q, k, v)
+    result = kernel(q, k, v)
+    return result if store_lse else (result, None)
+
+
+def operand_sizes(q, k, layout: str) -> tuple:
+    """(batch, heads, seq_len, dim, kv_heads) of checked operands."""
+    if layout == "bhsd":
+        return (*q.shape, k.shape[1])
+    return q.shape[0], q.shape[2], q.shape[1], q.shape[3], k.shape[2]
 
 
 def blocks(dim: int, gpu: bool) -> dict:
@@ -171,12 +227,49 @@ def _check(q, k, v, layout) -> tuple:
             raise ValueError(f"attention(): '{name}' must be 4-d ({layout}), got shape {tuple(t.shape)}")
         if t.dtype not in _OPERAND_DTYPES:
             raise TypeError(f"attention(): '{name}' must be float16 or bfloat16, got {t.dtype}")
+    head_dim = 1 if layout == "bhsd" else 2
+    heads, kv_heads = q.shape[head_dim], k.shape[head_dim]
+    grouped = heads % kv_heads == 0 if kv_heads else heads == 0
     for name, t in (("k", k), ("v", v)):
-        if t.shape != q.shape:
+        want = q.shape[:head_dim] + (kv_heads,) + q.shape[head_dim + 1:]
+        if t.shape != want or not grouped:
             raise ValueError(f"attention(): '{name}' has shape {tuple(t.shape)} but 'q' has "
-                             f"{tuple(q.shape)}; they must match")
+                             f"{tuple(q.shape)}; they must match, except that k and v may have "
+                             f"fewer heads (dim {head_dim}), a divisor of q's")
         if t.dtype != q.dtype:
             raise TypeError(f"attention(): '{name}' is {t.dtype} but 'q' is {q.dtype}; they must match")
         if t.device != q.device:
             raise ValueError(f"attention(): '{name}' is on {t.device} but 'q' is on {q.device}")
     return tuple(q.shape)
+
+
+# --- torch.library: the forward with its backward ---------------------------------------------------
+@torch.library.custom_op("tilews::attention", mutates_args=(),
+                         schema="(Tensor q, Tensor k, Tensor v, bool is_causal, str layout) -> (Tensor, Tensor)")
+def _attention_op(q, k, v, is_causal, layout):
+    """(output, base-2 log-sum-exp): the forward that keeps what the backward reads."""
+    return _forward(q.detach(), k.detach(), v.detach(), is_causal, layout, store_lse=True)
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, is_causal, layout):
+    _check(q, k, v, layout)
+    batch, heads, seq_len, dim, _ = operand_sizes(q, k, layout)
+    rows = lse_rows(seq_len, blocks(dim, gpu=q.device.type == "cuda")["block_M"]) if seq_len else 0
+    return torch.empty_like(q), q.new_empty((batch, heads, rows), dtype=torch.float32)
+
+
+def _setup_backward(ctx, inputs, output):
+    q, k, v, is_causal, layout = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.is_causal, ctx.layout = is_causal, layout
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.tilews.attention_backward(grad_out, q, k, v, out, lse, ctx.is_causal,
+                                                     ctx.layout)
+    return dq, dk, dv, None, None
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_backward)

@@ -1,0 +1,149 @@
+"""Attention backward on a GPU: ``tilews.ops.attention``'s backward (its three kernels, and the
+main kernel alone at several block choices) beside SDPA's cuDNN and flash backward, interleaved
+rounds, median times and ratios (min-max).
+
+    TILEWS_DEVICE_CMD='python scripts/probe_attention_backward.py --rounds 7' bash scripts/device_run.sh
+
+Each shape's gradients are checked first: tilews's against cuDNN's on the same inputs (relative
+Frobenius error of dq, dk, dv), and, on a reduced shape, against a float64 reference. A variant
+that fails to build or to agree is reported and left out of the timing. ``--json PATH`` writes
+every time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import peer_compare as pc  # noqa: E402
+
+SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 16, 4096, 64, False),
+          (8, 16, 16, 4096, 64, True), (4, 32, 8, 4096, 128, True), (2, 16, 16, 8192, 128, True)]
+MAIN_VARIANTS = {64: [dict(block_M=128, block_N=64, threads=256, num_stages=2),
+                      dict(block_M=128, block_N=128, threads=256, num_stages=2),
+                      dict(block_M=64, block_N=64, threads=128, num_stages=2)],
+                 128: [dict(block_M=128, block_N=64, threads=256, num_stages=2),
+                       dict(block_M=128, block_N=32, threads=256, num_stages=2),
+                       dict(block_M=64, block_N=64, threads=128, num_stages=2)]}
+
+
+def rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def check_small(torch, attention, D, causal, group):
+    """dq, dk, dv of a reduced shape against float64 (relative Frobenius errors)."""
+    B, H, S = 1, 4, 1000
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(B, H, S, D, device="cuda", generator=g).half().requires_grad_()
+    k, v = (torch.randn(B, max(1, H // group), S, D, device="cuda", generator=g).half().requires_grad_()
+            for _ in range(2))
+    do = torch.randn_like(q)
+    out = attention(q, k, v, is_causal=causal)
+    got = torch.autograd.grad(out, (q, k, v), do)
+    qq, kk, vv = (t.detach().double().requires_grad_() for t in (q, k, v))
+    rep = H // kk.shape[1]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qq, kk.repeat_interleave(rep, 1), vv.repeat_interleave(rep, 1), is_causal=causal)
+    want = torch.autograd.grad(ref, (qq, kk, vv), do.double())
+    return [rel(a, b) for a, b in zip(got, want)]
+
+
+def run_shape(shape, rounds, results):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import tilews.language as T
+    from tilews.ops import attention
+    from tilews.ops.attention_backward import blocks, bwd
+    from tilews.ops.attention import _forward
+    B, H, KV, S, D, causal = shape
+    name = f"B{B} H{H}/{KV} S{S} D{D} {'causal' if causal else 'full'}"
+    flops = 10.0 * B * H * S * S * D / (2 if causal else 1)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, H, S, D, device="cuda", generator=g).half().requires_grad_()
+    k, v = (torch.randn(B, KV, S, D, device="cuda", generator=g).half().requires_grad_() for _ in range(2))
+    do = torch.randn_like(q)
+    print(f"\n== {name}: small-shape errors vs float64 (dq, dk, dv):",
+          ["%.1e" % e for e in check_small(torch, attention, D, causal, H // KV)], flush=True)
+
+    impls, grads = {}, {}
+    for label, backend in (("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION), ("SDPA flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                       enable_gqa=KV != H)
+                grads[label] = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+            def run(out=out, backend=backend):
+                with sdpa_kernel(backend):
+                    torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+            impls[label] = run
+        except Exception as e:          # noqa: BLE001 - reported
+            print(f"{label}: unavailable: {type(e).__name__}: {str(e)[:200]}")
+    t0 = time.time()
+    out = attention(q, k, v, is_causal=causal)
+    grads["tilews"] = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    torch.cuda.synchronize()
+    print(f"tilews: first forward + backward (compiles) {time.time() - t0:.1f} s")
+    impls["tilews"] = lambda out=out: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    ref = grads.get("SDPA cuDNN") or grads.get("SDPA flash")
+    if ref is not None:
+        print("tilews vs", "cuDNN" if "SDPA cuDNN" in grads else "flash", "(dq, dk, dv):",
+              ["%.1e" % rel(a, b) for a, b in zip(grads["tilews"], ref)])
+
+    # the main kernel alone, at the blocks the op uses and the others
+    _, lse = _forward(q.detach(), k.detach(), v.detach(), causal, "bhsd", store_lse=True)
+    rows = lse.shape[-1]
+    delta = torch.randn(lse.shape, device="cuda")
+    dq_acc = torch.zeros((B, H, rows, D), device="cuda")
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for cfg in MAIN_VARIANTS.get(D, [blocks(D, True)]):
+        label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages"))
+        try:
+            kern = bwd(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
+            args = (q.detach(), k.detach(), v.detach(), do, lse, delta, dq_acc, dk, dv)
+            kern(*args)
+            torch.cuda.synchronize()
+            impls[label] = lambda kern=kern, args=args: kern(*args)
+            print(f"{label}: {kern.kernels[0].report.backend if hasattr(kern, 'kernels') else ''}")
+        except Exception as e:          # noqa: BLE001
+            print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
+
+    times = {lb: [] for lb in impls}
+    for _ in range(rounds):
+        for lb, fn in impls.items():
+            times[lb].append(pc.launches_ms(fn))
+    base = "SDPA cuDNN" if "SDPA cuDNN" in times else next(iter(times))
+    print(f"{name}: {torch.cuda.get_device_name()}, {rounds} rounds; ratio = time / {base}'s")
+    for lb, ts in times.items():
+        rs = [a / b for a, b in zip(ts, times[base])]
+        med = statistics.median(ts)
+        print(f"  {lb:28} {med:8.3f} ms {flops / med / 1e9:7.1f} TFLOP/s  "
+              f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})", flush=True)
+    results[name] = times
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json")
+    parser.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
+    args = parser.parse_args()
+    results = {}
+    for i, shape in enumerate(SHAPES):
+        if args.only is None or i in args.only:
+            try:
+                run_shape(shape, args.rounds, results)
+            except Exception as e:      # noqa: BLE001
+                print(f"{shape}: {type(e).__name__}: {str(e)[:500]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
