@@ -7,6 +7,7 @@ Triton (and, with the metal target, mlx and torch on MPS), checked and timed in 
     tilews-bench gemm --preset llm     (--preset is another name for --shapes)
     tilews-bench epilogue [--shapes llm,4096x4096x4096:gelu] [the same options]
     tilews-bench attention [--shapes long,4x32x4096x128:causal,8x16x2048x64] [the same options]
+    tilews-bench decode [--shapes gqa,mla,8x32x8x8192x128:gqa] [the same options]
     tilews-bench fp8 [--shapes llm,4096x4096x4096:row-fast] [the same options]
     tilews-bench all [the same options]
     tilews-bench launch [--dtype bf16|fp16] [--calls N] [--rounds N] [--json PATH]
@@ -47,6 +48,8 @@ COMMANDS = {"gemm": "bf16/fp16 GEMM against torch.matmul (cuBLAS) and a plain Tr
                         "(tanh) or silu, against torch.matmul followed by the same epilogue in PyTorch",
             "attention": "attention forward (BHSD, causal or not) against SDPA with its cuDNN and "
                          "flash (FlashAttention-2) backends",
+            "decode": "decode attention over a KV cache (GQA, BxHxKVHxSxD:gqa, and DeepSeek MLA, :mla) "
+                      "against SDPA's flash, efficient and cuDNN backends and torch flash decoding",
             "fp8": "FP8 (e4m3) scaled GEMM, per-tensor, per-row or block-wise scales, against "
                    "torch._scaled_mm (rowwise for block-wise rows) and torch's block-wise scaled_mm",
             "all": "every workload above",

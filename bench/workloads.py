@@ -1,7 +1,7 @@
 """The registry of benchmarked workloads: name -> its ``Workload`` (or ``Pending``).
 
 Imports point one way: this module imports the workload modules (``gemm``, ``epilogue``,
-``attention``, ``fp8``), which import ``workload`` (what a workload provides); nothing they
+``attention``, ``decode``, ``fp8``), which import ``workload`` (what a workload provides); nothing they
 import imports this module.
 """
 from __future__ import annotations
@@ -12,6 +12,6 @@ from .workload import Pending, Workload
 
 
 def registry() -> dict[str, Union[Workload, Pending]]:
-    from . import attention, epilogue, fp8, gemm
+    from . import attention, decode, epilogue, fp8, gemm
     return {"gemm": gemm.WORKLOAD, "epilogue": epilogue.WORKLOAD, "attention": attention.WORKLOAD,
-            "fp8": fp8.WORKLOAD}
+            "decode": decode.WORKLOAD, "fp8": fp8.WORKLOAD}

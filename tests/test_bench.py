@@ -88,7 +88,7 @@ def test_bad_shapes_are_clear_errors(text, says, capsys):
     (["gemm", "--dtype", "fp32"], "invalid choice: 'fp32'"),
     (["gemm", "--rounds", "0"], "--rounds: '0' is not a positive integer"),
     (["matmul"], "invalid choice: 'matmul'"),
-    ([], "required: {gemm,epilogue,attention,fp8,all,launch}"),
+    ([], "required: {gemm,epilogue,attention,decode,fp8,all,launch}"),
     (["launch", "--calls", "0"], "--calls: '0' is not a positive integer"),
     (["launch", "--shapes", "llm"], "unrecognized arguments: --shapes llm"),
 ])
@@ -756,3 +756,19 @@ def test_launch_a_wrong_kernel_fails_and_one_that_cannot_run_does_not(tmp_path, 
     assert (data["failures"], data["exit_code"]) == (1, 1)
     assert "FAIL doubled: rel err" in out and "UNAVAILABLE absent: not on this machine" in out
     assert out.rstrip().splitlines()[-1].endswith("1 row(s) FAILED: exit code 1.")
+
+
+def test_decode_runs_gqa_and_mla_on_the_cpu(tmp_path, capsys):
+    from tilews.bench import decode
+    path = tmp_path / "decode.json"
+    code, out, _ = bench(capsys, "decode", "--targets", "interpret", "--rounds", "1", "--quick",
+                         "--json", str(path))
+    assert code == 0
+    assert "reference SDPA flash: unavailable (" in out and "reference torch MLA (einsum): unavailable (" in out
+    data = json.loads(path.read_text())
+    assert [(r["shape"], r["impl"], r["status"]) for r in data["rows"]] == [
+        ([2, 8, 2, 100, 64, "gqa"], "tilews.ops decode", "ok"),
+        ([1, 64, 1, 70, 64, "mla"], "tilews.ops decode", "ok")]
+    assert all(r["rel_err"] < 1e-2 for r in data["rows"])
+    assert decode.WORKLOAD.flops((2, 8, 2, 100, 64, "gqa")) == 4 * 2 * 8 * 100 * 64
+    assert decode.WORKLOAD.flops((1, 64, 1, 70, 64, "mla")) == 2 * 64 * 70 * (64 + 64) + 2 * 64 * 70 * 64

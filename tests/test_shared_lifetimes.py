@@ -26,6 +26,8 @@ from tilews.lowering.liveness import live_ranges
 from tilews.lowering.passes import plan_buffers
 from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import SharedMemoryPlan
+from tilews.ops.decode import attend_program
+from tilews.ops.decode import mla_decode_program as mla_decode
 from tilews.triton_ext.gluon.backend import HOPPER
 
 from .helpers import gluon_program, marked_line, poisoned, randn
@@ -34,63 +36,8 @@ F16, F32 = T.float16, T.float32
 
 
 # ---------------------------------------------------------------------------------------------
-# an MLA decode: a block of query heads against one shared latent KV head (and its rotary part)
-
-
-def mla_decode(heads, kv_len, dim, pe_dim, block_H=64, block_N=64, stages=2, batch=1):
-    """Decode attention of ``heads`` query heads over one latent KV head: scores are
-    ``q . kv + q_pe . k_pe``, values are ``kv`` itself; the output goes out through a shared tile.
-    One block per (head block, batch) tile."""
-    log2e_scale = (dim + pe_dim) ** -0.5 * math.log2(math.e)
-
-    @T.prim_func
-    def mla(Q: T.Tensor([batch, heads, dim], F16), Q_pe: T.Tensor([batch, heads, pe_dim], F16),
-            KV: T.Tensor([batch, kv_len, 1, dim], F16), K_pe: T.Tensor([batch, kv_len, 1, pe_dim], F16),
-            Out: T.Tensor([batch, heads, dim], F16)):
-        with T.Kernel(heads // block_H, batch, threads=256) as (hb, b):
-            q_tile = T.alloc_shared([block_H, dim], F16)
-            p_tile = T.alloc_shared([block_H, block_N], F16)
-            qpe_tile = T.alloc_shared([block_H, pe_dim], F16)
-            kv_tile = T.alloc_shared([block_N, dim], F16)
-            kpe_tile = T.alloc_shared([block_N, pe_dim], F16)
-            out_tile = T.alloc_shared([block_H, dim], F16)
-            scores = T.alloc_fragment([block_H, block_N], F32)
-            acc = T.alloc_fragment([block_H, dim], F32)
-            row_max = T.alloc_fragment([block_H], F32)
-            prev_max = T.alloc_fragment([block_H], F32)
-            rescale = T.alloc_fragment([block_H], F32)
-            block_sum = T.alloc_fragment([block_H], F32)
-            denom = T.alloc_fragment([block_H], F32)
-            T.copy(Q[b, hb * block_H:(hb + 1) * block_H, :], q_tile)
-            T.copy(Q_pe[b, hb * block_H:(hb + 1) * block_H, :], qpe_tile)
-            T.fill(acc, 0)
-            T.fill(denom, 0)
-            T.fill(row_max, -T.infinity(F32))
-            for n in T.Pipelined(T.ceildiv(kv_len, block_N), num_stages=stages):
-                T.copy(KV[b, n * block_N:(n + 1) * block_N, 0, :], kv_tile)
-                T.copy(K_pe[b, n * block_N:(n + 1) * block_N, 0, :], kpe_tile)
-                T.gemm(q_tile, kv_tile, scores, transpose_B=True, clear_accum=True)  # <- read
-                T.gemm(qpe_tile, kpe_tile, scores, transpose_B=True)
-                T.copy(row_max, prev_max)
-                T.reduce_max(scores, row_max, dim=1, clear=False)
-                for i in T.Parallel(block_H):
-                    rescale[i] = T.exp2((prev_max[i] - row_max[i]) * log2e_scale)
-                for i, j in T.Parallel(block_H, block_N):
-                    scores[i, j] = T.exp2((scores[i, j] - row_max[i]) * log2e_scale)
-                T.reduce_sum(scores, block_sum, dim=1)
-                T.copy(scores, p_tile)
-                for i in T.Parallel(block_H):
-                    denom[i] = denom[i] * rescale[i] + block_sum[i]
-                for i, j in T.Parallel(block_H, dim):
-                    acc[i, j] *= rescale[i]
-                T.gemm(p_tile, kv_tile, acc)
-            for i, j in T.Parallel(block_H, dim):
-                acc[i, j] /= denom[i]
-            T.copy(acc, out_tile)
-            T.copy(out_tile, Out[b, hb * block_H:(hb + 1) * block_H, :])
-
-    return mla
-
+# an MLA decode: a block of query heads against one shared latent KV head (and its rotary part):
+# tilews.ops.decode's program (one block per (head block, batch) tile, no split, the whole cache)
 
 def mla_reference(q, q_pe, kv, k_pe):
     q, q_pe, kv, k_pe = (t.double() for t in (q, q_pe, kv, k_pe))
@@ -247,7 +194,7 @@ def test_planted_overlap_of_two_live_buffers_is_caught():
     with pytest.raises(SharedOverlapError) as err:
         run(kernel, args)
     message = str(err.value)
-    assert f":{marked_line(mla_decode, '# <- read')}:" in message
+    assert f":{marked_line(attend_program, '# <- read')}:" in message
     assert "'q_tile'" in message and "'kv_tile'" in message
 
 

@@ -1,0 +1,494 @@
+"""Decode attention over a KV cache as ready-made ops, written in the tile language as TileLang's
+``flash_decoding`` and ``deepseek_mla`` examples are: ``decode_attention`` (GQA, FlashAttention's
+``flash_attn_with_kvcache`` conventions) and ``mla_decode`` (DeepSeek's multi-head latent
+attention: one latent KV head that is both K, with its rotary part, and V).
+
+A decode step has one (or a few) query tokens per sequence, so one block per (sequence, KV head)
+leaves most SMs idle. Both ops pack the query heads that share a KV head into the rows of one
+tile (``block_H`` rows, ``valid`` of them real) and split each sequence's K/V blocks among
+``num_splits`` blocks (flash decoding): the split kernel writes each split's output, already
+divided by its own softmax sum, and that sum's log (base 2, plus the row maximum) to float32
+workspaces (``T.alloc_global``); the combine kernel weighs the splits by ``exp2(lse - max)``.
+Both kernels are in one tile-language function: the workspaces are the function's own (the
+runtime keeps them between calls of one shape on one stream), and a caller makes one call. With
+one split the split kernel writes the output itself and there is no combine.
+
+Each split takes an equal share of its sequence's K/V blocks (the first ``total % num_splits``
+one more), so ragged ``cache_seqlens`` never leave a split reading past its sequence; a split
+with no block writes ``lse = -inf`` and zeros. A zero-length sequence gives zeros.
+
+``cache_seqlens=None`` compiles the cache's whole extent as a constant trip count (no lengths
+read from memory, so the Hopper lowering may keep one block per SM over several tiles); given
+lengths, the trip count is read per sequence. Paged caches index K/V through ``block_table``;
+the K/V block (``block_N``) divides the page.
+
+On Hopper the split kernel stays warp-specialized (a TMA producer for Q, K and V; S = Q K^T, the
+softmax and P V in the consumer); the combine kernel is small. ``num_splits=None`` picks the
+split count from the grid, the cache length and ``tilews.targets.num_sms()``
+(``choose_num_splits``).
+
+Timing on a GPU: ``tilews-bench decode --preset gpu`` (``--preset mla`` for MLA).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+
+import tilews
+import tilews.language as T
+from tilews import targets
+from tilews.lowering import dtypes
+
+LOG2E = 1.4426950408889634
+MIN_BLOCKS_PER_SPLIT = 4        # a split shorter than this spends more on its prologue than it saves
+MAX_SPLITS = 64
+# a split whose sequence has no block left writes lse = -inf; the combine starts its running
+# maximum here (not at -inf) so that exp2(lse - max) is 0, never NaN, when every split is empty
+_NO_MAX = -1.0e30
+
+
+def choose_num_splits(tiles: int, cache_len: int, block_N: int, num_sms: int) -> int:
+    """Splits per sequence for ``tiles`` blocks of work (batch x KV heads x row tiles) over a
+    cache of ``cache_len`` keys in ``block_N`` blocks: enough blocks to cover ``num_sms`` SMs,
+    each split at least ``MIN_BLOCKS_PER_SPLIT`` K/V blocks long, at most ``MAX_SPLITS``."""
+    if tiles <= 0 or tiles >= num_sms:
+        return 1
+    longest = math.ceil(cache_len / block_N) // MIN_BLOCKS_PER_SPLIT
+    return max(1, min(math.ceil(num_sms / tiles), longest, MAX_SPLITS))
+
+
+def split_range(splits: int, block_N: int, cache_len: int):
+    """A macro: the first K/V block and the block count of split ``sid`` of a ``length``-key
+    sequence. Each split owns the same static share of the cache's blocks (FlashAttention's
+    split-KV: a block's start stays a linear function of the split and the loop index); a
+    sequence shorter than the cache leaves its last splits fewer blocks, or none."""
+    per = math.ceil(math.ceil(cache_len / block_N) / splits)
+
+    @T.macro
+    def blocks_of(length, sid):
+        return sid * per, T.max(T.min(T.ceildiv(length, block_N) - sid * per, per), 0)
+
+    @T.macro
+    def all_blocks(length, sid):
+        return 0, T.ceildiv(length, block_N)
+    return all_blocks if splits == 1 else blocks_of
+
+
+def combine_program(batch: int, rows: int, dim: int, splits: int, block_R: int = 16):
+    """The combine kernel as a macro: ``Out[b, r, :]`` from the ``splits`` partial outputs
+    ``O_part[b, s, r, :]`` (float32, each normalized by its own sum) weighed by their
+    log-sum-exps ``LSE[b, s, r]`` (base 2)."""
+    f32 = T.float32
+
+    @T.macro
+    def combine(O_part, LSE, Out):
+        with T.Kernel(T.ceildiv(rows, block_R), batch, threads=128) as (rt, b):
+            part = T.alloc_fragment([block_R, dim], f32)
+            acc = T.alloc_fragment([block_R, dim], f32)
+            lse = T.alloc_fragment([block_R], f32)
+            top = T.alloc_fragment([block_R], f32)
+            weight = T.alloc_fragment([block_R], f32)
+            total = T.alloc_fragment([block_R], f32)
+            T.fill(top, _NO_MAX)
+            for s in T.serial(splits):
+                T.copy(LSE[b, s, rt * block_R:(rt + 1) * block_R], lse)
+                for i in T.Parallel(block_R):
+                    top[i] = T.max(top[i], lse[i])
+            T.fill(total, 0)
+            T.fill(acc, 0)
+            for s in T.serial(splits):
+                T.copy(LSE[b, s, rt * block_R:(rt + 1) * block_R], lse)
+                T.copy(O_part[b, s, rt * block_R:(rt + 1) * block_R, :], part)
+                for i in T.Parallel(block_R):
+                    weight[i] = T.exp2(lse[i] - top[i])
+                    total[i] += weight[i]
+                for i, j in T.Parallel(block_R, dim):
+                    acc[i, j] += part[i, j] * weight[i]
+            for i in T.Parallel(block_R):      # the largest weight is 1: total >= 1 unless empty
+                total[i] = 1.0 / T.max(total[i], 1.0)
+            for i, j in T.Parallel(block_R, dim):
+                acc[i, j] *= total[i]
+            T.copy(acc, Out[b, rt * block_R:(rt + 1) * block_R, :])
+
+    return combine
+
+
+def _shapes(batch, heads, dim, cache, page):
+    """Q / Out and K / V tensor shapes: ``cache`` is (keys, kv_heads); ``page`` is None (dense
+    [batch, keys, kv_heads, dim]) or (num_pages, page_size) (paged)."""
+    keys, kv_heads = cache
+    kv = [batch, keys, kv_heads, dim] if page is None else [page[0], page[1], kv_heads, dim]
+    return [batch, heads, dim], kv
+
+
+def signatures(kernel_of, batch: int, heads: int, dims: tuple, cache: tuple, page, ragged: bool,
+               dtype):
+    """The prim_func for ``kernel_of(Q, Q_pe, K, K_pe, V, lengths, table, Out)`` (a macro) over
+    a cache of ``cache`` = (keys, kv_heads) (paged: keys = pages per sequence x page size) with
+    the parameters this case has: ``Q_pe`` / ``K_pe`` with a rotary dim (``dims[1]``), ``V``
+    without one (MLA's V is its K), ``lengths`` when ragged, ``table`` when paged."""
+    dim, pe_dim = dims
+    q_shape, kv_shape = _shapes(batch, heads, dim, cache, page)
+    qpe_shape, kpe_shape = _shapes(batch, heads, pe_dim or 1, cache, page)
+    Q_t, K_t = T.Tensor(q_shape, dtype), T.Tensor(kv_shape, dtype)
+    Qpe_t, Kpe_t = T.Tensor(qpe_shape, dtype), T.Tensor(kpe_shape, dtype)
+    Len_t = T.Tensor([batch], T.int32)
+    Tab_t = T.Tensor([batch, cache[0] // page[1] if page else 1], T.int32)
+    if pe_dim:
+        if page is not None:
+            @T.prim_func
+            def mla_paged(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, cache_seqlens: Len_t,
+                          block_table: Tab_t, Out: Q_t):
+                kernel_of(Q, Q_pe, KV, K_pe, KV, cache_seqlens, block_table, Out)
+            return mla_paged
+        if ragged:
+            @T.prim_func
+            def mla_ragged(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, cache_seqlens: Len_t, Out: Q_t):
+                kernel_of(Q, Q_pe, KV, K_pe, KV, cache_seqlens, None, Out)
+            return mla_ragged
+
+        @T.prim_func
+        def mla(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, Out: Q_t):
+            kernel_of(Q, Q_pe, KV, K_pe, KV, None, None, Out)
+        return mla
+    if page is not None:
+        @T.prim_func
+        def decode_paged(Q: Q_t, K: K_t, V: K_t, cache_seqlens: Len_t, block_table: Tab_t, Out: Q_t):
+            kernel_of(Q, None, K, None, V, cache_seqlens, block_table, Out)
+        return decode_paged
+    if ragged:
+        @T.prim_func
+        def decode_ragged(Q: Q_t, K: K_t, V: K_t, cache_seqlens: Len_t, Out: Q_t):
+            kernel_of(Q, None, K, None, V, cache_seqlens, None, Out)
+        return decode_ragged
+
+    @T.prim_func
+    def decode(Q: Q_t, K: K_t, V: K_t, Out: Q_t):
+        kernel_of(Q, None, K, None, V, None, None, Out)
+    return decode
+
+
+def attend_program(batch: int, heads: int, rows: int, dims: tuple, cache: tuple, page, splits: int,
+                   dtype, softmax_scale: float, block_N: int, block_H: int, num_stages: int,
+                   threads: int, p_shared: bool, partial_dtype):
+    """The macro ``attend(Q, Q_pe, K, K_pe, V, lengths, table, Out)``: the split kernel (and,
+    with ``splits > 1``, the combine kernel and their workspaces). Q / Out are [batch, heads,
+    dim] with ``rows`` consecutive query rows per KV head; scores are ``Q K^T`` (plus
+    ``Q_pe K_pe^T`` with a rotary dim); V is K's tile itself when there is a rotary dim (MLA).
+    ``p_shared`` stages P in shared memory (every consumer warp group reads all of it when two
+    split the output's columns) rather than registers. The split kernel's partial outputs are
+    ``partial_dtype`` (their log-sum-exps float32)."""
+    dim, pe_dim = dims
+    keys, _ = cache
+    valid = min(block_H, rows)
+    scale = softmax_scale * LOG2E                      # softmax in base 2
+    f32 = T.float32
+    blocks_of = split_range(splits, block_N, keys)
+    combine = combine_program(batch, heads, dim, splits)
+
+    @T.macro
+    def tile(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE, hb, sid, b):
+        q_tile = T.alloc_shared([block_H, dim], dtype)
+        kv_tile = T.alloc_shared([block_N, dim], dtype)
+        scores = T.alloc_fragment([block_H, block_N], f32)
+        acc = T.alloc_fragment([block_H, dim], f32)
+        row_max = T.alloc_fragment([block_H], f32)
+        prev_max = T.alloc_fragment([block_H], f32)
+        rescale = T.alloc_fragment([block_H], f32)
+        block_sum = T.alloc_fragment([block_H], f32)
+        denom = T.alloc_fragment([block_H], f32)
+        if p_shared:
+            p_tile = T.alloc_shared([block_H, block_N], dtype)
+        else:
+            p_tile = T.alloc_fragment([block_H, block_N], dtype)
+        if pe_dim:
+            qpe_tile = T.alloc_shared([block_H, pe_dim], dtype)
+            kpe_tile = T.alloc_shared([block_N, pe_dim], dtype)
+        if not pe_dim:
+            v_tile = T.alloc_shared([block_N, dim], dtype)
+        out_tile = T.alloc_shared([valid, dim], dtype if splits == 1 else partial_dtype)
+        kv_head = hb * valid // rows
+        length = keys if lengths is None else lengths[b]
+        first, count = blocks_of(length, sid)
+        T.copy(Q[b, hb * valid:hb * valid + block_H, :], q_tile)
+        if pe_dim:
+            T.copy(Q_pe[b, hb * valid:hb * valid + block_H, :], qpe_tile)
+        T.fill(acc, 0)
+        T.fill(denom, 0)
+        T.fill(row_max, -T.infinity(f32))
+        for n in T.Pipelined(count, num_stages=num_stages):
+            key = first * block_N + n * block_N
+            if table is None:
+                row, at = b, key
+            else:
+                row, at = table[b, key // page[1]], key % page[1]
+            T.copy(K[row, at:at + block_N, kv_head, :], kv_tile)
+            if pe_dim:
+                T.copy(K_pe[row, at:at + block_N, kv_head, :], kpe_tile)
+            T.gemm(q_tile, kv_tile, scores, transpose_B=True, clear_accum=True)  # <- read
+            if pe_dim:
+                T.gemm(qpe_tile, kpe_tile, scores, transpose_B=True)
+            if key + block_N > length:       # keys past the sequence's end: only its last block
+                for i, j in T.Parallel(block_H, block_N):
+                    scores[i, j] = T.if_then_else(key + j < length, scores[i, j], -T.infinity(f32))
+            T.copy(row_max, prev_max)
+            T.reduce_max(scores, row_max, dim=1, clear=False)
+            for i in T.Parallel(block_H):
+                rescale[i] = T.exp2((prev_max[i] - row_max[i]) * scale)
+            for i, j in T.Parallel(block_H, block_N):
+                scores[i, j] = T.exp2((scores[i, j] - row_max[i]) * scale)
+            T.reduce_sum(scores, block_sum, dim=1)
+            T.copy(scores, p_tile)
+            for i in T.Parallel(block_H):
+                denom[i] = denom[i] * rescale[i] + block_sum[i]
+            for i, j in T.Parallel(block_H, dim):
+                acc[i, j] *= rescale[i]
+            if pe_dim:
+                T.gemm(p_tile, kv_tile, acc)
+            else:
+                T.copy(V[row, at:at + block_N, kv_head, :], v_tile)
+                T.gemm(p_tile, v_tile, acc)
+        if splits > 1:       # this split's log-sum-exp, base 2 (-inf where it had no block)
+            for i in T.Parallel(block_H):
+                prev_max[i] = T.log2(denom[i]) + row_max[i] * scale
+        # one division per row (the largest term of a sum is 1: denom >= 1 unless the
+        # split had no block, whose output is 0)
+        for i in T.Parallel(block_H):
+            denom[i] = 1.0 / T.max(denom[i], 1.0)
+        for i, j in T.Parallel(block_H, dim):
+            acc[i, j] *= denom[i]
+        T.copy(acc[:valid, :], out_tile)
+        if splits > 1:
+            T.copy(out_tile, Out[b, sid, hb * valid:(hb + 1) * valid, :])
+            for i in T.Parallel(block_H):
+                if i < valid:
+                    LSE[b, sid, hb * valid + i] = prev_max[i]
+        else:
+            T.copy(out_tile, Out[b, hb * valid:(hb + 1) * valid, :])
+
+    @T.macro
+    def split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE):
+        if splits == 1:
+            with T.Kernel(heads // valid, batch, threads=threads) as (hb, b):
+                tile(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE, hb, 0, b)
+        else:
+            with T.Kernel(heads // valid, splits, batch, threads=threads) as (hb, sid, b):
+                tile(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE, hb, sid, b)
+
+    @T.macro
+    def attend(Q, Q_pe, K, K_pe, V, lengths, table, Out):
+        if splits == 1:
+            split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, Out, None)
+        else:
+            O_part = T.alloc_global([batch, splits, heads, dim], partial_dtype)
+            LSE = T.alloc_global([batch, splits, heads], f32)
+            split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, O_part, LSE)
+            combine(O_part, LSE, Out)
+
+    return attend
+
+
+def decode_program(batch: int, heads: int, kv_heads: int, dim: int, cache_len: int, splits: int = 1,
+                   dtype=T.float16, page: Optional[tuple] = None, ragged: bool = True, softmax_scale: Optional[float] = None, block_N: int = 128,
+                   block_H: int = 64, num_stages: int = 2, threads: int = 128):
+    """GQA decode: Q / Out [batch, heads, dim], the ``heads // kv_heads`` rows of KV head ``h``
+    at rows ``h * group ...``; K / V [batch, cache_len, kv_heads, dim], or with ``page`` =
+    (num_pages, page_size) [num_pages, page_size, kv_heads, dim] and a ``block_table`` [batch,
+    cache_len // page_size]; ``ragged`` takes ``cache_seqlens`` [batch] (paged always does)."""
+    scale = softmax_scale if softmax_scale is not None else dim ** -0.5
+    attend = attend_program(batch, heads, heads // kv_heads, (dim, 0), (cache_len, kv_heads), page,
+                            splits, dtype, scale, block_N, block_H, num_stages, threads, p_shared=False,
+                            partial_dtype=T.float32)
+    return signatures(attend, batch, heads, (dim, 0), (cache_len, kv_heads), page, ragged, dtype)
+
+
+def mla_decode_program(heads: int, kv_len: int, dim: int, pe_dim: int, block_H: int = 64,
+                       block_N: int = 64, stages: int = 2, batch: int = 1, splits: int = 1,
+                       dtype=T.float16, page: Optional[tuple] = None, ragged: bool = False, softmax_scale: Optional[float] = None):
+    """MLA decode: ``heads`` query heads over one latent KV head. Q / Out [batch, heads, dim],
+    Q_pe [batch, heads, pe_dim]; KV [batch, kv_len, 1, dim] and K_pe [batch, kv_len, 1, pe_dim]
+    (or paged as ``decode_program``'s K); scores ``Q KV^T + Q_pe K_pe^T``, values ``KV``. Two
+    consumer warp groups split the [block_H, dim] accumulator by columns, so P goes through
+    shared memory. Split partials are kept in ``dtype`` (as TileLang's example keeps them): a
+    float32 [64, 512] output tile would not fit beside the query and the K/V ring."""
+    scale = softmax_scale if softmax_scale is not None else (dim + pe_dim) ** -0.5
+    attend = attend_program(batch, heads, heads, (dim, pe_dim), (kv_len, 1), page, splits, dtype,
+                            scale, block_N, block_H, stages, 256, p_shared=True, partial_dtype=dtype)
+    return signatures(attend, batch, heads, (dim, pe_dim), (kv_len, 1), page, ragged, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _jit(program, target: str):
+    """``program`` as a kernel factory for ``target`` (each keeps its compiled kernels)."""
+    return tilews.jit(out_idx=[-1], target=target)(program)
+
+_OPERAND_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def blocks(dim: int, gpu: bool) -> dict:
+    """The K/V block, query-row block, stages and threads of ``decode_attention``'s split kernel."""
+    if not gpu:
+        return dict(block_N=32, block_H=16, num_stages=2, threads=128)
+    return dict(block_N=128 if dim <= 128 else 64, block_H=64, num_stages=2, threads=128)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     cache_seqlens: Optional[torch.Tensor] = None,
+                     block_table: Optional[torch.Tensor] = None, num_splits: Optional[int] = None,
+                     softmax_scale: Optional[float] = None, *, target: str = "auto") -> torch.Tensor:
+    """softmax(q k^T * scale) v for each sequence's first ``cache_seqlens[b]`` cached keys:
+    q [batch, seqlen_q, heads, D] (seqlen_q query tokens, each seeing the whole cache), k_cache /
+    v_cache [batch, seqlen_k, kv_heads, D], or paged [num_blocks, page_size, kv_heads, D] with
+    ``block_table`` [batch, max_blocks_per_seq] int32; ``cache_seqlens`` int32 [batch] (None:
+    the whole cache). heads = kv_heads x group (GQA). fp16 / bf16; scale 1/sqrt(D) by default.
+    Returns [batch, seqlen_q, heads, D]."""
+    paged = block_table is not None
+    batch, seqlen_q, heads, dim = _check_q(q, "decode_attention", "q")
+    keys, kv_heads = _check_cache(q, (k_cache, v_cache), ("k_cache", "v_cache"), dim, heads, "decode_attention")
+    keys, page = _check_paging(q, k_cache, cache_seqlens, block_table, "decode_attention", keys)
+    group = heads // kv_heads
+    rows = seqlen_q * group
+    gpu = q.device.type == "cuda"
+    tiles = blocks(dim, gpu)
+    if page is not None:
+        tiles["block_N"] = _page_block(page[1], tiles["block_N"])
+    if rows > tiles["block_H"] and rows % tiles["block_H"]:
+        raise ValueError(f"decode_attention(): 'q' has {seqlen_q} query tokens x {group} heads per "
+                         f"KV head = {rows} rows: at most {tiles['block_H']} or a multiple of it")
+    if batch == 0 or seqlen_q == 0 or heads == 0:
+        return torch.empty_like(q)
+    splits = _splits(num_splits, batch * kv_heads * math.ceil(rows / tiles["block_H"]), keys,
+                     tiles["block_N"], gpu, "decode_attention")
+    # the rows of one KV head are consecutive: [batch, kv_heads, seqlen_q, group, D]
+    packed = q.view(batch, seqlen_q, kv_heads, group, dim).transpose(1, 2).reshape(batch, kv_heads * rows, dim)
+    kernel = _jit(decode_program, target)(batch, kv_heads * rows, kv_heads, dim, keys, splits, dtypes.from_torch(q.dtype),
+                    page, cache_seqlens is not None or paged, softmax_scale, **tiles)
+    args = [packed, k_cache.contiguous(), v_cache.contiguous()]
+    args += _lengths(cache_seqlens, batch, keys, q.device, paged)
+    out = kernel(*args, *([block_table.contiguous()] if paged else []))
+    return out.view(batch, kv_heads, seqlen_q, group, dim).transpose(1, 2).reshape(batch, seqlen_q, heads, dim)
+
+
+def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
+               k_pe_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor] = None,
+               block_table: Optional[torch.Tensor] = None, num_splits: Optional[int] = None,
+               softmax_scale: Optional[float] = None, *, target: str = "auto") -> torch.Tensor:
+    """DeepSeek MLA decode: q_nope [batch, heads, dim] and q_pe [batch, heads, pe_dim] against
+    one latent head, kv_cache [batch, seqlen_k, 1, dim] (both K and V) and k_pe_cache [batch,
+    seqlen_k, 1, pe_dim] (or paged [num_blocks, page_size, 1, ...] with ``block_table``);
+    scores (q_nope kv^T + q_pe k_pe^T) * scale, scale 1/sqrt(dim + pe_dim) by default. heads a
+    multiple of 64. Returns [batch, heads, dim]."""
+    name = "mla_decode"
+    paged = block_table is not None
+    for arg, t, want in (("q_nope", q_nope, 3), ("q_pe", q_pe, 3), ("kv_cache", kv_cache, 4),
+                         ("k_pe_cache", k_pe_cache, 4)):
+        _tensor(q_nope, t, arg, want, name)
+    batch, heads, dim = q_nope.shape
+    pe_dim = q_pe.shape[2]
+    if tuple(q_pe.shape[:2]) != (batch, heads):
+        raise ValueError(f"{name}(): 'q_pe' has shape {tuple(q_pe.shape)}; want [{batch}, {heads}, pe_dim]")
+    if heads % 64:
+        raise ValueError(f"{name}(): 'q_nope' has {heads} heads; want a multiple of 64")
+    if kv_cache.shape[2] != 1 or kv_cache.shape[3] != dim:
+        raise ValueError(f"{name}(): 'kv_cache' has shape {tuple(kv_cache.shape)}; want "
+                         f"[..., ..., 1, {dim}] (one latent head of q_nope's dim)")
+    if tuple(k_pe_cache.shape) != (*kv_cache.shape[:3], pe_dim):
+        raise ValueError(f"{name}(): 'k_pe_cache' has shape {tuple(k_pe_cache.shape)}; want "
+                         f"{(*kv_cache.shape[:3], pe_dim)}")
+    keys, page = _check_paging(q_nope, kv_cache, cache_seqlens, block_table, name, kv_cache.shape[1])
+    block_N = 64 if page is None else _page_block(page[1], 64)
+    if batch == 0:
+        return torch.empty_like(q_nope)
+    splits = _splits(num_splits, batch * heads // 64, keys, block_N, q_nope.device.type == "cuda", name)
+    kernel = _jit(mla_decode_program, target)(heads, keys, dim, pe_dim, 64, block_N, 2, batch, splits,
+                                              dtypes.from_torch(q_nope.dtype), page,
+                                              cache_seqlens is not None or paged, softmax_scale)
+    args = [q_nope.contiguous(), q_pe.contiguous(), kv_cache.contiguous(), k_pe_cache.contiguous()]
+    args += _lengths(cache_seqlens, batch, keys, q_nope.device, paged)
+    return kernel(*args, *([block_table.contiguous()] if paged else []))
+
+
+def _tensor(first, t, arg: str, dims: int, op: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}(): '{arg}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{op}(): '{arg}' must be {dims}-d, got shape {tuple(t.shape)}")
+    if t.dtype not in _OPERAND_DTYPES:
+        raise TypeError(f"{op}(): '{arg}' must be float16 or bfloat16, got {t.dtype}")
+    if t.dtype != first.dtype:
+        raise TypeError(f"{op}(): '{arg}' is {t.dtype} but the query is {first.dtype}; they must match")
+    if t.device != first.device:
+        raise ValueError(f"{op}(): '{arg}' is on {t.device} but the query is on {first.device}")
+
+
+def _check_q(q, op: str, arg: str) -> tuple:
+    _tensor(q, q, arg, 4, op)
+    return tuple(q.shape)
+
+
+def _check_cache(q, caches, names, dim, heads, op) -> tuple:
+    """(keys per page or sequence, kv_heads) of K / V caches of the same shape."""
+    for name, t in zip(names, caches):
+        _tensor(q, t, name, 4, op)
+        if t.shape != caches[0].shape:
+            raise ValueError(f"{op}(): '{name}' has shape {tuple(t.shape)} but '{names[0]}' has "
+                             f"{tuple(caches[0].shape)}; they must match")
+    _, keys, kv_heads, d = caches[0].shape
+    if d != dim:
+        raise ValueError(f"{op}(): '{names[0]}' has head dim {d} but 'q' has {dim}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"{op}(): 'q' has {heads} heads, not a multiple of '{names[0]}''s "
+                         f"{kv_heads} KV heads")
+    return keys, kv_heads
+
+
+def _check_paging(q, cache, cache_seqlens, block_table, op: str, keys: int) -> tuple:
+    """(keys per sequence, page) where page is None (dense) or (num_blocks, page_size)."""
+    batch = q.shape[0]
+    if cache_seqlens is not None:
+        if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
+                or tuple(cache_seqlens.shape) != (batch,):
+            raise ValueError(f"{op}(): 'cache_seqlens' must be an int32 tensor of shape ({batch},)")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"{op}(): 'cache_seqlens' is on {cache_seqlens.device} but the query on {q.device}")
+    if block_table is None:
+        if cache.shape[0] != batch:
+            raise ValueError(f"{op}(): the cache holds {cache.shape[0]} sequences but the query {batch} "
+                             f"(a paged cache needs 'block_table')")
+        return keys, None
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 \
+            or block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"{op}(): 'block_table' must be an int32 tensor of shape ({batch}, "
+                         f"max_blocks_per_seq)")
+    if block_table.device != q.device:
+        raise ValueError(f"{op}(): 'block_table' is on {block_table.device} but the query on {q.device}")
+    if keys % 16:
+        raise ValueError(f"{op}(): the cache's page size {keys} (its dim 1 with 'block_table') "
+                         f"must be a multiple of 16")
+    return block_table.shape[1] * keys, (cache.shape[0], keys)
+
+
+def _page_block(page_size: int, block_N: int) -> int:
+    """The largest K/V block up to ``block_N`` that divides the page (the page is a multiple of 16)."""
+    while page_size % block_N:
+        block_N //= 2
+    return block_N
+
+
+def _splits(num_splits, tiles: int, keys: int, block_N: int, gpu: bool, op: str) -> int:
+    if num_splits is None:
+        return choose_num_splits(tiles, keys, block_N, targets.num_sms()) if gpu else 1
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
+        raise ValueError(f"{op}(): 'num_splits' must be a positive int, got {num_splits!r}")
+    return num_splits
+
+
+def _lengths(cache_seqlens, batch: int, keys: int, device, paged: bool) -> list:
+    """The program's lengths argument: the given ones, the whole cache for a paged one (whose
+    program always reads lengths), none for a dense one."""
+    if cache_seqlens is not None:
+        return [cache_seqlens.contiguous()]
+    return [torch.full((batch,), keys, dtype=torch.int32, device=device)] if paged else []
