@@ -248,10 +248,29 @@ def generic_shared_writes(s: ir.Stmt) -> set:
     return set()
 
 
+def bulk_reduce(s: ir.Stmt) -> bool:
+    """Whether ``s`` adds a shared tile into global memory (a tile ``T.atomic_add``; on Hopper a
+    bulk reduce-add, which reads the tile through the asynchronous proxy as a bulk store does)."""
+    return isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region) \
+        and s.value.buffer.scope is ir.Scope.SHARED and s.dst.buffer.scope is ir.Scope.GLOBAL
+
+
+def bulk_tiles(s: ir.Stmt):
+    """(global tile, shared tile) of a bulk (TMA) copy or of a bulk reduce-add, else None."""
+    if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA:
+        return (s.src, s.dst) if s.src.buffer.scope is ir.Scope.GLOBAL else (s.dst, s.src)
+    if bulk_reduce(s):
+        return s.dst, s.value
+    return None
+
+
 def async_shared_reads(s: ir.Stmt) -> set:
-    """Shared buffers ``s`` reads through the asynchronous proxy (bulk stores, wgmma operands)."""
+    """Shared buffers ``s`` reads through the asynchronous proxy (bulk stores and bulk reduce-adds,
+    wgmma operands)."""
     if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA and s.src.buffer.scope is ir.Scope.SHARED:
         return {s.src.buffer}
+    if bulk_reduce(s):
+        return {s.value.buffer}
     if isinstance(s, ir.Gemm) and s.instr is ir.GemmInstr.WGMMA:
         return {s.a.buffer, s.b.buffer}
     return set()

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from . import ir, roles
 from .errors import CompileError
-from .traverse import (async_shared_reads, buffers_read, buffers_written, generic_shared_writes,
-                       walk)
+from .traverse import (async_shared_reads, buffers_read, buffers_written, bulk_reduce,
+                       generic_shared_writes, walk)
 
 
 def run(kernel: ir.Kernel) -> ir.Kernel:
@@ -95,6 +95,8 @@ class _Role:
         if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA \
                 and s.dst.buffer.scope is ir.Scope.GLOBAL:
             self.storing.append((s.src.buffer, s.loc))
+        if bulk_reduce(s):
+            self.storing.append((s.value.buffer, s.loc))
         if isinstance(s, ir.For):
             once = self.seq(s.body.stmts, list(inflight))
             return self.seq(s.body.stmts, once)        # what the next iteration sees

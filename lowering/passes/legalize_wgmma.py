@@ -55,7 +55,9 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
              element address in shared memory);
            * element ``T.atomic_add``s to global memory are kept (outside ``T.Parallel`` one per
              block, possibly returning the old value into a scalar local; inside, one per
-             iteration); tile atomics are refused;
+             iteration); a tile ``T.atomic_add`` of a whole shared tile (or ring slot) into a
+             global tile is a bulk reduce-add (TMA, a box of at most ``TMA_BOX`` a dim), followed
+             by ``BulkStoreWait(0)`` and fenced like a bulk store; other tile atomics are refused;
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
              next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5
              — and before an arrival publishing such stores to a buffer another role reads
@@ -108,7 +110,7 @@ from ..config import BackendConfig
 from ..chunks import chunk_start
 from ..gathers import gathered_axis, per_thread_column
 from ..simplify import shifted
-from ..traverse import (async_shared_reads, buffers_read, buffers_written, exprs_of,
+from ..traverse import (async_shared_reads, buffers_read, buffers_written, bulk_reduce, exprs_of,
                         generic_shared_writes, rewrite, subexprs, substmts, walk)
 from .split_extents import KEPT_WHOLE
 
@@ -188,6 +190,8 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     descriptors: list[tuple[str, tuple[int, ...]]] = []
     for r in new_roles:
         for s in walk(r.body):
+            if bulk_reduce(s):
+                s = _as_copy(s)
             if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA:
                 _check_tma(s)
                 entry = (_global(s).name, s.src.extents if s.src.buffer.scope is ir.Scope.GLOBAL
@@ -438,12 +442,23 @@ def _shared_element(x: ir.Load, loop_vars, laid_out: dict) -> bool:
 
 def _check_atomic(s: ir.AtomicAdd) -> None:
     """Element adds to global memory (one per block outside ``T.Parallel``, one per iteration
-    inside)."""
+    inside), and shared tiles added into global memory (bulk reduce-adds)."""
     if isinstance(s.value, ir.Region):
-        raise _Refuse(f"the Gluon emitter does not spell a tile T.atomic_add yet (line {s.loc.line})")
+        if not bulk_reduce(s) or s.order != "relaxed":
+            raise _Refuse(f"a tile T.atomic_add other than a relaxed add of a shared tile into "
+                          f"global memory (line {s.loc.line}); add a fragment through a shared tile")
+        problem = _tma_problem(_as_copy(s))
+        if problem is not None:
+            raise _Refuse(problem)
+        return
     if s.dst.buffer.scope is not ir.Scope.GLOBAL:
         raise _Refuse(f"T.atomic_add to {s.dst.buffer.scope.value} buffer '{s.dst.buffer.name}' "
                       f"(line {s.loc.line}); global memory only")
+
+
+def _as_copy(s: ir.AtomicAdd) -> ir.Copy:
+    """A bulk reduce-add as the bulk store it is spelled like (its tile, its descriptor)."""
+    return ir.Copy(s.value, s.dst, mechanism=ir.CopyMechanism.TMA, loc=s.loc)
 
 
 def _check_reduce(s: ir.Reduce) -> None:
@@ -572,6 +587,8 @@ def _seq(body: ir.Seq, layouts: dict, registers: bool) -> ir.Seq:
                 out.append(ir.GemmWait(0, s.loc))
         elif isinstance(s, ir.Fill) and s.dst.buffer.scope is not ir.Scope.FRAGMENT:
             raise _Refuse(f"fill of {s.dst.buffer.scope.value} memory (line {s.loc.line})")
+        elif bulk_reduce(s):
+            out.extend((s, ir.BulkStoreWait(0, s.loc)))
         else:
             out.append(s)
     return dataclasses.replace(body, stmts=_registers_first(out))

@@ -4,7 +4,8 @@ Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing
            ``BulkStoreWait(0)``).
 Ensures:   in a loop whose body (or a branch in it, not a nested loop) stores a staging buffer
            ``X`` with ``copy frag -> X`` (ordinary stores) ... ``copy X -> global [tma];
-           bulk_store_wait 0``, and touches ``X`` no other way, each such wait after a store of
+           bulk_store_wait 0`` (or a bulk reduce-add ``atomic_add global, X`` in its place:
+           dQ's tile in the attention backward's loop), and touches ``X`` no other way, each such wait after a store of
            ``X`` moves to just before every ``copy frag -> X`` (the only points where ``X`` is
            written again: the next tile's store, in whichever branch it is), and one
            ``bulk_store_wait 0`` follows the loop, before the role ends. Where the body's bulk
@@ -23,7 +24,7 @@ from typing import Optional
 from .. import ir
 from ..plans import AsyncPlan
 from ..config import BackendConfig
-from ..traverse import buffers_read, buffers_written, rewrite_loops, walk
+from ..traverse import buffers_read, buffers_written, bulk_reduce, bulk_tiles, rewrite_loops, walk
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -43,12 +44,12 @@ def _defer(body: ir.Seq):
     outside_loops = {id(s) for s in walk(body, opaque=(ir.For,))}
     stores = [s for s in walk(body) if _bulk_store(s)]
     deferred = set()
-    for staging in {s.src.buffer for s in stores}:
+    for staging in {_staging(s) for s in stores}:
         users = [s for s in walk(body) if staging in buffers_read(s) + buffers_written(s)]
         ok = all(id(s) in outside_loops and (_bulk_store(s) or (
             isinstance(s, ir.Copy) and s.dst.buffer == staging and s.mechanism is ir.CopyMechanism.DIRECT))
             for s in users)
-        if ok and all(_waited(body, s) for s in stores if s.src.buffer == staging):
+        if ok and all(_waited(body, s) for s in stores if _staging(s) == staging):
             deferred.add(staging)
     if not deferred:
         return None
@@ -72,7 +73,7 @@ def _moved(seq: ir.Seq, deferred: set, newer: Optional[dict] = None) -> ir.Seq:
     newer = newer or {}
     out: list[ir.Stmt] = []
     for i, s in enumerate(seq.stmts):
-        if s == ir.BulkStoreWait(0) and out and _bulk_store(out[-1]) and out[-1].src.buffer in deferred:
+        if s == ir.BulkStoreWait(0) and out and _bulk_store(out[-1]) and _staging(out[-1]) in deferred:
             continue
         if isinstance(s, ir.Copy) and s.dst.buffer in deferred:
             out.append(ir.BulkStoreWait(newer.get(i, 0), s.loc))
@@ -91,7 +92,7 @@ def _newer_stores(body: ir.Seq, deferred: set) -> dict:
     stmts = body.stmts
     stores = [i for i, s in enumerate(stmts) if _bulk_store(s)]
     nested = [s for s in stmts if not _bulk_store(s) for x in walk(s) if x is not s and _bulk_store(x)]
-    stored = [stmts[i].src.buffer for i in stores]
+    stored = [_staging(stmts[i]) for i in stores]
     if nested or any(stored.count(b) != 1 for b in deferred):
         return {}
     newer = {}
@@ -104,5 +105,11 @@ def _newer_stores(body: ir.Seq, deferred: set) -> dict:
 
 
 def _bulk_store(s: ir.Stmt) -> bool:
-    return (isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA
-            and s.dst.buffer.scope is ir.Scope.GLOBAL)
+    """A bulk store of a shared tile to global memory, or a bulk reduce-add of one."""
+    return bulk_reduce(s) or (isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA
+                              and s.dst.buffer.scope is ir.Scope.GLOBAL)
+
+
+def _staging(store: ir.Stmt) -> ir.Buffer:
+    """The shared tile a bulk store (or reduce-add) reads."""
+    return bulk_tiles(store)[1].buffer

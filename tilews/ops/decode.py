@@ -42,7 +42,7 @@ import tilews.language as T
 from tilews import targets
 from tilews.lowering import dtypes
 
-LOG2E = 1.4426950408889634
+from .attention import LOG2E
 MIN_BLOCKS_PER_SPLIT = 4        # a split shorter than this spends more on its prologue than it saves
 MAX_SPLITS = 64
 # a split whose sequence has no block left writes lse = -inf; the combine starts its running

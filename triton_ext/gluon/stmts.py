@@ -238,11 +238,20 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
     ctx.line(f"{ctx.scalar(s.buffer, s.loc)} = {arg(ctx, s.value)}")
 
 
+def _bulk_reduce_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
+    coords = ", ".join(arg(ctx, x) for x in s.dst.starts)
+    ctx.line(f"async_reduce_add({ctx.descriptor(s.dst, s.loc)}, [{coords}], "
+             f"{_smem(ctx, s.value, s.loc)})")
+
+
 def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     """The element add at device scope with ``s.order`` as Triton's ``sem``: a pointer (one
     thread adds; Triton broadcasts the old value to the role) or, inside ``T.Parallel``, a
     pointer tensor. A barrier of the role's threads precedes a release and follows an acquire
     (Triton spells ``gl.thread_barrier`` in a partition as a named barrier of its warps)."""
+    if isinstance(s.value, ir.Region):
+        _bulk_reduce_add(ctx, s)        # legalize_wgmma: a shared tile added by TMA
+        return
     b = s.dst.buffer
     if s.releases:
         ctx.line("gl.thread_barrier()")
