@@ -1,13 +1,15 @@
 """Ready-made ops written in the tile language: ``tilews.ops.attention``,
+``tilews.ops.attention_varlen``,
 ``tilews.ops.matmul_bias_act``, ``tilews.ops.fp8_scaled_mm`` with its tilings (``tune_fp8``,
 ``Tiles``), and ``tilews.ops.matmul`` with its schedules (``tune``, ``run``, ``matmul_schedule``,
 ``Schedule``)."""
 from .attention import attention
 from . import attention_backward  # noqa: F401  (the op tilews::attention_backward)
+from .attention_varlen import attention_varlen
 from .epilogue import matmul_bias_act
 from .fp8 import Tiles, fp8_scaled_mm, tune_fp8
 from .matmul import matmul, matmul_schedule, run, tune
 from .schedule import Schedule
 
-__all__ = ["Schedule", "Tiles", "attention", "fp8_scaled_mm", "matmul", "matmul_bias_act",
+__all__ = ["Schedule", "Tiles", "attention", "attention_varlen", "fp8_scaled_mm", "matmul", "matmul_bias_act",
            "matmul_schedule", "run", "tune", "tune_fp8"]
