@@ -43,118 +43,230 @@ def mha_fwd_program(batch, heads, seq_len, dim, is_causal, block_M=128, block_N=
     (``log2(sum) + max * scale``, what the backward reads), rows past the end included (finite:
     their Q rows are zeros)."""
     kv_heads = heads if kv_heads is None else kv_heads
-    group = heads // kv_heads
-    scale = LOG2E / math.sqrt(dim)                 # softmax in base 2
     shape = _dims(batch, heads, seq_len, dim, layout)
     kv_shape = _dims(batch, kv_heads, seq_len, dim, layout)
-    accum = T.float32
+    attend = attention_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages,
+                             layout, dtype)
 
     @T.macro
-    def attend(Q, K, V, Output, LSE):
+    def grid(Q, K, V, Output, LSE):
         with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bm, by, bz):
             # causal: the longest rows (the last query blocks) start first, so the short ones
             # fill the tail of the schedule instead of leaving one long block running alone
             bx = T.ceildiv(seq_len, block_M) - 1 - bm if is_causal else bm
-            Q_shared = T.alloc_shared([block_M, dim], dtype)
-            K_shared = T.alloc_shared([block_N, dim], dtype)
-            V_shared = T.alloc_shared([block_N, dim], dtype)
-            O_shared = T.alloc_shared([block_M, dim], dtype)
-            acc_s = T.alloc_fragment([block_M, block_N], accum)
-            acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
-            acc_o = T.alloc_fragment([block_M, dim], accum)
-            scores_max = T.alloc_fragment([block_M], accum)
-            scores_max_prev = T.alloc_fragment([block_M], accum)
-            scores_scale = T.alloc_fragment([block_M], accum)
-            scores_sum = T.alloc_fragment([block_M], accum)
-            logsum = T.alloc_fragment([block_M], accum)
-
-            if layout == "bhsd":
-                T.copy(Q[bz, by, bx * block_M, 0], Q_shared)
-            else:
-                T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_shared)
-            T.fill(acc_o, 0)
-            T.fill(logsum, 0)
-            T.fill(scores_max, -T.infinity(accum))
-            if is_causal:
-                loop_range = T.min(T.ceildiv(seq_len, block_N), T.ceildiv((bx + 1) * block_M, block_N))
-            else:
-                loop_range = T.ceildiv(seq_len, block_N)
-            for k in T.Pipelined(loop_range, num_stages=num_stages):
-                if layout == "bhsd":
-                    T.copy(K[bz, by // group, k * block_N, 0], K_shared)
-                else:
-                    T.copy(K[bz, k * block_N:(k + 1) * block_N, by // group, :], K_shared)
-                # -inf where a key is past the end (or, causal, after the query), only in the
-                # blocks that hold such keys. Causal: S starts as 0 / -inf and Q K^T
-                # accumulates into it (TileLang's form: the mask is ready before the gemm is
-                # issued). Otherwise the mask is rare (a ragged end), so S = Q K^T is written
-                # whole and masked after, with no branch before the gemm. (Measured on an H100
-                # in one run, 9 rounds: each form is 0-4% faster where it is used than the other
-                # would be. Neither zeroes S: Triton turns the cleared accumulator into the
-                # wgmma's run-time use_acc.)
-                if is_causal:
-                    if (k + 1) * block_N <= T.min(seq_len, bx * block_M + 1):
-                        T.clear(acc_s)
-                    else:
-                        for i, j in T.Parallel(block_M, block_N):
-                            acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j)
-                                                         and (k * block_N + j < seq_len), 0,
-                                                         -T.infinity(accum))
-                    T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
-                else:
-                    T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, clear_accum=True)
-                    if (k + 1) * block_N > seq_len:
-                        for i, j in T.Parallel(block_M, block_N):
-                            acc_s[i, j] = T.if_then_else(k * block_N + j < seq_len, acc_s[i, j],
-                                                         -T.infinity(accum))
-                if layout == "bhsd":
-                    T.copy(V[bz, by // group, k * block_N, 0], V_shared)
-                else:
-                    T.copy(V[bz, k * block_N:(k + 1) * block_N, by // group, :], V_shared)
-                T.copy(scores_max, scores_max_prev)
-                T.fill(scores_max, -T.infinity(accum))
-                T.reduce_max(acc_s, scores_max, dim=1, clear=False)
-                for i in T.Parallel(block_M):
-                    scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
-                for i in T.Parallel(block_M):
-                    scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
-                for i, j in T.Parallel(block_M, block_N):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
-                T.reduce_sum(acc_s, scores_sum, dim=1)
-                for i in T.Parallel(block_M):
-                    logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
-                T.copy(acc_s, acc_s_cast)
-                for i, j in T.Parallel(block_M, dim):
-                    acc_o[i, j] *= scores_scale[i]
-                T.gemm(acc_s_cast, V_shared, acc_o)
-            # one division per row, then a multiply per element: an IEEE division per element
-            # (div.rn) costs as much as a block's softmax, in an epilogue no gemm hides
-            for i in T.Parallel(block_M):
-                logsum[i] = 1.0 / logsum[i]
-            for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] *= logsum[i]
-            T.copy(acc_o, O_shared)
-            if layout == "bhsd":
-                T.copy(O_shared, Output[bz, by, bx * block_M, 0])
-            else:
-                T.copy(O_shared, Output[bz, bx * block_M:(bx + 1) * block_M, by, :])
-            if LSE is not None:
-                # log2(sum) + max * scale: logsum holds 1 / sum here
-                for i in T.Parallel(block_M):
-                    logsum[i] = scores_max[i] * scale - T.log2(logsum[i])
-                T.copy(logsum, LSE[bz, by, bx * block_M])
+            attend(Q, K, V, Output, LSE, bx, by, bz, 0, seq_len, 0, seq_len)
 
     if store_lse:
         @T.prim_func
         def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
                  Output: T.Tensor(shape, dtype),
-                 LSE: T.Tensor([batch, heads, lse_rows(seq_len, block_M)], accum)):
-            attend(Q, K, V, Output, LSE)
+                 LSE: T.Tensor([batch, heads, lse_rows(seq_len, block_M)], T.float32)):
+            grid(Q, K, V, Output, LSE)
     else:
         @T.prim_func
         def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
                  Output: T.Tensor(shape, dtype)):
-            attend(Q, K, V, Output, None)
+            grid(Q, K, V, Output, None)
+    return main
+
+
+def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout, dtype,
+                    sm_scale=None):
+    """The macro computing one query block of one head: ``attend(Q, K, V, Output, LSE, bx, by,
+    bz, q_start, q_len, k_start, k_len)`` writes rows ``[bx * block_M, (bx + 1) * block_M)`` of
+    query head ``by`` of sequence ``bz``, whose queries are rows ``q_start + [0, q_len)`` and keys
+    rows ``k_start + [0, k_len)`` of their tensors (``layout`` "bhsd" / "bshd": the batch index
+    ``bz``, starts 0, lengths the compile-time sequence length; ``"varlen"``: packed [rows, heads,
+    dim] tensors, starts and lengths read from ``cu_seqlens``). Causal keys are aligned to the
+    bottom right: query ``i`` sees keys ``j <= i + k_len - q_len`` (0 when the lengths are equal).
+
+    ``"varlen"`` stores only the block's rows below ``q_len`` (the rows past it belong to the next
+    sequence; a block past the end, ``bx * block_M >= q_len``, loads no K/V block, stores no
+    output row and stores its LSE rows, which no one reads), and a query that sees no key (causal with ``q_len > k_len``, or ``k_len == 0``)
+    gets a zero output and a log-sum-exp of +inf (FlashAttention's convention: its backward
+    weights are zero). ``LSE`` is None or [batch, heads, whole query blocks] as in
+    ``mha_fwd_program``. ``sm_scale``: the scores' scale (default ``1 / sqrt(dim)``)."""
+    # softmax in base 2
+    scale = LOG2E / math.sqrt(dim) if sm_scale is None else LOG2E * sm_scale
+    accum = T.float32
+    varlen = layout == "varlen"
+    rows = tile_rows(layout)
+
+    @T.macro
+    def attend(Q, K, V, Output, LSE, bx, by, bz, q_start, q_len, k_start, k_len):
+        offset = k_len - q_len                     # causal: query i sees keys j <= i + offset
+        Q_shared = T.alloc_shared([block_M, dim], dtype)
+        K_shared = T.alloc_shared([block_N, dim], dtype)
+        V_shared = T.alloc_shared([block_N, dim], dtype)
+        O_shared = None if varlen else T.alloc_shared([block_M, dim], dtype)
+        acc_s = T.alloc_fragment([block_M, block_N], accum)
+        acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
+        acc_o = T.alloc_fragment([block_M, dim], accum)
+        scores_max = T.alloc_fragment([block_M], accum)
+        scores_max_prev = T.alloc_fragment([block_M], accum)
+        scores_scale = T.alloc_fragment([block_M], accum)
+        scores_sum = T.alloc_fragment([block_M], accum)
+        logsum = T.alloc_fragment([block_M], accum)
+
+        T.copy(rows(Q, bz, by, q_start + bx * block_M, block_M), Q_shared)
+        T.fill(acc_o, 0)
+        T.fill(logsum, 0)
+        T.fill(scores_max, -T.infinity(accum))
+        if is_causal:
+            loop_range = T.min(T.ceildiv(k_len, block_N), T.ceildiv((bx + 1) * block_M + offset, block_N))
+        else:
+            loop_range = T.ceildiv(k_len, block_N)
+        if varlen:
+            # no K/V block for a block past its sequence's end (the warp-specialized pipeline
+            # needs its loop at the kernel's top level: no early return around it)
+            loop_range = T.if_then_else(bx * block_M < q_len, loop_range, 0)
+        for k in T.Pipelined(loop_range, num_stages=num_stages):
+            T.copy(rows(K, bz, by // group, k_start + k * block_N, block_N), K_shared)
+            # -inf where a key is past the end (or, causal, after the query), only in the
+            # blocks that hold such keys. Causal: S starts as 0 / -inf and Q K^T
+            # accumulates into it (TileLang's form: the mask is ready before the gemm is
+            # issued). Otherwise the mask is rare (a ragged end), so S = Q K^T is written
+            # whole and masked after, with no branch before the gemm. (Measured on an H100
+            # in one run, 9 rounds: each form is 0-4% faster where it is used than the other
+            # would be. Neither zeroes S: Triton turns the cleared accumulator into the
+            # wgmma's run-time use_acc.)
+            if is_causal:
+                if (k + 1) * block_N <= T.min(k_len, bx * block_M + offset + 1):
+                    T.clear(acc_s)
+                else:
+                    for i, j in T.Parallel(block_M, block_N):
+                        acc_s[i, j] = T.if_then_else((bx * block_M + i + offset >= k * block_N + j)
+                                                     and (k * block_N + j < k_len), 0,
+                                                     -T.infinity(accum))
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
+            else:
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, clear_accum=True)
+                if (k + 1) * block_N > k_len:
+                    for i, j in T.Parallel(block_M, block_N):
+                        acc_s[i, j] = T.if_then_else(k * block_N + j < k_len, acc_s[i, j],
+                                                     -T.infinity(accum))
+            T.copy(rows(V, bz, by // group, k_start + k * block_N, block_N), V_shared)
+            T.copy(scores_max, scores_max_prev)
+            T.fill(scores_max, -T.infinity(accum))
+            T.reduce_max(acc_s, scores_max, dim=1, clear=False)
+            for i in T.Parallel(block_M):
+                scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
+            for i in T.Parallel(block_M):
+                scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
+            for i, j in T.Parallel(block_M, block_N):
+                acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
+            T.reduce_sum(acc_s, scores_sum, dim=1)
+            for i in T.Parallel(block_M):
+                logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
+            T.copy(acc_s, acc_s_cast)
+            for i, j in T.Parallel(block_M, dim):
+                acc_o[i, j] *= scores_scale[i]
+            T.gemm(acc_s_cast, V_shared, acc_o)
+        # one division per row, then a multiply per element: an IEEE division per element
+        # (div.rn) costs as much as a block's softmax, in an epilogue no gemm hides
+        for i in T.Parallel(block_M):
+            logsum[i] = 1.0 / logsum[i]
+        if varlen:
+            # a row that saw no key holds NaN (its maximum stayed -inf): its output is zero
+            for i, j in T.Parallel(block_M, dim):
+                acc_o[i, j] = T.if_then_else(sees_a_key(bx * block_M + i, offset, k_len),
+                                             acc_o[i, j] * logsum[i], 0)
+        else:
+            for i, j in T.Parallel(block_M, dim):
+                acc_o[i, j] *= logsum[i]
+        if varlen:
+            # the rows below q_len, from registers (a TMA store would write whole rows)
+            for i, j in T.Parallel(block_M, dim):
+                if bx * block_M + i < q_len:
+                    Output[q_start + bx * block_M + i, by, j] = T.cast(acc_o[i, j], dtype)
+        else:
+            T.copy(acc_o, O_shared)
+            T.copy(O_shared, rows(Output, bz, by, bx * block_M, block_M))
+        if LSE is not None:
+            # log2(sum) + max * scale: logsum holds 1 / sum here
+            if varlen:
+                # by element: the LSE's rows (lse_rows) are a runtime size, which leaves its
+                # pitch to a bulk copy unknown
+                for i in T.Parallel(block_M):
+                    LSE[bz, by, bx * block_M + i] = T.if_then_else(
+                        sees_a_key(bx * block_M + i, offset, k_len),
+                        scores_max[i] * scale - T.log2(logsum[i]), T.infinity(accum))
+            else:
+                for i in T.Parallel(block_M):
+                    logsum[i] = scores_max[i] * scale - T.log2(logsum[i])
+                T.copy(logsum, LSE[bz, by, bx * block_M])
+
+    @T.macro
+    def sees_a_key(row, offset, k_len):
+        if is_causal:
+            return row + offset >= 0
+        else:
+            return k_len > 0
+
+    return attend
+
+
+def tile_rows(layout: str):
+    """The macro ``rows(X, b, h, row, n)``: the ``n`` rows of head ``h`` of sequence ``b`` from
+    row ``row`` of ``X`` in ``layout`` ("bhsd", "bshd", or "varlen": ``X`` [rows, heads, dim],
+    ``row`` counted from the tensor's first row, ``b`` unused)."""
+    @T.macro
+    def rows(X, b, h, row, n):
+        if layout == "bhsd":
+            return X[b, h, row, 0]
+        elif layout == "bshd":
+            return X[b, row:row + n, h, :]
+        else:
+            return X[row:row + n, h, :]
+    return rows
+
+
+def mha_fwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N=128, num_stages=2,
+                           threads=256, dtype=T.float16, store_lse=False, sm_scale=None):
+    """The forward over packed sequences (FlashAttention's ``varlen`` form): Q and Output
+    [total_q, heads, dim], K and V [total_k, kv_heads, dim], sequence ``b`` the rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of Q (and ``cu_seqlens_k`` of K, V), int32. The
+    batch, the totals and ``max_seqlen_q`` (the runtime scalar that sizes the grid: one block per
+    ``block_M`` rows of the longest sequence) are not compiled in. A block past its sequence's
+    end does nothing. ``store_lse``: ``LSE`` [batch, heads, lse_rows] float32 as in
+    ``mha_fwd_program``, each sequence's rows from 0 (whole query blocks; ``lse_rows`` at least
+    ``lse_rows(max_seqlen_q, block_M)``). ``sm_scale``: as ``attention_block``'s."""
+    # cu_seqlens has batch + 1 entries; the LSE's batch dimension is the same number (the op checks)
+    seqs, batch, total_q, total_k, padded = map(T.dynamic, ("batch_plus_1", "batch", "total_q",
+                                                            "total_k", "lse_rows"))
+    shape, kv_shape = [total_q, heads, dim], [total_k, kv_heads, dim]
+    attend = attention_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages,
+                             "varlen", dtype, sm_scale)
+
+    @T.macro
+    def grid(Q, K, V, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, Output, LSE):
+        with T.Kernel(T.ceildiv(max_seqlen_q, block_M), heads, T.dynamic("batch_plus_1") - 1,
+                      threads=threads) as (bm, by, bz):
+            q_start = cu_seqlens_q[bz]
+            q_len = cu_seqlens_q[bz + 1] - q_start
+            k_start = cu_seqlens_k[bz]
+            k_len = cu_seqlens_k[bz + 1] - k_start
+            # causal: the sequence's last query blocks first (as in mha_fwd_program); a block
+            # past the sequence's end keeps its index (and does nothing: attention_block)
+            if is_causal:
+                bx = T.if_then_else(bm * block_M < q_len, T.ceildiv(q_len, block_M) - 1 - bm, bm)
+            else:
+                bx = bm
+            attend(Q, K, V, Output, LSE, bx, by, bz, q_start, q_len, k_start, k_len)
+
+    if store_lse:
+        @T.prim_func
+        def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+                 cu_seqlens_q: T.Tensor([seqs], T.int32), cu_seqlens_k: T.Tensor([seqs], T.int32),
+                 max_seqlen_q: T.int32, Output: T.Tensor(shape, dtype),
+                 LSE: T.Tensor([batch, heads, padded], T.float32)):
+            grid(Q, K, V, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, Output, LSE)
+    else:
+        @T.prim_func
+        def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+                 cu_seqlens_q: T.Tensor([seqs], T.int32), cu_seqlens_k: T.Tensor([seqs], T.int32),
+                 max_seqlen_q: T.int32, Output: T.Tensor(shape, dtype)):
+            grid(Q, K, V, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, Output, None)
     return main
 
 

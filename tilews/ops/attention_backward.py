@@ -34,44 +34,56 @@ import tilews
 import tilews.language as T
 from tilews.lowering import dtypes
 
-from .attention import LOG2E, operand_sizes
+from .attention import LOG2E, operand_sizes, tile_rows
 
 
 def bwd_preprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=128, dtype=T.float16):
     """``Delta[b, h, r] = sum_d O[b, h, r, d] * dO[b, h, r, d]`` for the ``rows`` rows of each head
     (zero past ``seq_len``), and ``dQ`` (float32, ``rows`` rows) set to zero."""
     shape = [batch, heads, seq_len, dim]
-    f32 = T.float32
+    prepare = preprocess_block(dim, block, "bhsd", dtype)
 
     @T.prim_func
     def main(O: T.Tensor(shape, dtype), dO: T.Tensor(shape, dtype),
-             Delta: T.Tensor([batch, heads, rows], f32), dQ: T.Tensor([batch, heads, rows, dim], f32)):
+             Delta: T.Tensor([batch, heads, rows], T.float32),
+             dQ: T.Tensor([batch, heads, rows, dim], T.float32)):
         with T.Kernel(T.ceildiv(rows, block), heads, batch, threads=threads) as (bx, by, bz):
-            o = T.alloc_fragment([block, dim], dtype)
-            do = T.alloc_fragment([block, dim], dtype)
-            prod = T.alloc_fragment([block, dim], f32)
-            delta = T.alloc_fragment([block], f32)
-            T.copy(O[bz, by, bx * block, 0], o)
-            T.copy(dO[bz, by, bx * block, 0], do)
-            for i, j in T.Parallel(block, dim):
-                prod[i, j] = T.cast(o[i, j], f32) * T.cast(do[i, j], f32)
-            T.reduce_sum(prod, delta, dim=1)
-            T.copy(delta, Delta[bz, by, bx * block])
-            T.clear(prod)
-            T.copy(prod, dQ[bz, by, bx * block, 0])
+            prepare(O, dO, Delta, dQ, bx, by, bz, 0)
     return main
+
+
+def preprocess_block(dim, block, layout, dtype):
+    """The macro ``prepare(O, dO, Delta, dQ, bx, by, bz, q_start)``: rows ``[bx * block, (bx + 1)
+    * block)`` of head ``by`` of sequence ``bz`` (its first row ``q_start`` of O and dO; Delta and
+    dQ [batch, heads, rows, ...] from row 0) of ``bwd_preprocess_program``."""
+    f32 = T.float32
+    rows = tile_rows(layout)
+
+    @T.macro
+    def prepare(O, dO, Delta, dQ, bx, by, bz, q_start):
+        o = T.alloc_fragment([block, dim], dtype)
+        do = T.alloc_fragment([block, dim], dtype)
+        prod = T.alloc_fragment([block, dim], f32)
+        delta = T.alloc_fragment([block], f32)
+        T.copy(rows(O, bz, by, q_start + bx * block, block), o)
+        T.copy(rows(dO, bz, by, q_start + bx * block, block), do)
+        for i, j in T.Parallel(block, dim):
+            prod[i, j] = T.cast(o[i, j], f32) * T.cast(do[i, j], f32)
+        T.reduce_sum(prod, delta, dim=1)
+        T.copy(delta, Delta[bz, by, bx * block])
+        T.clear(prod)
+        T.copy(prod, dQ[bz, by, bx * block, 0])
+    return prepare
 
 
 def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=128, block_N=64,
                 num_stages=2, threads=256, dtype=T.float16):
     """dK and dV of each K/V block (written), dQ added into its float32 accumulator (module
     docstring)."""
-    group = heads // kv_heads
-    sm_scale = 1.0 / math.sqrt(dim)
-    scale = sm_scale * LOG2E
     shape, kv_shape = [batch, heads, seq_len, dim], [batch, kv_heads, seq_len, dim]
-    q_blocks = T.ceildiv(seq_len, block_N)
     f32 = T.float32
+    grads = backward_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages, "bhsd",
+                           dtype)
 
     @T.prim_func
     def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
@@ -79,56 +91,124 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
              Delta: T.Tensor([batch, heads, rows], f32), dQ: T.Tensor([batch, heads, rows, dim], f32),
              dK: T.Tensor(kv_shape, dtype), dV: T.Tensor(kv_shape, dtype)):
         with T.Kernel(T.ceildiv(seq_len, block_M), kv_heads, batch, threads=threads) as (bx, by, bz):
-            K_s = T.alloc_shared([block_M, dim], dtype)
-            V_s = T.alloc_shared([block_M, dim], dtype)
-            Q_s = T.alloc_shared([block_N, dim], dtype)
-            dO_s = T.alloc_shared([block_N, dim], dtype)
-            dsT_s = T.alloc_shared([block_M, block_N], dtype)
-            dq_s = T.alloc_shared([block_N, dim], f32)
-            lse = T.alloc_fragment([block_N], f32)
-            delta = T.alloc_fragment([block_N], f32)
-            sT = T.alloc_fragment([block_M, block_N], f32)
-            dpT = T.alloc_fragment([block_M, block_N], f32)
-            pT = T.alloc_fragment([block_M, block_N], dtype)
-            dsT = T.alloc_fragment([block_M, block_N], dtype)
-            dk = T.alloc_fragment([block_M, dim], f32)
-            dv = T.alloc_fragment([block_M, dim], f32)
-            dq = T.alloc_fragment([block_N, dim], f32)
+            grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, 0, seq_len, 0, seq_len)
+    return main
 
-            T.copy(K[bz, by, bx * block_M, 0], K_s)
-            T.copy(V[bz, by, bx * block_M, 0], V_s)
-            T.clear(dk)
-            T.clear(dv)
-            first = (bx * block_M) // block_N if is_causal else 0
-            per_head = q_blocks - first
-            for it in T.Pipelined(group * per_head, num_stages=num_stages):
-                h = by * group + it // per_head if group > 1 else by
-                kb = first + it % per_head if group > 1 else first + it
-                T.copy(Q[bz, h, kb * block_N, 0], Q_s)
-                T.copy(LSE[bz, h, kb * block_N], lse)
-                T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(block_M, block_N):
-                    sT[i, j] = T.exp2(sT[i, j] * scale - lse[j])
-                if is_causal:
-                    # keys after the query: only in blocks that cross the diagonal
-                    if kb * block_N < bx * block_M + block_M - 1:
-                        for i, j in T.Parallel(block_M, block_N):
-                            sT[i, j] = T.if_then_else(bx * block_M + i <= kb * block_N + j, sT[i, j], 0)
-                T.copy(dO[bz, h, kb * block_N, 0], dO_s)
-                T.copy(Delta[bz, h, kb * block_N], delta)
-                T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True)
-                T.copy(sT, pT)
-                T.gemm(pT, dO_s, dv)
-                for i, j in T.Parallel(block_M, block_N):
-                    dsT[i, j] = sT[i, j] * (dpT[i, j] - delta[j]) * sm_scale
-                T.gemm(dsT, Q_s, dk)
-                T.copy(dsT, dsT_s)
-                T.gemm(dsT_s, K_s, dq, transpose_A=True, clear_accum=True)
-                T.copy(dq, dq_s)
-                T.atomic_add(dQ[bz, h, kb * block_N, 0], dq_s)
+
+def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, dtype,
+                   sm_scale=None):
+    """The macro ``grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len,
+    k_start, k_len)``: keys ``[bx * block_M, (bx + 1) * block_M)`` of KV head ``by`` of sequence
+    ``bz`` (module docstring), its queries rows ``q_start + [0, q_len)`` and keys ``k_start + [0,
+    k_len)`` of their tensors (as ``attention_block``'s; LSE, Delta and dQ [batch, heads, rows,
+    ...] from row 0). Causal keys are aligned to the bottom right (key ``j`` is seen by queries
+    ``i >= j - (k_len - q_len)``).
+
+    ``"varlen"``: the rows past a sequence's end belong to the next one, so a block that reaches
+    past ``k_len`` or ``q_len`` masks those keys and queries out of P, dK and dV are stored only
+    for keys below ``k_len``, and a block past the end (``bx * block_M >= k_len``) runs no query
+    block and stores nothing. ``sm_scale``: the forward's (default ``1 / sqrt(dim)``)."""
+    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
+    scale = sm_scale * LOG2E
+    f32 = T.float32
+    varlen = layout == "varlen"
+    rows = tile_rows(layout)
+
+    @T.macro
+    def seen(key, query, offset, q_len, k_len):
+        """Whether ``query`` sees ``key`` (both within their sequences where varlen)."""
+        if varlen and is_causal:
+            return key <= query + offset and key < k_len and query < q_len
+        elif varlen:
+            return key < k_len and query < q_len
+        else:
+            return key <= query
+
+    @T.macro
+    def masked(kb, bx, offset, q_len, k_len):
+        """Whether query block ``kb`` and key block ``bx`` hold a pair ``seen`` refuses."""
+        if varlen and is_causal:
+            return (kb * block_N + offset < bx * block_M + block_M - 1 or (bx + 1) * block_M > k_len
+                    or (kb + 1) * block_N > q_len)
+        elif varlen:
+            return (bx + 1) * block_M > k_len or (kb + 1) * block_N > q_len
+        else:
+            return kb * block_N < bx * block_M + block_M - 1      # keys after the query
+
+    @T.macro
+    def grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len, k_start, k_len):
+        offset = k_len - q_len
+        K_s = T.alloc_shared([block_M, dim], dtype)
+        V_s = T.alloc_shared([block_M, dim], dtype)
+        Q_s = T.alloc_shared([block_N, dim], dtype)
+        dO_s = T.alloc_shared([block_N, dim], dtype)
+        dsT_s = T.alloc_shared([block_M, block_N], dtype)
+        dq_s = T.alloc_shared([block_N, dim], f32)
+        lse = T.alloc_fragment([block_N], f32)
+        delta = T.alloc_fragment([block_N], f32)
+        sT = T.alloc_fragment([block_M, block_N], f32)
+        dpT = T.alloc_fragment([block_M, block_N], f32)
+        pT = T.alloc_fragment([block_M, block_N], dtype)
+        dsT = T.alloc_fragment([block_M, block_N], dtype)
+        dk = T.alloc_fragment([block_M, dim], f32)
+        dv = T.alloc_fragment([block_M, dim], f32)
+        dq = T.alloc_fragment([block_N, dim], f32)
+
+        T.copy(rows(K, bz, by, k_start + bx * block_M, block_M), K_s)
+        T.copy(rows(V, bz, by, k_start + bx * block_M, block_M), V_s)
+        T.clear(dk)
+        T.clear(dv)
+        if varlen and is_causal:
+            first = T.max(bx * block_M - offset, 0) // block_N
+        elif is_causal:
+            first = (bx * block_M) // block_N
+        else:
+            first = 0
+        per_head = T.ceildiv(q_len, block_N) - first
+        if varlen:
+            # the warp-specialized pipeline needs its loop at the kernel's top level: a block
+            # past the sequence's end runs it zero times instead of returning
+            trips = T.if_then_else(bx * block_M < k_len, group * per_head, 0)
+        else:
+            trips = group * per_head
+        for it in T.Pipelined(trips, num_stages=num_stages):
+            h = by * group + it // per_head if group > 1 else by
+            kb = first + it % per_head if group > 1 else first + it
+            T.copy(rows(Q, bz, h, q_start + kb * block_N, block_N), Q_s)
+            T.copy(LSE[bz, h, kb * block_N], lse)
+            T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(block_M, block_N):
+                sT[i, j] = T.exp2(sT[i, j] * scale - lse[j])
+            if is_causal or varlen:
+                # only in the blocks that hold such pairs
+                if masked(kb, bx, offset, q_len, k_len):
+                    for i, j in T.Parallel(block_M, block_N):
+                        sT[i, j] = T.if_then_else(seen(bx * block_M + i, kb * block_N + j, offset,
+                                                       q_len, k_len), sT[i, j], 0)
+            T.copy(rows(dO, bz, h, q_start + kb * block_N, block_N), dO_s)
+            T.copy(Delta[bz, h, kb * block_N], delta)
+            T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True)
+            T.copy(sT, pT)
+            T.gemm(pT, dO_s, dv)
+            for i, j in T.Parallel(block_M, block_N):
+                dsT[i, j] = sT[i, j] * (dpT[i, j] - delta[j]) * sm_scale
+            T.gemm(dsT, Q_s, dk)
+            T.copy(dsT, dsT_s)
+            T.gemm(dsT_s, K_s, dq, transpose_A=True, clear_accum=True)
+            T.copy(dq, dq_s)
+            T.atomic_add(dQ[bz, h, kb * block_N, 0], dq_s)
+        if varlen:
+            # the keys below k_len, from registers (a TMA store would write whole rows)
+            for i, j in T.Parallel(block_M, dim):
+                if bx * block_M + i < k_len:
+                    dV[k_start + bx * block_M + i, by, j] = T.cast(dv[i, j], dtype)
+            for i, j in T.Parallel(block_M, dim):
+                if bx * block_M + i < k_len:
+                    dK[k_start + bx * block_M + i, by, j] = T.cast(dk[i, j], dtype)
+        else:
             T.copy(dv, dV[bz, by, bx * block_M, 0])
             T.copy(dk, dK[bz, by, bx * block_M, 0])
-    return main
+    return grads
 
 
 def bwd_postprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=128, dtype=T.float16):
@@ -144,6 +224,72 @@ def bwd_postprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=
             T.copy(dQ[bz, by, bx * block, 0], acc)
             T.copy(acc, out)
             T.copy(out, dQ_out[bz, by, bx * block, 0])
+    return main
+
+
+def _varlen_dims():
+    """The runtime dimensions of the varlen programs (``mha_fwd_varlen_program``'s names)."""
+    return map(T.dynamic, ("batch_plus_1", "batch", "total_q", "total_k", "lse_rows"))
+
+
+def bwd_varlen_preprocess_program(heads, dim, block=64, threads=128, dtype=T.float16):
+    """``bwd_preprocess_program`` over packed sequences: O and dO [total_q, heads, dim], Delta and
+    dQ [batch, heads, lse_rows(, dim)] (each sequence's rows from 0, as the forward's LSE)."""
+    seqs, batch, total_q, _, padded = _varlen_dims()
+    shape, f32 = [total_q, heads, dim], T.float32
+    prepare = preprocess_block(dim, block, "varlen", dtype)
+
+    @T.prim_func
+    def main(O: T.Tensor(shape, dtype), dO: T.Tensor(shape, dtype),
+             cu_seqlens_q: T.Tensor([seqs], T.int32),
+             Delta: T.Tensor([batch, heads, padded], f32), dQ: T.Tensor([batch, heads, padded, dim], f32)):
+        with T.Kernel(T.ceildiv(T.dynamic("lse_rows"), block), heads, T.dynamic("batch"),
+                      threads=threads) as (bx, by, bz):
+            prepare(O, dO, Delta, dQ, bx, by, bz, cu_seqlens_q[bz])
+    return main
+
+
+def bwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N=64, num_stages=2,
+                       threads=256, dtype=T.float16, sm_scale=None):
+    """``bwd_program`` over packed sequences (``mha_fwd_varlen_program``'s tensors; the grid: one
+    block per ``block_M`` keys of the longest sequence, ``max_seqlen_k``)."""
+    seqs, batch, total_q, total_k, padded = _varlen_dims()
+    shape, kv_shape, f32 = [total_q, heads, dim], [total_k, kv_heads, dim], T.float32
+    grads = backward_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages,
+                           "varlen", dtype, sm_scale)
+
+    @T.prim_func
+    def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+             dO: T.Tensor(shape, dtype), cu_seqlens_q: T.Tensor([seqs], T.int32),
+             cu_seqlens_k: T.Tensor([seqs], T.int32), max_seqlen_k: T.int32,
+             LSE: T.Tensor([batch, heads, padded], f32), Delta: T.Tensor([batch, heads, padded], f32),
+             dQ: T.Tensor([batch, heads, padded, dim], f32),
+             dK: T.Tensor(kv_shape, dtype), dV: T.Tensor(kv_shape, dtype)):
+        with T.Kernel(T.ceildiv(max_seqlen_k, block_M), kv_heads, T.dynamic("batch"),
+                      threads=threads) as (bx, by, bz):
+            q_start = cu_seqlens_q[bz]
+            k_start = cu_seqlens_k[bz]
+            grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start,
+                  cu_seqlens_q[bz + 1] - q_start, k_start, cu_seqlens_k[bz + 1] - k_start)
+    return main
+
+
+def bwd_varlen_postprocess_program(heads, dim, block=64, threads=128, dtype=T.float16):
+    """``dQ_out`` [total_q, heads, dim]: each sequence's rows of dQ [batch, heads, lse_rows, dim]
+    in ``dtype``."""
+    seqs, batch, total_q, _, padded = _varlen_dims()
+
+    @T.prim_func
+    def main(dQ: T.Tensor([batch, heads, padded, dim], T.float32), cu_seqlens_q: T.Tensor([seqs], T.int32),
+             dQ_out: T.Tensor([total_q, heads, dim], dtype)):
+        with T.Kernel(T.ceildiv(T.dynamic("lse_rows"), block), heads, T.dynamic("batch"),
+                      threads=threads) as (bx, by, bz):
+            acc = T.alloc_fragment([block, dim], T.float32)
+            q_start = cu_seqlens_q[bz]
+            T.copy(dQ[bz, by, bx * block, 0], acc)
+            for i, j in T.Parallel(block, dim):
+                if bx * block + i < cu_seqlens_q[bz + 1] - q_start:
+                    dQ_out[q_start + bx * block + i, by, j] = T.cast(acc[i, j], dtype)
     return main
 
 
