@@ -34,6 +34,8 @@ import traceback
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUITE = ROOT / ".tilelang_suite"
+STAND_IN = ROOT / "scripts/suite_stubs/flash_attn/__init__.py"   # the varlen cases' reference
+DEVICE = "cuda"         # where the cases' inputs live (tests/test_peer_cases.py: the CPU)
 
 
 def unpack_peers() -> None:
@@ -75,8 +77,8 @@ def _mla_decode(batch=132, heads=128, kv_ctx=8192, dim=512, pe_dim=64):
         return mod.flashattn(batch, heads, 1, kv_ctx, dim, pe_dim, 64, 64, 1, (dim + pe_dim) ** -0.5)
 
     def inputs():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.float16, generator=g)
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        r = lambda *s: torch.randn(*s, device=DEVICE, dtype=torch.float16, generator=g)
         return [r(batch, heads, dim), r(batch, heads, pe_dim), r(batch, kv_ctx, 1, dim),
                 r(batch, kv_ctx, 1, pe_dim)]
 
@@ -102,10 +104,10 @@ def _gqa_decode_varlen(batch=64, q_heads=32, kv_heads=8, max_k=8192, head=128, s
         return mod.flashattn(batch, q_heads, kv_heads, max_k, total, head, sink)
 
     def inputs():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        r = lambda *s, dt=torch.float16: torch.randn(*s, device="cuda", dtype=dt, generator=g)
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        r = lambda *s, dt=torch.float16: torch.randn(*s, device=DEVICE, dtype=dt, generator=g)
         return [r(batch, q_heads, head), r(total, kv_heads, head), r(total, kv_heads, head),
-                cu.cuda(), r(q_heads, dt=torch.float32) * 0.1]
+                cu.to(DEVICE), r(q_heads, dt=torch.float32) * 0.1]
 
     def reference(q, k, v, cu_k, s_aux):
         outs = []
@@ -133,8 +135,8 @@ def _attention(dim, causal, batch=8, heads=16, seq=4096, block_M=128, block_N=12
                                      block_N=block_N, num_stages=stages, threads=threads)
 
     def inputs():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        return [torch.randn(batch, seq, heads, dim, device="cuda", dtype=torch.float16, generator=g)
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        return [torch.randn(batch, seq, heads, dim, device=DEVICE, dtype=torch.float16, generator=g)
                 for _ in range(3)]
 
     def reference(q, k, v):
@@ -146,6 +148,173 @@ def _attention(dim, causal, batch=8, heads=16, seq=4096, block_M=128, block_N=12
     return "flash_attention", "example_mha_fwd_bshd.py", build, inputs, reference, flops
 
 
+def _randn(g, *shape, dtype=None):
+    import torch
+    return torch.randn(*shape, device=DEVICE, dtype=dtype or torch.float16, generator=g)
+
+
+def _attention_grads(q, k, v, do, causal, layout):
+    """The float32 forward output, log2-based log-sum-exp and ``Delta`` (rowsum(O * dO)) and the
+    gradients dQ, dK, dV of softmax attention (scale 1/sqrt(D_qk)), a batch element at a time;
+    ``layout`` 'bhsd' or 'bshd'; K and V may have fewer heads than Q (GQA: dK and dV summed over
+    each group of query heads)."""
+    import torch
+    heads_dim = 1 if layout == "bhsd" else 2
+    groups = q.shape[heads_dim] // k.shape[heads_dim]
+    scale = q.shape[-1] ** -0.5
+    per_batch = []
+    for b in range(q.shape[0]):
+        # [h, s, d], K and V repeated per query head
+        qb, kb, vb, dob = (x[b].float() if layout == "bhsd" else x[b].float().transpose(0, 1)
+                           for x in (q, k, v, do))
+        kb, vb = kb.repeat_interleave(groups, 0), vb.repeat_interleave(groups, 0)
+        s = qb @ kb.transpose(1, 2) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s[0], dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.softmax(s, -1)
+        o = p @ vb
+        delta = (o * dob).sum(-1)
+        ds = p * (dob @ vb.transpose(1, 2) - delta[..., None])
+        grads = [ds @ kb * scale, ds.transpose(1, 2) @ qb * scale, p.transpose(1, 2) @ dob]
+        grads[1:] = [g.unflatten(0, (-1, groups)).sum(1) for g in grads[1:]]
+        per_batch.append([o, torch.logsumexp(s, -1) * math.log2(math.e), delta, *grads])
+    outs = [torch.stack(xs) for xs in zip(*per_batch)]
+    if layout == "bshd":
+        outs = [x if x.dim() == 3 else x.transpose(1, 2).contiguous() for x in outs]
+    return dict(zip(("o", "lse", "delta", "dq", "dk", "dv"), outs))
+
+
+def _attention_bwd(file, part, causal, batch, heads, seq, dim_qk, dim_v, groups=1):
+    """TileLang's attention backward example ``file``: ``part`` 'kernel' times its main kernel
+    alone (dQ, dK, dV cleared first, as its accumulations need; checks dK and dV, since dQ leaves it
+    in the example's atomic-add layout), 'backward' the whole backward its autograd function runs
+    (preprocess for Delta, the main kernel, postprocess for dQ; checks dQ, dK, dV). The inputs Q, K,
+    V, dO are random; O, LSE and Delta come from the float32 reference, with the example's block
+    sizes. ``example_mha_bwd_bhsd.py`` is [B, H, S, D] MHA; ``example_gqa_bwd.py`` [B, S, H, D]
+    with ``heads // groups`` K/V heads and its atomic-add kernel (dK, dV in float32)."""
+    import torch
+    mha = file == "example_mha_bwd_bhsd.py"
+    kv_heads = heads // groups
+    layout = "bhsd" if mha else "bshd"
+    shape = (lambda h, d: (batch, h, seq, d)) if mha else (lambda h, d: (batch, seq, h, d))
+
+    def build(mod):
+        if mha:
+            block_n = 64 if dim_qk <= 64 else 32
+            kernel = mod.flashattn_bwd(batch, heads, seq, dim_qk, causal, 64, block_n)
+            prep = mod.flashattn_bwd_preprocess(batch, heads, seq, dim_qk)
+            kv_dtype = torch.float16
+        else:
+            kernel = mod.flashattn_bwd_atomic_add(batch, heads, seq, dim_qk, dim_v, causal, 128, 32,
+                                                  threads=256, num_stages=2, groups=groups)
+            prep = mod.flashattn_bwd_preprocess(batch, heads, seq, dim_v)
+            kv_dtype = torch.float32
+        post = mod.flashattn_bwd_postprocess(batch, heads, seq, dim_qk)
+        dq = torch.empty(shape(heads, dim_qk), device=DEVICE)
+        dk = torch.full(shape(kv_heads, dim_qk), float("nan"), device=DEVICE, dtype=kv_dtype)
+        dv = torch.full(shape(kv_heads, dim_v), float("nan"), device=DEVICE, dtype=kv_dtype)
+
+        def main_kernel(q, k, v, do, lse, delta):
+            dq.zero_()
+            if not mha:                         # atomic adds into dK, dV
+                dk.zero_()
+                dv.zero_()
+            kernel(q, k, v, do, lse, delta, dq, dk, dv)
+
+        def run(q, k, v, do, o, lse, delta):
+            if part == "kernel":
+                main_kernel(q, k, v, do, lse, delta)
+                return dk, dv
+            main_kernel(q, k, v, do, lse, prep(o, do))
+            return post(dq), dk.half(), dv.half()
+        return run
+
+    def inputs():
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        q, do = _randn(g, *shape(heads, dim_qk)), _randn(g, *shape(heads, dim_v))
+        k, v = _randn(g, *shape(kv_heads, dim_qk)), _randn(g, *shape(kv_heads, dim_v))
+        ref = _attention_grads(q, k, v, do, causal, layout)
+        return [q, k, v, do, ref["o"].half(), ref["lse"], ref["delta"]]
+
+    def reference(q, k, v, do, o, lse, delta):
+        ref = _attention_grads(q, k, v, do, causal, layout)
+        return [ref["dk"], ref["dv"]] if part == "kernel" else [ref["dq"], ref["dk"], ref["dv"]]
+
+    flops = 2 * batch * heads * seq * seq * (3 * dim_qk + 2 * dim_v) // (2 if causal else 1)
+    return "flash_attention", file, build, inputs, reference, flops
+
+
+def _gqa_decode(batch, heads=32, kv_heads=8, seq=8192, dim=128, block_N=128, block_H=64,
+                num_split=8, stages=2, threads=128):
+    """``flash_decoding/example_gqa_decode.py``: one query token per sequence, K/V masked by a
+    random 0/1 mask, split over ``num_split`` blocks of keys and combined (a second kernel of the
+    same program; the example's Hopper heuristic config)."""
+    import torch
+
+    def build(mod):
+        return mod.flashattn(batch, heads, kv_heads, seq, dim, block_N, block_H, num_split, stages,
+                             threads)
+
+    def inputs():
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        mask = torch.randint(0, 2, (batch, seq, kv_heads), device=DEVICE, dtype=torch.uint8,
+                             generator=g)
+        return [_randn(g, batch, heads, dim), _randn(g, batch, seq, kv_heads, dim),
+                _randn(g, batch, seq, kv_heads, dim), mask]
+
+    def reference(q, k, v, mask):
+        rep = heads // kv_heads
+        kf, vf = (x.float().repeat_interleave(rep, 2) for x in (k, v))        # [b, s, h, d]
+        logits = torch.einsum("bhd,bshd->bhs", q.float(), kf) / math.sqrt(dim)
+        logits = logits.masked_fill(mask.repeat_interleave(rep, 2).transpose(1, 2) == 0,
+                                    float("-inf"))
+        return [torch.einsum("bhs,bshd->bhd", torch.softmax(logits, -1), vf)]
+
+    return "flash_decoding", "example_gqa_decode.py", build, inputs, reference, \
+        4 * batch * heads * seq * dim
+
+
+def _fwd_varlen(file, causal, batch, heads, max_seq, dim, kv_heads=None, block_M=128, block_N=128,
+                stages=2, threads=256):
+    """TileLang's varlen forward examples: ``example_mha_fwd_varlen.py`` (MHA) and
+    ``example_gqa_fwd_varlen.py`` (``kv_heads`` K/V heads), sequences of random lengths in
+    [max_seq / 2, max_seq], Q's and K's drawn apart (causal then aligned to the bottom right), with
+    the config the MHA example recommends for Hopper; the reference is the suite's float32
+    ``flash_attn_varlen_func`` stand-in (scripts/suite_stubs)."""
+    import torch
+    kv_heads = kv_heads or heads
+    lens = torch.randint(max_seq // 2, max_seq + 1, (2, batch),
+                         generator=torch.Generator().manual_seed(1))
+    cu_q, cu_k = (torch.cat([torch.zeros(1, dtype=torch.int64), n.cumsum(0)]).to(torch.int32)
+                  for n in lens)
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    spec = importlib.util.spec_from_file_location("flash_attn_stand_in", STAND_IN)
+    stand_in = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stand_in)
+
+    def build(mod):
+        if file == "example_mha_fwd_varlen.py":
+            return mod.flashattn(batch, total_q, total_k, heads, dim, causal, block_M=block_M,
+                                 block_N=block_N, num_stages=stages, threads=threads)
+        return mod.flashattn(batch, heads // kv_heads, total_q, total_k, heads, dim, causal,
+                             block_M=block_M, block_N=block_N, num_stages=stages, threads=threads)
+
+    def inputs():
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        return [_randn(g, total_q, heads, dim), _randn(g, total_k, kv_heads, dim),
+                _randn(g, total_k, kv_heads, dim), cu_q.to(DEVICE), cu_k.to(DEVICE),
+                int(lens[0].max())]
+
+    def reference(q, k, v, cu_q, cu_k, max_q):
+        out = stand_in.flash_attn_varlen_func(q.float(), k.float(), v.float(), cu_q, cu_k, max_q,
+                                              int(lens[1].max()), causal=causal)
+        return [out]
+
+    pairs = sum(int(torch.clamp(torch.arange(lq) + lk - lq + 1, 0, lk).sum()) if causal else lq * lk
+                for lq, lk in lens.T.tolist())
+    return "flash_attention", file, build, inputs, reference, 4 * heads * dim * pairs
+
+
 def _gemv(n, k, block_n, reduce_threads, form="splitk_gemv_vectorized_tvm"):
     """TileLang's thread-level GEMV (``gemv/example_gemv.py``), C[n] = B[n, :] . A, fp16 with
     float32 accumulation; the baseline is ``torch.mv`` (cuBLAS) on the same tensors."""
@@ -155,9 +324,9 @@ def _gemv(n, k, block_n, reduce_threads, form="splitk_gemv_vectorized_tvm"):
         return getattr(mod, form).compile(N=n, K=k, BLOCK_N=block_n, reduce_threads=reduce_threads)
 
     def inputs():
-        g = torch.Generator(device="cuda").manual_seed(0)
-        return [torch.randn(k, device="cuda", dtype=torch.float16, generator=g),
-                torch.randn(n, k, device="cuda", dtype=torch.float16, generator=g)]
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        return [torch.randn(k, device=DEVICE, dtype=torch.float16, generator=g),
+                torch.randn(n, k, device=DEVICE, dtype=torch.float16, generator=g)]
 
     def reference(a, b):
         return [b.float() @ a.float()]
@@ -182,6 +351,23 @@ CASES = {
     "attention_d96": lambda: _attention(96, False),
     "attention_d192": lambda: _attention(192, False, block_N=64),
     "attention_d192_causal": lambda: _attention(192, True, block_N=64),
+    **{f"mha_bwd{'_kernel' if part == 'kernel' else ''}_d{d}{'_causal' if causal else ''}":
+       (lambda part=part, d=d, causal=causal:
+        _attention_bwd("example_mha_bwd_bhsd.py", part, causal, 8, 16, 4096, d, d))
+       for part in ("kernel", "backward") for d in (64, 128) for causal in (False, True)},
+    **{f"gqa_bwd{'_kernel' if part == 'kernel' else ''}{'_causal' if causal else ''}":
+       (lambda part=part, causal=causal:
+        _attention_bwd("example_gqa_bwd.py", part, causal, 8, 32, 2048, 192, 128, groups=16))
+       for part in ("kernel", "backward") for causal in (False, True)},
+    "gqa_decode": lambda: _gqa_decode(1),
+    "gqa_decode_b64": lambda: _gqa_decode(64),
+    "mha_fwd_varlen": lambda: _fwd_varlen("example_mha_fwd_varlen.py", False, 8, 64, 2048, 128),
+    "mha_fwd_varlen_causal": lambda: _fwd_varlen("example_mha_fwd_varlen.py", True, 8, 64, 2048,
+                                                 128),
+    "gqa_fwd_varlen": lambda: _fwd_varlen("example_gqa_fwd_varlen.py", False, 8, 64, 2048, 128,
+                                          kv_heads=4),
+    "gqa_fwd_varlen_causal": lambda: _fwd_varlen("example_gqa_fwd_varlen.py", True, 8, 64, 2048,
+                                                 128, kv_heads=4),
 }
 
 
@@ -228,6 +414,13 @@ def as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+def max_rel_err(outputs, want: list) -> float:
+    """The largest of each output's max |error| over its reference's max |value|."""
+    got = [g.float() for g in as_list(outputs)][:len(want)]
+    return max(float((g - w).abs().max() / w.abs().max().clamp_min(1e-6))
+               for g, w in zip(got, want))
+
+
 def run_case(name: str, rounds: int, graphs: bool = False) -> dict:
     import torch
     folder, file, build, inputs, reference, flops, *baseline = CASES[name]()
@@ -245,10 +438,7 @@ def run_case(name: str, rounds: int, graphs: bool = False) -> dict:
     want = [w.float() for w in reference(*args)]
     for label, k in kernels.items():
         try:
-            got = [g.float() for g in as_list(k(*args))][:len(want)]
-            err = max(float((g - w).abs().max() / w.abs().max().clamp_min(1e-6))
-                      for g, w in zip(got, want))
-            row[f"{label}_rel_err"] = err
+            row[f"{label}_rel_err"] = max_rel_err(k(*args), want)
         except Exception as e:          # noqa: BLE001
             row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:400]}"
             traceback.print_exc()

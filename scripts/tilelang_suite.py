@@ -25,9 +25,14 @@ at once, each within ``--timeout`` seconds (default 600). A file past its time i
 finished tests are kept); every test it did not report is ``timeout``. ``--only`` keeps the
 directories named, or the files whose ``dir/test_file.py`` contains one of the strings.
 
+Where a test process cannot import a reference module the examples check against
+(``STAND_INS``: ``flash_attn``, which the GPU machine cannot install), ``suite_stubs/`` goes last on
+its ``PYTHONPATH``: a float32 torch stand-in, not the real package; the summary and the JSON
+(``stand_ins``, ``stand_in_note``) say so.
+
 ``--peer`` also runs the original files under TileLang 0.1.15, interleaved with the tilews ones
-in the same pool, with ``PYTHONPATH=/tmp/site`` only (extracted from ``.peers/tilelang.tar.xz`` when
-missing: /work/shared/docs/peers-on-gpu.md).
+in the same pool, with ``PYTHONPATH=/tmp/site`` (and the stand-ins where used; extracted from
+``.peers/tilelang.tar.xz`` when missing: /work/shared/docs/peers-on-gpu.md).
 
 ``--cpu`` is a dry run for development on a machine without a GPU, not a measurement:
 ``suite_cpu_plugin.py`` turns CUDA tensors into CPU tensors and ``target="auto"`` into
@@ -67,6 +72,8 @@ MIRROR = Path("/work/.mirror/tile-ai+tilelang/repo")
 GITHUB = "https://github.com/tile-ai/tilelang"
 REVISION = "a35008a"                     # the TileLang revision the suite was set up against
 PEER_ARCHIVE, PEER_SITE = Path(".peers/tilelang.tar.xz"), Path("/tmp/site")
+STUBS = Path(__file__).resolve().parent / "suite_stubs"
+STAND_INS = ("flash_attn",)              # references the examples import that STUBS stands in for
 DIRS = ("flash_attention", "flash_decoding", "deepseek_mla", "deepseek_deepgemm", "gemv",
         "grouped_gemm", "dequantize_gemm", "cast", "blocksparse_gemm", "gemm", "gemm_fp8",
         "gemm_splitk", "gemm_sp", "warp_specialize", "elementwise", "norm", "topk", "convolution",
@@ -150,6 +157,38 @@ def environment(runtime: str, cpu: bool) -> dict[str, str]:
     return {**env, "PYTHONPATH": tilews_pythonpath()}
 
 
+def missing_references(env: dict[str, str]) -> list[str]:
+    """The modules of ``STAND_INS`` that a test process with ``env`` cannot import."""
+    probe = ("import importlib, sys\n"
+             "for name in sys.argv[1:]:\n"
+             "    try:\n"
+             "        importlib.import_module(name)\n"
+             "    except Exception:\n"
+             "        print(name)\n")
+    result = subprocess.run([sys.executable, "-c", probe, *STAND_INS], env=env,
+                            capture_output=True, text=True, check=True)
+    return result.stdout.split()
+
+
+def with_stand_ins(env: dict[str, str], names: list[str]) -> dict[str, str]:
+    """``env`` with ``STUBS`` last on ``PYTHONPATH`` when any of ``names`` is missing."""
+    if not names:
+        return env
+    path = env.get("PYTHONPATH", "")
+    return {**env, "PYTHONPATH": f"{path}{os.pathsep}{STUBS}" if path else str(STUBS)}
+
+
+def stand_in_note(stand_ins: dict[str, list[str]]) -> str:
+    """What the summary says of the stand-ins a run used ('' for none)."""
+    used = sorted({n for names in stand_ins.values() for n in names})
+    if not used:
+        return ""
+    who = " and ".join(LABELS[r] for r, names in stand_ins.items() if names)
+    return (f"note: {', '.join(used)} is this repo's float32 torch stand-in ({STUBS}), not the "
+            f"real package, for {who}: the tests that check against it compare with plain torch "
+            f"attention, and the times they print for it are the stand-in's")
+
+
 def ensure_peer() -> bool:
     """TileLang under ``/tmp/site``, extracted from ``.peers/tilelang.tar.xz`` if needed."""
     if not (PEER_SITE / "tilelang").exists() and PEER_ARCHIVE.exists():
@@ -161,14 +200,15 @@ def ensure_peer() -> bool:
 
 # ---- run: one test file ------------------------------------------------------------------------
 
-def run_file(d: str, f: str, runtime: str, timeout: float, cpu: bool, logs: Path) -> dict:
-    """Run one test file under pytest; its tests' results."""
+def run_file(d: str, f: str, runtime: str, env: dict[str, str], timeout: float, cpu: bool,
+             logs: Path) -> dict:
+    """Run one test file under pytest with ``env``; its tests' results."""
     folder = STORE / ("tilews" if runtime == "tilews" else "original") / d
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         t0 = time.perf_counter()
         output, returncode, timed_out = run_bounded(
-            [*pytest_command(junit, cpu), f], folder, environment(runtime, cpu), timeout)
+            [*pytest_command(junit, cpu), f], folder, env, timeout)
         wall = time.perf_counter() - t0
         reported = parse_junit(junit.read_text()) if junit.exists() else []
     log = logs / d / f"{f}.{runtime}.log"
@@ -291,15 +331,18 @@ def run(only: list[str], jobs: int, timeout: float, peer: bool, cpu: bool) -> in
         return 2
     rewrites = write_tilews_copy(sorted({d for d, _ in files}))
     runtimes = RUNTIMES if peer else RUNTIMES[:1]
+    stand_ins = {r: missing_references(environment(r, cpu)) for r in runtimes}
+    envs = {r: with_stand_ins(environment(r, cpu), stand_ins[r]) for r in runtimes}
     work = [(d, f, r) for d, f in files for r in runtimes]      # interleaved
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     report = {"revision": (STORE / "REVISION").read_text().strip(), "cpu": cpu, "timeout_s": timeout,
-              "files": [], "rewrites": rewrites}
+              "stand_ins": stand_ins,
+              "stand_in_note": stand_in_note(stand_ins), "files": [], "rewrites": rewrites}
     print(f"{len(work)} test file runs, {jobs} at once, {timeout:.0f} s each"
           f"{' (CPU dry run)' if cpu else ''}", flush=True)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:    # each job is a pytest process
-        running = [pool.submit(run_file, d, f, r, timeout, cpu, out / "tilelang_suite")
+        running = [pool.submit(run_file, d, f, r, envs[r], timeout, cpu, out / "tilelang_suite")
                    for d, f, r in work]
         for done in concurrent.futures.as_completed(running):
             result = done.result()
@@ -311,6 +354,8 @@ def run(only: list[str], jobs: int, timeout: float, peer: bool, cpu: bool) -> in
     print()
     for runtime in runtimes:
         print(totals(report["files"], runtime))
+    if report["stand_in_note"]:
+        print(report["stand_in_note"])
     return 0
 
 

@@ -4,6 +4,7 @@ executed imports, the junit XML reading, the commands and environments a run use
 pytest run of a small test file through the CPU plugin, a failure, a skip and a timeout."""
 from __future__ import annotations
 
+import importlib.util
 import sys
 import textwrap
 from pathlib import Path
@@ -189,6 +190,24 @@ def test_commands_and_environments(monkeypatch, tmp_path):
         tilelang_imports.tilews_pythonpath()
 
 
+def test_stand_ins_go_last_on_the_path_only_where_the_reference_is_missing(monkeypatch):
+    """A process that cannot import ``flash_attn`` gets ``suite_stubs/`` last on its path, whose
+    ``flash_attn`` then imports (and says it is the stand-in); the summary's note names it."""
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("the real flash_attn is installed here")
+    env = tilelang_suite.environment("tilelang", cpu=False)          # /tmp/site: no flash_attn
+    missing = tilelang_suite.missing_references(env)
+    assert missing == ["flash_attn"]
+    stubbed = tilelang_suite.with_stand_ins(env, missing)
+    assert stubbed["PYTHONPATH"] == f"/tmp/site:{tilelang_suite.STUBS}"
+    assert tilelang_suite.missing_references(stubbed) == []
+    assert tilelang_suite.with_stand_ins(env, []) is env
+    note = tilelang_suite.stand_in_note({"tilews": ["flash_attn"], "tilelang": ["flash_attn"]})
+    assert note.startswith("note: flash_attn is this repo's float32 torch stand-in (") and \
+        "not the real package, for tilews and TileLang" in note
+    assert tilelang_suite.stand_in_note({"tilews": []}) == ""
+
+
 def _store(tmp_path, monkeypatch, files: dict[str, str]) -> Path:
     store = tmp_path / "store"
     for path, text in files.items():
@@ -272,7 +291,8 @@ def test_run_file_through_the_cpu_plugin_with_a_timeout(tmp_path, monkeypatch):
     changed = tilelang_suite.write_tilews_copy(["d"])
     assert changed["d/test_x.py"][0] == ("import tilelang.testing",
                                          "import tilews.testing, tilews as tilelang")
-    result = tilelang_suite.run_file("d", "test_x.py", "tilews", 12, True, tmp_path / "logs")
+    env = tilelang_suite.environment("tilews", cpu=True)
+    result = tilelang_suite.run_file("d", "test_x.py", "tilews", env, 12, True, tmp_path / "logs")
     assert result["timed_out"]
     assert [(t["name"], t["status"], t["error"]) for t in result["tests"]] == [
         ("test_cuda_becomes_cpu", "pass", ""),
