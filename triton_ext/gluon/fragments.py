@@ -283,9 +283,14 @@ def load(ctx: Ctx, s: ir.Copy) -> None:
 def store_tile(ctx: Ctx, s: ir.Copy) -> None:
     """fragment -> global, from registers: a masked store when the copy is MASKED; a leading
     block of the fragment is the whole fragment stored under a mask of the block's rows and
-    columns."""
+    columns (a block of extent 1 in a dim maps the fragment onto the destination's trailing
+    dims)."""
     f, b = s.src.buffer, s.dst.buffer
     axes = [d for d, e in enumerate(s.dst.extents) if e != 1]
+    rank = len(f.shape)
+    if len(axes) < rank and tuple(s.dst.extents[-rank:]) == tuple(s.src.extents):
+        # a leading block one row (or column) wide: the fragment's dims are the trailing ones
+        axes = list(range(len(s.dst.extents) - rank, len(s.dst.extents)))
     full = dict(zip(axes, f.static_shape))
     dst = dataclasses.replace(s.dst, extents=tuple(full.get(d, e) for d, e in enumerate(s.dst.extents)))
     ptr, mask = tile_address(ctx, dst, ctx.layouts[f.name], len(f.shape),
