@@ -8,9 +8,11 @@ behind ``tilews.ops.attention``'s autograd.
    them in registers, no atomics). Per query block: ``S^T = K Q^T``, ``P^T = exp2(S^T * scale -
    LSE)`` (the forward's base-2 log-sum-exp), ``dP^T = V dO^T``, ``dV += P^T dO``,
    ``dS^T = P^T (dP^T - Delta) / sqrt(D)``, ``dK += dS^T Q``, and ``dQ += dS K`` added into
-   float32 as a tile (dS^T goes through shared memory: the gemm reads it transposed; dQ's tile
-   goes through shared memory too, and on Hopper its add is one bulk reduce-add: element
-   atomics from registers cost a third of the kernel's time on an H200).
+   float32 by element atomics from registers (dS^T goes through shared memory: the gemm reads it
+   transposed), or with ``dq_tile_add`` as a tile through shared memory (on Hopper one bulk
+   reduce-add; slower on an H200 so far, docs/performance.md). Each K/V block runs its query
+   blocks starting from its own (rotated by ``bx``), so the blocks of a head do not add into the
+   same dQ rows at the same time.
    Causal: query blocks before the K/V block's first key are skipped; a mask runs only on the
    blocks that cross the diagonal.
 3. ``postprocess``: dQ cast to the operands' dtype.
@@ -77,13 +79,13 @@ def preprocess_block(dim, block, layout, dtype):
 
 
 def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=128, block_N=64,
-                num_stages=2, threads=256, dtype=T.float16):
+                num_stages=2, threads=256, dtype=T.float16, dq_tile_add=False):
     """dK and dV of each K/V block (written), dQ added into its float32 accumulator (module
-    docstring)."""
+    docstring; ``dq_tile_add``: dQ's tile added through shared memory, else element atomics)."""
     shape, kv_shape = [batch, heads, seq_len, dim], [batch, kv_heads, seq_len, dim]
     f32 = T.float32
     grads = backward_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages, "bhsd",
-                           dtype)
+                           dtype, dq_tile_add=dq_tile_add)
 
     @T.prim_func
     def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
@@ -96,7 +98,7 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
 
 
 def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, dtype,
-                   sm_scale=None):
+                   sm_scale=None, dq_tile_add=False):
     """The macro ``grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len,
     k_start, k_len)``: keys ``[bx * block_M, (bx + 1) * block_M)`` of KV head ``by`` of sequence
     ``bz`` (module docstring), its queries rows ``q_start + [0, q_len)`` and keys ``k_start + [0,
@@ -143,7 +145,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         Q_s = T.alloc_shared([block_N, dim], dtype)
         dO_s = T.alloc_shared([block_N, dim], dtype)
         dsT_s = T.alloc_shared([block_M, block_N], dtype)
-        dq_s = T.alloc_shared([block_N, dim], f32)
+        dq_s = T.alloc_shared([block_N, dim], f32) if dq_tile_add else None
         lse = T.alloc_fragment([block_N], f32)
         delta = T.alloc_fragment([block_N], f32)
         sT = T.alloc_fragment([block_M, block_N], f32)
@@ -172,8 +174,10 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         else:
             trips = group * per_head
         for it in T.Pipelined(trips, num_stages=num_stages):
+            # each K/V block starts at its own query block (rotated by bx), so the blocks of one
+            # head do not all add into the same dQ rows at once
             h = by * group + it // per_head if group > 1 else by
-            kb = first + it % per_head if group > 1 else first + it
+            kb = first + (it % per_head + bx) % per_head if group > 1 else first + (it + bx) % per_head
             T.copy(rows(Q, bz, h, q_start + kb * block_N, block_N), Q_s)
             T.copy(LSE[bz, h, kb * block_N], lse)
             T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True)
@@ -195,8 +199,12 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             T.gemm(dsT, Q_s, dk)
             T.copy(dsT, dsT_s)
             T.gemm(dsT_s, K_s, dq, transpose_A=True, clear_accum=True)
-            T.copy(dq, dq_s)
-            T.atomic_add(dQ[bz, h, kb * block_N, 0], dq_s)
+            if dq_tile_add:
+                T.copy(dq, dq_s)
+                T.atomic_add(dQ[bz, h, kb * block_N, 0], dq_s)
+            else:
+                for i, j in T.Parallel(block_N, dim):
+                    T.atomic_add(dQ[bz, h, kb * block_N + i, j], dq[i, j])
         if varlen:
             # the keys below k_len, from registers (a TMA store would write whole rows)
             for i, j in T.Parallel(block_M, dim):
