@@ -142,10 +142,12 @@ def test_mla_full_cache():
 
 
 def test_split_heuristic():
-    # batch 1, 8 KV heads (8 tiles) on 132 SMs would want 17 splits; 8k keys are 64 blocks of 128,
-    # at least MIN_BLOCKS_PER_SPLIT each: 16
+    # batch 1, 8 KV heads (8 tiles) on 132 SMs: 16 splits fill one wave (128 blocks); 8k keys
+    # are 64 blocks of 128, at least MIN_BLOCKS_PER_SPLIT each: 16 at most
     assert choose_num_splits(8, 8192, 128, 132) == 64 // MIN_BLOCKS_PER_SPLIT
-    assert choose_num_splits(8, 32768, 128, 132) == 17
+    assert choose_num_splits(8, 32768, 128, 132) == 16
+    # batch 8 x 8 KV heads: 2 splits are one wave of 128 blocks; 3 would be two waves, one half empty
+    assert choose_num_splits(64, 8192, 128, 132) == 2
     assert choose_num_splits(64 * 8, 8192, 128, 132) == 1          # the grid already fills the SMs
     assert choose_num_splits(1, 1 << 20, 64, 132) == min(132, MAX_SPLITS)
     # a short cache: each split keeps at least MIN_BLOCKS_PER_SPLIT blocks

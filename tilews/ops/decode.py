@@ -13,9 +13,10 @@ Both kernels are in one tile-language function: the workspaces are the function'
 runtime keeps them between calls of one shape on one stream), and a caller makes one call. With
 one split the split kernel writes the output itself and there is no combine.
 
-Each split takes an equal share of its sequence's K/V blocks (the first ``total % num_splits``
-one more), so ragged ``cache_seqlens`` never leave a split reading past its sequence; a split
-with no block writes ``lse = -inf`` and zeros. A zero-length sequence gives zeros.
+Each split owns the same static share of the cache's K/V blocks (``split_range``: a block's start
+stays a linear function of the split and the loop index); a sequence shorter than the cache
+leaves its last splits fewer blocks or none, and a split with no block writes ``lse = -inf`` and
+zeros. A zero-length sequence gives zeros.
 
 ``cache_seqlens=None`` compiles the cache's whole extent as a constant trip count (no lengths
 read from memory, so the Hopper lowering may keep one block per SM over several tiles); given
@@ -45,6 +46,7 @@ from tilews.lowering import dtypes
 from .attention import LOG2E
 MIN_BLOCKS_PER_SPLIT = 4        # a split shorter than this spends more on its prologue than it saves
 MAX_SPLITS = 64
+SPLIT_PROLOGUE = 2.0        # a split block's fixed cost (Q load, ring fill, its partial's store) in K/V blocks
 # a split whose sequence has no block left writes lse = -inf; the combine starts its running
 # maximum here (not at -inf) so that exp2(lse - max) is 0, never NaN, when every split is empty
 _NO_MAX = -1.0e30
@@ -52,12 +54,20 @@ _NO_MAX = -1.0e30
 
 def choose_num_splits(tiles: int, cache_len: int, block_N: int, num_sms: int) -> int:
     """Splits per sequence for ``tiles`` blocks of work (batch x KV heads x row tiles) over a
-    cache of ``cache_len`` keys in ``block_N`` blocks: enough blocks to cover ``num_sms`` SMs,
-    each split at least ``MIN_BLOCKS_PER_SPLIT`` K/V blocks long, at most ``MAX_SPLITS``."""
-    if tiles <= 0 or tiles >= num_sms:
+    cache of ``cache_len`` keys in ``block_N`` blocks: the count whose grid finishes first by a
+    model of one block per SM (each split block costs its K/V blocks plus ``SPLIT_PROLOGUE``,
+    the grid runs in whole waves of ``num_sms`` blocks), each split at least
+    ``MIN_BLOCKS_PER_SPLIT`` K/V blocks long, at most ``MAX_SPLITS``; ties go to fewer splits.
+    Whole waves matter: 64 tiles on 132 SMs in 3 splits (the count that merely covered the SMs,
+    this function's former rule) are 192 blocks, two waves of which the second is half empty."""
+    blocks = math.ceil(cache_len / block_N)
+    most = min(blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS)
+    if tiles <= 0 or most <= 1:
         return 1
-    longest = math.ceil(cache_len / block_N) // MIN_BLOCKS_PER_SPLIT
-    return max(1, min(math.ceil(num_sms / tiles), longest, MAX_SPLITS))
+
+    def time(splits: int) -> float:
+        return math.ceil(tiles * splits / num_sms) * (blocks / splits + SPLIT_PROLOGUE)
+    return min(range(1, most + 1), key=lambda s: (time(s), s))
 
 
 def split_range(splits: int, block_N: int, cache_len: int):
