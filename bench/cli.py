@@ -7,6 +7,7 @@ Triton (and, with the metal target, mlx and torch on MPS), checked and timed in 
     tilews-bench gemm --preset llm     (--preset is another name for --shapes)
     tilews-bench epilogue [--shapes llm,4096x4096x4096:gelu] [the same options]
     tilews-bench attention [--shapes long,4x32x4096x128:causal,8x16x2048x64] [the same options]
+    tilews-bench attention --backward | --varlen [the same options]
     tilews-bench decode [--shapes gqa,mla,8x32x8x8192x128:gqa] [the same options]
     tilews-bench fp8 [--shapes llm,4096x4096x4096:row-fast] [the same options]
     tilews-bench all [the same options]
@@ -69,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return launch.main(args)
     machine = machines.detect()
     workloads = registry()
-    chosen = list(workloads) if args.command == "all" else [args.command]
+    chosen = list(workloads) if args.command == "all" else [workload_name(args)]
     report = Report(args.command, args.dtype, args.targets or default_targets(machine), machine,
                     machines.versions(), args.rounds or ROUNDS[machine.gpu])
     report.pending = {n: workloads[n].message for n in chosen if isinstance(workloads[n], Pending)}
@@ -87,6 +88,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     console.print_notes(report, notes)
     console.print_table(report)
     return report.exit_code
+
+
+def workload_name(args: argparse.Namespace) -> str:
+    """The workload a command runs: ``attention --backward`` / ``--varlen`` are workloads of their
+    own (``attention-backward``, ``attention-varlen``)."""
+    for flag in ("backward", "varlen"):
+        if getattr(args, flag, False):
+            return f"{args.command}-{flag}"
+    return args.command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in COMMANDS.items():
         if name == "launch":
             launch.add_options(sub.add_parser(name, help=text, description=text), _positive)
+        elif name == "attention":
+            command = sub.add_parser(name, parents=[options], help=text, description=text)
+            which = command.add_mutually_exclusive_group()
+            which.add_argument("--backward", action="store_true",
+                               help="the backward (dq, dk, dv given dO) against SDPA's cuDNN and "
+                                    "flash backward")
+            which.add_argument("--varlen", action="store_true",
+                               help="tilews.ops.attention_varlen on the same tokens packed (B "
+                                    "sequences of S), against the dense kernels")
         else:
             sub.add_parser(name, parents=[options], help=text, description=text)
     return parser

@@ -12,6 +12,8 @@ from .workload import Pending, Workload
 
 
 def registry() -> dict[str, Union[Workload, Pending]]:
-    from . import attention, decode, epilogue, fp8, gemm
+    from . import attention, attention_backward, attention_varlen, decode, epilogue, fp8, gemm
     return {"gemm": gemm.WORKLOAD, "epilogue": epilogue.WORKLOAD, "attention": attention.WORKLOAD,
-            "decode": decode.WORKLOAD, "fp8": fp8.WORKLOAD}
+            "attention-backward": attention_backward.WORKLOAD,
+            "attention-varlen": attention_varlen.WORKLOAD, "decode": decode.WORKLOAD,
+            "fp8": fp8.WORKLOAD}

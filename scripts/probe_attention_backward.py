@@ -58,7 +58,8 @@ def run_shape(shape, rounds, results):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import tilews.language as T
     from tilews.ops import attention
-    from tilews.ops.attention_backward import blocks, bwd
+    from tilews.ops.attention_backward import blocks, kernels
+    bwd = kernels()[1]
     from tilews.ops.attention import _forward
     B, H, KV, S, D, causal = shape
     name = f"B{B} H{H}/{KV} S{S} D{D} {'causal' if causal else 'full'}"

@@ -36,10 +36,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--equal", action="store_true", help="every sequence S long")
+    p.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
+    p.add_argument("--passes", nargs="*", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     args = p.parse_args()
     print(f"{'B':>3} {'H':>3} {'S':>5} {'D':>4} {'causal':>6} {'pass':>8} {'dense ms':>9} "
           f"{'varlen ms':>10} {'ratio':>6} {'dense TF':>9} {'varlen TF':>10}")
-    for B, H, S, D, causal in SHAPES:
+    for B, H, S, D, causal in [s for i, s in enumerate(SHAPES) if args.only is None or i in args.only]:
         lens = lengths(torch, B, S, args.equal)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
         q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -47,7 +49,7 @@ def main():
         do = torch.randn_like(q)
         flops_dense = 4.0 * B * S * S * H * D / (2 if causal else 1)
         flops_var = sum(4.0 * n * n * H * D / (2 if causal else 1) for n in lens)
-        for pass_ in ("fwd", "fwd+bwd"):
+        for pass_ in args.passes:
             if pass_ == "fwd":
                 dense = lambda: attention(q, k, v, is_causal=causal, layout="bshd")  # noqa: E731
                 var = lambda: attention_varlen(qv, kv, vv, cu, cu, max(lens), max(lens), causal=causal)  # noqa: E731

@@ -772,3 +772,30 @@ def test_decode_runs_gqa_and_mla_on_the_cpu(tmp_path, capsys):
     assert all(r["rel_err"] < 1e-2 for r in data["rows"])
     assert decode.WORKLOAD.flops((2, 8, 2, 100, 64, "gqa")) == 4 * 2 * 8 * 100 * 64
     assert decode.WORKLOAD.flops((1, 64, 1, 70, 64, "mla")) == 2 * 64 * 70 * (64 + 64) + 2 * 64 * 70 * 64
+
+
+def test_attention_backward_and_varlen_run_on_the_cpu(tmp_path, capsys):
+    from tilews.bench import attention_backward, attention_varlen
+    path = tmp_path / "bwd.json"
+    code, out, _ = bench(capsys, "attention", "--backward", "--targets", "interpret", "--rounds", "1",
+                         "--shapes", "1x2x100x64:causal", "--json", str(path))
+    assert code == 0 and "reference SDPA cuDNN backward: unavailable (" in out
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["impl"], r["status"]) for r in rows] == [("tilews.ops.attention backward", "ok")]
+    assert rows[0]["rel_err"] < 1e-2
+    assert attention_backward.WORKLOAD.flops((1, 2, 100, 64, "causal")) == 10 * 2 * 100 * 100 * 64 / 2
+    path = tmp_path / "varlen.json"
+    code, out, _ = bench(capsys, "attention", "--varlen", "--targets", "interpret,triton", "--rounds", "1",
+                         "--shapes", "1x2x100x64:noncausal", "--json", str(path))
+    assert code == 0 and "the op compiles for this machine's target, 'interpret'" in out
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["impl"], r["status"]) for r in rows] == [("tilews.ops.attention_varlen", "ok"),
+                                                         ("tilews.ops.attention (dense)", "ok")]
+    assert all(r["rel_err"] < 1e-2 for r in rows)
+    assert attention_varlen.WORKLOAD.flops((1, 2, 100, 64, "noncausal")) == 4 * 2 * 100 * 100 * 64
+
+
+def test_attention_takes_backward_or_varlen_not_both(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["attention", "--backward", "--varlen"])
+    assert e.value.code == 2 and "not allowed with argument --backward" in capsys.readouterr().err

@@ -28,6 +28,7 @@ rows (dK, dV and the S^T / dP^T tiles), and the dQ product splits its columns.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -301,9 +302,11 @@ def bwd_varlen_postprocess_program(heads, dim, block=64, threads=128, dtype=T.fl
     return main
 
 
-bwd_preprocess = tilews.jit(bwd_preprocess_program)
-bwd = tilews.jit(bwd_program)
-bwd_postprocess = tilews.jit(bwd_postprocess_program)
+@functools.lru_cache(maxsize=None)
+def kernels(target: str = "auto") -> tuple:
+    """The backward's three kernel factories (preprocess, main, postprocess) for ``target``."""
+    return tuple(tilews.jit(target=target)(p)
+                 for p in (bwd_preprocess_program, bwd_program, bwd_postprocess_program))
 
 
 def blocks(dim: int, gpu: bool) -> dict:
@@ -317,9 +320,11 @@ def blocks(dim: int, gpu: bool) -> dict:
     return dict(block_M=128, block_N=64, threads=256, num_stages=2)
 
 
-def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str):
+def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str,
+                       target: str = "auto"):
     """(dq, dk, dv) of ``tilews.ops.attention(q, k, v, is_causal, layout)`` given the output's
-    gradient, the output and the forward's base-2 log-sum-exp (``lse``, [batch, heads, rows])."""
+    gradient, the output and the forward's base-2 log-sum-exp (``lse``, [batch, heads, rows]),
+    computed by the kernels compiled for ``target``."""
     batch, heads, seq_len, dim, kv_heads = operand_sizes(q, k, layout)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if seq_len == 0 or batch == 0 or heads == 0:
@@ -330,6 +335,7 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
     gpu, dtype, rows = q.device.type == "cuda", dtypes.from_torch(q.dtype), lse.shape[-1]
     delta = lse.new_empty(lse.shape)
     dq_acc = lse.new_empty((batch, heads, rows, dim))
+    bwd_preprocess, bwd, bwd_postprocess = kernels(target)
     bwd_preprocess(batch, heads, seq_len, dim, rows, dtype=dtype)(out, grad_out, delta, dq_acc)
     bwd(batch, heads, kv_heads, seq_len, dim, is_causal, rows, dtype=dtype,
         **blocks(dim, gpu))(q, k, v, grad_out, lse, delta, dq_acc, dk, dv)
