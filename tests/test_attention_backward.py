@@ -63,3 +63,18 @@ def test_no_grad_inputs_record_no_backward():
     q.requires_grad_()
     with torch.no_grad():
         assert attention(q, k, v).grad_fn is None
+
+
+def test_torch_compile_forward_and_backward():
+    """``torch.compile(fullgraph=True)`` traces the op (``tilews::attention`` and its backward
+    ``tilews::attention_backward``, fake implementations included) and gives eager's gradients."""
+    def f(q, k, v):
+        return (attention(q, k, v, is_causal=True) * 0.5).float().square().sum()
+    compiled = torch.compile(f, fullgraph=True)
+    q, k, v = (randn(1, 2, 40, 32, dtype=torch.float16, seed=s) for s in range(3))
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    compiled(*leaves).backward()
+    f(*eager).backward()
+    for a, b in zip(leaves, eager):
+        assert torch.equal(a.grad, b.grad)
