@@ -199,3 +199,13 @@ def test_mla_split_kernel_stays_warp_specialized(splits, page, ragged):
     """128 heads, latent 512 + rope 64, 8k keys."""
     assert warp_specialized(mla_decode_program(128, 8192, 512, 64, batch=2, splits=splits, page=page,
                                                ragged=ragged))
+
+
+def test_one_head_per_kv_head_compiles_for_sm90():
+    """Group 1 (16 heads over 16 KV heads): the tile's one valid row is stored from registers as
+    a leading block one row wide (an H200 compile failed on it: the fragment was mapped onto the
+    destination's only non-unit dim). Compile-only, the sm_90a PTX stores the row masked."""
+    from .helpers import gluon_program
+    kernel = lower(build_function(decode_program(16, 16, 16, 64, 2048, 1)).kernels[0], HOPPER)
+    assert kernel.find_plan(AsyncPlan) is not None, kernel.notes
+    assert "st.global" in gluon_program(kernel).asm["ptx"]
