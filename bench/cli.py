@@ -22,7 +22,10 @@ of them). GEMM presets include ``llm`` (M 1 to 8192 at an LLM's projection shape
 ``torch.matmul``, ``tilews.ops.matmul``) in microseconds (``tilews.bench.launch``).
 
 Exit code: 0 when every row is correct, 1 when a row FAILed (wrong numbers) or raised, 2 for a bad
-command line (output paths are checked before anything is built or timed). A row whose kernel
+command line (output paths are checked before anything is built or timed), 130 when Ctrl-C
+(SIGINT) stopped the run: it then prints and writes the rows of the shapes that finished, the JSON
+with ``"incomplete"`` saying so (null for a complete run) and the CSV with a first line
+``# incomplete: ...``. A row whose kernel
 cannot run that shape here (N/A: an SDPA backend, or torch's block-wise FP8 GEMM, that does not
 take it) is no failure. The table is printed last.
 """
@@ -197,11 +200,18 @@ def _run(report: Report, runs: list[tuple[Workload, list]], quick: bool) -> None
         report.unavailable.update(unavailable)
         planned.append((w, shapes, impls))
     total = sum(steps(_applying(w, i, s), report.rounds) for w, shapes, i in planned for s in shapes)
-    with console.progress(total) as advance:
-        for w, shapes, impls in planned:
-            for shape in shapes:
-                case = Case(shape, DTYPES[report.dtype], report.machine)
-                report.rows += run_shape(w, case, _applying(w, impls, shape), quick, report.rounds, advance)
+    done, shapes_total = 0, sum(len(shapes) for _, shapes, _ in planned)
+    try:
+        with console.progress(total) as advance:
+            for w, shapes, impls in planned:
+                for shape in shapes:
+                    case = Case(shape, DTYPES[report.dtype], report.machine)
+                    report.rows += run_shape(w, case, _applying(w, impls, shape), quick, report.rounds,
+                                             advance)
+                    done += 1
+    except KeyboardInterrupt:
+        report.incomplete = (f"interrupted (Ctrl-C) after {done} of {shapes_total} shapes; the rows "
+                             f"are those of the shapes that finished")
 
 
 def _applying(workload: Workload, impls: list[Impl], shape: Shape) -> list[Impl]:

@@ -55,6 +55,8 @@ def print_notes(report: Report, notes: list[str]) -> None:
     lines += [f"{shape_text(r.shape)} {r.impl} [{r.target}]: unavailable ({r.message})"
               for r in report.rows if r.status == "unavailable"]
     lines += notes
+    if report.incomplete:
+        lines.append(f"INCOMPLETE: {report.incomplete}")
     if report.interpreted:
         lines.append(GPU_INTERPRETED_NOTE if report.machine.gpu else INTERPRETER_NOTE)
     for line in lines:
@@ -70,8 +72,11 @@ def print_table(report: Report) -> None:
     if report.interpreted and not report.machine.gpu:
         title += " · INTERPRETER TIMINGS (not comparable)"
     failed = len(report.failures)
-    verdict = (f"{failed} row(s) FAILED: exit code {report.exit_code}" if failed
-               else "all rows correct")
+    verdict = f"{failed} row(s) FAILED" if failed else "all rows correct"
+    if report.incomplete:
+        verdict = f"INCOMPLETE (interrupted), {verdict}"
+    if report.exit_code:
+        verdict += f": exit code {report.exit_code}"
     note = RATIO_NOTE.format(rounds=report.rounds)
     rich_table = optional_module("rich.table") if sys.stdout.isatty() else None
     if rich_table is None:

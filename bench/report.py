@@ -20,9 +20,12 @@ def write_json(report: Report, path: str) -> None:
 
 def write_csv(report: Report, path: str) -> None:
     """One line per row (the device named on each); the versions are in the JSON. Per reference:
-    the median ratio over the rounds (``vs X``) and the min and max of the per-round ratios."""
+    the median ratio over the rounds (``vs X``) and the min and max of the per-round ratios. An
+    interrupted run's file starts with a comment line, ``# incomplete: <why>``."""
     refs = list(dict.fromkeys(ref for r in report.rows for ref in r.ratio_rounds))
     with open(path, "w", newline="") as f:
+        if report.incomplete:
+            f.write(f"# incomplete: {report.incomplete}\n")
         writer = csv.writer(f)
         writer.writerow(["device"] + CSV_FIELDS
                         + [f"vs {ref}{end}" for ref in refs for end in ("", " min", " max")])

@@ -12,6 +12,7 @@ from .shapes import Shape
 
 SCHEMA = 2                      # 2: every kernel timed once per round; ratios are medians over rounds
 FAILED = ("fail", "error")      # statuses that make the exit code non-zero
+INTERRUPTED_EXIT = 130          # the shell's code for a process stopped by SIGINT (128 + 2)
 RATIO_METHOD = ("per shape, every kernel is timed once per round, in an order rotating from round "
                 "to round; a ratio is the median over the rounds of the reference's ms / the "
                 "kernel's ms in the same round (ratio_range: their min and max)")
@@ -78,6 +79,7 @@ class Report:
     unavailable: dict[str, str] = field(default_factory=dict)   # "target hopper" -> why
     pending: dict[str, str] = field(default_factory=dict)       # workload -> message
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    incomplete: Optional[str] = None    # why the run stopped before its last shape (Ctrl-C)
 
     @property
     def failures(self) -> list[Row]:
@@ -85,7 +87,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failures else 0
+        return INTERRUPTED_EXIT if self.incomplete else 1 if self.failures else 0
 
     @property
     def interpreted(self) -> bool:
@@ -104,6 +106,6 @@ class Report:
                 "targets": self.targets,
                 "timing": {"method": self.timing_method, "interpreter_timings": self.interpreted,
                            "rounds": self.rounds, "ratio": RATIO_METHOD},
-                "unavailable": self.unavailable, "pending": self.pending,
+                "unavailable": self.unavailable, "pending": self.pending, "incomplete": self.incomplete,
                 "rows": [r.as_json() for r in self.rows],
                 "failures": len(self.failures), "exit_code": self.exit_code}

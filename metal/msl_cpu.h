@@ -37,9 +37,15 @@
 // sanitizer builds) each lane is an OS thread and the rendezvous is a mutex and condition variables,
 // so ThreadSanitizer sees the lanes' real happens-before order. The launch entry is msl_cpu::launch;
 // file_main is the main() of the sanitizer executables.
+//
+// Interrupts: msl_cpu::g_stop (set from another thread: the harness does on Ctrl-C) stops a launch
+// at the next threadgroup, or at the next iteration of any loop of the kernel (the harness spells the
+// kernel's `for (...)` as msl_cpu_for(...), which polls it); the launch then fails with
+// "interrupted".
 #ifndef TILEWS_MSL_CPU_H
 #define TILEWS_MSL_CPU_H
 
+#include <atomic>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -247,7 +253,9 @@ struct Group {
 static Group g_group;
 static thread_local Lane* t_lane;
 
-struct Abort {};  // thrown in a lane thread when the launch has failed
+struct Abort {};  // thrown in a lane when the launch has failed or was interrupted
+
+static std::atomic<bool> g_stop{false};  // a request to stop the launch (see "Interrupts" above)
 
 // ---- diagnostics
 
@@ -306,6 +314,17 @@ static int fail(Group& G, const char* what, uint lo, uint hi) {
   }
   wake_all(G);
   return -1;
+}
+
+static const char kInterrupted[] = "interrupted";
+
+// Marks the launch failed because a stop was requested (the caller holds the group's mutex, if any).
+static void stop_group(Group& G) {
+  if (!G.failed) {
+    G.failed = true;
+    std::snprintf(G.error, kErrorCap, "%s", kInterrupted);
+  }
+  wake_all(G);
 }
 
 static void release(Group& G, uint lo, uint hi);
@@ -421,6 +440,15 @@ static void arrive(Op op, uint line, const uint64_t* args) {
   if (failed) throw Abort();
 }
 
+// Ends the lane (and with it the launch) once a stop was requested.
+[[noreturn]] static void interrupted() {
+  Group& G = g_group;
+  pthread_mutex_lock(&G.mutex);
+  stop_group(G);
+  pthread_mutex_unlock(&G.mutex);
+  throw Abort();
+}
+
 static void* lane_thread(void* p) {
   Group& G = g_group;
   Lane& L = *static_cast<Lane*>(p);
@@ -488,9 +516,17 @@ static void arrive(Op op, uint line, const uint64_t* args) {
   swapcontext(&L.context, &g_group.scheduler);  // the scheduler resumes us once released
 }
 
+[[noreturn]] static void interrupted() {
+  stop_group(g_group);
+  throw Abort();  // caught by lane_fiber, on this lane's own stack
+}
+
 static void lane_fiber(int tid) {
   Group& G = g_group;
-  G.fn(G.ctx, G.position, uint(tid));
+  try {
+    G.fn(G.ctx, G.position, uint(tid));
+  } catch (Abort&) {
+  }
   G.lanes[tid].state = DONE;
   --G.live;
 }  // returns to the scheduler through uc_link
@@ -556,6 +592,7 @@ static void run_group(Group& G) {
       if (G.lanes[i].state != RUNNING) continue;
       t_lane = &G.lanes[i];
       swapcontext(&G.scheduler, &G.lanes[i].context);
+      if (G.failed) return;  // interrupted
     }
     if (settle_simdgroup(G, lo, hi) < 0) return;
   }
@@ -583,6 +620,11 @@ static int launch(LaneFn fn, void* ctx, uint threads, uint3 grid, char* error, s
   for (uint z = 0; z < grid.z; ++z)
     for (uint y = 0; y < grid.y; ++y)
       for (uint x = 0; x < grid.x; ++x) {
+        if (g_stop.load(std::memory_order_relaxed)) {
+          std::snprintf(error, cap, "%s", kInterrupted);
+          release_stacks();
+          return 1;
+        }
         G.fn = fn;
         G.ctx = ctx;
         G.position = uint3{x, y, z};
@@ -607,6 +649,10 @@ static int launch(LaneFn fn, void* ctx, uint threads, uint3 grid, char* error, s
       }
   release_stacks();
   return 0;
+}
+
+static inline void poll_stop() {
+  if (__builtin_expect(g_stop.load(std::memory_order_relaxed), false)) interrupted();
 }
 
 // ---- collectives' plumbing
@@ -837,5 +883,9 @@ static int file_main(int argc, char** argv, int count, const bool* written, Laun
 #define constant const
 #define thread
 #define threadgroup static __attribute__((section("msl_tg_mem"), aligned(16)))
+
+// A loop of the kernel text (the harness writes `for (...)` so): each iteration first checks for a
+// stop request.
+#define msl_cpu_for(...) for (__VA_ARGS__) if (::msl_cpu::poll_stop(), false) {} else
 
 #endif  // TILEWS_MSL_CPU_H

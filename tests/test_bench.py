@@ -308,6 +308,38 @@ def test_planted_incorrect_kernel_makes_the_exit_code_nonzero(name, body, status
     assert sum(ln.startswith("| ") and f"| {marker}" in ln for ln in lines) == 2
 
 
+@pytest.mark.parametrize("where", ["check", "timing"])
+def test_ctrl_c_prints_and_writes_the_finished_rows_marked_incomplete(where, tmp_path, capsys,
+                                                                      monkeypatch):
+    """Ctrl-C (a KeyboardInterrupt from a kernel) on the second shape: the first shape's rows are
+    printed and written, the JSON and the CSV say the run is incomplete, and the exit code is 130."""
+    second_shape_calls = []
+
+    def body(a, b, c):
+        if c.shape[0] == 100:
+            second_shape_calls.append(c)   # the first is the check, then the timing runs
+            if where == "check" or len(second_shape_calls) > 1:
+                raise KeyboardInterrupt
+        c.copy_(a @ b)
+
+    monkeypatch.setattr(gemm.WORKLOAD, "variants", gemm.WORKLOAD.variants + [planted("ctrl-c", body)])
+    json_path, csv_path = tmp_path / "bench.json", tmp_path / "bench.csv"
+    code, out, _ = bench(capsys, "gemm", *SMALL, "--json", str(json_path), "--csv", str(csv_path))
+    assert code == 130 and len(second_shape_calls) == {"check": 1, "timing": 2}[where]
+    data = json.loads(json_path.read_text())
+    assert data["incomplete"] == ("interrupted (Ctrl-C) after 1 of 2 shapes; the rows are those of "
+                                  "the shapes that finished") and data["exit_code"] == 130
+    assert [(r["shape"], r["impl"], r["status"]) for r in data["rows"]] == [
+        ([64, 64, 64], USER_PROGRAM.name, "ok"), ([64, 64, 64], "ctrl-c", "ok"),
+        ([64, 64, 64], "torch.matmul", "ok")]
+    first, *lines = csv_path.read_text().splitlines()
+    assert first == f"# incomplete: {data['incomplete']}"
+    assert [r["impl"] for r in csv.DictReader(lines)] == [USER_PROGRAM.name, "ctrl-c", "torch.matmul"]
+    assert f"INCOMPLETE: {data['incomplete']}" in out
+    assert sum(ln.startswith("| 64x64x64 ") for ln in out.splitlines()) == 3 and "| 100x72x40 " not in out
+    assert out.rstrip().endswith("INCOMPLETE (interrupted), all rows correct: exit code 130.")
+
+
 # ---- attention, the GEMM epilogue and FP8: shapes with a mode -------------------------------------------
 
 ATTENTION = ["attention", "--targets", "interpret", "--rounds", "1", "--quick"]

@@ -8,8 +8,11 @@ operations and barriers, more than 32 KB of threadgroup memory, and an output ne
 """
 from __future__ import annotations
 
+import os
 import re
-
+import signal
+import subprocess
+import sys
 import time
 
 import ml_dtypes
@@ -570,6 +573,88 @@ def test_builds_are_cached_by_content(monkeypatch, tmp_path):
     monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1")
     private = harness.build(SIMD_OPS)
     assert private.compile_seconds > 0 and not private.path.is_relative_to(tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize("damage", ["emptied", "corrupted"])
+def test_a_damaged_cached_library_is_rebuilt_and_stale_temporary_files_removed(damage, monkeypatch,
+                                                                                tmp_path):
+    """A cached library that no longer matches its recorded size and digest is compiled again (it
+    used to fail every later call with OSError: file too short); a compile removes the temporary
+    files that killed compiles left behind, and keeps a recent one (a compile in progress)."""
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    path = harness.build(elementwise()).path          # compiled, never loaded by this process
+    data = path.read_bytes()
+    middle = len(data) // 2
+    path.write_bytes(b"" if damage == "emptied" else
+                     data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 4096]) + data[middle + 4096:])
+    stale, fresh = path.with_name(f"{'0' * 64}.so.4242.1.tmp"), path.with_name(f"{'1' * 64}.so.4243.1.tmp")
+    for tmp in (stale, fresh):
+        tmp.write_bytes(data[:100])
+    long_ago = time.time() - harness.STALE_TMP_S - 60
+    os.utime(stale, (long_ago, long_ago))
+    rebuilt = harness.build(elementwise())
+    assert rebuilt.path == path and rebuilt.compile_seconds > 0
+    assert not stale.exists() and fresh.exists()
+    m, n = 19, 21
+    x, y = torch.randn(m, n).half(), torch.randn(m, n)
+    out = torch.full((m, n), float("nan"))
+    rebuilt.run([x, y, out, 0.75, m, n], (2, 2, 1))
+    e = np.exp(x.double().numpy())           # exp of a half is a half in MSL: one rounding, 2^-11
+    check(out.numpy(), e * 0.75 + y.double().numpy(), rtol=0, atol=e * 0.75 * 2.0**-11 + 1e-6)
+    assert harness.build(elementwise()).compile_seconds == 0       # intact again: from the cache
+
+
+SPIN_CHILD = """
+import torch
+import tilews
+import tilews.language as T
+
+
+def spin_program():
+    @T.prim_func
+    def main(X: T.Tensor((128,), T.float32), Y: T.Tensor((128,), T.float32), steps: T.int32):
+        with T.Kernel(1, threads=128) as bx:
+            acc = T.alloc_fragment((128,), T.float32)
+            T.fill(acc, 0)
+            for k in T.serial(steps):
+                for i in T.Parallel(128):
+                    acc[i] = acc[i] * 0.5 + X[i]
+            T.copy(acc, Y[0])
+    return main
+
+
+kernel = tilews.jit(target="metal")(spin_program)()
+x, y = torch.randn(128), torch.full((128,), float("nan"))
+kernel(x, y, 4)
+print("running", flush=True)
+try:
+    kernel(x, y, 2**31 - 1)          # one threadgroup, minutes of work
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+kernel(x, y, 4)                      # the harness still works
+print("again", torch.allclose(y, x * 1.875), flush=True)
+"""
+
+
+@needs_cxx
+def test_ctrl_c_stops_a_long_metal_kernel(tmp_path):
+    """SIGINT during a launch that would run for minutes (one threadgroup, one long loop per lane)
+    is a KeyboardInterrupt within seconds, and the kernel runs again afterwards."""
+    script = tmp_path / "spin.py"
+    script.write_text(SPIN_CHILD)
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "TILEWS_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        assert child.stdout.readline() == "running\n", child.stderr.read()
+        time.sleep(0.3)
+        child.send_signal(signal.SIGINT)
+        start = time.perf_counter()
+        out, err = child.communicate(timeout=10)
+        assert time.perf_counter() - start < 3
+    finally:
+        child.kill()
+    assert out.splitlines() == ["KeyboardInterrupt", "again True"], err
 
 
 def test_no_compiler_is_harness_unavailable(monkeypatch):
