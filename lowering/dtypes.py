@@ -129,6 +129,12 @@ class DType(str, enum.Enum):
     def is_int(self) -> bool:
         return self.record.kind in ("int", "uint")
 
+    def wrap(self, v: int) -> int:
+        """Integer ``v`` as this integer dtype holds it: its low ``bits`` bits, two's complement
+        for a signed type (what integer arithmetic of this type gives on every target)."""
+        v &= (1 << self.bits) - 1
+        return v - (1 << self.bits) if self.record.kind == "int" and v >> (self.bits - 1) else v
+
     @property
     def is_fp8(self) -> bool:
         return self.is_float and self.bits == 8

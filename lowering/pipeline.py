@@ -68,7 +68,8 @@ class Pipeline:
 def lower(kernel: ir.Kernel, config: "BackendConfig", observe: Optional[Observer] = None,
           upto: Optional[str] = None, dump_dir: Optional[Path] = None) -> ir.Kernel:
     """Run ``config``'s pipeline (up to and including pass ``upto``, if given); ``dump_dir`` (the
-    ``TILEWS_DUMP_IR`` setting) receives the IR after each pass."""
+    ``TILEWS_DUMP_IR`` setting, a folder ``Settings.ready_dump_folder`` made) receives the IR
+    after each pass."""
     names = config.pipeline.pass_names
     if upto is not None and upto not in names:
         raise ValueError(f"lower: the pipeline of target '{config.name}' has no pass {upto!r} "
@@ -94,7 +95,5 @@ def _dump_observer(root: Optional[Path]) -> Optional[Observer]:
     counter = iter(range(1 << 30))
 
     def dump(name: str, kernel: ir.Kernel) -> None:
-        path = Path(root)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / f"{kernel.name}.{next(counter):02d}.{name}.tir").write_text(printer.to_text(kernel))
+        (Path(root) / f"{kernel.name}.{next(counter):02d}.{name}.tir").write_text(printer.to_text(kernel))
     return dump

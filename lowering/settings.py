@@ -26,7 +26,8 @@ SWITCHES = (
     ("TILEWS_DISABLE_CACHE", "no on-disk cache: nothing is read from or written to it"),
     ("TILELANG_DISABLE_CACHE", "the same, under TileLang's name (its examples set it)"),
     ("TILEWS_PRINT_SOURCE", "print the generated source at each compile"),
-    ("TILEWS_DUMP_IR", "write the IR after every pass to this folder"),
+    ("TILEWS_DUMP_IR", "write the IR after every pass to this folder (created if missing; "
+                       "one that cannot be written is a `ValueError` at the compile)"),
     ("TILEWS_POISON_OUTPUTS", "outputs tilews allocates (`out_idx`) start as NaN (the tests set it)"),
     ("TILEWS_DEBUG_FRONTEND", "re-raise the raw Python error behind a frontend `CompileError`"),
     ("TILEWS_OVERLAP_SOFTMAX", "Hopper: keep a block's P V gemm in flight under the next block's "
@@ -95,6 +96,24 @@ class Settings:
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    cxx=_text("TILEWS_CXX", environ))
+
+    def ready_dump_folder(self) -> Optional[Path]:
+        """``dump_ir`` created where missing, ready for the pipeline to write the IR into (None
+        when unset); a ``ValueError`` naming ``TILEWS_DUMP_IR`` and the path where no dump can
+        be written there (a file, a folder without write permission): a dump the user asked for
+        is never dropped silently."""
+        if self.dump_ir is None:
+            return None
+        try:
+            self.dump_ir.mkdir(parents=True, exist_ok=True)
+            reason = None if os.access(self.dump_ir, os.W_OK | os.X_OK) else "no write permission"
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+        if reason is not None:
+            raise ValueError(f"environment variable TILEWS_DUMP_IR={str(self.dump_ir)!r}: cannot "
+                             f"write the IR dump there ({reason}); set it to a folder you can "
+                             f"write to, or unset it")
+        return self.dump_ir
 
     def cache_root(self) -> Path:
         """Where caches live: ``cache_dir``, else the platform's user cache dir

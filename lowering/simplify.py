@@ -68,14 +68,14 @@ def evaluate(e: ir.Expr, env: Optional[dict] = None) -> Optional[int]:
 def fold_binop(op: ir.BinOpKind, a: ir.Expr, b: ir.Expr, dtype: ir.DType,
                loc: ir.Loc) -> Optional[ir.Expr]:
     """``a op b`` (of type ``dtype``) without the operation where that is exact: integer
-    constants folded, ``x + 0``, ``x - 0``, ``0 + x``, ``x * 1``, ``1 * x``, ``x // 1``, an
+    constants folded (wrapped to ``dtype`` as the operation would), ``x + 0``, ``x - 0``, ``0 + x``, ``x * 1``, ``1 * x``, ``x // 1``, an
     integer ``x * 0``, and ``and`` / ``or`` with a bool constant (a build-time flag: ``x and
     False`` is False); None to build the operation."""
     x, y = ir.as_int(a), ir.as_int(b)
     if x is not None and y is not None and op in _FOLDED:
         v = _apply(op, x, y)
         if v is not None:
-            return ir.Const(v, dtype, loc)
+            return ir.Const(dtype.wrap(v) if dtype.is_int else v, dtype, loc)
     if y == 0 and op in (_B.ADD, _B.SUB) or y == 1 and op in (_B.MUL, _B.FLOORDIV):
         return a
     if x == 0 and op is _B.ADD or x == 1 and op is _B.MUL:

@@ -130,6 +130,7 @@ def compile_kernel(request: BuildRequest, config: CompileConfig = CompileConfig(
     kernel of the function, in launch order."""
     t0 = time.perf_counter()
     settings = config.settings or Settings.from_env()
+    settings.ready_dump_folder()
     passes = pass_config.resolve(dict(config.pass_configs))
     target, notes = targets.resolve(config.target)
     notes += passes.notes(target, backends.skipped(target, passes))

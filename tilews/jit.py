@@ -68,7 +68,7 @@ def jit(fn: Optional[Callable] = None, *, out_idx: Optional[Sequence[int] | int]
             return compile_kernel(BuildRequest.of(f, outs), CompileConfig(target, options, configs))
         if _is_eager(f):
             if outs:
-                raise ValueError(f"'{f.__name__}' declares its outputs with T.empty; out_idx is "
+                raise ValueError(f"'{function_name(f)}' declares its outputs with T.empty; out_idx is "
                                  f"for functions that return a @T.prim_func")
             return EagerKernel(f, outs, target, options, configs)
         if _is_direct(f):
@@ -100,6 +100,14 @@ def _check_options(target: str, options: dict) -> None:
                         f"{takes}")
 
 
+def function_name(f: Callable) -> str:
+    """The name of the function ``f`` calls: a ``functools.partial`` is named after the function
+    it wraps (its bound arguments are fixed for the wrapper, so no part of a kernel's key)."""
+    while isinstance(f, functools.partial):
+        f = f.func
+    return getattr(f, "__name__", type(f).__name__)
+
+
 def _annotations(f: Callable) -> dict[str, Any]:
     sig = inspect.signature(f, eval_str=True)
     return {n: p.annotation for n, p in sig.parameters.items()}
@@ -128,7 +136,7 @@ class JitFunction:
         self.pass_configs = pass_configs
         self.param_names = list(inspect.signature(fn).parameters)
         self._kernels: dict = {}
-        self.__doc__, self.__name__ = fn.__doc__, fn.__name__
+        self.__doc__, self.__name__ = fn.__doc__, function_name(fn)
         self.__wrapped__ = fn
 
     def with_pass_configs(self, extra: dict):
@@ -224,7 +232,7 @@ class KernelFactory(JitFunction):
         def request() -> BuildRequest:
             prim = self.fn(*args, **kwargs)
             if not isinstance(prim, KernelSource):
-                raise TypeError(f"'{self.fn.__name__}' must return a @T.prim_func kernel, got "
+                raise TypeError(f"'{self.__name__}' must return a @T.prim_func kernel, got "
                                 f"{type(prim).__name__}")
             return BuildRequest.of(prim, self.out_idx)
         return self._kernel(dict(bound.arguments), request, memo=False)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from tilews.lowering import ir, printer
-from tilews.lowering.errors import CompileError, InternalError
+from tilews.lowering.errors import CompileError, CompileValueError, InternalError
 from tilews.lowering.loc import Loc
 from tilews.lowering.settings import Settings
 from tilews.lowering.traverse import walk
@@ -49,6 +49,7 @@ from .cache import CacheLockTimeout
 
 _SUFFIX = {"metal": ".metal", "interpret": ".tir"}     # of the generated source; else Python
 _ORIGIN = re.compile(r"#\s*tilews:\s*(\S+):(\d+)")
+_OUT_OF_RANGE = re.compile(r"Scalar (-?\d+) is out of range for type (u?int\d+)")
 _serial = itertools.count()
 
 
@@ -88,6 +89,9 @@ class Attempt:
             except Exception as e:
                 if not _from_toolchain(e):
                     raise
+                overflow = _integer_overflow(e)
+                if overflow is not None:
+                    raise CompileValueError(overflow, self._generated_line(e)) from None
                 self.stage = "launching (Triton compiling the generated code)"
                 raise self.internal(e) from None
         program.launch = guarded
@@ -206,6 +210,20 @@ def _from_toolchain(e: BaseException) -> bool:
         return True
     return any(f"{os.sep}triton{os.sep}compiler{os.sep}" in frame.f_code.co_filename
                for frame, _ in traceback.walk_tb(e.__traceback__))
+
+
+def _integer_overflow(e: BaseException) -> Optional[str]:
+    """Where ``e`` is Triton's interpreter refusing an integer result outside its type (the
+    ``triton`` target on a CPU computes scalar parameters as exact Python ints, so an int32 product
+    that wraps elsewhere arrives there out of range), what the user reads; else None."""
+    for err in _chain(e):
+        m = _OUT_OF_RANGE.search(str(err))
+        if m:
+            return (f"integer overflow: {m.group(1)} is outside the range of {m.group(2)}; the "
+                    f"triton target on a CPU computes scalar parameters exactly and refuses such "
+                    f"a result where the other targets wrap around; compute it in int64 "
+                    f"(T.cast(x, \"int64\")) or keep it in range")
+    return None
 
 
 def _holds(filename: str, source: str) -> bool:

@@ -5,6 +5,7 @@ through ``builder()``. Outside a kernel they get a plain error sentence.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Optional
@@ -117,6 +118,20 @@ def building() -> bool:
 def current_loc() -> ir.Loc:
     b = getattr(_state, "builder", None)
     return b.loc if b is not None else ir.UNKNOWN_LOC
+
+
+def user_loc() -> ir.Loc:
+    """``current_loc()`` while a kernel is built; outside one (a ``T.Tensor`` annotation that
+    Python evaluates when the factory runs) the line of the innermost caller outside tilews."""
+    if building():
+        return current_loc()
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "tilews":
+        frame = frame.f_back
+    if frame is None:
+        return ir.UNKNOWN_LOC
+    positions = list(frame.f_code.co_positions())[frame.f_lasti // 2]
+    return ir.Loc(frame.f_code.co_filename, frame.f_lineno, positions[2] or 0)
 
 
 @contextmanager

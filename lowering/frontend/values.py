@@ -14,7 +14,7 @@ from typing import Union
 from .. import dtypes, ir
 from ..errors import CompileError
 from ..simplify import difference, fold_binop
-from .context import current_loc
+from .context import current_loc, user_loc
 
 PyNum = Union[int, float, bool]
 
@@ -52,7 +52,7 @@ def to_expr(v, like: ir.DType | None = None) -> ir.Expr:
     if isinstance(v, bool):
         return ir.Const(v, ir.DType.BOOL, current_loc())
     if isinstance(v, int):
-        if like is not None and (like.is_float or like.is_int):
+        if like is not None and (like.is_float or like.is_int and like.wrap(v) == v):
             return ir.Const(float(v) if like.is_float else v, like, current_loc())
         return ir.Const(v, ir.DType.I32 if -2**31 <= v < 2**31 else ir.DType.I64, current_loc())
     if isinstance(v, float):
@@ -300,7 +300,7 @@ def as_dtype(x) -> ir.DType:
     try:
         return ir.DType(x)
     except ValueError as e:
-        raise CompileError(str(e), current_loc()) from None
+        raise CompileError(str(e), user_loc()) from None
 
 
 def cast(x, dtype) -> Scalar:

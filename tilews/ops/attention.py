@@ -10,7 +10,7 @@ softmax of the next is computed. Causal or not, BHSD or BSHD tensors, any
 sequence length (keys past the end are masked, rows past the end are not stored).
 
 ``attention(q, k, v, is_causal=False, layout="bhsd")`` checks its arguments (the parameter named
-in each error), returns an empty result for a zero-length sequence, and picks blocks for the
+in each error; head dims are multiples of 8 from 16 to 256: ``HEAD_DIMS``), returns an empty result for a zero-length sequence, and picks blocks for the
 device: 128 x 128 blocks, two consumer warp groups and a 2-deep K/V ring on a GPU (at head dims
 above 128, 64-row K/V blocks in one stage: more would exceed shared memory), 64 x 64 on the
 CPU's interpreter.
@@ -284,6 +284,10 @@ def mha_fwd_lse(*args, **kwargs):
     return mha_fwd_program(*args, **kwargs, store_lse=True)
 
 _OPERAND_DTYPES = (torch.float16, torch.bfloat16)
+# the head dims every target takes: Q K^T reduces over the head dim, which Triton's tl.dot needs
+# at least 16 long for 16-bit operands on a GPU (wgmma's k step is 16 too: other multiples of 8 run
+# on the triton fallback, padded); above 256 the tiles outgrow a Hopper SM's shared memory
+HEAD_DIMS = (16, 256)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -352,6 +356,11 @@ def _check(q, k, v, layout) -> tuple:
             raise TypeError(f"attention(): '{name}' is {t.dtype} but 'q' is {q.dtype}; they must match")
         if t.device != q.device:
             raise ValueError(f"attention(): '{name}' is on {t.device} but 'q' is on {q.device}")
+    dim = q.shape[-1]
+    if dim % 8 or not HEAD_DIMS[0] <= dim <= HEAD_DIMS[1]:
+        raise ValueError(f"attention(): the head dim (the last dim of 'q', 'k' and 'v') is {dim}; "
+                         f"attention takes head dims that are multiples of 8 from {HEAD_DIMS[0]} "
+                         f"to {HEAD_DIMS[1]}")
     return tuple(q.shape)
 
 

@@ -37,23 +37,23 @@ def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fas
     """C = scaled (A @ B) for A [M, K] and B [N, K] (``transpose_B``) or [K, N]; the scale
     shapes choose the granularity (``tilews.lowering.fp8``); block-wise A scales
     k-block-major with ``transpose_A_scale``; ``tiles``: (name, value) pairs of the intrinsic's
-    tile hints (none: the target's default tiles); with ``bias_dtype``, a Bias [N] parameter
-    before C, added in the epilogue."""
-    a, b = T.Tensor((M, K), a_dtype), T.Tensor((N, K) if transpose_B else (K, N), b_dtype)
-    sa, sb = T.Tensor(a_scale_shape, T.float32), T.Tensor(b_scale_shape, T.float32)
-    c = T.Tensor((M, N), out_dtype)
+    tile hints (none: the target's default tiles); with ``bias_dtype``, a ``bias`` [N] parameter
+    before ``out``, added in the epilogue. The parameters are named as ``fp8_scaled_mm``'s."""
+    a_t, b_t = T.Tensor((M, K), a_dtype), T.Tensor((N, K) if transpose_B else (K, N), b_dtype)
+    sa_t, sb_t = T.Tensor(a_scale_shape, T.float32), T.Tensor(b_scale_shape, T.float32)
+    c_t = T.Tensor((M, N), out_dtype)
     options = dict(transpose_B=transpose_B, use_fast_accum=use_fast_accum,
                    transpose_A_scale=transpose_A_scale, **dict(tiles))
     if bias_dtype is None:
         @T.prim_func
-        def main(A: a, A_scale: sa, B: b, B_scale: sb, C: c):
-            T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, **options)
+        def main(a: a_t, scale_a: sa_t, b: b_t, scale_b: sb_t, out: c_t):
+            T.fp8_scaled_matmul(a, scale_a, b, scale_b, out, **options)
         return main
-    bias = T.Tensor((N,), bias_dtype)
+    bias_t = T.Tensor((N,), bias_dtype)
 
     @T.prim_func
-    def main(A: a, A_scale: sa, B: b, B_scale: sb, Bias: bias, C: c):  # noqa: F811
-        T.fp8_scaled_matmul(A, A_scale, B, B_scale, C, bias=Bias, **options)
+    def main(a: a_t, scale_a: sa_t, b: b_t, scale_b: sb_t, bias: bias_t, out: c_t):  # noqa: F811
+        T.fp8_scaled_matmul(a, scale_a, b, scale_b, out, bias=bias, **options)
     return main
 
 
