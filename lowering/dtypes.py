@@ -156,6 +156,12 @@ class DType(str, enum.Enum):
             return np.dtype(getattr(ml_dtypes, self.record.numpy))
         return np.dtype(self.record.numpy)
 
+    def rounded(self, value: float) -> float:
+        """``value`` rounded to the nearest value of this float type (ties to even): the value an
+        IR constant of this type holds (docs/design.md, numeric contract)."""
+        import numpy as np
+        return float(np.asarray(value, dtype=np.float64).astype(self.numpy_dtype))
+
     def __call__(self, value):
         """A value of this dtype in a kernel: a Python number becomes a typed constant, a runtime
         value is converted (``T.cast``): by the frontend's ``cast``, registered when the frontend

@@ -43,9 +43,15 @@ class Expr:
 
 @dataclass(frozen=True)
 class Const(Expr):
+    """A constant; a float constant of a type narrower than float32 holds a value of its type
+    (rounded to it when built; wider ones are rounded where they are used, as every target does)."""
     value: Union[int, float, bool]
     dtype: DType
     loc: Loc = _loc()
+
+    def __post_init__(self):
+        if isinstance(self.value, float) and self.dtype.is_float and self.dtype.bits < 32:
+            object.__setattr__(self, "value", self.dtype.rounded(self.value))
 
 
 class VarKind(enum.Enum):

@@ -135,6 +135,9 @@ class StreamPlan(Plan):
     wide_offsets: tuple[str, ...] = ()     # global buffers whose element offsets are computed in
                                            # 64 bits (they may hold 2**31 elements or more)
     padded_tiles: bool = False             # tensors take power-of-two extents: see ``tile``
+    f32_values: tuple[ir.DType, ...] = ()  # element types whose values are held in float32,
+                                           # rounded to the type after each operation (global
+                                           # memory keeps the type's bits)
 
     def tile(self, extents) -> tuple[int, ...]:
         """The shape of the tensor holding a tile, on-chip buffer or ``T.Parallel`` nest of

@@ -12,7 +12,9 @@ thread's own, a replicated buffer at its offset.
 
 Arithmetic follows the IR's types: operands are converted to the result type; integer ``//`` and
 ``%`` follow Python's floor semantics (``tws_floordiv``/``tws_mod`` unless both operands are
-provably non-negative); math on 16-bit floats is computed in float. FP8 elements are bytes, decoded
+provably non-negative); float ``//`` is ``floor(a / b)`` and float ``%`` the exact remainder with the
+divisor's sign (``tws_fmod``, in float), as docs/design.md's numeric contract says; math on 16-bit
+floats is computed in float. FP8 elements are bytes, decoded
 to half when read and encoded (round to nearest even, as torch) when written.
 """
 from __future__ import annotations
@@ -41,6 +43,8 @@ HELPERS = {
             "return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"
             "inline long tws_mod(long a, long b) { long r = a % b; "
             "return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"),
+    "fmod": ("inline float tws_fmod(float a, float b) { float r = fmod(a, b); "
+             "return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"),
 }
 
 
@@ -193,9 +197,15 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
         return f"({spell(ctx, e.a)} {sym} {spell(ctx, e.b)})"
     a, b = _operand(ctx, e.a, e.dtype), _operand(ctx, e.b, e.dtype)
     if e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD):
-        if e.dtype.is_float:
-            q = f"floor({a} / {b})"
-            return q if e.op is ir.BinOpKind.FLOORDIV else f"({a} - {b} * {q})"
+        if e.dtype.is_float and e.op is ir.BinOpKind.FLOORDIV:   # the quotient rounded first
+            if e.dtype is ir.DType.F32:
+                return f"floor({a} / {b})"
+            q = f"static_cast<float>({convert(ctx, f'({a} / {b})', e.dtype, e.loc)})"
+            return convert(ctx, f"floor({q})", e.dtype, e.loc)
+        if e.dtype.is_float:    # the exact remainder, given the divisor's sign
+            ctx.helpers.add(HELPERS["fmod"])
+            r = f"tws_fmod(static_cast<float>({a}), static_cast<float>({b}))"
+            return r if e.dtype is ir.DType.F32 else convert(ctx, r, e.dtype, e.loc)
         if not (nonneg(e.a, ctx.nonneg) and nonneg(e.b, ctx.nonneg)) and e.dtype.record.kind == "int":
             helper = "floordiv" if e.op is ir.BinOpKind.FLOORDIV else "mod"
             ctx.helpers.add(HELPERS[helper])

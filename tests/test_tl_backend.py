@@ -265,8 +265,8 @@ def _close(out, ref, atol, rtol):
     return float(err.max())
 
 
-# (atol, rtol). Triton's interpreter converts float32 to bfloat16 by truncation (a whole ulp, 2^-7
-# relative); a GPU rounds to nearest (half an ulp). float32 operands on a GPU: tl.dot uses tf32.
+# (atol, rtol). bfloat16 outputs round to nearest (half an ulp, 2^-8 relative; under Triton's CPU
+# interpreter tilews rounds them itself). float32 operands on a GPU: tl.dot uses tf32.
 _TOL = {"float16": (1e-2, 2e-3), "bfloat16": (5e-2, 1e-2), "float32": (1e-4, 1e-5)}
 _TOL_GPU = {**_TOL, "bfloat16": (2e-2, 4e-3), "float32": (2e-2, 2e-3)}
 

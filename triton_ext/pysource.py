@@ -91,6 +91,14 @@ def nonneg(w: SourceWriter, e: ir.Expr) -> bool:
     return simplify.nonneg(e, w.nonneg)
 
 
+def float_mod(w: SourceWriter, a: str, b: str, lang: str) -> str:
+    """Python's float ``a % b`` from Triton's (C's ``fmod``: exact, with the dividend's sign):
+    plus the divisor where the signs differ; ``lang`` the language module's name (tl, gl)."""
+    r = w.fresh("r")
+    w.line(f"{r} = {a} % {b}")
+    return f"{lang}.where(({r} != 0) & (({r} < 0) != ({b} < 0)), {r} + {b}, {r})"
+
+
 def atom(text: str) -> str:
     """``text`` parenthesized unless it already is a name, a number or one parenthesized group."""
     if re.fullmatch(r"[\w.]+", text):

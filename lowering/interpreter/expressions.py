@@ -8,8 +8,9 @@ Contract:
   a guarded out-of-bounds or never-written element is not read; ``Select`` narrows the mask for
   each arm. Inactive lanes hold unspecified values.
 * Each result is rounded to its node's dtype (``values.Numerics.round``); integer ``//`` and ``%``
-  follow Python (floor) semantics; math functions are computed in float64 and rounded once;
-  ``max``/``min`` propagate NaN; a ``Bitcast`` views the value's storage bits as the new dtype.
+  follow Python (floor) semantics; float ``//`` is the floor of the rounded quotient and float
+  ``%`` Python's (the exact remainder, given the divisor's sign); math functions are computed in
+  float64 and rounded once; ``max``/``min`` propagate NaN; a ``Bitcast`` views the value's storage bits as the new dtype.
 * Loads go through ``memory.Memory.gather`` (bounds, initialization and race checks).
 """
 from __future__ import annotations
@@ -69,6 +70,8 @@ class Evaluator:
         vt = self.num.value(e.dtype)
         a = np.asarray(self.eval(e.a, env, mask)).astype(vt)
         b = np.asarray(self.eval(e.b, env, mask)).astype(vt)
+        if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:    # floor of the rounded quotient
+            return self.num.round(np.floor(self.num.round(np.true_divide(a, b), e.dtype)), e.dtype)
         return self.num.round(_BINARY[e.op](a, b), e.dtype)
 
     def _cmp(self, e: ir.Cmp, env, mask):

@@ -20,8 +20,10 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            hold 2**31 elements or more: a static shape that large, or any runtime dim; their
            offsets need 64 bits), and on
            ``config.caps.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
-           compile-time constants, which costs nothing there) and ``loops_as_while`` (its ``for``
-           cannot iterate to a bound held in a tensor).
+           compile-time constants, which costs nothing there), ``loops_as_while`` (its ``for``
+           cannot iterate to a bound held in a tensor) and ``f32_values`` bfloat16 (its bfloat16
+           arithmetic and conversions are wrong: values are held in float32, rounded to bfloat16
+           after each operation, which gives bfloat16's IEEE results).
 Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
            targets get only the mechanisms, ``mask_low``, instructions and unroll rule above).
 """
@@ -63,9 +65,10 @@ def _stream_plan(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     n = 1 << (warps.bit_length() - 1) if config.caps.power_of_two_tiles else warps
     views = tuple(s.buffer for s in walk(kernel.body) if isinstance(s, ir.PointerView))
     wide = tuple(b.name for b in kernel.buffer_params + views if _may_hold_2_31(b))
-    kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=config.caps.triton_interpreter,
-                                         loops_as_while=config.caps.triton_interpreter, wide_offsets=wide,
-                                         padded_tiles=config.caps.power_of_two_tiles))
+    cpu = config.caps.triton_interpreter
+    kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=cpu, loops_as_while=cpu,
+                                         wide_offsets=wide, padded_tiles=config.caps.power_of_two_tiles,
+                                         f32_values=(ir.DType.BF16,) if cpu else ()))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")

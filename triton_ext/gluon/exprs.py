@@ -11,7 +11,8 @@ reads 0, as in the IR; the pointer and strides are parameters of the role). Per-
 a run of a shared tile as a row slice of it (``chunk_view``). Integer ``//`` and
 ``%`` follow Python (floor) semantics; they are spelled natively when both operands are provably
 non-negative (``tl``'s analysis, plus the scalar locals legalize found non-negative), else with a
-remainder correction that is right whichever rounding Triton applies.
+remainder correction that is right whichever rounding Triton applies. Float ``//`` is the floor
+of the rounded quotient, float ``%`` Python's (docs/design.md's numeric contract).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tilews.lowering.gathers import gathered_axis, per_thread_column
 from tilews.lowering.layouts import NVMMAShared, RowSlice
 from tilews.lowering.simplify import NONNEG_OPS
 
-from ..pysource import atom, nonneg
+from ..pysource import atom, float_mod, nonneg
 from .context import GL_DTYPE, Ctx
 
 _MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
@@ -81,6 +82,13 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
         if e.op is ir.BinOpKind.FLOORDIV:
             return f"gl.where({fix}, {q} - 1, {q})"
         return f"gl.where({fix}, {r} + {b}, {r})"
+    if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:   # floor of the rounded quotient
+        q = f"({a} / {b})"
+        if e.dtype.bits >= 32:
+            return f"gl.floor({q})"
+        return f"gl.cast(gl.floor(gl.cast({q}, gl.float32)), {GL_DTYPE[e.dtype]})"
+    if e.op is ir.BinOpKind.MOD and e.dtype.is_float:
+        return float_mod(ctx, a, b, "gl")
     if e.op is ir.BinOpKind.DIV and ctx.ieee_rounded(e.dtype):
         a, b = (x if isinstance(o, ir.Const) or o.dtype == e.dtype
                 else f"gl.cast({x}, {GL_DTYPE[e.dtype]})" for o, x in ((e.a, a), (e.b, b)))

@@ -1,6 +1,7 @@
 """The state of one ``triton.language`` emission: a ``SourceWriter`` (lines, names) plus the
 enclosing ``T.Parallel``, the scalar locals, the variables that are runtime values and the
-kernel's ``StreamPlan``.
+kernel's ``StreamPlan``; and how values of the plan's ``f32_values`` types are held (float32,
+rounded after each operation) and converted from and to their bits in global memory.
 """
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from tilews.lowering import ir
-from tilews.lowering.errors import CompileError
+from tilews.lowering.errors import CompileError, InternalError
 from tilews.lowering.plans import StreamPlan
 from tilews.lowering.traverse import subexprs, walk
 
 from ..pysource import SourceWriter
 
 TL_DTYPE = {d: f"tl.{d.record.triton}" for d in ir.DType}   # spelled from the dtype records
+
+# float32 mantissa bits a type of ``StreamPlan.f32_values`` lacks (float32's exponent range)
+_DROPPED_BITS = {ir.DType.BF16: 16}
 
 # names the generated source itself uses
 _RESERVED = {"tl", "range", "float"}
@@ -85,6 +89,54 @@ class Ctx(SourceWriter):
         shape, rank = self.plan.tile(extents), len(extents)
         return " & ".join(f"({arange(p, d, rank)} < {n})" for d, (n, p) in
                           enumerate(zip(extents, shape)) if n != p) or None
+
+    # values of the plan's ``f32_values`` types (bfloat16 under Triton's CPU interpreter) -------
+
+    def held(self, dt: ir.DType) -> ir.DType:
+        """The type the stream holds values of ``dt`` in: float32 for the plan's ``f32_values``."""
+        return ir.DType.F32 if dt in self.plan.f32_values else dt
+
+    def cast(self, value: str, dt: ir.DType) -> str:
+        """``value`` (a tensor or a Python number) converted to a value of ``dt``, as ``held(dt)``
+        holds it: a type of ``f32_values`` rounded (``round_held``)."""
+        if dt not in self.plan.f32_values:
+            return f"tl.cast({value}, {TL_DTYPE[dt]})"
+        return self.round_held(f"tl.cast({value}, tl.float32)", dt)
+
+    def to(self, value: str, dt: ir.DType) -> str:
+        """Tensor ``value`` converted to a value of ``dt`` (``cast``, spelled ``.to``)."""
+        if dt not in self.plan.f32_values:
+            return f"{value}.to({TL_DTYPE[dt]})"
+        return self.round_held(value, dt)
+
+    def round_held(self, value: str, dt: ir.DType) -> str:
+        """A float32 tensor rounded to the nearest value of ``dt`` (ties to even, on its bits; NaN
+        kept), still float32."""
+        drop = _DROPPED_BITS.get(dt)
+        if drop is None:
+            raise InternalError(f"triton backend: no rounding of float32 to {dt.value}")
+        x, bits = self.fresh("wide"), self.fresh("bits")
+        self.line(f"{x} = {value}")
+        self.line(f"{bits} = {x}.to(tl.uint32, bitcast=True)")
+        self.line(f"{bits} = (({bits} + {(1 << (drop - 1)) - 1} + (({bits} >> {drop}) & 1)) >> {drop}) << {drop}")
+        return f"tl.where({x} != {x}, {x}, {bits}.to(tl.float32, bitcast=True))"
+
+    def unpack(self, stored: str, dt: ir.DType) -> str:
+        """A tensor of element type ``dt`` as the stream holds it (its bits widened to float32's
+        for ``f32_values``: exact; Triton's own conversion loses subnormals)."""
+        drop = _DROPPED_BITS.get(dt) if dt in self.plan.f32_values else None
+        if drop is None:
+            return stored
+        return f"(({stored}).to(tl.uint{dt.bits}, bitcast=True).to(tl.uint32) << {drop})" \
+               f".to(tl.float32, bitcast=True)"
+
+    def pack(self, value: str, dt: ir.DType) -> str:
+        """A held value of ``dt`` as a tensor of element type ``dt`` (``unpack``'s inverse)."""
+        drop = _DROPPED_BITS.get(dt) if dt in self.plan.f32_values else None
+        if drop is None:
+            return value
+        return f"(tl.cast({value}, tl.float32).to(tl.uint32, bitcast=True) >> {drop})" \
+               f".to(tl.uint{dt.bits}).to({TL_DTYPE[dt]}, bitcast=True)"
 
     def unsupported(self, what: str, loc: ir.Loc, supported: str) -> CompileError:
         return CompileError(f"the triton backend does not support {what}", loc, [supported])

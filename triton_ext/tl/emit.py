@@ -89,7 +89,7 @@ def _alloc(ctx: Ctx, s: ir.Alloc) -> None:
     if b.scope not in (ir.Scope.SHARED, ir.Scope.FRAGMENT, ir.Scope.LOCAL):
         raise InternalError(f"triton backend: no rule for {b.scope.value} allocations", s.loc)
     shape = "()" if b in ctx.scalars else shape_text(ctx.shape(b))
-    ctx.line(f"{ctx.name(b.name)} = tl.zeros({shape}, {TL_DTYPE[b.dtype]})")
+    ctx.line(f"{ctx.name(b.name)} = tl.zeros({shape}, {TL_DTYPE[ctx.held(b.dtype)]})")
 
 
 def _pointer_view(ctx: Ctx, s: ir.PointerView) -> None:
@@ -108,13 +108,14 @@ def _copy(ctx: Ctx, s: ir.Copy) -> None:
     src, dst = s.src, s.dst
     if src.buffer.scope is ir.Scope.GLOBAL:
         ptr, mask, shape = tiles.region_ptr(ctx, src, masked)
-        value = masked_load(ptr, mask, src.buffer.dtype)
+        value = ctx.unpack(masked_load(ptr, mask, src.buffer.dtype), src.buffer.dtype)
     else:
         value, shape = tiles.tile_value(ctx, src, s.loc), src.tile_shape
     if dst.buffer.scope is ir.Scope.GLOBAL:
         ptr, mask, _ = tiles.region_ptr(ctx, dst, masked)
-        to = "" if src.buffer.dtype == dst.buffer.dtype else f".to({TL_DTYPE[dst.buffer.dtype]})"
-        ctx.line(tiles.store(ptr, value + to, mask))
+        if src.buffer.dtype != dst.buffer.dtype:
+            value = ctx.to(value, dst.buffer.dtype)
+        ctx.line(tiles.store(ptr, ctx.pack(value, dst.buffer.dtype), mask))
     else:
         tiles.assign_region(ctx, dst, value, shape, src.buffer.dtype, s.loc)
 
@@ -162,7 +163,7 @@ def _reduce(ctx: Ctx, s: ir.Reduce) -> None:
     sees its neutral element there (the zeros of the padding are a sum's)."""
     src, dst = s.src, s.dst
     x = tiles.buffer_value(ctx, src)
-    x = x if src.dtype == dst.dtype else f"{x}.to({TL_DTYPE[dst.dtype]})"
+    x = x if src.dtype == dst.dtype else ctx.to(x, dst.dtype)
     fn, combine = _REDUCE[s.kind]
     valid = ctx.valid([n if d == s.dim else 1 for d, n in enumerate(src.static_shape)])
     if valid and s.kind in _NEUTRAL:
@@ -227,7 +228,7 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
         if writers is not None:
             ptr = f"tl.broadcast_to({ptr}, {shape_text(ctx.par.shape)})"
             mask = writers if mask is None else f"({mask}) & {writers}"
-        ctx.line(f"tl.store({ptr}, {value_as(ctx, s.value, b.dtype)}{mask_arg(mask)})")
+        ctx.line(f"tl.store({ptr}, {ctx.pack(value_as(ctx, s.value, b.dtype), b.dtype)}{mask_arg(mask)})")
         return
     if b in ctx.scalars and ctx.par is None:
         ctx.line(f"{ctx.name(b.name)} = {cast(ctx, s.value, b.dtype)}")
@@ -298,6 +299,11 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
     add) and after an acquire (no thread reads before the add has returned). Into an on-chip
     buffer (element adds of per-thread code): a scatter-add into its register tensor."""
     b = s.dst.buffer
+    if b.scope is ir.Scope.GLOBAL and b.dtype in ctx.plan.f32_values:
+        name = b.dtype.record.tilelang
+        raise ctx.unsupported(f"T.atomic_add into {name} buffer '{b.name}' under Triton's CPU "
+                              f"interpreter (it adds {name} wrongly)", s.loc,
+                              "accumulate in a float32 buffer, or run on a GPU or target='interpret'")
     order = f", sem='{s.order}', scope='gpu'"
     if s.releases:
         ctx.line("tl.debug_barrier()")

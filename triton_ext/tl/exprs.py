@@ -23,7 +23,12 @@ On-chip buffers are tensors of ``StreamPlan.tile`` of their shape (``Ctx.shape``
 
 Integer ``//`` and ``%`` follow Python (floor) semantics; they are spelled natively when both
 operands are provably non-negative, else through a remainder correction that is right whichever
-rounding Triton applies (constants fold in Python, tensors truncate).
+rounding Triton applies (constants fold in Python, tensors truncate). Float ``//`` is the floor of
+the rounded quotient, float ``%`` Triton's (C's ``fmod``) corrected to the divisor's sign: the
+numeric contract of docs/design.md. Values of the plan's ``f32_values`` types (bfloat16 under
+Triton's CPU interpreter) are float32 tensors: each operation of such a type is rounded to it
+(``Ctx.round_held``), global elements are converted from and to their bits (``Ctx.unpack``,
+``Ctx.pack``).
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from tilews.lowering import ir, simplify
 from tilews.lowering.errors import InternalError
 from tilews.lowering.traverse import subexprs
 
-from ..pysource import atom, nonneg
+from ..pysource import atom, float_mod, nonneg
 from .context import TL_DTYPE, Ctx, arange, shape_text
 
 _MATH = {ir.MathFn.EXP: "tl.exp", ir.MathFn.EXP2: "tl.exp2", ir.MathFn.LOG: "tl.log",
@@ -54,7 +59,9 @@ def spell(ctx: Ctx, e: ir.Expr) -> str:
 
 def cast(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
     """``e`` converted to ``dtype`` (a tensor even when ``e`` is a Python constant)."""
-    return f"tl.cast({spell(ctx, e)}, {TL_DTYPE[dtype]})"
+    if e.dtype == dtype:    # a constant or scalar: its value is one of the type already
+        return f"tl.cast({spell(ctx, e)}, {TL_DTYPE[ctx.held(dtype)]})"
+    return ctx.cast(spell(ctx, e), dtype)
 
 
 def value_as(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
@@ -91,9 +98,32 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
     signed = not (nonneg(ctx, e.a) and nonneg(ctx, e.b))
     if e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and e.dtype.is_int and signed:
         return _floor_divmod(ctx, e.op, a, b, ir.as_int(e.b))
-    if e.op is ir.BinOpKind.DIV and ctx.ieee_rounded(e.dtype):
-        return f"tl.math.div_rn({a}, {b})"
-    return f"({a} {e.op.value} {b})"
+    if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:
+        return _floor(ctx, _divide(ctx, a, b, e.dtype), e.dtype)
+    if e.op is ir.BinOpKind.MOD and e.dtype.is_float:
+        return _rounded(ctx, float_mod(ctx, a, b, "tl"), e.dtype)
+    if e.op is ir.BinOpKind.DIV:
+        return _divide(ctx, a, b, e.dtype)
+    return _rounded(ctx, f"({a} {e.op.value} {b})", e.dtype)
+
+
+def _rounded(ctx: Ctx, x: str, dt: ir.DType) -> str:
+    """The result ``x`` of a float operation of type ``dt`` computed as ``dt`` is held: rounded
+    to ``dt`` where that is float32 (``StreamPlan.f32_values``)."""
+    return ctx.round_held(x, dt) if dt in ctx.plan.f32_values else x
+
+
+def _divide(ctx: Ctx, a: str, b: str, dt: ir.DType) -> str:
+    """``a / b`` rounded to ``dt`` (Triton divides 16-bit floats in float32)."""
+    q = f"tl.math.div_rn({a}, {b})" if ctx.ieee_rounded(dt) else f"({a} / {b})"
+    return ctx.cast(q, dt) if dt.bits < 32 else q
+
+
+def _floor(ctx: Ctx, x: str, dt: ir.DType) -> str:
+    """``floor(x)`` (exact in ``dt``); computed in float32 for narrower types."""
+    if dt.bits >= 32:
+        return f"tl.floor({x})"
+    return ctx.cast(f"tl.floor(tl.cast({x}, tl.float32))", dt)
 
 
 def _floor_divmod(ctx: Ctx, op: ir.BinOpKind, a: str, b: str, b_const: Optional[int]) -> str:
@@ -130,8 +160,7 @@ def _call(ctx: Ctx, e: ir.Call) -> str:
     if e.dtype.bits >= 32:
         return f"{_math_fn(ctx, e.fn, e.dtype)}({args[0]})"
     # triton's transcendental functions take f32/f64: compute in f32, round to the IR's type
-    return f"tl.cast({_math_fn(ctx, e.fn, ir.DType.F32)}(tl.cast({args[0]}, tl.float32)), " \
-           f"{TL_DTYPE[e.dtype]})"
+    return ctx.cast(f"{_math_fn(ctx, e.fn, ir.DType.F32)}(tl.cast({args[0]}, tl.float32))", e.dtype)
 
 
 def _math_fn(ctx: Ctx, fn: ir.MathFn, computed_in: ir.DType) -> str:
@@ -145,7 +174,8 @@ def _cast(ctx: Ctx, e: ir.Cast) -> str:
 
 
 def _bitcast(ctx: Ctx, e: ir.Bitcast) -> str:
-    return f"tl.cast({spell(ctx, e.value)}, {TL_DTYPE[e.dtype]}, bitcast=True)"
+    bits = ctx.pack(spell(ctx, e.value), e.value.dtype)
+    return ctx.unpack(f"tl.cast({bits}, {TL_DTYPE[e.dtype]}, bitcast=True)", e.dtype)
 
 
 def _select(ctx: Ctx, e: ir.Select) -> str:
@@ -177,7 +207,7 @@ def _load(ctx: Ctx, e: ir.Load) -> str:
     b = e.buffer
     if b.scope is ir.Scope.GLOBAL:
         ptr, mask = element_ptr(ctx, b, e.indices, e.mask_low, e.loc, Access.READ)
-        return masked_load(ptr, mask, b.dtype, _streamed(ctx, e))
+        return ctx.unpack(masked_load(ptr, mask, b.dtype, _streamed(ctx, e)), b.dtype)
     if b in ctx.scalars:
         return ctx.name(b.name)
     axes = parallel_axes(ctx, b, e.indices)
@@ -199,8 +229,9 @@ def _picked(ctx: Ctx, b: ir.Buffer, indices, dims) -> str:
     the parallel variables do not read): the element kept by a one-hot select and the dim summed
     away, a float as its bits (exact whatever its value; where a dim lies in each thread's
     registers and the index is a constant, the selects and sums fold away)."""
-    x, dt = ctx.name(b.name), TL_DTYPE[b.dtype]
-    bits = _BITS[b.dtype.bits] if b.dtype.is_float else None
+    held = ctx.held(b.dtype)
+    x, dt = ctx.name(b.name), TL_DTYPE[held]
+    bits = _BITS[held.bits] if held.is_float else None
     if bits:
         x = f"{x}.to({bits}, bitcast=True)"
     x = f"tl.where({one_hot(ctx, b, [i if d in dims else None for d, i in enumerate(indices)])}, {x}, 0)"

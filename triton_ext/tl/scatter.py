@@ -184,7 +184,7 @@ def _plus(ctx: Ctx, b: ir.Buffer, wide: ir.DType, value: str) -> str:
     x = ctx.name(b.name)
     if wide == b.dtype:
         return f"{x} + {value}"
-    return f"({x}.to({TL_DTYPE[wide]}) + {value}).to({TL_DTYPE[b.dtype]})"
+    return ctx.to(f"({x}.to({TL_DTYPE[wide]}) + {value})", b.dtype)
 
 
 def _summed_in(dt: ir.DType) -> ir.DType:

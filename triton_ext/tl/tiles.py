@@ -75,7 +75,7 @@ def _parts(r: ir.Region) -> tuple[list[int], list[int]]:
 def buffer_value(ctx: Ctx, b: ir.Buffer) -> str:
     """The value of a whole on-chip buffer, shaped as the buffer (unit dims kept)."""
     x = ctx.name(b.name)
-    return f"tl.full((1,), {x}, {TL_DTYPE[b.dtype]})" if b in ctx.scalars else x
+    return f"tl.full((1,), {x}, {TL_DTYPE[ctx.held(b.dtype)]})" if b in ctx.scalars else x
 
 
 def tile_value(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
@@ -98,7 +98,7 @@ def tile_value(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
         part = ctx.fresh(f"{b.name}_part")
         ctx.line(f"{part} = tl.where({_selection(ctx, r, picked)}, {x}, tl.zeros_like({x}))")
         for d in reversed(picked):
-            ctx.line(f"{part} = tl.sum({part}, axis={d}).to({TL_DTYPE[b.dtype]})")
+            ctx.line(f"{part} = tl.sum({part}, axis={d}).to({TL_DTYPE[ctx.held(b.dtype)]})")
         x = part
     kept = tuple(n for d, n in enumerate(shape) if d not in picked)
     tile = ctx.plan.tile(r.tile_shape)
@@ -130,11 +130,11 @@ def assign_region(ctx: Ctx, r: ir.Region, value: str, shape: Optional[tuple[int,
         return
     rank = len(b.static_shape)
     if shape is None:
-        v = f"tl.full({shape_text([1] * rank)}, {value}, {TL_DTYPE[b.dtype]})"
+        v = _full(ctx, [1] * rank, value, dtype, b.dtype)
     else:
         cur = list(ctx.plan.tile(r.extents))
         v = value if ctx.plan.tile(shape) == tuple(cur) else f"tl.reshape({value}, {shape_text(cur)})"
-        v = v if dtype == b.dtype else f"{v}.to({TL_DTYPE[b.dtype]})"
+        v = v if dtype == b.dtype else ctx.to(v, b.dtype)
         for d in ranged:
             width, cur[d] = cur[d], ctx.shape(b)[d]
             lanes = f"{arange(cur[d], d, rank)}{_minus(spell(ctx, r.starts[d]))}"
@@ -157,17 +157,25 @@ def assign(ctx: Ctx, b: ir.Buffer, value: str, shape: Optional[tuple[int, ...]],
     """``b = value``: a tensor holding a tile of ``shape`` (None: a scalar) and ``dtype`` in
     ``b``'s form. The value's padding is zero unless ``dirty`` says it may not be (a scalar
     fills it): then it is zeroed here."""
-    to = "" if dtype == b.dtype else f".to({TL_DTYPE[b.dtype]})"
     x = ctx.name(b.name)
     if b in ctx.scalars:
         value = value if shape is None else f"tl.sum({value}, axis=None)"
-        ctx.line(f"{x} = tl.cast({value}, {TL_DTYPE[b.dtype]})")
+        held = TL_DTYPE[ctx.held(b.dtype)]
+        ctx.line(f"{x} = {f'tl.cast({value}, {held})' if dtype == b.dtype else ctx.cast(value, b.dtype)}")
         return
+    converted = dtype == b.dtype
     if shape is None:
-        value, to = f"tl.full({shape_text(ctx.shape(b))}, {value}, {TL_DTYPE[b.dtype]})", ""
+        value, converted = _full(ctx, ctx.shape(b), value, dtype, b.dtype), True
         dirty = True
     elif ctx.plan.tile(shape) != ctx.shape(b):
         value = f"tl.reshape({value}, {shape_text(ctx.shape(b))})"
     if dirty:
         value = _zero_padding(ctx, value, b.static_shape)
-    ctx.line(f"{x} = {value}{to}")
+    ctx.line(f"{x} = {value if converted else ctx.to(value, b.dtype)}")
+
+
+def _full(ctx: Ctx, shape, value: str, dtype: ir.DType, to: ir.DType) -> str:
+    """A tensor of ``shape`` filled with ``value`` (of ``dtype``) converted to ``to``."""
+    if dtype != to and to in ctx.plan.f32_values:
+        value = ctx.cast(value, to)
+    return f"tl.full({shape_text(shape)}, {value}, {TL_DTYPE[ctx.held(to)]})"
