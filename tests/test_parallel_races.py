@@ -125,6 +125,24 @@ def test_reading_an_element_another_iteration_writes_is_a_race_the_interpreter_r
            "the write of it by iteration (i=1)" in text
 
 
+def shift_in_place():
+    @T.prim_func
+    def main(Y: T.Tensor((N,), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            for i in T.Parallel(N - 1):
+                Y[i + 1] = Y[i]  # <- error
+    return main
+
+
+def test_an_in_place_shift_is_a_race_the_interpreter_reports():
+    with pytest.raises(RaceError) as info:
+        tilews.compile(shift_in_place(), target="interpret")(randn(N, seed=5))
+    text = str(info.value)
+    assert text.startswith(f"{__file__}:{marked_line(shift_in_place)}:"), text
+    assert "on 'Y': the read of element [1] by iteration (i=1) meets the write of it by " \
+           "iteration (i=0)" in text
+
+
 # ---- programs that are not races run on every target ------------------------------------------
 
 def flattened():

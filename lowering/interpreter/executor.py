@@ -64,6 +64,8 @@ class Block:
     races: Optional[RaceTracker]
     addresses: AddressSpace = field(default_factory=AddressSpace)
     threads: Optional[ThreadRaces] = None    # races between threads, where code is per-thread
+    # the buffers of each Parallel (by id) that could race, shared by the launch's blocks
+    suspects: dict[int, set[str]] = field(default_factory=dict)
 
 
 class RoleExecutor:
@@ -76,7 +78,6 @@ class RoleExecutor:
         self.actor: Optional[Actor] = block.races.add_role(name) if block.races else None
         self.thread_races = block.threads
         self._shared_cache: dict[int, bool] = {}
-        self._suspects: dict[int, set[str]] = {}    # the buffers of each Parallel that could race
         # statements that may yield (generators), and those that run straight through
         self._blocking = {ir.Seq: self._seq, ir.For: self._for, ir.If: self._if,
                           ir.BarrierArrive: self._arrive, ir.BarrierWait: self._wait}
@@ -291,9 +292,9 @@ class RoleExecutor:
         """A tracker for this run of a block-wide ``Parallel`` that could race (when checking)."""
         if s.per_thread or not self.mem.check or math.prod(s.extents) < 2:
             return None
-        watched = self._suspects.get(id(s))
+        watched = self.b.suspects.get(id(s))
         if watched is None:
-            watched = self._suspects[id(s)] = suspects(s)
+            watched = self.b.suspects[id(s)] = suspects(s)
         return IterationRaces(s, watched) if watched else None
 
     def _lanes(self, body: ir.Seq, env: dict, mask: Optional[np.ndarray]) -> None:

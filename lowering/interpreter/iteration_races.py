@@ -8,8 +8,9 @@ that depend on values (an index read from a tensor, a condition) are found here.
 
 Contract:
 * ``suspects(par)``: the buffers ``par`` writes (stores or adds into) that could race: all but
-  those whose every access in ``par`` uses one index tuple naming each loop variable of extent
-  > 1 as a whole index (``acc[i, j] = acc[i, j] * s``: each iteration its own element).
+  those whose every access in ``par`` uses one index tuple giving each loop variable of extent
+  > 1 a dim of its own, ``v`` or ``v`` plus or minus what reads no loop variable
+  (``acc[i, j] = acc[i, j] * s``, ``Out[row + i, j] = ...``: each iteration its own element).
 * ``IterationRaces(par, suspects)`` for one run of ``par`` (not per-thread code: the thread
   level has its own tracker, ``thread_races``) watches the buffers ``suspects`` names. ``access`` takes the element lanes of each load,
   store and atomic add as ``memory.Memory`` evaluates them (index arrays broadcast over the
@@ -28,7 +29,7 @@ import numpy as np
 
 from .. import ir
 from ..errors import RaceError
-from ..traverse import buffers_written, element_accesses, walk
+from ..traverse import buffers_written, element_accesses, subexprs, walk
 from .messages import at
 
 _READ, _WRITE, _ADD = 0, 1, 2
@@ -53,7 +54,21 @@ def suspects(par: ir.Parallel) -> set[str]:
         if isinstance(s, ir.AtomicAdd):
             indices.setdefault(s.dst.buffer.name, set()).add(s.dst.starts)
     written = {b.name for s in walk(par.body) for b in buffers_written(s)}
-    return {b for b in written if len(indices.get(b, ())) != 1 or not spread <= set(*indices[b])}
+    return {b for b in written if len(indices.get(b, ())) != 1
+            or not spread <= {_offset_var(e, par.vars) for e in next(iter(indices[b]))}}
+
+
+def _offset_var(e: ir.Expr, vars_: tuple[ir.Var, ...]) -> Optional[ir.Var]:
+    """``v`` where ``e`` is loop variable ``v``, or ``v`` plus or minus an expression reading no
+    loop variable; else None."""
+    if e in vars_:
+        return e
+    if isinstance(e, ir.BinOp) and e.op in (ir.BinOpKind.ADD, ir.BinOpKind.SUB):
+        pairs = ((e.a, e.b), (e.b, e.a)) if e.op is ir.BinOpKind.ADD else ((e.a, e.b),)
+        for v, rest in pairs:
+            if v in vars_ and not any(x in vars_ for x in subexprs(rest)):
+                return v
+    return None
 
 
 class IterationRaces:
