@@ -164,37 +164,28 @@ def guarded_to_one_column():
     return main
 
 
-def atomic_row_sums():
+def row_sums(how: str):
+    """Y[i] = sum_j X[i, j] the three ways that combine iterations: atomic adds, a reducer, and
+    T.reduce_sum (``how`` is a build-time value)."""
     @T.prim_func
     def main(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M,), "float32")):
         with T.Kernel(1, threads=128) as bx:
-            for i, j in T.Parallel(M, N):
-                T.atomic_add(Y[i], X[i, j])
-    return main
-
-
-def reducer_row_sums():
-    @T.prim_func
-    def main(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M,), "float32")):
-        with T.Kernel(1, threads=128) as bx:
-            r = T.alloc_reducer((M,), "float32", op="sum")
-            T.clear(r)
-            for i, j in T.Parallel(M, N):
-                r[i] += X[i, j]
-            T.finalize_reducer(r)
-            T.copy(r, Y)
-    return main
-
-
-def reduce_sum_rows():
-    @T.prim_func
-    def main(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M,), "float32")):
-        with T.Kernel(1, threads=128) as bx:
-            x = T.alloc_fragment((M, N), "float32")
-            y = T.alloc_fragment((M,), "float32")
-            T.copy(X, x)
-            T.reduce_sum(x, y, dim=1)
-            T.copy(y, Y)
+            if how == "atomic_add":
+                for i, j in T.Parallel(M, N):
+                    T.atomic_add(Y[i], X[i, j])
+            elif how == "reducer":
+                r = T.alloc_reducer((M,), "float32", op="sum")
+                T.clear(r)
+                for i, j in T.Parallel(M, N):
+                    r[i] += X[i, j]
+                T.finalize_reducer(r)
+                T.copy(r, Y)
+            else:
+                x = T.alloc_fragment((M, N), "float32")
+                y = T.alloc_fragment((M,), "float32")
+                T.copy(X, x)
+                T.reduce_sum(x, y, dim=1)
+                T.copy(y, Y)
     return main
 
 
@@ -202,10 +193,10 @@ def reduce_sum_rows():
 @pytest.mark.parametrize("factory, ref, out", [
     (flattened, lambda x: (x.double() + 1).flatten(), (M * N,)),
     (guarded_to_one_column, lambda x: x.double()[:, -1] * 2, (M,)),
-    (atomic_row_sums, lambda x: x.double().sum(1), None),
-    (reducer_row_sums, lambda x: x.double().sum(1), (M,)),
-    (reduce_sum_rows, lambda x: x.double().sum(1), (M,)),
-])
+    (lambda: row_sums("atomic_add"), lambda x: x.double().sum(1), None),
+    (lambda: row_sums("reducer"), lambda x: x.double().sum(1), (M,)),
+    (lambda: row_sums("reduce_sum"), lambda x: x.double().sum(1), (M,)),
+], ids=["flattened", "guarded", "atomic_add", "reducer", "reduce_sum"])
 def test_programs_without_races_run(factory, ref, out, target):
     x = randn(M, N, seed=4)
     y = torch.zeros(M) if out is None else poisoned(*out)    # atomics add into zeros
