@@ -11,10 +11,11 @@ Contract:
   those whose every access in ``par`` uses one index tuple giving each loop variable of extent
   > 1 a dim of its own, ``v`` or ``v`` plus or minus what reads no loop variable
   (``acc[i, j] = acc[i, j] * s``, ``Out[row + i, j] = ...``: each iteration its own element).
-* ``IterationRaces(par, suspects)`` for one run of ``par`` (not per-thread code: the thread
-  level has its own tracker, ``thread_races``) watches the buffers ``suspects`` names. ``access`` takes the element lanes of each load,
-  store and atomic add as ``memory.Memory`` evaluates them (index arrays broadcast over the
-  Parallel's extents, the active lanes), ``finish`` judges them when the run ends.
+* ``IterationRaces(par, watched)``, for one run of ``par`` (not per-thread code: the thread
+  level has its own tracker, ``thread_races``), watches the buffers ``watched`` names (its
+  ``suspects``). ``access`` takes the element lanes of each load, store and atomic add as
+  ``memory.Memory`` evaluates them (index arrays broadcast over the Parallel's extents, the
+  active lanes); ``finish`` judges them when the run ends.
 * A race, raised by ``finish`` as ``RaceError``: an element written by one iteration and written
   or read by another, unless both are atomic adds. The message names the buffer, the element,
   both iterations (``i=0, j=1``) and both source lines.
