@@ -13,7 +13,7 @@ from .. import dtypes, ir, schedule
 from ..errors import CompileError
 from ..roles import describe
 from ..traverse import walk
-from . import block_wide, reducers, threads
+from . import block_wide, parallel_races, reducers, threads
 from .context import builder, current_loc
 from .values import (BufferRef, ElementRef, RegionRef, Scalar, VarRef, as_dtype,  # noqa: F401
                      bitcast, cast, promote, to_expr)   # as_dtype, bitcast, cast: here for callers (semantic.cast)
@@ -296,6 +296,8 @@ class ParallelFrame(Frame):
         for a in allocs:
             _place(a, hoist=True)
         for s in stmts:
+            if isinstance(s, ir.Parallel):
+                parallel_races.check(s)
             b.emit(s)
 
 

@@ -17,7 +17,8 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
   and tile forms, bounds-masked; lanes hitting one element all add; ``prev`` receives the value
   before the add; every ``order`` holds, since blocks run one statement at a time).
 * ``Parallel`` runs vectorized over its extents: ``If`` inside is a lane mask; global loads and
-  stores out of bounds read 0 / are dropped.
+  stores out of bounds read 0 / are dropped. When checking, a block-wide ``Parallel`` of more
+  than one iteration is checked for races between its iterations (``iteration_races``).
 * ``For`` of every kind runs sequentially; ``If`` outside ``Parallel`` takes one branch.
 * ``BarrierArrive`` arrives with the role's thread count (releasing its clock); ``BarrierWait``
   blocks until the phase of that parity has completed, then acquires that phase's clock.
@@ -28,6 +29,7 @@ Contract (the meaning of each statement; tile-level, thread-agnostic):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -39,6 +41,7 @@ from ..traverse import buffers_read, buffers_written, walk
 from .addresses import AddressSpace
 from .barriers import Barriers, MBarrier
 from .expressions import Evaluator, both
+from .iteration_races import IterationRaces, suspects
 from .memory import Memory, region_box
 from .messages import at
 from .races import Actor, RaceTracker
@@ -61,6 +64,8 @@ class Block:
     races: Optional[RaceTracker]
     addresses: AddressSpace = field(default_factory=AddressSpace)
     threads: Optional[ThreadRaces] = None    # races between threads, where code is per-thread
+    # the buffers of each Parallel (by id) that could race, shared by the launch's blocks
+    suspects: dict[int, set[str]] = field(default_factory=dict)
 
 
 class RoleExecutor:
@@ -274,7 +279,23 @@ class RoleExecutor:
         if s.per_thread and self.thread_races is not None:
             tracker = self.thread_races
             tracker.statement(tracker.thread_ids(s.extents, [lanes[v] for v in s.vars]))
-        self._lanes(s.body, lanes, None)
+        races = self._iteration_races(s)
+        self.mem.iterations = races
+        try:
+            self._lanes(s.body, lanes, None)
+        finally:
+            self.mem.iterations = None
+        if races is not None:
+            races.finish()
+
+    def _iteration_races(self, s: ir.Parallel) -> Optional[IterationRaces]:
+        """A tracker for this run of a block-wide ``Parallel`` that could race (when checking)."""
+        if s.per_thread or not self.mem.check or math.prod(s.extents) < 2:
+            return None
+        watched = self.b.suspects.get(id(s))
+        if watched is None:
+            watched = self.b.suspects[id(s)] = suspects(s)
+        return IterationRaces(s, watched) if watched else None
 
     def _lanes(self, body: ir.Seq, env: dict, mask: Optional[np.ndarray]) -> None:
         for t in body.stmts:

@@ -14,7 +14,9 @@ Contract:
   the buffer, the element and the line; every shared-memory access is first reported to
   ``observer.access(buf, box, write, loc)`` (race detection between roles) and, in a block running
   per-thread code, element by element to ``threads`` (``thread_races.ThreadRaces``: races between
-  its threads), unless ``observe=False``.
+  its threads), unless ``observe=False``; while a block-wide ``Parallel`` runs, its element
+  lanes are reported to ``iterations`` (``iteration_races.IterationRaces``: races between its
+  iterations).
 * When checking a kernel with a ``SharedMemoryPlan``, shared buffers live in one byte arena at
   their planned offsets (``SharedArena``): each write records its buffer as the owner of the
   bytes it covers, and reading bytes another buffer wrote since (the plan put two live buffers
@@ -30,6 +32,7 @@ import numpy as np
 
 from .. import ir
 from ..errors import OutOfBoundsError, SharedOverlapError, UninitializedReadError
+from .iteration_races import IterationRaces
 from .messages import at
 from .thread_races import ThreadRaces
 from .values import Numerics, poison, to_storage
@@ -86,6 +89,7 @@ class Memory:
         self.check = check
         self.observer = observer
         self.threads = threads
+        self.iterations: Optional[IterationRaces] = None
         self.arena = arena if check else None
         self._arrays = dict(globals_)
         self._written: dict[str, np.ndarray] = {}
@@ -220,6 +224,8 @@ class Memory:
             lanes, act = tuple(idx), None
         else:
             lanes = tuple(np.where(act, i, 0) for i in idx)
+        if self.iterations is not None:
+            self.iterations.access(buf, arr.shape, lanes, act, write, atomic, loc)
         if buf.scope is ir.Scope.SHARED and (act is None or act.any()):
             if self.observer is not None:
                 picked = lanes if act is None else tuple(i[act] for i in lanes)

@@ -54,6 +54,7 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
     trace: list[str] = []
     per_thread = check and per_thread_code(kernel.body) and not any(
         isinstance(s, (ir.Role, ir.WarpSpecialize)) for s in walk(kernel.body))
+    suspects: dict[int, set[str]] = {}     # the racing candidates of each Parallel (executor)
     blocks = [c[::-1] for c in itertools.product(*(range(n) for n in reversed(grid)))]
     if block_order is not None:
         random.Random(block_order).shuffle(blocks)
@@ -70,7 +71,8 @@ def execute(kernel: ir.Kernel, args: list, *, seed: int = 0, accumulate_f64: boo
                 memory = Memory(arrays, numerics, check, races,
                                 SharedArena(shared) if shared is not None else None, threads)
                 block = Block(memory, Barriers(), Evaluator(memory, numerics),
-                              Scheduler(rng, trace, f"block {coords}"), races, addresses, threads)
+                              Scheduler(rng, trace, f"block {coords}"), races, addresses, threads,
+                              suspects)
                 _run_block(block, allocs, roles, block_env)
     finally:
         finish()

@@ -281,10 +281,14 @@ def _last_writers(ctx: Ctx, indices) -> str | None:
 
 
 def _require_covered(ctx: Ctx, s: ir.Stmt, indices, values) -> None:
-    """Each element of a parallel loop writes its own global element."""
+    """Each element of a parallel loop writes its own global element: the value spans no loop
+    axis that neither the address nor an enclosing ``if`` does (under such an ``if`` the
+    pointer spans the whole loop, and which lanes store is the condition's; the frontend and
+    the interpreter check that they are distinct elements)."""
     if ctx.par is None:
         return
-    used = {x for i in indices for x in subexprs(i) if x in ctx.par.vars}
+    used = {x for i in indices for x in subexprs(i) if x in ctx.par.vars} | \
+        {ctx.par.vars[a] for a in ctx.par.mask_axes()}
     for v in values:
         missing = [x.name for x in subexprs(v) if x in ctx.par.vars and x not in used]
         if missing:
