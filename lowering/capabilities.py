@@ -29,7 +29,10 @@ class Capabilities:
 
 # The machines tilews builds for. A backend takes one of these (with the SM count of the GPU it
 # runs on, where it has one).
-INTERPRETER = Capabilities("interpret", warp_specialization=True, smem_bytes=1 << 30)
+# the most shared memory a block has on any GPU tilews builds for (Hopper's 227 KB); the
+# interpreter refuses more, so a program it runs fits at least one real target
+MAX_GPU_SMEM = 227 * 1024
+INTERPRETER = Capabilities("interpret", warp_specialization=True, smem_bytes=MAX_GPU_SMEM)
 ANY_TRITON_GPU = Capabilities("triton", warp_specialization=False, smem_bytes=227 * 1024,
                               power_of_two_tiles=True)
 TRITON_INTERPRETER = Capabilities("triton", warp_specialization=False, smem_bytes=227 * 1024,

@@ -158,3 +158,19 @@ def test_runtime_int32_arithmetic_wraps_or_is_a_clear_error():
     e = info.value
     assert isinstance(e, ValueError) and e.loc.line == marked_line(squared_runtime_offset), str(e)
     assert e.message.startswith("integer overflow: 2500000000 is outside the range of int32")
+
+
+def test_the_interpreter_refuses_shared_memory_no_gpu_has():
+    """A 4 MB shared buffer: no target could run it, so the interpreter (the oracle) refuses it
+    too, at the kernel, naming the buffer (it accepted it before)."""
+    from tilews.lowering.errors import ResourceLimitError
+
+    @T.prim_func
+    def main(X: T.Tensor((1024, 1024), T.float32), Y: T.Tensor((1024, 1024), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            S = T.alloc_shared((1024, 1024), T.float32)
+            T.copy(X, S)
+            T.copy(S, Y)
+    with pytest.raises(ResourceLimitError, match=r"needs 4194304 bytes of shared memory, more than "
+                                                 r"the 232448 target 'interpret' has"):
+        tilews.compile(main, target="interpret")
