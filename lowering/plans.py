@@ -138,6 +138,8 @@ class StreamPlan(Plan):
     f32_values: tuple[ir.DType, ...] = ()  # element types whose values are held in float32,
                                            # rounded to the type after each operation (global
                                            # memory keeps the type's bits)
+    bit_rounded: tuple[ir.DType, ...] = ()  # element types that conversions into are rounded
+                                            # by tilews on float32's bits (Triton's are wrong)
 
     def tile(self, extents) -> tuple[int, ...]:
         """The shape of the tensor holding a tile, on-chip buffer or ``T.Parallel`` nest of

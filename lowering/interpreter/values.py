@@ -8,7 +8,8 @@ Contract:
 * ``Numerics.round(x, dt)`` ends every operation of dtype ``dt``: floats are rounded to nearest
   even (not at all in wide mode), integers wrap (two's complement). ``Numerics.cast`` is an
   explicit ``T.cast``: float -> int truncates, -> bool tests != 0, and a cast to a 16/8-bit float
-  rounds even in wide mode. Conversions to f8e4m3 saturate to +-448, as torch's do.
+  rounds even in wide mode. Conversions to f8e4m3 saturate to +-448, as torch's do; NaN converted to f8e5m2 is
+  torch's (0x7F with its sign).
 * ``Numerics.held(buffer)`` is the dtype a buffer's elements are stored in: its storage dtype,
   except float fragments and locals in wide mode, which are float64.
 * ``poison(dtype)`` is the value fresh on-chip memory holds (NaN for floats).
@@ -41,7 +42,11 @@ def to_storage(x, dtype: np.dtype) -> np.ndarray:
     x = np.asarray(x)
     if dtype == ir.DType.F8E4M3.numpy_dtype:
         x = np.clip(x.astype(F32), -_E4M3_MAX, _E4M3_MAX)
-    return x.astype(dtype)
+    y = x.astype(dtype)
+    if dtype == ir.DType.F8E5M2.numpy_dtype:    # NaN as torch's (ml_dtypes: 0x7E)
+        y = np.where(np.isnan(x), np.where(np.signbit(x), 0xFF, 0x7F).astype(np.uint8),
+                     y.view(np.uint8)).view(dtype)
+    return y
 
 
 class Numerics:

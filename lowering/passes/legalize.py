@@ -23,7 +23,9 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            compile-time constants, which costs nothing there), ``loops_as_while`` (its ``for``
            cannot iterate to a bound held in a tensor) and ``f32_values`` bfloat16 (its bfloat16
            arithmetic and conversions are wrong: values are held in float32, rounded to bfloat16
-           after each operation, which gives bfloat16's IEEE results).
+           after each operation, which gives bfloat16's IEEE results) and ``bit_rounded`` the
+           FP8 types (its float32 -> FP8 conversions round wrongly: tilews computes the FP8 bits,
+           as torch's ``.to`` does).
 Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
            targets get only the mechanisms, ``mask_low``, instructions and unroll rule above).
 """
@@ -68,7 +70,8 @@ def _stream_plan(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     cpu = config.caps.triton_interpreter
     kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=cpu, loops_as_while=cpu,
                                          wide_offsets=wide, padded_tiles=config.caps.power_of_two_tiles,
-                                         f32_values=(ir.DType.BF16,) if cpu else ()))
+                                         f32_values=(ir.DType.BF16,) if cpu else (),
+                                         bit_rounded=(ir.DType.F8E4M3, ir.DType.F8E5M2) if cpu else ()))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")

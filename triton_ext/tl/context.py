@@ -1,7 +1,8 @@
 """The state of one ``triton.language`` emission: a ``SourceWriter`` (lines, names) plus the
 enclosing ``T.Parallel``, the scalar locals, the variables that are runtime values and the
 kernel's ``StreamPlan``; and how values of the plan's ``f32_values`` types are held (float32,
-rounded after each operation) and converted from and to their bits in global memory.
+rounded after each operation) and converted from and to their bits in global memory, and how
+conversions into its ``bit_rounded`` types (FP8) are computed on float32's bits.
 """
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ TL_DTYPE = {d: f"tl.{d.record.triton}" for d in ir.DType}   # spelled from the d
 
 # float32 mantissa bits a type of ``StreamPlan.f32_values`` lacks (float32's exponent range)
 _DROPPED_BITS = {ir.DType.BF16: 16}
+
+# a type of ``StreamPlan.bit_rounded``: its mantissa bits, float32's biased exponent of its
+# least normal value, and the code of an overflow (e4m3fn saturates, e5m2 is infinite)
+_FP8 = {ir.DType.F8E4M3: (3, 121, 0x7E), ir.DType.F8E5M2: (2, 113, 0x7C)}
+_FP8_NAN = 0x7F
 
 # names the generated source itself uses
 _RESERVED = {"tl", "range", "float"}
@@ -98,13 +104,18 @@ class Ctx(SourceWriter):
 
     def cast(self, value: str, dt: ir.DType) -> str:
         """``value`` (a tensor or a Python number) converted to a value of ``dt``, as ``held(dt)``
-        holds it: a type of ``f32_values`` rounded (``round_held``)."""
+        holds it: a type of ``f32_values`` rounded (``round_held``), one of ``bit_rounded``
+        computed on the bits (``round_bits``)."""
+        if dt in self.plan.bit_rounded:
+            return self.round_bits(f"tl.cast({value}, tl.float32)", dt)
         if dt not in self.plan.f32_values:
             return f"tl.cast({value}, {TL_DTYPE[dt]})"
         return self.round_held(f"tl.cast({value}, tl.float32)", dt)
 
     def to(self, value: str, dt: ir.DType) -> str:
         """Tensor ``value`` converted to a value of ``dt`` (``cast``, spelled ``.to``)."""
+        if dt in self.plan.bit_rounded:
+            return self.round_bits(f"{value}.to(tl.float32)", dt)
         if dt not in self.plan.f32_values:
             return f"{value}.to({TL_DTYPE[dt]})"
         return self.round_held(value, dt)
@@ -120,6 +131,28 @@ class Ctx(SourceWriter):
         self.line(f"{bits} = {x}.to(tl.uint32, bitcast=True)")
         self.line(f"{bits} = (({bits} + {(1 << (drop - 1)) - 1} + (({bits} >> {drop}) & 1)) >> {drop}) << {drop}")
         return f"tl.where({x} != {x}, {x}, {bits}.to(tl.float32, bitcast=True))"
+
+    def round_bits(self, value: str, dt: ir.DType) -> str:
+        """A float32 tensor converted to FP8 type ``dt`` on its bits, as torch's ``.to`` does:
+        to nearest even (subnormals too); beyond the largest finite value e4m3fn saturates and
+        e5m2 is infinite; NaN keeps its sign."""
+        mant, normal, overflow = _FP8[dt]
+        drop = 23 - mant
+        bits, mag, exp, sig, shift, code = (self.fresh(n) for n in
+                                            ("bits", "mag", "exp", "sig", "shift", "code"))
+        self.line(f"{bits} = ({value}).to(tl.uint32, bitcast=True)")
+        self.line(f"{mag} = {bits} & 0x7FFFFFFF")
+        self.line(f"{exp} = {mag} >> 23")
+        # a subnormal of dt: the significand rounded at the bit worth dt's least subnormal
+        self.line(f"{sig} = ({mag} & 0x7FFFFF) | 0x800000")
+        self.line(f"{shift} = tl.minimum({normal + drop} - {exp}, 26)")
+        sub = f"(({sig} + (1 << ({shift} - 1)) - 1 + (({sig} >> {shift}) & 1)) >> {shift})"
+        # a normal: the bits rounded at dt's last mantissa bit, the exponent rebiased (a carry
+        # into the exponent is right)
+        norm = f"((({mag} + {(1 << (drop - 1)) - 1} + (({mag} >> {drop}) & 1)) >> {drop}) - {(normal - 1) << mant})"
+        self.line(f"{code} = tl.minimum(tl.where({exp} >= {normal}, {norm}, {sub}), {overflow})")
+        self.line(f"{code} = tl.where({mag} > 0x7F800000, {_FP8_NAN}, {code}) | (({bits} >> 24) & 0x80)")
+        return f"{code}.to(tl.uint8).to({TL_DTYPE[dt]}, bitcast=True)"
 
     def unpack(self, stored: str, dt: ir.DType) -> str:
         """A tensor of element type ``dt`` as the stream holds it (its bits widened to float32's
