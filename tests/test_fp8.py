@@ -17,8 +17,8 @@ intrinsic is built from).
   - float16 out: 2e-3. One rounding to 11 significant bits (unit roundoff 2^-11 ~ 4.9e-4 per
     element; ~2e-4 Frobenius measured). Scales stay in [0.5, 1.5) so |C| stays far below 65504.
   - bfloat16 out: 1e-2. One rounding to 8 significant bits (2^-9 ~ 2e-3 per element; ~1.7e-3
-    Frobenius measured with tilews' round-to-nearest); Triton's CPU interpreter converts float32
-    -> bfloat16 by truncation (a whole ulp, 2^-8; see tests/test_tl_backend.py): ~3.4e-3.
+    Frobenius measured with tilews' round-to-nearest; on Triton's CPU interpreter tilews rounds
+    bfloat16 itself, to nearest even, docs/design.md "Numeric contract").
 
   0-dim ([]) scales: the one element is read without a mask on the triton and Gluon backends
   (an empty ``mask=`` was a SyntaxError in the generated source).
