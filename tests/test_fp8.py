@@ -1610,3 +1610,15 @@ def test_hopper_bias_is_added_by_each_consumer_in_its_epilogue(gran):
     want = run_interp(before, args, 5)
     for seed in range(10):
         assert torch.equal(run_interp(after, args, 5, seed), want), seed
+
+
+@pytest.mark.parametrize("M, N, K", [(2, 1, 1), (3, 1, 100)])
+def test_transposed_block_scales_where_the_shapes_also_read_as_per_row(M, N, K):
+    """K <= 128 and N == 1: A_scale [1, M] (transposed block-wise) and B_scale [1, 1] also fit the
+    per-row reading, which indexed A_scale as [M, 1] (rows past the first read nothing: 0, a
+    wrong result without a word). ``transpose_A_scale=True`` means block-wise scales."""
+    sas, sbs = GRANS["block-t"](M, N, K)
+    sa, sb = spread(sas, 0, 0), spread(sbs, 0, 1)
+    c, ref = run_gemm("interpret", M, N, K, "block-t", PAIRS["e4m3-e4m3"], False, torch.float32,
+                      False, seed=0, scales=(sa, sb))
+    assert rel_err(c, ref) < 1e-5

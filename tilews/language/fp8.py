@@ -157,9 +157,11 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
                                f"[{kb}, {M}] ([ceil(K / 128), M]) and B_scale "
                                f"[{scales.scale_blocks(N)}, {kb}]; got A_scale {list(sa_shape)} "
                                f"and B_scale {list(sb_shape)}")
-        sa_shape = (M, kb)
     try:
-        gran = scales.granularity(M, N, K, sa_shape, sb_shape)
+        # transposed scales are block-wise whatever their shapes also fit (K <= 128 and N == 1
+        # read as per row: A_scale [1, M] would be indexed as [M, 1])
+        gran = scales.Granularity(scales.Scaling.BLOCK, scales.Scaling.BLOCK) if transpose_A_scale \
+            else scales.granularity(M, N, K, sa_shape, sb_shape)
     except ValueError as e:
         raise _value_error(str(e)) from None
     unknown = set(hints) - set(_HINTS)
