@@ -231,9 +231,7 @@ def mha_fwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N
     end does nothing. ``store_lse``: ``LSE`` [batch, heads, lse_rows] float32 as in
     ``mha_fwd_program``, each sequence's rows from 0 (whole query blocks; ``lse_rows`` at least
     ``lse_rows(max_seqlen_q, block_M)``). ``sm_scale``: as ``attention_block``'s."""
-    # cu_seqlens has batch + 1 entries; the LSE's batch dimension is the same number (the op checks)
-    seqs, batch, total_q, total_k, padded = map(T.dynamic, ("batch_plus_1", "batch", "total_q",
-                                                            "total_k", "lse_rows"))
+    seqs, batch, total_q, total_k, padded = varlen_dims()
     shape, kv_shape = [total_q, heads, dim], [total_k, kv_heads, dim]
     attend = attention_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages,
                              "varlen", dtype, sm_scale)
@@ -270,6 +268,14 @@ def mha_fwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N
     return main
 
 
+def varlen_dims() -> tuple:
+    """The runtime dimensions the varlen programs (forward and backward) share: the entries of
+    ``cu_seqlens`` (batch + 1), the batch (the LSE's first dim: the op checks it is the same
+    number), the packed rows of Q and of K / V, and the LSE's rows per head — declarations for
+    the parameters' shapes (a kernel body reads one by its name, ``T.dynamic(name)``)."""
+    return tuple(map(T.dynamic, ("batch_plus_1", "batch", "total_q", "total_k", "lse_rows")))
+
+
 def lse_rows(seq_len: int, block_M: int) -> int:
     """The rows of the forward's log-sum-exp (and the backward's row vectors): whole query blocks."""
     return -(-seq_len // block_M) * block_M
@@ -282,6 +288,7 @@ mha_fwd = tilews.jit(out_idx=[3])(mha_fwd_program)
 def mha_fwd_lse(*args, **kwargs):
     """``mha_fwd_program`` storing the log-sum-exp (what the backward reads)."""
     return mha_fwd_program(*args, **kwargs, store_lse=True)
+
 
 _OPERAND_DTYPES = (torch.float16, torch.bfloat16)
 # the head dims every target takes: Q K^T reduces over the head dim, which Triton's tl.dot needs

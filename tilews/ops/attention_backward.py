@@ -37,7 +37,7 @@ import tilews
 import tilews.language as T
 from tilews.lowering import dtypes
 
-from .attention import LOG2E, operand_sizes, tile_rows
+from .attention import LOG2E, operand_sizes, tile_rows, varlen_dims
 
 
 def bwd_preprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=128, dtype=T.float16):
@@ -236,15 +236,10 @@ def bwd_postprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=
     return main
 
 
-def _varlen_dims():
-    """The runtime dimensions of the varlen programs (``mha_fwd_varlen_program``'s names)."""
-    return map(T.dynamic, ("batch_plus_1", "batch", "total_q", "total_k", "lse_rows"))
-
-
 def bwd_varlen_preprocess_program(heads, dim, block=64, threads=128, dtype=T.float16):
     """``bwd_preprocess_program`` over packed sequences: O and dO [total_q, heads, dim], Delta and
     dQ [batch, heads, lse_rows(, dim)] (each sequence's rows from 0, as the forward's LSE)."""
-    seqs, batch, total_q, _, padded = _varlen_dims()
+    seqs, batch, total_q, _, padded = varlen_dims()
     shape, f32 = [total_q, heads, dim], T.float32
     prepare = preprocess_block(dim, block, "varlen", dtype)
 
@@ -262,7 +257,7 @@ def bwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N=64,
                        threads=256, dtype=T.float16, sm_scale=None):
     """``bwd_program`` over packed sequences (``mha_fwd_varlen_program``'s tensors; the grid: one
     block per ``block_M`` keys of the longest sequence, ``max_seqlen_k``)."""
-    seqs, batch, total_q, total_k, padded = _varlen_dims()
+    seqs, batch, total_q, total_k, padded = varlen_dims()
     shape, kv_shape, f32 = [total_q, heads, dim], [total_k, kv_heads, dim], T.float32
     grads = backward_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages,
                            "varlen", dtype, sm_scale)
@@ -286,7 +281,7 @@ def bwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N=64,
 def bwd_varlen_postprocess_program(heads, dim, block=64, threads=128, dtype=T.float16):
     """``dQ_out`` [total_q, heads, dim]: each sequence's rows of dQ [batch, heads, lse_rows, dim]
     in ``dtype``."""
-    seqs, batch, total_q, _, padded = _varlen_dims()
+    seqs, batch, total_q, _, padded = varlen_dims()
 
     @T.prim_func
     def main(dQ: T.Tensor([batch, heads, padded, dim], T.float32), cu_seqlens_q: T.Tensor([seqs], T.int32),
