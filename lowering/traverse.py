@@ -264,13 +264,20 @@ def bulk_tiles(s: ir.Stmt):
     return None
 
 
+def bulk_store_tile(s: ir.Stmt) -> Optional[ir.Region]:
+    """The shared tile a bulk (TMA) store, or a bulk reduce-add, into global memory reads; else
+    None."""
+    if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA and s.dst.buffer.scope is ir.Scope.GLOBAL:
+        return s.src
+    return s.value if bulk_reduce(s) else None
+
+
 def async_shared_reads(s: ir.Stmt) -> set:
     """Shared buffers ``s`` reads through the asynchronous proxy (bulk stores and bulk reduce-adds,
     wgmma operands)."""
-    if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA and s.src.buffer.scope is ir.Scope.SHARED:
-        return {s.src.buffer}
-    if bulk_reduce(s):
-        return {s.value.buffer}
+    tile = bulk_store_tile(s)
+    if tile is not None:
+        return {tile.buffer}
     if isinstance(s, ir.Gemm) and s.instr is ir.GemmInstr.WGMMA:
         return {s.a.buffer, s.b.buffer}
     return set()

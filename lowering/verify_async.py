@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from . import ir, roles
 from .errors import CompileError
-from .traverse import (async_shared_reads, buffers_read, buffers_written, bulk_reduce,
+from .traverse import (async_shared_reads, buffers_read, buffers_written, bulk_store_tile,
                        generic_shared_writes, walk)
 
 
@@ -92,11 +92,9 @@ class _Role:
             self.unfenced[b] = s.loc
         if isinstance(s, ir.BulkStoreWait):
             self.storing = self.storing[len(self.storing) - s.outstanding:] if s.outstanding else []
-        if isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA \
-                and s.dst.buffer.scope is ir.Scope.GLOBAL:
-            self.storing.append((s.src.buffer, s.loc))
-        if bulk_reduce(s):
-            self.storing.append((s.value.buffer, s.loc))
+        tile = bulk_store_tile(s)
+        if tile is not None:
+            self.storing.append((tile.buffer, s.loc))
         if isinstance(s, ir.For):
             once = self.seq(s.body.stmts, list(inflight))
             return self.seq(s.body.stmts, once)        # what the next iteration sees

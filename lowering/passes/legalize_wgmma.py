@@ -447,10 +447,7 @@ def _check_atomic(s: ir.AtomicAdd) -> None:
         if not bulk_reduce(s) or s.order != "relaxed":
             raise _Refuse(f"a tile T.atomic_add other than a relaxed add of a shared tile into "
                           f"global memory (line {s.loc.line}); add a fragment through a shared tile")
-        problem = _tma_problem(_as_copy(s))
-        if problem is not None:
-            raise _Refuse(problem)
-        return
+        return          # its box is checked with the bulk copies' (the descriptors)
     if s.dst.buffer.scope is not ir.Scope.GLOBAL:
         raise _Refuse(f"T.atomic_add to {s.dst.buffer.scope.value} buffer '{s.dst.buffer.name}' "
                       f"(line {s.loc.line}); global memory only")

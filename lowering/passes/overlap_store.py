@@ -24,7 +24,7 @@ from typing import Optional
 from .. import ir
 from ..plans import AsyncPlan
 from ..config import BackendConfig
-from ..traverse import buffers_read, buffers_written, bulk_reduce, bulk_tiles, rewrite_loops, walk
+from ..traverse import buffers_read, buffers_written, bulk_store_tile, rewrite_loops, walk
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -106,10 +106,9 @@ def _newer_stores(body: ir.Seq, deferred: set) -> dict:
 
 def _bulk_store(s: ir.Stmt) -> bool:
     """A bulk store of a shared tile to global memory, or a bulk reduce-add of one."""
-    return bulk_reduce(s) or (isinstance(s, ir.Copy) and s.mechanism is ir.CopyMechanism.TMA
-                              and s.dst.buffer.scope is ir.Scope.GLOBAL)
+    return bulk_store_tile(s) is not None
 
 
 def _staging(store: ir.Stmt) -> ir.Buffer:
     """The shared tile a bulk store (or reduce-add) reads."""
-    return bulk_tiles(store)[1].buffer
+    return bulk_store_tile(store).buffer
