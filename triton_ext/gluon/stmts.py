@@ -118,9 +118,13 @@ def _tma_load(ctx: Ctx, s: ir.Copy) -> None:
 
 
 def _tma_store(ctx: Ctx, s: ir.Copy) -> None:
-    coords = ", ".join(arg(ctx, x) for x in s.dst.starts)
-    ctx.line(f"tma.async_copy_shared_to_global({ctx.descriptor(s.dst, s.loc)}, [{coords}], "
-             f"{_smem(ctx, s.src, s.loc)})")
+    _bulk_to_global(ctx, "tma.async_copy_shared_to_global", s.dst, s.src, s.loc)
+
+
+def _bulk_to_global(ctx: Ctx, fn: str, dst: ir.Region, src: ir.Region, loc: ir.Loc) -> None:
+    """A bulk operation of shared tile ``src`` on global tile ``dst`` (its descriptor)."""
+    coords = ", ".join(arg(ctx, x) for x in dst.starts)
+    ctx.line(f"{fn}({ctx.descriptor(dst, loc)}, [{coords}], {_smem(ctx, src, loc)})")
 
 
 def _bulk_store_wait(ctx: Ctx, s: ir.BulkStoreWait) -> None:
@@ -239,9 +243,7 @@ def _store(ctx: Ctx, s: ir.Store) -> None:
 
 
 def _bulk_reduce_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
-    coords = ", ".join(arg(ctx, x) for x in s.dst.starts)
-    ctx.line(f"async_reduce_add({ctx.descriptor(s.dst, s.loc)}, [{coords}], "
-             f"{_smem(ctx, s.value, s.loc)})")
+    _bulk_to_global(ctx, "async_reduce_add", s.dst, s.value, s.loc)
 
 
 def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
