@@ -24,18 +24,18 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import MODES, PRESETS, REFERENCE_SCORES_BYTES, _causal, _sdpa_unavailable
+from .attention import _flops as forward_flops
 from .kernels import for_target
 from .workload import Case, Reference, Unavailable, Variant, Workload, standard_preset
 
 
 def _flops(shape) -> float:
-    B, H, S, D, mode = shape
-    return 10.0 * B * H * S * S * D / (2 if mode == "causal" else 1)
+    return 2.5 * forward_flops(shape)
 
 
 def _make_inputs(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(case.shape[:4], generator=gen, device=case.machine.device).to(case.dtype)
-                 for _ in range(4))
+                 for _ in range(4))                                    # q, k, v, dO
 
 
 def _make_output(case: Case) -> torch.Tensor:
