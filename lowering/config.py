@@ -19,6 +19,9 @@ class SchedulePolicy:
     """Schedule choices of a warp-specialized backend (each measured; docs/performance.md)."""
     overlap_softmax: bool = True    # overlap_softmax's deferred form: a block's first gemm under
                                     # the previous block's fragment math (TILEWS_OVERLAP_SOFTMAX)
+    overlap_gemms: bool = True      # overlap_gemms: a block's independent wgmmas in flight
+                                    # together, each waited where first needed
+                                    # (TILEWS_OVERLAP_GEMMS)
     overlap_promotion: bool = False  # overlap_softmax's form for loops whose fragment math holds
                                      # no gemm (FP8 promotion; opt-in)
     pingpong: bool = False          # split consumer warp groups take turns issuing their gemms

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import ir
-from .traverse import walk
+from .traverse import buffers_written, walk
 
 
 def role_sets(body: ir.Stmt) -> tuple[tuple[int, ...], ...]:
@@ -95,3 +95,27 @@ def role_threads(role: tuple[int, ...]) -> int:
 def describe(warpgroups: tuple[int, ...]) -> str:
     """``T.ws(1, 2)`` as the user wrote it."""
     return f"T.ws({', '.join(map(str, warpgroups))})"
+
+
+def released_buffers(ws: ir.WarpSpecialize) -> dict[str, set]:
+    """barrier name -> shared buffers some role writes after waiting on that barrier: what an
+    arrival on it releases to that role (a fragment is its role's own: no arrival releases it)."""
+    guards: dict[str, set] = {}
+    for role in ws.roles:
+        waited: list[str] = []
+        for s in walk(role.body):
+            if isinstance(s, ir.BarrierWait):
+                waited.append(s.barrier.buffer.name)
+            elif waited:
+                for b in (b for b in buffers_written(s) if b.scope is ir.Scope.SHARED):
+                    guards.setdefault(waited[-1], set()).add(b)
+    return guards
+
+
+def released_operand(arrive: ir.BarrierArrive, gemm: ir.Gemm, released: dict[str, set]):
+    """The shared operand of ``gemm`` that ``arrive`` hands to the role writing it next (the ring
+    slot the gemm reads, at the same index expression), or None (``released``:
+    ``released_buffers``)."""
+    freed = released.get(arrive.barrier.buffer.name, set())
+    return next((op.buffer for op in (gemm.a, gemm.b)
+                 if op.buffer in freed and op.starts[:1] == (arrive.barrier.index,)), None)

@@ -6,7 +6,7 @@ artifact store, the backends. No other module reads a ``TILEWS_*`` variable.
 
 Truth rule for on/off switches: "1", "true", "yes" and "on" (any case, surrounding blanks ignored)
 are on; "0", "false", "no" and "off" are off; unset or empty is the switch's default (off,
-except ``TILEWS_OVERLAP_SOFTMAX``); any other value is a ``ValueError`` naming the variable (a
+except ``TILEWS_OVERLAP_SOFTMAX`` and ``TILEWS_OVERLAP_GEMMS``); any other value is a ``ValueError`` naming the variable (a
 typo never silently means "off").
 """
 from __future__ import annotations
@@ -32,6 +32,9 @@ SWITCHES = (
     ("TILEWS_DEBUG_FRONTEND", "re-raise the raw Python error behind a frontend `CompileError`"),
     ("TILEWS_OVERLAP_SOFTMAX", "Hopper: keep a block's P V gemm in flight under the next block's "
                                "softmax (overlap_softmax; on unless set to an off value)"),
+    ("TILEWS_OVERLAP_GEMMS", "Hopper: issue a block's independent wgmmas together and wait for "
+                             "each where its result is first needed (overlap_gemms; on unless "
+                             "set to an off value)"),
     ("TILEWS_TUNE", "`tilews.ops.matmul` and `tilews.ops.fp8_scaled_mm` tune each new shape "
                     "bucket at its first call (winners kept on disk) instead of using their "
                     "heuristics"),
@@ -81,6 +84,7 @@ class Settings:
     poison_outputs: bool = False
     debug_frontend: bool = False
     overlap_softmax: bool = True
+    overlap_gemms: bool = True
     tune: bool = False
     cxx: Optional[str] = None             # TILEWS_CXX: the Metal CPU harness's C++ compiler
 
@@ -94,6 +98,7 @@ class Settings:
                    poison_outputs=flag("TILEWS_POISON_OUTPUTS", environ),
                    debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
+                   overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    cxx=_text("TILEWS_CXX", environ))
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 from . import ir, roles
 from .errors import CompileError
 from .traverse import (async_shared_reads, buffers_read, buffers_written, bulk_store_tile,
-                       generic_shared_writes, walk)
+                       generic_shared_writes)
 
 
 def run(kernel: ir.Kernel) -> ir.Kernel:
     for ws in (s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)):
-        guards = _guarded_buffers(ws)
+        guards = roles.released_buffers(ws)
         for role in ws.roles:
             checker = _Role(kernel, role, guards)
             inflight = checker.seq(role.body.stmts, [])
@@ -43,21 +43,6 @@ def run(kernel: ir.Kernel) -> ir.Kernel:
                                    f"with a wgmma in flight (issued at line {inflight[-1].loc.line}); "
                                    f"add a wait", inflight[-1].loc)
     return kernel
-
-
-def _guarded_buffers(ws: ir.WarpSpecialize) -> dict[str, set]:
-    """barrier name -> shared buffers some role writes after waiting on that barrier (a fragment
-    is its role's own: no arrival releases it to another)."""
-    guards: dict[str, set] = {}
-    for role in ws.roles:
-        waited: list[str] = []
-        for s in walk(role.body):
-            if isinstance(s, ir.BarrierWait):
-                waited.append(s.barrier.buffer.name)
-            elif waited:
-                for b in (b for b in buffers_written(s) if b.scope is ir.Scope.SHARED):
-                    guards.setdefault(waited[-1], set()).add(b)
-    return guards
 
 
 class _Role:
@@ -112,13 +97,12 @@ class _Role:
                                     f"in flight", s.loc)
             return inflight + [s] if s.instr is ir.GemmInstr.WGMMA else inflight
         if isinstance(s, ir.BarrierArrive):
-            released = self.guards.get(s.barrier.buffer.name, set())
             for g in inflight:
-                for op in (g.a, g.b):
-                    if op.buffer in released and op.starts[:1] == (s.barrier.index,):
-                        raise self.fail(f"arrives on '{s.barrier.buffer.name}' releasing "
-                                        f"'{op.buffer.name}' while the wgmma from line "
-                                        f"{g.loc.line} may still read it (wait first)", s.loc)
+                op = roles.released_operand(s, g, self.guards)
+                if op is not None:
+                    raise self.fail(f"arrives on '{s.barrier.buffer.name}' releasing "
+                                    f"'{op.name}' while the wgmma from line "
+                                    f"{g.loc.line} may still read it (wait first)", s.loc)
             return inflight
         touched = set(buffers_read(s)) | set(buffers_written(s))
         for g in inflight:

@@ -46,7 +46,8 @@ def configure(cls: type[Backend], services: Services, passes: PassOptions = Pass
     """The config backend ``cls`` builds with, here: the one place where the machine, the
     settings and the pass configs become capabilities, a schedule policy and code options."""
     return BackendConfig(cls.capabilities(services.machine), cls.pipeline,
-                         SchedulePolicy(overlap_softmax=services.settings.overlap_softmax),
+                         SchedulePolicy(overlap_softmax=services.settings.overlap_softmax,
+                                        overlap_gemms=services.settings.overlap_gemms),
                          CodegenOptions(fast_math=passes.fast_math,
                                         register_copies=passes.register_copies))
 

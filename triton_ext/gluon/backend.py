@@ -16,8 +16,8 @@ from tilews.lowering.backend import Backend, Machine
 from tilews.lowering.capabilities import SM90, Capabilities
 from tilews.lowering.config import BackendConfig
 from tilews.lowering.passes import (check_barriers, infer_layouts, legalize, legalize_wgmma,
-                                    overlap_mma, overlap_softmax, overlap_store, persist, pingpong,
-                                    plan_buffers, plan_pipeline, registerize, split_consumers,
+                                    overlap_gemms, overlap_mma, overlap_softmax, overlap_store, persist,
+                                    pingpong, plan_buffers, plan_pipeline, registerize, split_consumers,
                                     split_extents, swizzle_grid, uniform_selects,
                                     warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
@@ -53,8 +53,10 @@ PIPELINE = Pipeline((
     # (attention's Q K^T under the softmax), the split consumer warp groups taking turns to issue
     # those gemms, one wgmma in flight across iterations of a GEMM main loop, and a tile's
     # result store in flight under the next tile's main loop (persistent kernels).
+    # Then, in what those left as written, each block's independent wgmmas in flight together
+    # under its fragment math (the attention backward's five gemms).
     Phase("overlap", (Pass.of(overlap_softmax), Pass.of(pingpong), Pass.of(overlap_mma),
-                      Pass.of(overlap_store))),
+                      Pass.of(overlap_store), Pass.of(overlap_gemms))),
     # Last: persist made its own panels, and legalize read block ranges from the 2-d grid.
     Phase("grid", (Pass.of(swizzle_grid),)),
 ))

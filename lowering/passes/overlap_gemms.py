@@ -1,0 +1,174 @@
+"""overlap_gemms: issue a block's independent wgmmas together and wait for each only where its
+result (or an operand it still reads) is first needed, so the warp group's fragment math runs
+while the tensor cores work — the intra-warp-group overlap FlashAttention-3's backward writes by
+hand, made by the compiler for any statement list of that form.
+
+Requires:  legalize_wgmma made an ``AsyncPlan`` and ``config.policy.overlap_gemms`` is on
+           (``TILEWS_OVERLAP_GEMMS``; otherwise the pass does nothing); overlap_softmax,
+           pingpong and overlap_mma have run (a list they rewrote has waits that leave gemms in
+           flight, and is left alone).
+Ensures:   every statement list (a role's body, a loop body, a branch) whose waits are all
+           legalize_wgmma's ``gemm [wgmma]; gemm_wait 0`` (a run of gemms then one wait) and
+           which holds at least two wgmmas is rescheduled:
+
+           1. each wgmma, with a ``barrier_wait`` right before it, moves up past the statements
+              before it that neither write its operands or accumulator nor read its
+              accumulator, stopping at another gemm, a wait, a barrier operation, a proxy fence,
+              a bulk copy or a statement holding any of those (gemms keep their order; waits
+              move earlier only past statements that involve no barrier, so no role waits on an
+              arrival it used to give first);
+           2. the waits are placed lazily: before a statement that touches an in-flight gemm's
+              accumulator, writes its operands (shared or register), or holds a gemm, wait or
+              barrier wait in a nested body, ``gemm_wait n`` completes the newest gemm it needs
+              (``n``: the gemms issued after that one, which stay in flight; wgmma groups
+              complete in order);
+           3. an arrival that releases a ring slot an in-flight gemm reads (the check of
+              verify_async) is held back until a wait placed for another reason completes that
+              gemm, or until the next barrier wait or the end of the list; arrivals keep their
+              order among themselves;
+           4. the list ends with ``gemm_wait 0`` (Gluon carries only completed accumulators
+              across iterations and out of branches) followed by the held-back arrivals.
+
+           On the attention backward's loop body this issues ``S^T = K Q^T`` and
+           ``dP^T = V dO^T`` back to back, runs the exponentials under ``dP^T``, ``dS^T`` under
+           the ``dV`` gemm and dS's store to shared memory under the ``dK`` gemm.
+Preserves: program meaning (the interpreter runs gemms synchronously; statements move only past
+           statements they share no buffer with, and waits only order asynchronous work) and
+           locations.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir, roles
+from ..config import BackendConfig
+from ..plans import AsyncPlan
+from ..traverse import buffers_read, buffers_written, bulk_store_tile, footprint, walk
+
+_BARRIERS = (ir.BarrierWait, ir.BarrierArrive, ir.BlockSync)
+"""Statements that synchronize with other threads: nothing moves across them but arrivals."""
+
+
+def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
+    if kernel.find_plan(AsyncPlan) is None or not config.policy.overlap_gemms:
+        return kernel
+    released: dict[str, set] = {}
+    for ws in (s for s in walk(kernel.body) if isinstance(s, ir.WarpSpecialize)):
+        released.update(roles.released_buffers(ws))
+    return dataclasses.replace(kernel, body=_rewrite(kernel.body, released))
+
+
+def _rewrite(seq: ir.Seq, released: dict) -> ir.Seq:
+    """``seq`` with its nested lists rescheduled first, then itself where it qualifies."""
+    stmts = tuple(_rewrite_nested(s, released) for s in seq.stmts)
+    if _qualifies(stmts):
+        stmts = _place_waits(_hoist_gemms(_without_waits(stmts)), released, seq.loc)
+    return dataclasses.replace(seq, stmts=stmts)
+
+
+def _rewrite_nested(s: ir.Stmt, released: dict) -> ir.Stmt:
+    if isinstance(s, ir.WarpSpecialize):
+        return dataclasses.replace(s, roles=tuple(_rewrite_nested(r, released) for r in s.roles))
+    if isinstance(s, (ir.For, ir.Role)):
+        return dataclasses.replace(s, body=_rewrite(s.body, released))
+    if isinstance(s, ir.If):
+        return dataclasses.replace(s, then=_rewrite(s.then, released), orelse=_rewrite(s.orelse, released))
+    return s
+
+
+def _wgmma(s: ir.Stmt) -> bool:
+    return isinstance(s, ir.Gemm) and s.instr is ir.GemmInstr.WGMMA
+
+
+def _qualifies(stmts: tuple) -> bool:
+    """At least two wgmmas, and every wait is a ``gemm_wait 0`` right after a gemm."""
+    if sum(_wgmma(s) for s in stmts) < 2:
+        return False
+    return all(s.outstanding == 0 and i > 0 and _wgmma(stmts[i - 1])
+               for i, s in enumerate(stmts) if isinstance(s, ir.GemmWait))
+
+
+def _without_waits(stmts: tuple) -> list:
+    return [s for s in stmts if not isinstance(s, ir.GemmWait)]
+
+
+def _fixed(s: ir.Stmt) -> bool:
+    """Whether nothing may move past ``s``: gemms, waits, synchronization, proxy fences, bulk
+    (asynchronous) copies, or a statement holding one."""
+    return any(isinstance(t, (ir.Gemm, ir.GemmWait, ir.ProxyFence, ir.BulkStoreWait) + _BARRIERS)
+               or bulk_store_tile(t) is not None
+               or (isinstance(t, ir.Copy) and t.mechanism is ir.CopyMechanism.TMA)
+               for t in walk(s))
+
+
+def _independent(bundle: list, s: ir.Stmt) -> bool:
+    """Whether ``s`` and ``bundle`` (a gemm and its barrier wait) may trade places: neither
+    writes what the other reads or writes (ring slot counters included)."""
+    reads, writes = footprint(*bundle)
+    s_reads, s_writes = footprint(s)
+    return not (s_writes & (reads | writes) or s_reads & writes)
+
+
+def _hoist_gemms(stmts: list) -> list:
+    """Step 1 of the module docstring."""
+    out: list = []
+    for s in stmts:
+        out.append(s)
+        if not _wgmma(s):
+            continue
+        top = len(out) - 1
+        if top > 0 and isinstance(out[top - 1], ir.BarrierWait):
+            top -= 1
+        bundle = out[top:]
+        while top > 0 and not _fixed(out[top - 1]) and _independent(bundle, out[top - 1]):
+            top -= 1
+        out[top:] = bundle + [t for t in out[top:] if all(t is not b for b in bundle)]
+    return out
+
+
+def _needs(s: ir.Stmt, gemm: ir.Gemm) -> bool:
+    """Whether ``s`` may run only once ``gemm`` has completed."""
+    if _wgmma(s):
+        return (s.a.buffer == gemm.c.buffer or s.c.buffer in (gemm.a.buffer, gemm.b.buffer)
+                or (s.c.buffer == gemm.c.buffer and s.clear_accum))
+    reads, writes = footprint(s)
+    return gemm.c.buffer in reads | writes or bool(writes & {gemm.a.buffer, gemm.b.buffer})
+
+
+def _place_waits(stmts: list, released: dict, loc: ir.Loc) -> tuple:
+    """Steps 2-4 of the module docstring (``loc``: the list's, for its final wait)."""
+    out: list = []
+    inflight: list[ir.Gemm] = []
+    held: list[tuple[ir.BarrierArrive, list]] = []     # arrivals and the gemms they wait for
+
+    def complete(needed: list, at: ir.Loc) -> None:
+        nonlocal inflight, held
+        newest = max((i for i, g in enumerate(inflight) if any(g is n for n in needed)), default=None)
+        if newest is not None:
+            out.append(ir.GemmWait(len(inflight) - 1 - newest, at))
+            inflight = inflight[newest + 1:]
+        while held and not any(g is i for g in held[0][1] for i in inflight):
+            out.append(held.pop(0)[0])
+
+    for s in stmts:
+        if isinstance(s, ir.BarrierArrive):
+            needed = [g for g in inflight if roles.released_operand(s, g, released) is not None]
+            if needed or held:
+                held.append((s, needed))
+            else:
+                out.append(s)
+            continue
+        if isinstance(s, (ir.BarrierWait, ir.BlockSync)) or footprint(s)[1] & footprint(*(a for a, _ in held))[0]:
+            # a barrier wait, or a write of what a held arrival reads (its ring slot counter)
+            complete([g for _, gs in held for g in gs], s.loc)
+            if not isinstance(s, (ir.BarrierWait, ir.BlockSync)):
+                complete([g for g in inflight if _needs(s, g)], s.loc)
+        elif any(isinstance(t, (ir.Gemm, ir.GemmWait) + _BARRIERS) for t in walk(s) if t is not s):
+            complete(inflight, s.loc)
+        else:
+            complete([g for g in inflight if _needs(s, g)], s.loc)
+        out.append(s)
+        if _wgmma(s):
+            inflight.append(s)
+    complete(inflight, loc)
+    return tuple(out)
