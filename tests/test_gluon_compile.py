@@ -556,6 +556,18 @@ def test_a_2d_tile_stored_across_a_unit_middle_dim_is_a_bulk_copy():
     assert w[:, 0].isnan().all()
 
 
+@T.macro
+def _pipelined_gemm(A, B, A_s, B_s, C_f, bx, by):
+    """C_f = the (by, bx) tile of A @ B, through the shared tiles A_s and B_s, two stages."""
+    bm, bk = A_s.shape
+    bn = B_s.shape[1]
+    T.clear(C_f)
+    for k in T.Pipelined(A.shape[1] // bk, num_stages=2):
+        T.copy(A[by * bm, k * bk], A_s)
+        T.copy(B[k * bk, bx * bn], B_s)
+        T.gemm(A_s, B_s, C_f)
+
+
 def test_a_stored_broadcast_adds_no_zero():
     """A ``T.Parallel`` store whose value misses a loop index is spelled as a splat (a scalar) or
     ``gl.broadcast`` (a vector along one axis), not ``gl.full(0) + value``: 0.0 + x is no
@@ -574,11 +586,7 @@ def test_a_stored_broadcast_adds_no_zero():
             C_f = T.alloc_fragment((bm, bn), T.float32)
             D_f = T.alloc_fragment((bm, bn), T.float32)
             E_f = T.alloc_fragment((bm, bn), T.float32)
-            T.clear(C_f)
-            for k in T.Pipelined(K // bk, num_stages=2):
-                T.copy(A[by * bm, k * bk], A_s)
-                T.copy(B[k * bk, bx * bn], B_s)
-                T.gemm(A_s, B_s, C_f)
+            _pipelined_gemm(A, B, A_s, B_s, C_f, bx, by)
             for i, j in T.Parallel(bm, bn):
                 D_f[i, j] = bias[bx * bn + j]           # a vector along j, broadcast over i
             for i, j in T.Parallel(bm, bn):
@@ -609,11 +617,7 @@ def _float_divmod_epilogue(M, N, K, bm=64, bn=64, bk=64):
             B_s = T.alloc_shared((bk, bn), T.float16)
             C_f = T.alloc_fragment((bm, bn), T.float32)
             R_f = T.alloc_fragment((bm, bn), T.float32)
-            T.clear(C_f)
-            for k in T.Pipelined(K // bk, num_stages=2):
-                T.copy(A[by * bm, k * bk], A_s)
-                T.copy(B[k * bk, bx * bn], B_s)
-                T.gemm(A_s, B_s, C_f)
+            _pipelined_gemm(A, B, A_s, B_s, C_f, bx, by)
             for i, j in T.Parallel(bm, bn):
                 R_f[i, j] = C_f[i, j] % Z[bx * bn + j]
                 C_f[i, j] = C_f[i, j] // Z[bx * bn + j]
