@@ -14,6 +14,16 @@ Contract (docs: metal-contract.md, "The CPU harness"):
   is moved into place); a cached file that does not match its record (emptied, corrupted, or with
   no record) is compiled again. Every compile first removes ``*.tmp`` files of that folder older
   than ``STALE_TMP_S`` (left by a compile that was killed).
+* ``build(..., checked=True)`` (the default) compiles every index of an on-chip array (each
+  ``threadgroup T name[N];`` and thread ``T name[N];`` of the kernel text) through a check
+  (``msl_cpu_index``): an index outside the array fails the launch with ``HarnessOutOfBounds``
+  (a ``HarnessError`` and the interpreter's ``OutOfBoundsError``) naming the array, the index, the
+  lane, the kernel line and, where the emitter marked it (``// tilews: file.py:LINE``), the
+  user's line. The arrays are flat, so an index past one dim of a multi-dim buffer but inside the
+  array is not seen. Cost: one compare and a branch never taken per on-chip access; an RMS norm
+  (256 x 512 floats, three on-chip arrays) ran within this 2-core machine's noise either way (best
+  of 30 runs: 23-43 ms checked, 35-47 ms unchecked). ``checked=False`` compiles the kernel text as
+  it is.
 * ``HarnessKernel.run(args, grid)``: ``args`` follow ``kernel.params``: C-contiguous numpy arrays or
   contiguous torch CPU tensors of the param's element type (half and bfloat may also come as 2-byte
   integer storage, uchar and char as fp8 tensors; signed and unsigned integers of one size are
@@ -63,11 +73,12 @@ from typing import Optional, Sequence
 import numpy as np
 
 from tilews.lowering.digest import cache_key
+from tilews.lowering.errors import OutOfBoundsError
 from tilews.lowering.settings import Settings
 
 from .source import ATTRIBUTES, MslKernel
 
-__all__ = ["HarnessError", "HarnessKernel", "HarnessUnavailable", "build", "compiler", "threadgroup_arrays",
+__all__ = ["HarnessError", "HarnessKernel", "HarnessOutOfBounds", "HarnessUnavailable", "build", "compiler", "threadgroup_arrays",
            "translation_unit"]
 
 HEADER = pathlib.Path(__file__).with_name("msl_cpu.h")
@@ -105,6 +116,10 @@ class HarnessError(RuntimeError):
     """A kernel failed to compile or to run under the harness; the message says where and why."""
 
 
+class HarnessOutOfBounds(HarnessError, OutOfBoundsError):
+    """A kernel indexed an on-chip array outside it (the checked build)."""
+
+
 def compiler() -> Optional[str]:
     """The C++ compiler the harness uses: ``TILEWS_CXX`` if set (None if it is not found), else
     ``g++`` or ``clang++`` from PATH, else None."""
@@ -114,7 +129,7 @@ def compiler() -> Optional[str]:
     return shutil.which("g++") or shutil.which("clang++")
 
 
-def build(kernel: MslKernel, sanitizer: Optional[str] = None) -> "HarnessKernel":
+def build(kernel: MslKernel, sanitizer: Optional[str] = None, checked: bool = True) -> "HarnessKernel":
     """Check ``kernel`` against Metal's limits, compile it (or find it cached), and load it."""
     if sanitizer not in (None, *SANITIZERS):
         raise ValueError(f"sanitizer={sanitizer!r}: use None, 'thread' or 'address'")
@@ -128,7 +143,7 @@ def build(kernel: MslKernel, sanitizer: Optional[str] = None) -> "HarnessKernel"
     _check_threadgroup_memory(kernel)
     if sanitizer is not None:
         _check_sanitizer(cxx, sanitizer)
-    text = translation_unit(kernel)
+    text = translation_unit(kernel, checked)
     flags = _COMMON_FLAGS + _FLAGS[sanitizer]
     key = cache_key("tilews.metal.harness", 1, text, HEADER.read_text(), cxx, _version(cxx), flags)
     path, seconds = _compiled(kernel.name, text, cxx, flags, key, ".so" if sanitizer is None else ".exe")
@@ -165,7 +180,7 @@ class HarnessKernel:
         pointers = (ctypes.c_void_p * max(1, len(buffers)))(*[b.pointer or None for b in buffers])
         error = ctypes.create_string_buffer(4096)
         if _launch_interruptibly(library, pointers, grid, error) != 0:
-            raise HarnessError(self._explain(error.value.decode(errors="replace")))
+            raise self._failure(error.value.decode(errors="replace"))
 
     def _run_sanitized(self, buffers: list["_Buffer"], grid: tuple[int, int, int]) -> None:
         variable, options = _SANITIZER_ENV[self.sanitizer]
@@ -186,7 +201,7 @@ class HarnessKernel:
                                    f"reports:\n{report}")
             if proc.returncode == 3 and "msl_cpu error: " in proc.stderr:
                 message = proc.stderr.split("msl_cpu error: ", 1)[1].strip()
-                raise HarnessError(self._explain(message))
+                raise self._failure(message)
             if proc.returncode != 0:
                 tail = "\n".join(proc.stderr.splitlines()[-REPORT_LINES:])
                 raise HarnessError(f"kernel {self.kernel.name} exited with status {proc.returncode} "
@@ -196,26 +211,46 @@ class HarnessKernel:
                     data = pathlib.Path(folder, f"arg{i}.bin").read_bytes()
                     ctypes.memmove(b.pointer, data, b.nbytes)
 
-    def _explain(self, message: str) -> str:
-        """The diagnostic, followed by the kernel source lines it names."""
+    def _failure(self, message: str) -> HarnessError:
+        """The launch's diagnostic as an error, followed by the kernel source lines it names (and
+        the user's line each comes from, where the emitter marked it)."""
         lines = self.kernel.full_source().splitlines()
         numbers = sorted({int(n) for n in re.findall(r"\bline (\d+)", message)})
-        quoted = [f"  {self.kernel.name}.metal:{n}: {lines[n - 1].strip()}"
+        quoted = [f"  {self.kernel.name}.metal:{n}: {lines[n - 1].strip()}{_origin(lines, n)}"
                   for n in numbers if 0 < n <= len(lines)]
-        return "\n".join([f"kernel {self.kernel.name}: {message}", *quoted])
+        kind = HarnessOutOfBounds if _OUT_OF_BOUNDS.search(message) else HarnessError
+        return kind("\n".join([f"kernel {self.kernel.name}: {message}", *quoted]))
+
+
+_OUT_OF_BOUNDS = re.compile(r"lane \d+: index -?\d+ is outside on-chip array ")
+_ORIGIN = re.compile(r"^\s*// tilews: (\S+)")
+
+
+def _origin(lines: list[str], n: int) -> str:
+    """`` (from file.py:LINE)``: the user's line of the statement kernel line ``n`` belongs to, the
+    emitter's last ``// tilews:`` mark above it; "" where there is none."""
+    for line in reversed(lines[:n - 1]):
+        match = _ORIGIN.match(line)
+        if match:
+            return f" (from {match.group(1)})"
+    return ""
 
 
 # ---- the translation unit ------------------------------------------------------------------------
 
-def translation_unit(kernel: MslKernel) -> str:
+def translation_unit(kernel: MslKernel, checked: bool = True) -> str:
     """The C++ file the harness compiles: the kernel text (lines numbered as in ``full_source()``,
-    file name ``<kernel>.metal``) and the driver that calls it once per lane."""
+    file name ``<kernel>.metal``; with ``checked``, its on-chip indices bounds-checked) and the
+    driver that calls it once per lane."""
+    text = _LOOP.sub("msl_cpu_for(", _POINTER.sub("", kernel.full_source()))
+    if checked:
+        text = _bounds_checked(text, on_chip_arrays(kernel))
     args = [f"({p.dtype}*)b[{i}]" for i, p in enumerate(kernel.params)]
     args += [_ATTRIBUTE_VALUES[a] for a in kernel.attributes]
     written = ", ".join(["true" if p.written else "false" for p in kernel.params] + ["false"])
     return f"""// generated by tilews.metal.harness for kernel {kernel.name}
 #line 1 "{kernel.name}.metal"
-{_LOOP.sub("msl_cpu_for(", _POINTER.sub("", kernel.full_source()))}
+{text}
 #line 1 "{kernel.name}.harness.cpp"
 static void msl_cpu_lane(void* ctx, uint3 group, uint tid) {{
   void** b = static_cast<void**>(ctx);
@@ -297,6 +332,48 @@ def _extent(expression: str, name: str, kernel: str) -> int:
         raise HarnessError(f"kernel {kernel}: cannot size threadgroup array {name}[{expression}]: "
                            "extents must be integer literals or arithmetic on them")
     return eval(compile(tree, "<extent>", "eval"), {"__builtins__": {}})
+
+
+_ARRAY = re.compile(r"^[ \t]*(?:threadgroup\s+)?(\w+)\s+(\w+)\s*\[([^\[\]]+)\]\s*;", re.M)
+
+
+def on_chip_arrays(kernel: MslKernel) -> dict[str, int]:
+    """Name -> elements of every one-dim array of scalars the kernel body declares, in threadgroup
+    memory or the thread's own."""
+    text = _COMMENT.sub(" ", kernel.body)
+    return {name: _extent(extent, name, kernel.name) for element, name, extent in _ARRAY.findall(text)
+            if element in ELEMENT_TYPES}
+
+
+def _bounds_checked(text: str, arrays: dict[str, int]) -> str:
+    """``text`` with every ``name[index]`` of an array of ``arrays`` (but its declaration) spelled
+    ``name[msl_cpu_index(index, elements, "name", __LINE__)]`` (lines unchanged)."""
+    if not arrays:
+        return text
+    use = re.compile(r"\b(" + "|".join(map(re.escape, arrays)) + r")\s*\[")
+    declared = [m.span() for m in _ARRAY.finditer(text) if m.group(2) in arrays]
+    out, pos = [], 0
+    while (m := use.search(text, pos)) is not None:
+        end = _closing_bracket(text, m.end())
+        if any(lo <= m.start() < hi for lo, hi in declared):
+            out.append(text[pos:end + 1])
+        else:
+            name = m.group(1)
+            index = _bounds_checked(text[m.end():end], arrays)
+            out.append(f'{text[pos:m.end()]}msl_cpu_index({index}, {arrays[name]}, "{name}", '
+                       f'__LINE__)]')
+        pos = end + 1
+    return "".join(out) + text[pos:]
+
+
+def _closing_bracket(text: str, start: int) -> int:
+    """The position of the ``]`` closing the ``[`` just before ``start``."""
+    depth = 1
+    for i in range(start, len(text)):
+        depth += {"[": 1, "]": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    raise HarnessError(f"unbalanced brackets after {text[max(0, start - 40):start]!r}")
 
 
 def _check_threadgroup_memory(kernel: MslKernel) -> None:

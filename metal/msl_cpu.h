@@ -38,6 +38,11 @@
 // so ThreadSanitizer sees the lanes' real happens-before order. The launch entry is msl_cpu::launch;
 // file_main is the main() of the sanitizer executables.
 //
+// Bounds (the harness's checked build, its default): every index of an on-chip array (threadgroup
+// or thread) goes through msl_cpu_index, which fails the launch naming the array, the lane and the
+// line when it is outside the array's elements (the arrays are flat: a multi-dim buffer's index past
+// one dim but inside the array is not seen).
+//
 // Interrupts: msl_cpu::g_stop (set from another thread: the harness does on Ctrl-C) stops a launch
 // at the next threadgroup, or at the next iteration of any loop of the kernel (the harness spells the
 // kernel's `for (...)` as msl_cpu_for(...), which polls it); the launch then fails with
@@ -655,6 +660,29 @@ static inline void poll_stop() {
   if (__builtin_expect(g_stop.load(std::memory_order_relaxed), false)) interrupted();
 }
 
+// ---- bounds of on-chip arrays (the harness's checked build spells each index of a threadgroup or
+// thread array `name[i]` as name[msl_cpu_index(i, extent, "name", __LINE__)])
+
+// Fails the launch ("threadgroup (0, 0, 0), lane 3: index 12 is outside on-chip array s[8] (line
+// 27)") and ends the lane.
+[[noreturn]] static void out_of_bounds(long long index, long long extent, const char* name, uint line) {
+  Group& G = g_group;
+#ifdef MSL_CPU_THREADS
+  pthread_mutex_lock(&G.mutex);
+#endif
+  if (!G.failed) {
+    G.failed = true;
+    std::snprintf(G.error, kErrorCap, "threadgroup (%u, %u, %u), lane %u: index %lld is outside "
+                  "on-chip array %s[%lld] (line %u)", G.position.x, G.position.y, G.position.z,
+                  t_lane->tid, index, name, extent, line);
+  }
+  wake_all(G);
+#ifdef MSL_CPU_THREADS
+  pthread_mutex_unlock(&G.mutex);
+#endif
+  throw Abort();
+}
+
 // ---- collectives' plumbing
 
 struct Simdgroup {
@@ -887,5 +915,13 @@ static int file_main(int argc, char** argv, int count, const bool* written, Laun
 // A loop of the kernel text (the harness writes `for (...)` so): each iteration first checks for a
 // stop request.
 #define msl_cpu_for(...) for (__VA_ARGS__) if (::msl_cpu::poll_stop(), false) {} else
+
+// An index of an on-chip array in the harness's checked build: the index, or the launch fails.
+template <class I>
+inline I msl_cpu_index(I index, long long extent, const char* name, uint line) {
+  long long at = static_cast<long long>(index);
+  if (__builtin_expect(at < 0 || at >= extent, false)) ::msl_cpu::out_of_bounds(at, extent, name, line);
+  return index;
+}
 
 #endif  // TILEWS_MSL_CPU_H

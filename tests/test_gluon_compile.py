@@ -25,7 +25,7 @@ import torch
 
 import tilews
 import tilews.language as T
-from tilews.lowering import ir
+from tilews.lowering import interpreter, ir
 from tilews.lowering.errors import InternalError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import legalize_wgmma
@@ -556,6 +556,18 @@ def test_a_2d_tile_stored_across_a_unit_middle_dim_is_a_bulk_copy():
     assert w[:, 0].isnan().all()
 
 
+@T.macro
+def _pipelined_gemm(A, B, A_s, B_s, C_f, bx, by):
+    """C_f = the (by, bx) tile of A @ B, through the shared tiles A_s and B_s, two stages."""
+    bm, bk = A_s.shape
+    bn = B_s.shape[1]
+    T.clear(C_f)
+    for k in T.Pipelined(A.shape[1] // bk, num_stages=2):
+        T.copy(A[by * bm, k * bk], A_s)
+        T.copy(B[k * bk, bx * bn], B_s)
+        T.gemm(A_s, B_s, C_f)
+
+
 def test_a_stored_broadcast_adds_no_zero():
     """A ``T.Parallel`` store whose value misses a loop index is spelled as a splat (a scalar) or
     ``gl.broadcast`` (a vector along one axis), not ``gl.full(0) + value``: 0.0 + x is no
@@ -574,11 +586,7 @@ def test_a_stored_broadcast_adds_no_zero():
             C_f = T.alloc_fragment((bm, bn), T.float32)
             D_f = T.alloc_fragment((bm, bn), T.float32)
             E_f = T.alloc_fragment((bm, bn), T.float32)
-            T.clear(C_f)
-            for k in T.Pipelined(K // bk, num_stages=2):
-                T.copy(A[by * bm, k * bk], A_s)
-                T.copy(B[k * bk, bx * bn], B_s)
-                T.gemm(A_s, B_s, C_f)
+            _pipelined_gemm(A, B, A_s, B_s, C_f, bx, by)
             for i, j in T.Parallel(bm, bn):
                 D_f[i, j] = bias[bx * bn + j]           # a vector along j, broadcast over i
             for i, j in T.Parallel(bm, bn):
@@ -595,3 +603,61 @@ def test_a_stored_broadcast_adds_no_zero():
     assert not re.search(r"gl\.full\([^)]*\) \+", src), src
     ptx = gluon_program(kernel).asm["ptx"]
     assert not re.search(r"add(\.rn)?\.f32\s+%r\d+, %r\d+, 0f00000000;", ptx)
+
+
+def _float_divmod_epilogue(M, N, K, bm=64, bn=64, bk=64):
+    """A pipelined GEMM whose epilogue takes the float ``%`` and ``//`` of the accumulator by a
+    per-column divisor (the numeric contract, docs/design.md §3)."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             Z: T.Tensor((N,), T.float32), R: T.Tensor((M, N), T.float32),
+             Q: T.Tensor((M, N), T.float32)):
+        with T.Kernel(N // bn, M // bm, threads=128) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), T.float16)
+            B_s = T.alloc_shared((bk, bn), T.float16)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            R_f = T.alloc_fragment((bm, bn), T.float32)
+            _pipelined_gemm(A, B, A_s, B_s, C_f, bx, by)
+            for i, j in T.Parallel(bm, bn):
+                R_f[i, j] = C_f[i, j] % Z[bx * bn + j]
+                C_f[i, j] = C_f[i, j] // Z[bx * bn + j]
+            T.copy(R_f, R[by * bm, bx * bn])
+            T.copy(C_f, Q[by * bm, bx * bn])
+    return build_kernel(main)
+
+
+def test_float_mod_and_floordiv_spell_floor_semantics_on_hopper():
+    """Float ``%`` is the remainder (``arith.remf``) plus the divisor where their signs differ;
+    float ``//`` the floor of the IEEE-rounded quotient. Before: ``//`` divided with Triton's
+    ``/``, ``div.full.f32`` (up to 2 ulp off), so a quotient just below an integer could floor one
+    lower than Python's. The lowered program on the interpreter gives Python's numbers."""
+    M = N = K = 64
+    kernel = lower(_float_divmod_epilogue(M, N, K), HOPPER)
+    assert kernel.find_plan(AsyncPlan) is not None
+    asm = gluon_program(kernel).asm
+    ttgir, ptx = asm["ttgir"], asm["ptx"]
+    # %: r = remf(c, z); where(r != 0 and (r < 0) != (z < 0), r + z, r)
+    rem = re.search(r"(%\w+) = arith\.remf (%\w+), (%\w+) ", ttgir)
+    assert rem, ttgir
+    r, z = rem.group(1), rem.group(3)
+    assert re.search(rf"= arith\.cmpf une, {r}, ", ttgir) and re.search(rf"= arith\.cmpf olt, {r}, ", ttgir)
+    assert re.search(rf"(%\w+) = arith\.addf {r}, {z} ", ttgir)
+    assert re.search(rf"= arith\.select %\w+, %\w+, {r} ", ttgir)
+    # //: floor(div_rn(c, z)): an IEEE-rounded division, floored (cvt.rmi: round toward -inf)
+    quotient = re.search(r"(%\w+) = tt\.precise_divf %\w+, %\w+ ", ttgir)
+    assert quotient and re.search(rf"= math\.floor {quotient.group(1)} ", ttgir), ttgir
+    assert "div.full.f32" not in ptx and "div.rn.f32" in ptx
+    assert re.search(r"cvt\.rmi(\.ftz)?\.f32\.f32", ptx)
+    # numbers: integer GEMM results (exact in float32) by dyadic divisors of both signs, so the
+    # remainder and the floor are exact in float64 too
+    g = torch.Generator().manual_seed(7)
+    a = torch.randint(-3, 4, (M, K), generator=g).half()
+    b = torch.randint(-3, 4, (K, N), generator=g).half()
+    z = torch.tensor([-2.5, -1.5, -0.75, 0.75, 1.5, 2.5, 3.25, -3.25])[torch.randint(0, 8, (N,), generator=g)]
+    r_out, q_out = torch.full((M, N), float("nan")), torch.full((M, N), float("nan"))
+    interpreter.run(kernel, [a, b, z, r_out, q_out])
+    c = a.double() @ b.double()
+    assert (c.abs() > 3).float().mean() > 0.5          # not a trivial product
+    torch.testing.assert_close(r_out.double(), torch.remainder(c, z.double()), rtol=0, atol=0)
+    torch.testing.assert_close(q_out.double(), torch.floor(c / z.double()), rtol=0, atol=0)
+    assert ((r_out < 0) == (z < 0)).logical_or(r_out == 0).all()

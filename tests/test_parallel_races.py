@@ -134,13 +134,73 @@ def shift_in_place():
     return main
 
 
-def test_an_in_place_shift_is_a_race_the_interpreter_reports():
-    with pytest.raises(RaceError) as info:
-        tilews.compile(shift_in_place(), target="interpret")(randn(N, seed=5))
-    text = str(info.value)
-    assert text.startswith(f"{__file__}:{marked_line(shift_in_place)}:"), text
-    assert "on 'Y': the read of element [1] by iteration (i=1) meets the write of it by " \
-           "iteration (i=0)" in text
+def read_first_column(scope: str):
+    """Iteration (i, j) reads a[i, 0], which iteration (i, 0) writes (``scope`` is a build-time
+    value: a fragment or shared)."""
+    @T.prim_func
+    def main(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M, N), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            a = T.alloc_fragment((M, N), "float32") if scope == "fragment" \
+                else T.alloc_shared((M, N), "float32")
+            T.copy(X, a)
+            for i, j in T.Parallel(M, N):
+                a[i, j] = a[i, 0] * 2.0  # <- error
+            T.copy(a, Y)
+    return main
+
+
+def read_first_column_of_global():
+    @T.prim_func
+    def main(Y: T.Tensor((M, N), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            for i, j in T.Parallel(M, N):
+                Y[i, j] = Y[i, 0] * 2.0  # <- error
+    return main
+
+
+def reverse_in_shared():
+    @T.prim_func
+    def main(X: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            s = T.alloc_shared((N,), "float32")
+            T.copy(X, s)
+            for i in T.Parallel(N):
+                s[i] = s[N - 1 - i]  # <- error
+            T.copy(s, Y)
+    return main
+
+
+def diagonal_sums():
+    @T.prim_func
+    def main(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M + N,), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            for i, j in T.Parallel(M, N):
+                Y[i + j] = X[i, j]  # <- error
+    return main
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("factory, args, message", [
+    (shift_in_place, (), "iteration (i=1) reads element [1] of 'Y', which iteration (i=0) writes"),
+    (read_first_column, ("fragment",),
+     "iteration (i=0, j=1) reads element [0, 0] of 'a', which iteration (i=0, j=0) writes"),
+    (read_first_column, ("shared",),
+     "iteration (i=0, j=1) reads element [0, 0] of 'a', which iteration (i=0, j=0) writes"),
+    (read_first_column_of_global, (),
+     "iteration (i=0, j=1) reads element [0, 0] of 'Y', which iteration (i=0, j=0) writes"),
+    (reverse_in_shared, (), f"iteration (i={N - 1}) reads element [0] of 's', which iteration (i=0) "
+                        f"writes"),
+    (diagonal_sums, (), "iteration (i=1, j=0) writes element [1] of 'Y', which iteration (i=0, j=1) "
+                    "writes"),
+], ids=["shift", "fragment", "shared", "global", "reverse", "diagonal"])
+def test_iterations_meeting_on_an_element_by_their_indices_is_refused_on_every_target(
+        factory, args, message, target):
+    with pytest.raises(tilews.CompileError) as info:
+        tilews.compile(factory(*args), target=target)
+    e = info.value
+    assert type(e) is tilews.CompileError, repr(e)
+    assert e.message.startswith(f"race in T.Parallel: {message}"), e.message
+    assert e.loc.file == __file__ and e.loc.line == marked_line(factory), str(e)
 
 
 # ---- programs that are not races run on every target ------------------------------------------
@@ -189,6 +249,42 @@ def row_sums(how: str):
     return main
 
 
+def in_place(how: str):
+    """a[i, j] rewritten from reads that no other iteration writes (``how``, a build-time value):
+    its own element and another buffer's, or a[i, 0] only where j == 0 (T.if_then_else)."""
+    @T.prim_func
+    def main(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M, N), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            a = T.alloc_fragment((M, N), "float32")
+            T.copy(X, a)
+            for i, j in T.Parallel(M, N):
+                if how == "scale":
+                    a[i, j] = a[i, j] * 2.0 + X[i, 0]
+                else:
+                    a[i, j] = T.if_then_else(j == 0, a[i, 0] * 2.0, a[i, j])
+            T.copy(a, Y)
+    return main
+
+
+def upper_half_into_lower():
+    """Iteration i reads s[i + M] and writes s[i]: the halves never meet."""
+    @T.prim_func
+    def main(X: T.Tensor((2 * M,), "float32"), Y: T.Tensor((2 * M,), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            s = T.alloc_shared((2 * M,), "float32")
+            T.copy(X, s)
+            for i in T.Parallel(M):
+                s[i] = s[i + M] - s[i]
+            T.copy(s, Y)
+    return main
+
+
+def _doubled_first_column(x):
+    y = x.double().clone()
+    y[:, 0] *= 2
+    return y
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("factory, ref, out", [
     (flattened, lambda x: (x.double() + 1).flatten(), (M * N,)),
@@ -196,9 +292,22 @@ def row_sums(how: str):
     (lambda: row_sums("atomic_add"), lambda x: x.double().sum(1), None),
     (lambda: row_sums("reducer"), lambda x: x.double().sum(1), (M,)),
     (lambda: row_sums("reduce_sum"), lambda x: x.double().sum(1), (M,)),
-], ids=["flattened", "guarded", "atomic_add", "reducer", "reduce_sum"])
+    (lambda: in_place("scale"), lambda x: x.double() * 2 + x.double()[:, :1], (M, N)),
+    (lambda: in_place("guarded_read"), _doubled_first_column, (M, N)),
+], ids=["flattened", "guarded", "atomic_add", "reducer", "reduce_sum", "in_place",
+        "guarded_read"])
 def test_programs_without_races_run(factory, ref, out, target):
     x = randn(M, N, seed=4)
     y = torch.zeros(M) if out is None else poisoned(*out)    # atomics add into zeros
     tilews.compile(factory(), target=target)(x, y)
     torch.testing.assert_close(y.double(), ref(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_halves_that_never_meet_are_not_a_race(target):
+    x = randn(2 * M, seed=6)
+    y = poisoned(2 * M)
+    tilews.compile(upper_half_into_lower(), target=target)(x, y)
+    want = x.double().clone()
+    want[:M] = x.double()[M:] - x.double()[:M]
+    torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=1e-6)

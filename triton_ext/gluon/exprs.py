@@ -83,17 +83,25 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
             return f"gl.where({fix}, {q} - 1, {q})"
         return f"gl.where({fix}, {r} + {b}, {r})"
     if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:   # floor of the rounded quotient
-        q = f"({a} / {b})"
+        q = _quotient(ctx, e, a, b)
         if e.dtype.bits >= 32:
             return f"gl.floor({q})"
         return f"gl.cast(gl.floor(gl.cast({q}, gl.float32)), {GL_DTYPE[e.dtype]})"
     if e.op is ir.BinOpKind.MOD and e.dtype.is_float:
         return float_mod(ctx, a, b, "gl")
-    if e.op is ir.BinOpKind.DIV and ctx.ieee_rounded(e.dtype):
-        a, b = (x if isinstance(o, ir.Const) or o.dtype == e.dtype
-                else f"gl.cast({x}, {GL_DTYPE[e.dtype]})" for o, x in ((e.a, a), (e.b, b)))
-        return f"gl.div_rn({a}, {b})"
+    if e.op is ir.BinOpKind.DIV:
+        return _quotient(ctx, e, a, b)
     return f"({a} {e.op.value} {b})"
+
+
+def _quotient(ctx: Ctx, e: ir.BinOp, a: str, b: str) -> str:
+    """``a / b`` in ``e``'s type: IEEE-rounded (``gl.div_rn``, float32 operands) where
+    ``ctx.ieee_rounded``, else Triton's ``/`` (``div.full.f32``, up to 2 ulp off)."""
+    if not ctx.ieee_rounded(e.dtype):
+        return f"({a} / {b})"
+    a, b = (x if isinstance(o, ir.Const) or o.dtype == e.dtype
+            else f"gl.cast({x}, {GL_DTYPE[e.dtype]})" for o, x in ((e.a, a), (e.b, b)))
+    return f"gl.div_rn({a}, {b})"
 
 
 def nonnegative(ctx: Ctx, e: ir.Expr) -> bool:
