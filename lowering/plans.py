@@ -131,6 +131,9 @@ class StreamPlan(Plan):
     made_by: ClassVar[str] = "legalize"
     num_warps: int
     constant_scalar_params: bool = False   # scalar parameters are compile-time constants
+    python_ints: bool = False              # integers that are no tensors (constants, scalar
+                                           # parameters, loop indices) are Python ints: their
+                                           # arithmetic is wrapped to its type by the emitter
     loops_as_while: bool = False           # loops with runtime bounds are spelled as while loops
     wide_offsets: tuple[str, ...] = ()     # global buffers whose element offsets are computed in
                                            # 64 bits (they may hold 2**31 elements or more)
@@ -138,8 +141,6 @@ class StreamPlan(Plan):
     f32_values: tuple[ir.DType, ...] = ()  # element types whose values are held in float32,
                                            # rounded to the type after each operation (global
                                            # memory keeps the type's bits)
-    bit_rounded: tuple[ir.DType, ...] = ()  # element types that conversions into are rounded
-                                            # by tilews on float32's bits (Triton's are wrong)
 
     def tile(self, extents) -> tuple[int, ...]:
         """The shape of the tensor holding a tile, on-chip buffer or ``T.Parallel`` nest of

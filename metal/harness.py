@@ -95,7 +95,8 @@ ELEMENT_TYPES = {"float": (4, "float32"), "half": (2, "float16"), "bfloat": (2, 
                  "long": (8, "int64"), "ulong": (8, "uint64"), "bool": (1, "bool")}
 _INTEGERS = {"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"}
 
-_COMMON_FLAGS = ("-std=c++17", "-w", "-fno-strict-aliasing")
+# -fwrapv: signed integer arithmetic wraps (two's complement), as on the GPU and every target
+_COMMON_FLAGS = ("-std=c++17", "-w", "-fno-strict-aliasing", "-fwrapv")
 _FLAGS = {None: ("-O1", "-fPIC", "-shared"),
           "thread": ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread", "-pthread",
                      "-DMSL_CPU_THREADS", "-DMSL_CPU_MAIN"),

@@ -12,6 +12,7 @@ import tilews.language as T
 from tilews.ops.attention import attention
 from tilews.ops.epilogue import matmul_bias_act
 from tilews.ops.fp8 import fp8_scaled_mm
+from tilews.metal import harness
 
 from .helpers import marked_line, poisoned, randn
 
@@ -135,8 +136,27 @@ def squared_runtime_offset(N):
     def main(A: T.Tensor((64,), T.float32), B: T.Tensor((64,), T.float32), n: T.int32):
         with T.Kernel(1, threads=128) as bx:
             for i in T.Parallel(64):
-                B[i] = A[(i + n * n) % 61]  # <- error
+                B[i] = A[(i + n * n) % 61]
     return main
+
+
+def scalar_int32_math():
+    @T.prim_func
+    def main(Y: T.Tensor((6, 4), T.int32), n: T.int32):
+        with T.Kernel(1, threads=32) as bx:
+            for i in T.Parallel(4):
+                Y[0, i] = (n * n) % 61
+                Y[1, i] = (n * n * 3) // 7
+                Y[2, i] = -(n * n) % 1000
+                Y[3, i] = (n << 16) % 97
+            for k in T.serial(2):
+                for i in T.Parallel(4):
+                    Y[4 + k, i] = ((k + 1) * n * n) % 61
+    return main
+
+
+def wrap32(v: int) -> int:
+    return (v + 2**31) % 2**32 - 2**31
 
 
 @pytest.mark.parametrize("target", ["interpret", "triton"])
@@ -147,17 +167,25 @@ def test_a_build_time_integer_beyond_int32_is_exact_int64(target):
     assert torch.equal(out, a[(torch.arange(64) + 50000 * 50000) % 61])
 
 
-def test_runtime_int32_arithmetic_wraps_or_is_a_clear_error():
-    a = randn(64, seed=6)
-    wrapped = (50000 * 50000 + 2**31) % 2**32 - 2**31
-    out = poisoned(64)
-    tilews.jit(target="interpret")(squared_runtime_offset)(1)(a, out, 50000)
-    assert torch.equal(out, a[(torch.arange(64) + wrapped) % 61])
-    with pytest.raises(tilews.CompileError) as info:
-        tilews.jit(target="triton")(squared_runtime_offset)(1)(a, poisoned(64), 50000)
-    e = info.value
-    assert isinstance(e, ValueError) and e.loc.line == marked_line(squared_runtime_offset), str(e)
-    assert e.message.startswith("integer overflow: 2500000000 is outside the range of int32")
+INT_TARGETS = ["interpret", "triton",
+               pytest.param("metal", marks=pytest.mark.skipif(harness.compiler() is None,
+                                                              reason="needs a C++17 compiler"))]
+
+
+@pytest.mark.parametrize("target", INT_TARGETS)
+def test_runtime_int32_arithmetic_wraps_on_every_target(target):
+    """Scalar parameters are runtime int32 values: their arithmetic wraps on every target. Before,
+    the triton target on a CPU (whose scalar parameters are Python ints) gave the exact product's
+    (n * n) % 61 (34, not 38) and raised for an index reaching a tensor."""
+    n, a, out = 50000, randn(64, seed=6), poisoned(64)
+    tilews.jit(target=target)(squared_runtime_offset)(1)(a, out, n)
+    assert torch.equal(out, a[(torch.arange(64) + wrap32(n * n)) % 61])
+    y = poisoned(6, 4, dtype=torch.int32)
+    tilews.jit(target=target)(scalar_int32_math)()(y, n)
+    square = wrap32(n * n)
+    want = [square % 61, wrap32(square * 3) // 7, wrap32(-square) % 1000, wrap32(n << 16) % 97,
+            square % 61, wrap32(2 * square) % 61]
+    assert y.tolist() == [[v] * 4 for v in want] and want[0] == 38
 
 
 def test_the_interpreter_refuses_shared_memory_no_gpu_has():

@@ -20,12 +20,13 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            hold 2**31 elements or more: a static shape that large, or any runtime dim; their
            offsets need 64 bits), and on
            ``config.caps.triton_interpreter`` also ``constant_scalar_params`` (scalar parameters are
-           compile-time constants, which costs nothing there), ``loops_as_while`` (its ``for``
-           cannot iterate to a bound held in a tensor) and ``f32_values`` bfloat16 (its bfloat16
-           arithmetic and conversions are wrong: values are held in float32, rounded to bfloat16
-           after each operation, which gives bfloat16's IEEE results) and ``bit_rounded`` the
-           FP8 types (its float32 -> FP8 conversions round wrongly: tilews computes the FP8 bits,
-           as torch's ``.to`` does).
+           compile-time constants, which costs nothing there), ``python_ints`` (integers that are
+           no tensors there, those and loop indices, are Python's exact ints: the emitter wraps
+           their arithmetic to its type), ``loops_as_while`` (its ``for``
+           cannot iterate to a bound held in a tensor) and ``f32_values`` bfloat16 and the FP8
+           types (its arithmetic, comparisons and conversions of these are wrong: values are held
+           in float32, rounded to the type after each operation, which gives the type's IEEE
+           results, and converted from and to their bits by tilews, as torch's ``.to`` does).
 Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
            targets get only the mechanisms, ``mask_low``, instructions and unroll rule above).
 """
@@ -42,6 +43,8 @@ from ..traverse import transform, walk
 
 Interval = Optional[tuple[int, int]]
 HUGE = 1 << 64   # an upper bound known only to be finite (above every index a kernel computes)
+# the element types whose values Triton's CPU interpreter computes with wrongly (StreamPlan.f32_values)
+_CPU_F32_VALUES = (ir.DType.BF16, ir.DType.F8E4M3, ir.DType.F8E5M2)
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -68,10 +71,10 @@ def _stream_plan(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     views = tuple(s.buffer for s in walk(kernel.body) if isinstance(s, ir.PointerView))
     wide = tuple(b.name for b in kernel.buffer_params + views if _may_hold_2_31(b))
     cpu = config.caps.triton_interpreter
-    kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=cpu, loops_as_while=cpu,
+    kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=cpu, python_ints=cpu,
+                                         loops_as_while=cpu,
                                          wide_offsets=wide, padded_tiles=config.caps.power_of_two_tiles,
-                                         f32_values=(ir.DType.BF16,) if cpu else (),
-                                         bit_rounded=(ir.DType.F8E4M3, ir.DType.F8E5M2) if cpu else ()))
+                                         f32_values=_CPU_F32_VALUES if cpu else ()))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")

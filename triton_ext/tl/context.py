@@ -1,8 +1,9 @@
 """The state of one ``triton.language`` emission: a ``SourceWriter`` (lines, names) plus the
 enclosing ``T.Parallel``, the scalar locals, the variables that are runtime values and the
-kernel's ``StreamPlan``; and how values of the plan's ``f32_values`` types are held (float32,
-rounded after each operation) and converted from and to their bits in global memory, and how
-conversions into its ``bit_rounded`` types (FP8) are computed on float32's bits.
+kernel's ``StreamPlan``; and how values of the plan's ``f32_values`` types (bfloat16 and FP8 under
+Triton's CPU interpreter) are held: in float32, rounded after each operation, and converted from
+and to their bits in global memory, all on float32's bits with integer operations (Triton's own
+conversions of these types are wrong there).
 """
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ TL_DTYPE = {d: f"tl.{d.record.triton}" for d in ir.DType}   # spelled from the d
 # float32 mantissa bits a type of ``StreamPlan.f32_values`` lacks (float32's exponent range)
 _DROPPED_BITS = {ir.DType.BF16: 16}
 
-# a type of ``StreamPlan.bit_rounded``: its mantissa bits, float32's biased exponent of its
+# an FP8 type of ``StreamPlan.f32_values``: its mantissa bits, float32's biased exponent of its
 # least normal value, and the code of an overflow (e4m3fn saturates, e5m2 is infinite)
 _FP8 = {ir.DType.F8E4M3: (3, 121, 0x7E), ir.DType.F8E5M2: (2, 113, 0x7C)}
 _FP8_NAN = 0x7F
+# the least magnitude code of an FP8 type that is not finite, and whether every code from it on
+# is a NaN (e4m3fn: 0x7F only) or it is infinity, the codes above it NaNs (e5m2)
+_FP8_SPECIAL = {ir.DType.F8E4M3: (0x7F, True), ir.DType.F8E5M2: (0x7C, False)}
 
 # names the generated source itself uses
 _RESERVED = {"tl", "range", "float"}
@@ -96,7 +100,7 @@ class Ctx(SourceWriter):
         return " & ".join(f"({arange(p, d, rank)} < {n})" for d, (n, p) in
                           enumerate(zip(extents, shape)) if n != p) or None
 
-    # values of the plan's ``f32_values`` types (bfloat16 under Triton's CPU interpreter) -------
+    # values of the plan's ``f32_values`` types (bfloat16 and FP8 under Triton's CPU interpreter)
 
     def held(self, dt: ir.DType) -> ir.DType:
         """The type the stream holds values of ``dt`` in: float32 for the plan's ``f32_values``."""
@@ -104,25 +108,22 @@ class Ctx(SourceWriter):
 
     def cast(self, value: str, dt: ir.DType) -> str:
         """``value`` (a tensor or a Python number) converted to a value of ``dt``, as ``held(dt)``
-        holds it: a type of ``f32_values`` rounded (``round_held``), one of ``bit_rounded``
-        computed on the bits (``round_bits``)."""
-        if dt in self.plan.bit_rounded:
-            return self.round_bits(f"tl.cast({value}, tl.float32)", dt)
+        holds it (a type of ``f32_values`` rounded: ``round_held``)."""
         if dt not in self.plan.f32_values:
             return f"tl.cast({value}, {TL_DTYPE[dt]})"
         return self.round_held(f"tl.cast({value}, tl.float32)", dt)
 
     def to(self, value: str, dt: ir.DType) -> str:
         """Tensor ``value`` converted to a value of ``dt`` (``cast``, spelled ``.to``)."""
-        if dt in self.plan.bit_rounded:
-            return self.round_bits(f"{value}.to(tl.float32)", dt)
         if dt not in self.plan.f32_values:
             return f"{value}.to({TL_DTYPE[dt]})"
-        return self.round_held(value, dt)
+        return self.round_held(f"{value}.to(tl.float32)", dt)
 
     def round_held(self, value: str, dt: ir.DType) -> str:
         """A float32 tensor rounded to the nearest value of ``dt`` (ties to even, on its bits; NaN
-        kept), still float32."""
+        kept; FP8 as ``round_bits``), still float32."""
+        if dt in _FP8:
+            return self.unpack(self.round_bits(value, dt), dt)
         drop = _DROPPED_BITS.get(dt)
         if drop is None:
             raise InternalError(f"triton backend: no rounding of float32 to {dt.value}")
@@ -156,18 +157,39 @@ class Ctx(SourceWriter):
 
     def unpack(self, stored: str, dt: ir.DType) -> str:
         """A tensor of element type ``dt`` as the stream holds it (its bits widened to float32's
-        for ``f32_values``: exact; Triton's own conversion loses subnormals)."""
-        drop = _DROPPED_BITS.get(dt) if dt in self.plan.f32_values else None
-        if drop is None:
+        for ``f32_values``: exact; Triton's own conversion loses subnormals, and FP8's NaN and
+        infinity)."""
+        if dt not in self.plan.f32_values:
             return stored
+        if dt in _FP8:
+            return self._fp8_value(stored, dt)
+        drop = _DROPPED_BITS[dt]
         return f"(({stored}).to(tl.uint{dt.bits}, bitcast=True).to(tl.uint32) << {drop})" \
                f".to(tl.float32, bitcast=True)"
 
+    def _fp8_value(self, stored: str, dt: ir.DType) -> str:
+        """FP8 tensor ``stored`` as float32 (exact): a normal's bits shifted into place and its
+        exponent rebiased, a subnormal's significand scaled by its least subnormal (a power of
+        two: exact), infinity and NaN spelled."""
+        mant, normal, _ = _FP8[dt]
+        special, all_nan = _FP8_SPECIAL[dt]
+        bits, mag, wide = self.fresh("bits"), self.fresh("mag"), self.fresh("wide")
+        self.line(f"{bits} = ({stored}).to(tl.uint8, bitcast=True).to(tl.uint32)")
+        self.line(f"{mag} = {bits} & 0x7F")
+        self.line(f"{wide} = ({mag} << {23 - mant}) + {(normal - 1) << 23}")
+        self.line(f"{wide} = tl.where({mag} < {1 << mant}, "
+                  f"({mag}.to(tl.float32) * {2.0 ** (normal - 127 - mant)!r}).to(tl.uint32, bitcast=True), {wide})")
+        inf_or_nan = "0x7FC00000" if all_nan else f"0x7F800000 | (({mag} - {special}) << {23 - mant})"
+        self.line(f"{wide} = tl.where({mag} >= {special}, {inf_or_nan}, {wide}) | (({bits} & 0x80) << 24)")
+        return f"{wide}.to(tl.float32, bitcast=True)"
+
     def pack(self, value: str, dt: ir.DType) -> str:
         """A held value of ``dt`` as a tensor of element type ``dt`` (``unpack``'s inverse)."""
-        drop = _DROPPED_BITS.get(dt) if dt in self.plan.f32_values else None
-        if drop is None:
+        if dt not in self.plan.f32_values:
             return value
+        if dt in _FP8:
+            return self.round_bits(f"tl.cast({value}, tl.float32)", dt)
+        drop = _DROPPED_BITS[dt]
         return f"(tl.cast({value}, tl.float32).to(tl.uint32, bitcast=True) >> {drop})" \
                f".to(tl.uint{dt.bits}).to({TL_DTYPE[dt]}, bitcast=True)"
 

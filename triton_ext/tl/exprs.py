@@ -22,8 +22,11 @@ nest. Element accesses:
 On-chip buffers are tensors of ``StreamPlan.tile`` of their shape (``Ctx.shape``).
 
 Integer ``//`` and ``%`` follow Python (floor) semantics; they are spelled natively when both
-operands are provably non-negative, else through a remainder correction that is right whichever
-rounding Triton applies (constants fold in Python, tensors truncate). Float ``//`` is the floor of
+operands are provably non-negative or Python ints, else through a remainder correction that is
+right whichever rounding Triton applies (constants fold in Python, tensors truncate). Under
+``StreamPlan.python_ints`` (Triton's CPU interpreter) integer arithmetic of no tensor operand
+(constant scalar parameters, loop indices) is Python's, exact: each result that may leave its
+type is wrapped to it (``python_int``, ``_wrapped``), as every target's runtime arithmetic wraps. Float ``//`` is the floor of
 the rounded quotient, float ``%`` Triton's (C's ``fmod``) corrected to the divisor's sign: the
 numeric contract of docs/design.md. Values of the plan's ``f32_values`` types (bfloat16 under
 Triton's CPU interpreter) are float32 tensors: each operation of such a type is rounded to it
@@ -91,6 +94,8 @@ def _operand(ctx: Ctx, e: ir.Expr, dtype: ir.DType) -> str:
 
 
 def _binop(ctx: Ctx, e: ir.BinOp) -> str:
+    if python_int(ctx, e):
+        return _wrapped(ctx, e, f"({spell(ctx, e.a)} {e.op.value} {spell(ctx, e.b)})")
     if e.op in (ir.BinOpKind.LAND, ir.BinOpKind.LOR):
         sym = "&" if e.op is ir.BinOpKind.LAND else "|"
         return f"({spell(ctx, e.a)} {sym} {spell(ctx, e.b)})"
@@ -105,6 +110,46 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
     if e.op is ir.BinOpKind.DIV:
         return _divide(ctx, a, b, e.dtype)
     return _rounded(ctx, f"({a} {e.op.value} {b})", e.dtype)
+
+
+def python_int(ctx: Ctx, e: ir.Expr) -> bool:
+    """Whether integer expression ``e`` is spelled as arithmetic on Python ints
+    (``StreamPlan.python_ints``): a constant, a variable Triton's interpreter holds as a Python int
+    (a constant scalar parameter, the index of a loop of such bounds), or an operation of
+    ``_PYTHON_OPS`` on such operands of its own type, spelled with Python's operator (whose ``//``
+    and ``%`` floor, as the IR's)."""
+    if not ctx.plan.python_ints or not e.dtype.is_int:
+        return False
+    if isinstance(e, ir.Const):
+        return True
+    if isinstance(e, ir.Var):
+        return e.kind in (ir.VarKind.PARAM, ir.VarKind.LOOP) and e not in ctx.runtime
+    if isinstance(e, ir.BinOp) and e.op in _PYTHON_OPS:
+        return all(isinstance(x, ir.Const) or x.dtype == e.dtype and python_int(ctx, x) for x in (e.a, e.b))
+    return isinstance(e, ir.UnOp) and e.op is not ir.UnOpKind.NOT and python_int(ctx, e.a)
+
+
+_PYTHON_OPS = set(ir.BinOpKind) - {ir.BinOpKind.DIV, ir.BinOpKind.LAND, ir.BinOpKind.LOR}
+# operations of a type's values whose exact result may lie outside the type (a negation too)
+_MAY_LEAVE = {ir.BinOpKind.ADD, ir.BinOpKind.SUB, ir.BinOpKind.MUL, ir.BinOpKind.SHL,
+              ir.BinOpKind.FLOORDIV}
+
+
+def _wrapped(ctx: Ctx, e: ir.Expr, x: str) -> str:
+    """``x``, Python int arithmetic computing ``e``, wrapped to ``e``'s type (two's complement), as
+    runtime integer arithmetic is on every target (docs/design.md), where its result may leave the
+    type (``simplify.interval`` does not show it inside)."""
+    if isinstance(e, ir.BinOp) and e.op not in _MAY_LEAVE:
+        return x
+    span = simplify.interval(e, ctx.ranges)
+    if span is not None and all(e.dtype.wrap(v) == v for v in span):
+        return x
+    bits, signed = e.dtype.bits, e.dtype.record.kind == "int"
+    mask = f"0x{(1 << bits) - 1:X}"
+    if not signed:
+        return f"({x} & {mask})"
+    half = f"0x{1 << (bits - 1):X}"
+    return f"((({x} + {half}) & {mask}) - {half})"
 
 
 def _rounded(ctx: Ctx, x: str, dt: ir.DType) -> str:
@@ -145,7 +190,7 @@ def _unop(ctx: Ctx, e: ir.UnOp) -> str:
     a = spell(ctx, e.a)
     if e.op is ir.UnOpKind.NOT:
         return f"({a} == 0)"
-    return f"({e.op.value}{a})"
+    return _wrapped(ctx, e, f"({e.op.value}{a})") if python_int(ctx, e) else f"({e.op.value}{a})"
 
 
 def _call(ctx: Ctx, e: ir.Call) -> str:

@@ -176,6 +176,6 @@ def assign(ctx: Ctx, b: ir.Buffer, value: str, shape: Optional[tuple[int, ...]],
 
 def _full(ctx: Ctx, shape, value: str, dtype: ir.DType, to: ir.DType) -> str:
     """A tensor of ``shape`` filled with ``value`` (of ``dtype``) converted to ``to``."""
-    if dtype != to and (to in ctx.plan.f32_values or to in ctx.plan.bit_rounded):
+    if dtype != to and to in ctx.plan.f32_values:
         value = ctx.cast(value, to)
     return f"tl.full({shape_text(shape)}, {value}, {TL_DTYPE[ctx.held(to)]})"
