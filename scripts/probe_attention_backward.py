@@ -12,7 +12,9 @@ every time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -24,11 +26,27 @@ import peer_compare as pc  # noqa: E402
 
 SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 16, 4096, 64, False),
           (8, 16, 16, 4096, 64, True), (4, 32, 8, 4096, 128, True), (2, 16, 16, 8192, 128, True)]
-# the main kernel's blocks timed alone beside the op (the first: what the op uses)
-MAIN_VARIANTS = {64: [dict(block_M=128, block_N=64, threads=256, num_stages=2),
-                      dict(block_M=128, block_N=64, threads=256, num_stages=2, dq_tile_add=True)],
-                 128: [dict(block_M=128, block_N=64, threads=256, num_stages=2),
-                       dict(block_M=128, block_N=64, threads=256, num_stages=2, dq_tile_add=True)]}
+# the main kernel timed alone beside the op: at the op's blocks (``blocks``), and changed by each
+# of these ("overlap_gemms": compiled with TILEWS_OVERLAP_GEMMS=off, each wgmma waited at once;
+# "dq_tile_add": None flips the op's choice)
+MAIN_CHANGES = {64: [dict(dq_tile_add=None), dict(num_stages=3)],
+                128: [dict(overlap_gemms=False), dict(dq_tile_add=None)]}
+FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
+                  (8, 16, 4096, 64, True)]
+
+
+@contextlib.contextmanager
+def overlap_gemms(on: bool):
+    """Compiles inside use TILEWS_OVERLAP_GEMMS=on/off."""
+    old = os.environ.get("TILEWS_OVERLAP_GEMMS")
+    os.environ["TILEWS_OVERLAP_GEMMS"] = "on" if on else "off"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TILEWS_OVERLAP_GEMMS"]
+        else:
+            os.environ["TILEWS_OVERLAP_GEMMS"] = old
 
 
 def rel(a, b) -> float:
@@ -59,7 +77,6 @@ def run_shape(shape, rounds, results):
     import tilews.language as T
     from tilews.ops import attention
     from tilews.ops.attention_backward import blocks, kernels
-    bwd = kernels()[1]
     from tilews.ops.attention import _forward
     B, H, KV, S, D, causal = shape
     name = f"B{B} H{H}/{KV} S{S} D{D} {'causal' if causal else 'full'}"
@@ -102,11 +119,17 @@ def run_shape(shape, rounds, results):
     delta = torch.randn(lse.shape, device="cuda")
     dq_acc = torch.zeros((B, H, rows, D), device="cuda")
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    for cfg in MAIN_VARIANTS.get(D, [blocks(D, True)]):
+    op = blocks(D, True)
+    for change in [{}] + MAIN_CHANGES.get(D, []):
+        cfg = dict(op, **change)
+        if "dq_tile_add" in change:
+            cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
+        on = cfg.pop("overlap_gemms", True)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
-            + (" dQ tile" if cfg.get("dq_tile_add") else "")
+            + (" dQ tile" if cfg.get("dq_tile_add") else "") + ("" if on else " gemms off")
         try:
-            kern = bwd(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
+            with overlap_gemms(on):
+                kern = kernels()[1](B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
             args = (q.detach(), k.detach(), v.detach(), do, lse, delta, dq_acc, dk, dv)
             kern(*args)
             torch.cuda.synchronize()
@@ -115,6 +138,42 @@ def run_shape(shape, rounds, results):
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
 
+    _time(torch, name, impls, rounds, flops, results)
+
+
+def run_forward(shape, rounds, results):
+    """The forward op's program compiled with overlap_gemms on and off, beside SDPA's cuDNN."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import tilews
+    import tilews.language as T
+    from tilews.ops.attention import blocks, mha_fwd_program
+    B, H, S, D, causal = shape
+    name = f"forward B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}"
+    flops = 4.0 * B * H * S * S * D / (2 if causal else 1)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", generator=g).half() for _ in range(3))
+    impls = {}
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    impls["SDPA cuDNN"] = lambda: _sdpa(torch, sdpa_kernel, SDPBackend, q, k, v, causal)
+    for on in (True, False):
+        with overlap_gemms(on):
+            kern = tilews.jit(out_idx=[3])(mha_fwd_program)(B, H, S, D, causal, dtype=T.float16,
+                                                            **blocks(D, True))
+        out = kern(q, k, v)
+        print(f"{name}: gemms {'on' if on else 'off'}: rel err vs cuDNN {rel(out, ref):.1e}")
+        impls[f"tilews gemms {'on' if on else 'off'}"] = lambda kern=kern: kern(q, k, v)
+    _time(torch, name, impls, rounds, flops, results)
+
+
+def _sdpa(torch, sdpa_kernel, backend, q, k, v, causal):
+    with sdpa_kernel(backend.CUDNN_ATTENTION):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _time(torch, name, impls, rounds, flops, results):
+    """Interleaved rounds of every implementation; median times and ratios to cuDNN's."""
     times = {lb: [] for lb in impls}
     for _ in range(rounds):
         for lb, fn in impls.items():
@@ -134,8 +193,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     parser.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
+    parser.add_argument("--forward", type=int, nargs="*", default=[],
+                        help="indices into FORWARD_SHAPES: the forward with overlap_gemms on and off")
     args = parser.parse_args()
     results = {}
+    for i in args.forward:
+        try:
+            run_forward(FORWARD_SHAPES[i], args.rounds, results)
+        except Exception as e:      # noqa: BLE001
+            print(f"forward {FORWARD_SHAPES[i]}: {type(e).__name__}: {str(e)[:500]}")
     for i, shape in enumerate(SHAPES):
         if args.only is None or i in args.only:
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 import tilews.language as T
@@ -72,12 +73,16 @@ def test_a_shared_tile_is_added_by_one_bulk_reduce():
     assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0", ptx)
 
 
-def test_in_a_loop_the_wait_moves_before_the_next_write():
+@pytest.mark.parametrize("sms", [0, 4], ids=["grid", "persistent"])
+def test_in_a_loop_the_wait_moves_before_the_next_write(sms):
+    # persistent: the main loop sits in the tile loop, which has bulk stores of its own (dK, dV)
     from tilews.ops.attention_backward import bwd_program
-    kernel = lower(build_kernel(bwd_program(1, 2, 2, 512, 64, False, 512, dq_tile_add=True)), HOPPER)
+    config = HOPPER.replace(num_sms=sms)
+    kernel = lower(build_kernel(bwd_program(1, 2, 2, 512, 64, False, 512, dq_tile_add=True)), config)
     assert kernel.find_plan(AsyncPlan) is not None, kernel.notes
+    assert any("persist" in n for n in kernel.notes) == bool(sms)
     (add,) = _adds(kernel)
-    loop = next(s for s in walk(kernel.body) if isinstance(s, ir.For) and add in list(walk(s.body)))
+    loop = next(s for s in walk(kernel.body) if isinstance(s, ir.For) and add in s.body.stmts)
     body = list(loop.body.stmts)
     at = body.index(add)
     write = next(i for i, s in enumerate(body) if isinstance(s, ir.Copy) and s.dst.buffer == add.value.buffer)

@@ -11,9 +11,10 @@ Ensures:   every statement list (a role's body, a loop body, a branch) whose wai
            legalize_wgmma's ``gemm [wgmma]; gemm_wait 0`` (a run of gemms then one wait) and
            which holds at least two wgmmas is rescheduled:
 
-           1. each wgmma, with a ``barrier_wait`` right before it, moves up past the statements
-              before it that neither write its operands or accumulator nor read its
-              accumulator, stopping at another gemm, a wait, a barrier operation, a proxy fence,
+           1. each wgmma moves up past the statements before it that neither write its operands
+              or accumulator nor read its accumulator; the first ``barrier_wait`` it meets (the
+              wait for its ring slot) joins it and moves on with it, so the statements between
+              them stay after both; it stops at another gemm, a wait, a barrier operation, a proxy fence,
               a bulk copy or a statement holding any of those (gemms keep their order; waits
               move earlier only past statements that involve no barrier, so no role waits on an
               arrival it used to give first);
@@ -116,12 +117,15 @@ def _hoist_gemms(stmts: list) -> list:
         out.append(s)
         if not _wgmma(s):
             continue
-        top = len(out) - 1
-        if top > 0 and isinstance(out[top - 1], ir.BarrierWait):
-            top -= 1
-        bundle = out[top:]
-        while top > 0 and not _fixed(out[top - 1]) and _independent(bundle, out[top - 1]):
-            top -= 1
+        bundle, top = [s], len(out) - 1
+        while True:
+            while top > 0 and not _fixed(out[top - 1]) and _independent(bundle, out[top - 1]):
+                top -= 1
+            if top == 0 or not isinstance(out[top - 1], ir.BarrierWait) or \
+                    any(isinstance(b, ir.BarrierWait) for b in bundle):
+                break
+            top -= 1                        # the wait for the gemm's ring slot travels with it
+            bundle = [out[top]] + bundle
         out[top:] = bundle + [t for t in out[top:] if all(t is not b for b in bundle)]
     return out
 

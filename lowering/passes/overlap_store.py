@@ -12,7 +12,9 @@ Ensures:   in a loop whose body (or a branch in it, not a nested loop) stores a 
            stores are all its own statements and each such ``X`` is stored once, the wait
            before writing ``X`` is ``bulk_store_wait n``, n the bulk stores issued since ``X``'s
            previous store (around the back edge): stores of several staging buffers (a tile's
-           parts) stay in flight together; elsewhere ``bulk_store_wait 0``.
+           parts) stay in flight together; elsewhere ``bulk_store_wait 0``. Loops nested in such
+           a loop are rewritten alike, first: a main loop's adds inside a persistent tile loop
+           whose own stores are deferred too.
 Preserves: program meaning (stores are synchronous in the interpreter; the waits only order the
            asynchronous store's reads of ``X`` before the next writes of ``X``) and locations.
 """
@@ -34,8 +36,13 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
 
 
 def _deferred(loop: ir.For):
-    body = _defer(loop.body)
-    return None if body is None else [dataclasses.replace(loop, body=body), ir.BulkStoreWait(0, loop.loc)]
+    """The loop with its nested loops' waits deferred first (a persistent tile loop around the
+    main loop: the tile's own stores and the main loop's adds), then its own; None if neither."""
+    inner = rewrite_loops(loop.body, _deferred)
+    body = _defer(inner)
+    if body is None:
+        return None if inner == loop.body else [dataclasses.replace(loop, body=inner)]
+    return [dataclasses.replace(loop, body=body), ir.BulkStoreWait(0, loop.loc)]
 
 
 def _defer(body: ir.Seq):

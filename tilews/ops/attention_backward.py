@@ -139,6 +139,15 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             return kb * block_N < bx * block_M + block_M - 1      # keys after the query
 
     @T.macro
+    def row_vector(src, staging, dst):
+        """``dst`` = the query block's LSE or Delta at ``src``, through ``staging`` where given."""
+        if varlen:
+            T.copy(src, dst)
+        else:
+            T.copy(src, staging)
+            T.copy(staging, dst)
+
+    @T.macro
     def grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len, k_start, k_len):
         offset = k_len - q_len
         K_s = T.alloc_shared([block_M, dim], dtype)
@@ -147,6 +156,11 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         dO_s = T.alloc_shared([block_N, dim], dtype)
         dsT_s = T.alloc_shared([block_M, block_N], dtype)
         dq_s = T.alloc_shared([block_N, dim], f32) if dq_tile_add else None
+        # LSE and Delta through shared memory: on Hopper the producer loads them with Q and dO
+        # (the consumer's element loads wait behind its dQ atomics). Varlen's row vectors have
+        # a runtime length, which a bulk copy cannot describe: loaded by element there.
+        lse_s = None if varlen else T.alloc_shared([block_N], f32)
+        delta_s = None if varlen else T.alloc_shared([block_N], f32)
         lse = T.alloc_fragment([block_N], f32)
         delta = T.alloc_fragment([block_N], f32)
         sT = T.alloc_fragment([block_M, block_N], f32)
@@ -180,7 +194,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             h = by * group + it // per_head if group > 1 else by
             kb = first + (it % per_head + bx) % per_head if group > 1 else first + (it + bx) % per_head
             T.copy(rows(Q, bz, h, q_start + kb * block_N, block_N), Q_s)
-            T.copy(LSE[bz, h, kb * block_N], lse)
+            row_vector(LSE[bz, h, kb * block_N], lse_s, lse)
             T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(block_M, block_N):
                 sT[i, j] = T.exp2(sT[i, j] * scale - lse[j])
@@ -191,7 +205,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
                         sT[i, j] = T.if_then_else(seen(bx * block_M + i, kb * block_N + j, offset,
                                                        q_len, k_len), sT[i, j], 0)
             T.copy(rows(dO, bz, h, q_start + kb * block_N, block_N), dO_s)
-            T.copy(Delta[bz, h, kb * block_N], delta)
+            row_vector(Delta[bz, h, kb * block_N], delta_s, delta)
             T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True)
             T.copy(sT, pT)
             T.gemm(pT, dO_s, dv)
@@ -304,15 +318,20 @@ def kernels(target: str = "auto") -> tuple:
                  for p in (bwd_preprocess_program, bwd_program, bwd_postprocess_program))
 
 
-def blocks(dim: int, gpu: bool) -> dict:
-    """The main kernel's blocks, threads and ring depth for head dim ``dim``: 128 keys x 64
-    queries over two consumer warp groups on a GPU (64 keys above D = 128, where dK and dV of 128
-    rows would not fit the registers), 64 x 32 on the CPU's interpreter."""
+def blocks(dim: int, gpu: bool, varlen: bool = False) -> dict:
+    """The main kernel's blocks, threads, ring depth and dQ form for head dim ``dim``: 128 keys x
+    64 queries over two consumer warp groups on a GPU (64 keys above D = 128, where dK and dV of
+    128 rows would not fit the registers), 64 x 32 on the CPU's interpreter. On a GPU, dQ's tile
+    is added with one bulk reduce-add per query block where the head dim is a power of two
+    (H200, D128: the main kernel 5.2 ms against 6.7 ms with element atomics, which wait in the
+    load/store queue; docs/performance.md); other head dims, whose shared tiles Triton cannot
+    lay out, add by element, and so does ``varlen`` (its dQ rows have a runtime extent, which
+    no bulk copy describes; its program takes no ``dq_tile_add``)."""
     if not gpu:
         return dict(block_M=64, block_N=32, threads=128, num_stages=2)
-    if dim > 128:
-        return dict(block_M=64, block_N=64, threads=256, num_stages=1)
-    return dict(block_M=128, block_N=64, threads=256, num_stages=2)
+    tiles = dict(block_M=64, block_N=64, threads=256, num_stages=1) if dim > 128 else \
+        dict(block_M=128, block_N=64, threads=256, num_stages=2)
+    return tiles if varlen else dict(tiles, dq_tile_add=dim & (dim - 1) == 0)
 
 
 def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str,
