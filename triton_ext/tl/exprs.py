@@ -101,7 +101,7 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
     if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:
         return _floor(ctx, _divide(ctx, a, b, e.dtype), e.dtype)
     if e.op is ir.BinOpKind.MOD and e.dtype.is_float:
-        return _rounded(ctx, float_mod(ctx, a, b, "tl"), e.dtype)
+        return _narrowed(ctx, float_mod(ctx, a, b, "tl"), e.dtype)
     if e.op is ir.BinOpKind.DIV:
         return _divide(ctx, a, b, e.dtype)
     return _rounded(ctx, f"({a} {e.op.value} {b})", e.dtype)
@@ -114,9 +114,15 @@ def _rounded(ctx: Ctx, x: str, dt: ir.DType) -> str:
 
 
 def _divide(ctx: Ctx, a: str, b: str, dt: ir.DType) -> str:
-    """``a / b`` rounded to ``dt`` (Triton divides 16-bit floats in float32)."""
+    """``a / b`` rounded to ``dt``."""
     q = f"tl.math.div_rn({a}, {b})" if ctx.ieee_rounded(dt) else f"({a} / {b})"
-    return ctx.cast(q, dt) if dt.bits < 32 else q
+    return _narrowed(ctx, q, dt)
+
+
+def _narrowed(ctx: Ctx, x: str, dt: ir.DType) -> str:
+    """The result ``x`` of a ``/`` or ``%`` of type ``dt`` rounded to it: Triton computes both
+    in float32 for 16-bit floats."""
+    return ctx.cast(x, dt) if dt.bits < 32 else x
 
 
 def _floor(ctx: Ctx, x: str, dt: ir.DType) -> str:
