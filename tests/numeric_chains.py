@@ -30,6 +30,7 @@ INT_CONSTS = (1, 2, 3, -3, 5, -7)
 LARGEST = {"X": 2.0, "Z": 2.0, "K": 7}
 CAP = 1000.0
 MATH = ("exp", "exp2", "log", "sqrt")
+_OPERAND_STEPS = ("arith", "div", "min", "max", "mod", "floordiv")
 
 
 def promote(a: str, b: str) -> str:
@@ -105,7 +106,7 @@ def _result_type(s: tuple, t: str, types: dict[str, str]) -> str:
     """The type of ``v`` after step ``s`` on a ``v`` of type ``t``; ``types``: the inputs'."""
     if s[0] == "cast":
         return s[1]
-    if s[0] in ("arith", "div", "min", "max", "mod", "floordiv") and isinstance(s[-1], str):
+    if s[0] in _OPERAND_STEPS and isinstance(s[-1], str):
         return promote(t, types[s[-1]])
     return t
 
@@ -142,32 +143,19 @@ def chains(draw) -> Chain:
 # ----------------------------------------------------------------------------------------------
 # the kernel's source
 
-def _operand(operand, g: str) -> str:
-    return f"{operand}[{g}]" if isinstance(operand, str) else repr(operand)
+_SPELLING = {"arith": "{v} {op} {w}", "div": "{v} / {w}", "min": "T.min({v}, {w})",
+             "max": "T.max({v}, {w})", "abs": "T.abs({v})", "neg": "-{v}", "mod": "{v} % {w}",
+             "floordiv": "{v} // {w}", "cast": "T.cast({v}, T.{to})",
+             "fp8": "T.cast(T.cast({v}, T.{to}), T.{t})", "exp": "T.exp(T.min({v}, 8.0))",
+             "exp2": "T.exp2(T.min({v}, 10.0))", "log": "T.log(T.abs({v}) + 1.0)",
+             "sqrt": "T.sqrt(T.abs({v}))"}
 
 
-def _expr(s: tuple, v: str, g: str) -> str:
-    kind = s[0]
-    if kind == "arith":
-        return f"{v} {s[1]} {_operand(s[2], g)}"
-    if kind == "div":
-        return f"{v} / {_operand(s[1], g)}"
-    if kind in ("min", "max"):
-        return f"T.{kind}({v}, {_operand(s[1], g)})"
-    if kind == "abs":
-        return f"T.abs({v})"
-    if kind == "neg":
-        return f"-{v}"
-    if kind == "mod":
-        return f"{v} % {_operand(s[1], g)}"
-    if kind == "floordiv":
-        return f"{v} // {_operand(s[1], g)}"
-    if kind == "cast":
-        return f"T.cast({v}, T.{s[1]})"
-    if kind == "fp8":
-        return f"T.cast(T.cast({v}, T.{s[1]}), T.{{t}})"
-    return {"exp": f"T.exp(T.min({v}, 8.0))", "exp2": f"T.exp2(T.min({v}, 10.0))",
-            "log": f"T.log(T.abs({v}) + 1.0)", "sqrt": f"T.sqrt(T.abs({v}))"}[s[1]]
+def _expr(s: tuple, v: str, g: str, t: str) -> str:
+    """Step ``s`` applied to ``v`` (of type ``t``) at element ``g``, spelled."""
+    operand = s[-1]
+    w = f"{operand}[{g}]" if isinstance(operand, str) else repr(operand)
+    return _SPELLING[s[1] if s[0] == "math" else s[0]].format(v=v, w=w, op=s[1], to=s[-1], t=t)
 
 
 def chain_source(c: Chain) -> str:
@@ -180,7 +168,7 @@ def chain_source(c: Chain) -> str:
              f"        v0 = {'X[' + g + ']' if c.staging == 'global' else 'x_t[i]'}"]
     types = step_types(c)
     for k, s in enumerate(c.steps):
-        body.append(f"        v{k + 1} = " + _expr(s, f"v{k}", g).replace("{t}", types[k]))
+        body.append(f"        v{k + 1} = " + _expr(s, f"v{k}", g, types[k]))
     last = f"v{len(c.steps)}"
     body.append(f"        O[{g}] = " + (f"T.cast({last}, T.{c.out})" if c.explicit else last))
     params = (f"X: T.Tensor(({L},), T.{c.x}), Z: T.Tensor(({L},), T.{c.z}), "
@@ -228,7 +216,7 @@ def _floor_mod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
-def chain_reference(c: Chain, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def chain_reference(c: Chain, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
     """O by the contract, in float64: each step's exact result rounded once to its type (float64
     then float32 then the type: each rounding innocuous for + - * / sqrt, 53 >= 2*24 + 2 and
     24 >= 2*11 + 2); math functions in float64, rounded once."""
@@ -237,7 +225,7 @@ def chain_reference(c: Chain, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     v = vals["X"]
     for s, t_in, t in zip(c.steps, types, types[1:]):
         kind = s[0]
-        if kind in ("arith", "div", "min", "max", "mod", "floordiv"):
+        if kind in _OPERAND_STEPS:
             operand = s[-1]
             w = rnd(vals[operand], t) if isinstance(operand, str) else \
                 rnd(torch.full_like(v, float(operand)), t)
@@ -260,7 +248,7 @@ def chain_reference(c: Chain, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
             v = rnd(rnd(v, s[1]), t)
         else:
             v = rnd(_math(s[1], v, t), t)
-    return rnd(v, c.out)
+    return rnd(v, c.out), None
 
 
 def _math(fn: str, v: torch.Tensor, t: str) -> torch.Tensor:

@@ -64,8 +64,7 @@ class Reduction:
     @property
     def terms(self) -> int:
         """How many values each result reduces (the zero-filled ones included)."""
-        gx, gy = self.grid
-        return gy * self.BN if self.stages else (self.BN if self.dim == 1 else self.BM)
+        return self.grid[1] * self.BN if self.stages else (self.BN if self.dim == 1 else self.BM)
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -32,19 +32,29 @@ source.
 """
 from __future__ import annotations
 
+import collections
 import os
 
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 import tilews
 
 from .fuzzing import load_factory, metal_runs_here, profile
 from .helpers import poisoned
 from .numeric_chains import TORCH, chain_inputs, chain_reference, chain_source, chains
-from .numeric_tiles import (gemm_inputs, gemm_reference, gemm_source, gemms, reduction_inputs,
-                            reduction_reference, reduction_source, reductions)
+from .numeric_tiles import (
+    gemm_inputs,
+    gemm_reference,
+    gemm_source,
+    gemms,
+    reduction_inputs,
+    reduction_reference,
+    reduction_source,
+    reductions,
+)
 
 EXAMPLES = int(os.environ.get("TILEWS_FUZZ_NUMERIC_EXAMPLES", "10"))
 SEED = int(os.environ["TILEWS_FUZZ_SEED"]) if "TILEWS_FUZZ_SEED" in os.environ else None
@@ -64,15 +74,16 @@ def ulp(ref: torch.Tensor, t: str) -> torch.Tensor:
 
 
 def launch(target: str, source: str, inputs: dict, out: str, shape) -> torch.Tensor:
+    """The output of ``source``'s kernel on ``target``, poisoned before the launch."""
     o = poisoned(*shape, dtype=TORCH[out])
     tilews.jit(target=target)(load_factory(source))()(*inputs.values(), o)
     return o
 
 
-def compare(source: str, inputs: dict, out: str, shape, ref: torch.Tensor, bound) -> None:
+def compare(source: str, inputs: dict, out: str, ref: torch.Tensor, bound) -> None:
     """Every target within ``bound`` (a tensor like ``ref``; zero: bit-exact) of the reference,
     and within twice it of the interpreter."""
-    results = {t: launch(t, source, inputs, out, shape).double() for t in TARGETS}
+    results = {t: launch(t, source, inputs, out, ref.shape).double() for t in TARGETS}
     for target, got in results.items():
         where = f"on {target}\n{source}"
         assert not got.isnan().any(), f"{int(got.isnan().sum())} elements not written {where}"
@@ -86,36 +97,41 @@ def compare(source: str, inputs: dict, out: str, shape, ref: torch.Tensor, bound
                                 f"{results['interpret'][diff][:4].tolist()} {where}")
 
 
-@pytest.mark.slow
-@profile(EXAMPLES, SEED)
-@given(chains())
-def test_elementwise_chains(c):
-    inputs = chain_inputs(c)
-    ref = chain_reference(c, inputs)
-    bound = torch.zeros_like(ref)
-    if c.math_type is not None:
-        t = c.math_type
-        bound = ulp(ref, t) * (1 if t != "float32" else MATH_ULPS)
-        if MANTISSA[c.out][0] < MANTISSA[t][0]:
-            bound = bound + ulp(ref, c.out)
-    compare(chain_source(c), inputs, c.out, (c.length,), ref, bound)
+# each family's bound (the module docstring's)
+
+def chain_bound(c, ref: torch.Tensor, _) -> torch.Tensor:
+    if c.math_type is None:
+        return torch.zeros_like(ref)
+    t = c.math_type
+    bound = ulp(ref, t) * (1 if t != "float32" else MATH_ULPS)
+    return bound + ulp(ref, c.out) if MANTISSA[c.out][0] < MANTISSA[t][0] else bound
+
+
+def reduction_bound(r, ref: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if r.kind == "max":
+        return torch.zeros_like(ref)
+    return r.terms * U * scale + ulp(ref, r.acc) + ulp(ref, r.out)
+
+
+def gemm_bound(g, ref: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return g.K * U * scale + ulp(ref, g.out)
+
+
+Family = collections.namedtuple("Family", "programs inputs reference bound source")
+FAMILIES = {
+    "chains": Family(chains(), chain_inputs, chain_reference, chain_bound, chain_source),
+    "reductions": Family(reductions(), reduction_inputs, reduction_reference, reduction_bound,
+                         reduction_source),
+    "gemms": Family(gemms(), gemm_inputs, gemm_reference, gemm_bound, gemm_source)}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
 @profile(EXAMPLES, SEED)
-@given(reductions())
-def test_reductions(r):
-    inputs = reduction_inputs(r)
-    ref, scale = reduction_reference(r, inputs)
-    bound = (r.terms * U * scale + ulp(ref, r.acc) + ulp(ref, r.out) if r.kind == "sum" else
-             torch.zeros_like(ref))
-    compare(reduction_source(r), inputs, r.out, ref.shape, ref, bound)
-
-
-@pytest.mark.slow
-@profile(EXAMPLES, SEED)
-@given(gemms())
-def test_gemms(g):
-    inputs = gemm_inputs(g)
-    ref, scale = gemm_reference(g, inputs)
-    compare(gemm_source(g), inputs, g.out, ref.shape, ref, g.K * U * scale + ulp(ref, g.out))
+@given(data=st.data())
+def test_targets_agree_within_the_contract(family, data):
+    f = FAMILIES[family]
+    p = data.draw(f.programs, label=family)
+    inputs = f.inputs(p)
+    ref, scale = f.reference(p, inputs)
+    compare(f.source(p), inputs, p.out, ref, f.bound(p, ref, scale))
