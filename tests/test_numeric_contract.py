@@ -188,3 +188,29 @@ def test_16bit_results_round_to_their_type_before_a_wider_store(target, dtype, f
     want_c = x.to(f8).float()
     for got, want in zip(outs, (want_p, want_m, want_c, (want_c * 3).to(dt))):
         assert torch.equal(got, want), f"{int((got != want).sum())} of {N} differ"
+
+
+def minmax_constant_kernel(dtype):
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), Hi: T.Tensor((N,), T.float32),
+             Lo: T.Tensor((N,), T.float32)):
+        with T.Kernel(1, threads=64) as bx:
+            for i in T.Parallel(N):
+                Hi[i] = T.max(X[i], 1) + X[i]
+                Lo[i] = T.min(X[i], 0.1) + X[i]
+    return main
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_16bit_min_max_with_a_constant_keeps_the_type(target, dtype):
+    """``T.max(x_f16, 1) + x`` is a float16 sum (found by tests/test_fuzz_numeric.py). Before,
+    on triton: Triton's CPU interpreter made the min/max float32, so the sum was not rounded."""
+    dt = DTYPES[dtype]
+    x = (randn(N, seed=10) * 2).to(dt)
+    hi, lo = poisoned(N), poisoned(N)
+    run(target, minmax_constant_kernel(dtype), x, hi, lo)
+    x64 = x.double()
+    one, tenth = torch.tensor(1.0).to(dt).double(), torch.tensor(0.1).to(dt).double()
+    assert torch.equal(hi, (torch.maximum(x64, one) + x64).float().to(dt).float())
+    assert torch.equal(lo, (torch.minimum(x64, tenth) + x64).float().to(dt).float())

@@ -160,7 +160,10 @@ def _call(ctx: Ctx, e: ir.Call) -> str:
         out = args[0]
         for a in args[1:]:
             out = f"{_MINMAX[e.fn]}({out}, {a})"
-        return out
+        # Triton's CPU interpreter gives float32 for a 16-bit float's min/max with a Python
+        # number; the result is one of the operands, so converting it back is exact
+        constant = any(isinstance(a, ir.Const) for a in e.args)
+        return ctx.cast(out, e.dtype) if constant and e.dtype.bits < 32 else out
     if e.fn is ir.MathFn.ABS:
         return f"tl.abs({args[0]})"
     if e.dtype.bits >= 32:
