@@ -155,7 +155,8 @@ def _expr(s: tuple, v: str, g: str, t: str) -> str:
     """Step ``s`` applied to ``v`` (of type ``t``) at element ``g``, spelled."""
     operand = s[-1]
     w = f"{operand}[{g}]" if isinstance(operand, str) else repr(operand)
-    return _SPELLING[s[1] if s[0] == "math" else s[0]].format(v=v, w=w, op=s[1], to=s[-1], t=t)
+    spelling = _SPELLING[s[1] if s[0] == "math" else s[0]]
+    return spelling.format(v=v, w=w, op=s[1] if s[0] == "arith" else None, to=operand, t=t)
 
 
 def chain_source(c: Chain) -> str:
