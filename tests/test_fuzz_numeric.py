@@ -24,7 +24,7 @@ subnormals included; ``u = 2**-24``, float32's unit roundoff):
   reductions and GEMMs on two targets within twice their bound.
 
 Profiles: CI runs ``TILEWS_FUZZ_NUMERIC_EXAMPLES`` (default 10) programs of each family on
-every target, the same ones each time (derandomized; about 5 s a family on one core, a fresh cache). The long
+every target, the same ones each time (derandomized; about 5 s a family on one core). The long
 run draws fresh programs from a seed, e.g. ``TILEWS_FUZZ_NUMERIC_EXAMPLES=400 TILEWS_FUZZ_SEED=7
 pytest tests/test_fuzz_numeric.py -n 2 -p no:cacheprovider --hypothesis-show-statistics`` (about
 0.7 s a program on one core, its three targets included). A failure prints the program's
