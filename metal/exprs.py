@@ -211,7 +211,15 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
             ctx.helpers.add(HELPERS[helper])
             return f"tws_{helper}({a}, {b})"
         return f"({a} {'/' if e.op is ir.BinOpKind.FLOORDIV else '%'} {b})"
-    return f"({a} {e.op.value} {b})"
+    return _rounded(ctx, f"({a} {e.op.value} {b})", e)
+
+
+def _rounded(ctx: Ctx, text: str, e: ir.Expr) -> str:
+    """The result of an arithmetic operation converted to its 16-bit float type: so each one is
+    rounded (C++ computes ``half`` with float's excess precision, and the harness's ``bfloat``
+    arithmetic gives float; MSL's gives the type, where the conversion costs nothing)."""
+    narrow = e.dtype.is_float and e.dtype.bits < 32 and not e.dtype.is_fp8
+    return convert(ctx, text, e.dtype, e.loc) if narrow else text
 
 
 def _cmp(ctx: Ctx, e: ir.Cmp) -> str:
@@ -231,7 +239,7 @@ def _unop(ctx: Ctx, e: ir.UnOp) -> str:
     a = spell(ctx, e.a)
     if e.op is ir.UnOpKind.NOT:
         return f"(!{a})"
-    return f"({e.op.value}{_operand(ctx, e.a, e.dtype)})"
+    return _rounded(ctx, f"({e.op.value}{_operand(ctx, e.a, e.dtype)})", e)
 
 
 def _call(ctx: Ctx, e: ir.Call) -> str:
@@ -246,7 +254,8 @@ def _call(ctx: Ctx, e: ir.Call) -> str:
 
 
 def _cast(ctx: Ctx, e: ir.Cast) -> str:
-    return as_type(ctx, e.value, e.dtype, e.loc)
+    """The converted value; into FP8, the encoded byte decoded (an FP8 value is a half)."""
+    return decoded(ctx, as_type(ctx, e.value, e.dtype, e.loc), e.dtype)
 
 
 def _bitcast(ctx: Ctx, e: ir.Bitcast) -> str:

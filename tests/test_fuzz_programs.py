@@ -36,19 +36,18 @@ A failure prints the program's source.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import os
-import tempfile
 import textwrap
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import tilews
 
+from .fuzzing import load_factory, metal_runs_here, profile
 from .helpers import poisoned, randn
 
 TARGETS = ("triton", "metal")
@@ -254,22 +253,8 @@ def source(p: Program) -> str:
 # ----------------------------------------------------------------------------------------------
 # running and comparing
 
-_DIR = tempfile.mkdtemp(prefix="tilews-fuzz-")
-_COUNT = itertools.count()
-
-
-def factory(p: Program):
-    path = os.path.join(_DIR, f"fuzz_{next(_COUNT)}.py")
-    with open(path, "w") as f:
-        f.write(source(p))
-    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make
-
-
 def run(p: Program, target: str) -> dict[str, torch.Tensor]:
-    kernel = tilews.jit(target=target)(factory(p))()
+    kernel = tilews.jit(target=target)(load_factory(source(p)))()
     rows = sum(p.lens) if p.bound == "loaded" else p.batch * p.seq
     dtype = getattr(torch, p.dtype)
     args = [(randn(rows, p.C, seed=p.seed) * 0.5 + 0.1).to(dtype)]
@@ -300,14 +285,10 @@ def check(p: Program, target: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
 def test_differential(target):
-    if target == "metal":
-        from tilews.metal import harness
-        if harness.compiler() is None:
-            pytest.skip("needs a C++17 compiler")
+    if target == "metal" and not metal_runs_here():
+        pytest.skip("needs a C++17 compiler")
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=SEED is None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @seed(SEED)
+    @profile(EXAMPLES, SEED)
     @given(programs(target))
     def differential(p):
         check(p, target)

@@ -153,3 +153,64 @@ def test_bfloat16_atomic_add_is_refused_under_the_triton_cpu_interpreter():
         run("triton", main, randn(N, seed=7), torch.zeros(1, dtype=torch.bfloat16))
     line = marked_line(test_bfloat16_atomic_add_is_refused_under_the_triton_cpu_interpreter)
     assert info.value.loc.line == line, str(info.value)
+
+
+def widening_kernel(dtype, fp8):
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), Z: T.Tensor((N,), dtype), P: T.Tensor((N,), T.float32),
+             M: T.Tensor((N,), T.float32), C: T.Tensor((N,), T.float32),
+             Q: T.Tensor((N,), dtype)):
+        with T.Kernel(1, threads=64) as bx:
+            for i in T.Parallel(N):
+                P[i] = X[i] * Z[i] + X[i]
+                M[i] = X[i] % -3
+                C[i] = T.cast(T.cast(X[i], fp8), T.float32)
+                Q[i] = T.cast(T.cast(X[i], fp8), dtype) * 3
+    return main
+
+
+@pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_16bit_results_round_to_their_type_before_a_wider_store(target, dtype, fp8):
+    """Each 16-bit operation rounds to its type even where the store widens it, and an FP8 value
+    cast back is the FP8 number (found by tests/test_fuzz_numeric.py). Before: ``%`` of
+    float16/bfloat16 on triton was Triton's float32 remainder, unrounded (Triton computes ``%``
+    of 16-bit floats in float32); bfloat16 arithmetic on metal's harness was float32; a cast
+    into FP8 and back on metal gave the FP8 byte's integer value."""
+    dt, f8 = DTYPES[dtype], getattr(torch, fp8)
+    x, z = (randn(N, seed=8) * 3).to(dt), randn(N, seed=9).to(dt)
+    outs = [poisoned(N) for _ in range(3)] + [poisoned(N, dtype=dt)]
+    run(target, widening_kernel(dtype, fp8), x, z, *outs)
+    x64 = x.double()
+    want_p = ((x64 * z.double()).float().to(dt).double() + x64).float().to(dt).float()
+    want_m = torch.remainder(x64, -3.0).float().to(dt).float()
+    want_c = x.to(f8).float()
+    for got, want in zip(outs, (want_p, want_m, want_c, (want_c * 3).to(dt))):
+        assert torch.equal(got, want), f"{int((got != want).sum())} of {N} differ"
+
+
+def minmax_constant_kernel(dtype):
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), Hi: T.Tensor((N,), T.float32),
+             Lo: T.Tensor((N,), T.float32)):
+        with T.Kernel(1, threads=64) as bx:
+            for i in T.Parallel(N):
+                Hi[i] = T.max(X[i], 1) + X[i]
+                Lo[i] = T.min(X[i], 0.1) + X[i]
+    return main
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_16bit_min_max_with_a_constant_keeps_the_type(target, dtype):
+    """``T.max(x_f16, 1) + x`` is a float16 sum (found by tests/test_fuzz_numeric.py). Before,
+    on triton: Triton's CPU interpreter made the min/max float32, so the sum was not rounded."""
+    dt = DTYPES[dtype]
+    x = (randn(N, seed=10) * 2).to(dt)
+    hi, lo = poisoned(N), poisoned(N)
+    run(target, minmax_constant_kernel(dtype), x, hi, lo)
+    x64 = x.double()
+    one, tenth = torch.tensor(1.0).to(dt).double(), torch.tensor(0.1).to(dt).double()
+    assert torch.equal(hi, (torch.maximum(x64, one) + x64).float().to(dt).float())
+    assert torch.equal(lo, (torch.minimum(x64, tenth) + x64).float().to(dt).float())

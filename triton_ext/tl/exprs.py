@@ -106,7 +106,7 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
     if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:
         return _floor(ctx, _divide(ctx, a, b, e.dtype), e.dtype)
     if e.op is ir.BinOpKind.MOD and e.dtype.is_float:
-        return _rounded(ctx, float_mod(ctx, a, b, "tl"), e.dtype)
+        return _narrowed(ctx, float_mod(ctx, a, b, "tl"), e.dtype)
     if e.op is ir.BinOpKind.DIV:
         return _divide(ctx, a, b, e.dtype)
     return _rounded(ctx, f"({a} {e.op.value} {b})", e.dtype)
@@ -159,9 +159,15 @@ def _rounded(ctx: Ctx, x: str, dt: ir.DType) -> str:
 
 
 def _divide(ctx: Ctx, a: str, b: str, dt: ir.DType) -> str:
-    """``a / b`` rounded to ``dt`` (Triton divides 16-bit floats in float32)."""
+    """``a / b`` rounded to ``dt``."""
     q = f"tl.math.div_rn({a}, {b})" if ctx.ieee_rounded(dt) else f"({a} / {b})"
-    return ctx.cast(q, dt) if dt.bits < 32 else q
+    return _narrowed(ctx, q, dt)
+
+
+def _narrowed(ctx: Ctx, x: str, dt: ir.DType) -> str:
+    """The result ``x`` of a ``/`` or ``%`` of type ``dt`` rounded to it: Triton computes both
+    in float32 for 16-bit floats."""
+    return ctx.cast(x, dt) if dt.bits < 32 else x
 
 
 def _floor(ctx: Ctx, x: str, dt: ir.DType) -> str:
@@ -199,7 +205,10 @@ def _call(ctx: Ctx, e: ir.Call) -> str:
         out = args[0]
         for a in args[1:]:
             out = f"{_MINMAX[e.fn]}({out}, {a})"
-        return out
+        # Triton's CPU interpreter gives float32 for a 16-bit float's min/max with a Python
+        # number; the result is one of the operands, so converting it back is exact
+        constant = any(isinstance(a, ir.Const) for a in e.args)
+        return ctx.cast(out, e.dtype) if constant and e.dtype.bits < 32 else out
     if e.fn is ir.MathFn.ABS:
         return f"tl.abs({args[0]})"
     if e.dtype.bits >= 32:
