@@ -41,7 +41,7 @@ from tilews.triton_ext.gluon import launch as gluon_launch
 from examples.gemm import matmul
 from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 
-from .helpers import gluon_program, randn, rel_err, services
+from .helpers import gluon_program, poisoned, randn, rel_err, services
 from .test_tl_backend import gemm as tl_gemm
 from .test_ws_oracle import block_sparse_gemm
 
@@ -624,6 +624,95 @@ def _float_divmod_epilogue(M, N, K, bm=64, bn=64, bk=64):
             T.copy(R_f, R[by * bm, bx * bn])
             T.copy(C_f, Q[by * bm, bx * bn])
     return build_kernel(main)
+
+
+def half_epilogue(dtype, M=128, N=128, K=64, bm=64, bn=64, bk=64):
+    """A pipelined GEMM whose epilogue computes in 16-bit ``dtype``: a remainder stored as float32,
+    a floor division, a quotient used by a product, and ``T.max`` with a constant and ``T.min``
+    used by further operations; each must round to ``dtype`` (docs/design.md's numeric contract),
+    where Triton computes ``/``, ``%`` and these min/max in float32. No product feeds a sum, which
+    the GPU compiler would fuse into one FMA (rounded once)."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             Z: T.Tensor((N,), dtype), R: T.Tensor((M, N), T.float32), Q: T.Tensor((M, N), dtype),
+             D: T.Tensor((M, N), dtype), X: T.Tensor((M, N), dtype)):
+        with T.Kernel(N // bn, M // bm, threads=128) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), T.float16)
+            B_s = T.alloc_shared((bk, bn), T.float16)
+            C_f = T.alloc_fragment((bm, bn), T.float32)
+            H_f = T.alloc_fragment((bm, bn), dtype)
+            R_f = T.alloc_fragment((bm, bn), T.float32)
+            Q_f = T.alloc_fragment((bm, bn), dtype)
+            D_f = T.alloc_fragment((bm, bn), dtype)
+            _pipelined_gemm(A, B, A_s, B_s, C_f, bx, by)
+            for i, j in T.Parallel(bm, bn):
+                H_f[i, j] = T.cast(C_f[i, j] * 0.37, dtype)
+            for i, j in T.Parallel(bm, bn):
+                R_f[i, j] = H_f[i, j] % Z[bx * bn + j]
+                Q_f[i, j] = H_f[i, j] // Z[bx * bn + j]
+                D_f[i, j] = H_f[i, j] / Z[bx * bn + j] * H_f[i, j]
+                H_f[i, j] = (T.max(H_f[i, j], 0.1) + Z[bx * bn + j]) * T.min(H_f[i, j], Z[bx * bn + j])
+            T.copy(R_f, R[by * bm, bx * bn])
+            T.copy(Q_f, Q[by * bm, bx * bn])
+            T.copy(D_f, D[by * bm, bx * bn])
+            T.copy(H_f, X[by * bm, bx * bn])
+    return main
+
+
+def half_epilogue_inputs(dtype: torch.dtype, M=128, N=128, K=64, seed=3):
+    """A and B of small integers (the GEMM exact in any order), divisors of both signs away from
+    zero."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-3, 4, (M, K), generator=g).half()
+    b = torch.randint(-3, 4, (K, N), generator=g).half()
+    z = (torch.rand(N, generator=g) * 2 + 0.5) * (torch.randint(0, 2, (N,), generator=g) * 2 - 1)
+    return a, b, z.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [T.float16, T.bfloat16])
+def test_16bit_arithmetic_rounds_to_its_type_on_hopper(dtype):
+    """Triton computes ``/`` and ``%`` of 16-bit floats, a bfloat16's min/max and a 16-bit min/max
+    with a Python number in float32; each result is truncated to its type before anything uses
+    it (a remainder stored as float32 too), and ``//`` floors the truncated quotient. Before: the
+    remainder and the floor's quotient stayed float32, the max/min made the rest of the
+    expression float32 (not rounded at each step), and a quotient stored into a 16-bit fragment
+    did not compile."""
+    kernel = lower(build_kernel(half_epilogue(dtype)), HOPPER)
+    assert kernel.find_plan(AsyncPlan) is not None
+    asm = gluon_program(kernel).asm
+    ttgir, half = asm["ttgir"], {T.float16: "f16", T.bfloat16: "bf16"}[dtype]
+
+    def truncated(value: str) -> str:    # the 16-bit value ``value`` (an f32 SSA name) rounds to
+        found = re.search(rf"(%\w+) = arith\.truncf {value} : tensor<64x64xf32, #\w+> to "
+                          rf"tensor<64x64x{half}", ttgir)
+        assert found, f"{value} is not truncated to {half}\n{ttgir}"
+        return found.group(1)
+
+    # %: the corrected remainder (select of r + z and r), truncated, then widened for R
+    rem = re.search(r"(%\w+) = arith\.remf ", ttgir).group(1)
+    select = re.search(rf"(%\w+) = arith\.select %\w+, %\w+, {rem} ", ttgir).group(1)
+    assert re.search(rf"= arith\.extf {truncated(select)} ", ttgir)
+    # //: the floor of a truncated quotient; /: a truncated quotient multiplied in 16 bits; both
+    # an IEEE-rounded float32 division (not div.full.f32, up to 2 ulp off: its rounding to 16 bits
+    # could differ)
+    quotients = [truncated(q) for q in re.findall(r"(%\w+) = tt\.precise_divf ", ttgir)]
+    floored = re.search(r"= math\.floor (%\w+) ", ttgir).group(1)
+    assert any(re.search(rf"{floored} = arith\.extf {q} ", ttgir) for q in quotients), ttgir
+    assert any(re.search(rf"= arith\.mulf {q}, %\w+ : tensor<64x64x{half}", ttgir) for q in quotients)
+    assert "div.full.f32" not in asm["ptx"]
+    # max with a constant (and a bfloat16's min): truncated, the rest computed in 16 bits
+    widened = re.findall(r"(%\w+) = arith\.m(?:ax|in)numf %\w+, %\w+ : tensor<64x64xf32", ttgir)
+    assert len(widened) == (2 if half == "bf16" else 1), ttgir
+    for value in widened:
+        assert re.search(rf"= arith\.(add|mul)f [^:]*{truncated(value)}\b[^:]*: tensor<64x64x{half}", ttgir)
+    # the lowered program on the interpreter: the remainder is Python's, in the 16-bit type
+    tdt = {T.float16: torch.float16, T.bfloat16: torch.bfloat16}[dtype]
+    a, b, z = half_epilogue_inputs(tdt)
+    outs = [poisoned(128, 128)] + [poisoned(128, 128, dtype=tdt) for _ in range(3)]
+    interpreter.run(kernel, [a, b, z, *outs])
+    h = ((a.float() @ b.float()) * 0.37).to(tdt).double()
+    r = torch.remainder(h, z.double()).to(tdt)
+    assert torch.equal(outs[0], r.float()) and not torch.equal(r.float().double(), torch.remainder(h, z.double()))
 
 
 def test_float_mod_and_floordiv_spell_floor_semantics_on_hopper():

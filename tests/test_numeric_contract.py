@@ -16,6 +16,8 @@ import torch
 
 import tilews
 import tilews.language as T
+from tilews import targets
+from tilews.lowering.backend import Machine
 from tilews.metal import harness
 
 from .helpers import marked_line, poisoned, randn
@@ -214,3 +216,22 @@ def test_16bit_min_max_with_a_constant_keeps_the_type(target, dtype):
     one, tenth = torch.tensor(1.0).to(dt).double(), torch.tensor(0.1).to(dt).double()
     assert torch.equal(hi, (torch.maximum(x64, one) + x64).float().to(dt).float())
     assert torch.equal(lo, (torch.minimum(x64, tenth) + x64).float().to(dt).float())
+
+
+def test_the_gpu_source_rounds_16bit_division_and_bf16_min_to_the_type(monkeypatch):
+    """For a GPU (Triton compiles the ``tl`` source), a bfloat16 ``/`` divides in float32 with
+    ``div_rn`` (Triton's ``/`` is ``div.full.f32``, up to 2 ulp off, whose rounding to 16 bits
+    could differ) and a bfloat16's min (which Triton computes in float32) is rounded back to
+    bfloat16 before the sum uses it. Before: ``X / Z`` and a bare ``tl.minimum``."""
+    @T.prim_func
+    def main(X: T.Tensor((N,), T.bfloat16), Z: T.Tensor((N,), T.bfloat16),
+             Q: T.Tensor((N,), T.bfloat16), S: T.Tensor((N,), T.bfloat16)):
+        with T.Kernel(1, threads=64) as bx:
+            for i in T.Parallel(N):
+                Q[i] = X[i] / Z[i]
+                S[i] = T.min(X[i], Z[i]) + X[i]
+    monkeypatch.setattr(targets, "machine", lambda: Machine(cuda=True, capability=(9, 0), num_sms=132))
+    src = tilews.jit(target="triton")(main).get_kernel_source()
+    x, z = "tl.load(X + i * X_stride0)", "tl.load(Z + i * Z_stride0)"
+    assert f"tl.cast(tl.math.div_rn(tl.cast({x}, tl.float32), tl.cast({z}, tl.float32)), tl.bfloat16)" in src
+    assert f"tl.cast(tl.minimum({x}, {z}), tl.bfloat16)" in src

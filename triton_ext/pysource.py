@@ -43,6 +43,11 @@ class SourceWriter:
         (``div.full.f32``, ``sqrt.approx.f32``): yes for fp32 unless fast math was asked for."""
         return dtype is ir.DType.F32 and not self.fast_math
 
+    def cast(self, value: str, dt: ir.DType) -> str:
+        """``value`` (a tensor or a Python number) converted to a value of ``dt``, in the
+        emitter's language."""
+        raise NotImplementedError
+
     # -- names -------------------------------------------------------------------------------------
     def name(self, ir_name: str) -> str:
         """The Python identifier of an IR name (stable within the emission)."""
@@ -91,7 +96,52 @@ def nonneg(w: SourceWriter, e: ir.Expr) -> bool:
     return simplify.nonneg(e, w.nonneg)
 
 
-def float_mod(w: SourceWriter, a: str, b: str, lang: str) -> str:
+FLOAT_DIVISIONS = frozenset({ir.BinOpKind.DIV, ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD})
+_DIV_RN = {"tl": "tl.math.div_rn", "gl": "gl.div_rn"}
+
+
+def float_division(w: SourceWriter, e: ir.BinOp, a: str, b: str, lang: str) -> str:
+    """Float ``/``, ``//`` or ``%`` ``e`` (``FLOAT_DIVISIONS``) of operands spelled ``a`` and ``b``
+    (of ``e``'s type, or Python numbers), as docs/design.md's numeric contract has it: ``/``
+    IEEE-rounded (``div_rn``) where ``w.ieee_rounded``, ``//`` the floor of that quotient, ``%``
+    Python's (``_float_mod``). Triton computes ``/`` and ``%`` of a 16-bit float in float32: such
+    a quotient is divided there (of the operands converted to float32; ``div_rn``, rounded again
+    to 16 bits, is their IEEE quotient); it and a remainder of a type narrower than float32
+    are rounded to the type (``w.cast``, the emitter's conversion) before anything uses them,
+    and the floor is then taken in float32 (exact). ``lang``: the language module's name (tl, gl)."""
+    dt = e.dtype
+    if e.op is ir.BinOpKind.MOD:
+        return _narrowed(w, _float_mod(w, a, b, lang), dt)
+    computed = ir.DType.F32 if dt in (ir.DType.F16, ir.DType.BF16) else dt
+    if computed is not dt:
+        a, b = (x if isinstance(o, ir.Const) else w.cast(x, computed) for o, x in ((e.a, a), (e.b, b)))
+    q = f"{_DIV_RN[lang]}({a}, {b})" if w.ieee_rounded(computed) else f"({a} / {b})"
+    if e.op is ir.BinOpKind.DIV:
+        return _narrowed(w, q, dt)
+    if dt.bits >= 32:
+        return f"{lang}.floor({q})"
+    return w.cast(f"{lang}.floor({lang}.cast({_narrowed(w, q, dt)}, {lang}.float32))", dt)
+
+
+def _narrowed(w: SourceWriter, x: str, dt: ir.DType) -> str:
+    """``x``, a float ``/`` or ``%`` of type ``dt`` as Triton computes it, rounded to ``dt``."""
+    return w.cast(x, dt) if dt.bits < 32 else x
+
+
+def minmax(w: SourceWriter, e: ir.Call, args: list[str], lang: str) -> str:
+    """``T.max``/``T.min`` call ``e`` of operands ``args`` (spelled), in ``e``'s type: Triton
+    computes a bfloat16's in float32, and a narrower type's with a Python number (which it makes
+    an int32 or float32 tensor) in that type, so such a result is converted back (``w.cast``;
+    exact: it is one of the operands). ``lang``: the language module's name (tl, gl)."""
+    out = args[0]
+    for a in args[1:]:
+        out = f"{lang}.{'maximum' if e.fn is ir.MathFn.MAX else 'minimum'}({out}, {a})"
+    constant = any(isinstance(a, ir.Const) for a in e.args)
+    widened = e.dtype.bits < 32 and (constant or e.dtype is ir.DType.BF16)
+    return w.cast(out, e.dtype) if widened else out
+
+
+def _float_mod(w: SourceWriter, a: str, b: str, lang: str) -> str:
     """Python's float ``a % b`` from Triton's (C's ``fmod``: exact, with the dividend's sign):
     plus the divisor where the signs differ; ``lang`` the language module's name (tl, gl)."""
     r = w.fresh("r")

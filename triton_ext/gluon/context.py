@@ -62,6 +62,9 @@ class Ctx(SourceWriter):
         self.par = None                             # the T.Parallel being spelled (fragments.Frame)
         self.named: dict = {}                       # expressions already held in a temporary
 
+    def cast(self, value: str, dt: ir.DType) -> str:
+        return f"gl.cast({value}, {GL_DTYPE[dt]})"
+
     def descriptor(self, g: ir.Region, loc: ir.Loc) -> str:
         """The TMA descriptor of the global region ``g`` (by buffer and box)."""
         key = (g.buffer.name, tuple(g.extents))

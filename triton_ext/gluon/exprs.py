@@ -11,8 +11,9 @@ reads 0, as in the IR; the pointer and strides are parameters of the role). Per-
 a run of a shared tile as a row slice of it (``chunk_view``). Integer ``//`` and
 ``%`` follow Python (floor) semantics; they are spelled natively when both operands are provably
 non-negative (``tl``'s analysis, plus the scalar locals legalize found non-negative), else with a
-remainder correction that is right whichever rounding Triton applies. Float ``//`` is the floor
-of the rounded quotient, float ``%`` Python's (docs/design.md's numeric contract).
+remainder correction that is right whichever rounding Triton applies. Float ``/``, ``//`` and
+``%`` are ``pysource.float_division``'s (docs/design.md's numeric contract: each rounded to its
+type, ``//`` the floor of the rounded quotient, ``%`` Python's).
 """
 from __future__ import annotations
 
@@ -26,10 +27,9 @@ from tilews.lowering.gathers import gathered_axis, per_thread_column
 from tilews.lowering.layouts import NVMMAShared, RowSlice
 from tilews.lowering.simplify import NONNEG_OPS
 
-from ..pysource import atom, float_mod, nonneg
+from ..pysource import FLOAT_DIVISIONS, atom, float_division, minmax, nonneg
 from .context import GL_DTYPE, Ctx
 
-_MINMAX = {ir.MathFn.MAX: "gl.maximum", ir.MathFn.MIN: "gl.minimum"}
 _MATH = {ir.MathFn.EXP: "gl.exp", ir.MathFn.EXP2: "gl.exp2", ir.MathFn.LOG: "gl.log",
          ir.MathFn.LOG2: "gl.log2", ir.MathFn.SQRT: "gl.sqrt", ir.MathFn.RSQRT: "gl.rsqrt",
          ir.MathFn.ABS: "gl.abs", ir.MathFn.CEIL: "gl.ceil"}
@@ -82,26 +82,11 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
         if e.op is ir.BinOpKind.FLOORDIV:
             return f"gl.where({fix}, {q} - 1, {q})"
         return f"gl.where({fix}, {r} + {b}, {r})"
-    if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:   # floor of the rounded quotient
-        q = _quotient(ctx, e, a, b)
-        if e.dtype.bits >= 32:
-            return f"gl.floor({q})"
-        return f"gl.cast(gl.floor(gl.cast({q}, gl.float32)), {GL_DTYPE[e.dtype]})"
-    if e.op is ir.BinOpKind.MOD and e.dtype.is_float:
-        return float_mod(ctx, a, b, "gl")
-    if e.op is ir.BinOpKind.DIV:
-        return _quotient(ctx, e, a, b)
+    if e.op in FLOAT_DIVISIONS and e.dtype.is_float:
+        a, b = (x if isinstance(o, ir.Const) or o.dtype == e.dtype else ctx.cast(x, e.dtype)
+                for o, x in ((e.a, a), (e.b, b)))
+        return float_division(ctx, e, a, b, "gl")
     return f"({a} {e.op.value} {b})"
-
-
-def _quotient(ctx: Ctx, e: ir.BinOp, a: str, b: str) -> str:
-    """``a / b`` in ``e``'s type: IEEE-rounded (``gl.div_rn``, float32 operands) where
-    ``ctx.ieee_rounded``, else Triton's ``/`` (``div.full.f32``, up to 2 ulp off)."""
-    if not ctx.ieee_rounded(e.dtype):
-        return f"({a} / {b})"
-    a, b = (x if isinstance(o, ir.Const) or o.dtype == e.dtype
-            else f"gl.cast({x}, {GL_DTYPE[e.dtype]})" for o, x in ((e.a, a), (e.b, b)))
-    return f"gl.div_rn({a}, {b})"
 
 
 def nonnegative(ctx: Ctx, e: ir.Expr) -> bool:
@@ -247,11 +232,8 @@ def _unop(ctx: Ctx, e: ir.UnOp) -> str:
 
 def _call(ctx: Ctx, e: ir.Call) -> str:
     args = [spell(ctx, a) for a in e.args]
-    if e.fn in _MINMAX:
-        out = args[0]
-        for a in args[1:]:
-            out = f"{_MINMAX[e.fn]}({out}, {a})"
-        return out
+    if e.fn in (ir.MathFn.MAX, ir.MathFn.MIN):
+        return minmax(ctx, e, args, "gl")
     if ctx.par is None:
         raise InternalError(f"gluon backend: no rule for scalar {e.fn.value}() outside T.Parallel", e.loc)
     if e.dtype.bits >= 32:

@@ -28,7 +28,7 @@ right whichever rounding Triton applies (constants fold in Python, tensors trunc
 (constant scalar parameters, loop indices) is Python's, exact: each result that may leave its
 type is wrapped to it (``python_int``, ``_wrapped``), as every target's runtime arithmetic wraps. Float ``//`` is the floor of
 the rounded quotient, float ``%`` Triton's (C's ``fmod``) corrected to the divisor's sign: the
-numeric contract of docs/design.md. Values of the plan's ``f32_values`` types (bfloat16 under
+numeric contract of docs/design.md (``pysource.float_division``). Values of the plan's ``f32_values`` types (bfloat16 under
 Triton's CPU interpreter) are float32 tensors: each operation of such a type is rounded to it
 (``Ctx.round_held``), global elements are converted from and to their bits (``Ctx.unpack``,
 ``Ctx.pack``).
@@ -43,14 +43,13 @@ from tilews.lowering import ir, simplify
 from tilews.lowering.errors import InternalError
 from tilews.lowering.traverse import subexprs
 
-from ..pysource import atom, float_mod, nonneg
+from ..pysource import FLOAT_DIVISIONS, atom, float_division, minmax, nonneg
 from .context import TL_DTYPE, Ctx, arange, shape_text
 
 _MATH = {ir.MathFn.EXP: "tl.exp", ir.MathFn.EXP2: "tl.exp2", ir.MathFn.LOG: "tl.log",
          ir.MathFn.LOG2: "tl.log2", ir.MathFn.SQRT: "tl.sqrt", ir.MathFn.RSQRT: "tl.rsqrt",
          ir.MathFn.CEIL: "tl.ceil"}
 _IEEE_ROUNDED = {ir.MathFn.SQRT: "tl.sqrt_rn"}   # where ``ctx.ieee_rounded`` (fp32)
-_MINMAX = {ir.MathFn.MAX: "tl.maximum", ir.MathFn.MIN: "tl.minimum"}
 
 def spell(ctx: Ctx, e: ir.Expr) -> str:
     rule = _EXPRS.get(type(e))
@@ -103,12 +102,8 @@ def _binop(ctx: Ctx, e: ir.BinOp) -> str:
     signed = not (nonneg(ctx, e.a) and nonneg(ctx, e.b))
     if e.op in (ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD) and e.dtype.is_int and signed:
         return _floor_divmod(ctx, e.op, a, b, ir.as_int(e.b))
-    if e.op is ir.BinOpKind.FLOORDIV and e.dtype.is_float:
-        return _floor(ctx, _divide(ctx, a, b, e.dtype), e.dtype)
-    if e.op is ir.BinOpKind.MOD and e.dtype.is_float:
-        return _narrowed(ctx, float_mod(ctx, a, b, "tl"), e.dtype)
-    if e.op is ir.BinOpKind.DIV:
-        return _divide(ctx, a, b, e.dtype)
+    if e.op in FLOAT_DIVISIONS and e.dtype.is_float:
+        return float_division(ctx, e, a, b, "tl")
     return _rounded(ctx, f"({a} {e.op.value} {b})", e.dtype)
 
 
@@ -158,25 +153,6 @@ def _rounded(ctx: Ctx, x: str, dt: ir.DType) -> str:
     return ctx.round_held(x, dt) if dt in ctx.plan.f32_values else x
 
 
-def _divide(ctx: Ctx, a: str, b: str, dt: ir.DType) -> str:
-    """``a / b`` rounded to ``dt``."""
-    q = f"tl.math.div_rn({a}, {b})" if ctx.ieee_rounded(dt) else f"({a} / {b})"
-    return _narrowed(ctx, q, dt)
-
-
-def _narrowed(ctx: Ctx, x: str, dt: ir.DType) -> str:
-    """The result ``x`` of a ``/`` or ``%`` of type ``dt`` rounded to it: Triton computes both
-    in float32 for 16-bit floats."""
-    return ctx.cast(x, dt) if dt.bits < 32 else x
-
-
-def _floor(ctx: Ctx, x: str, dt: ir.DType) -> str:
-    """``floor(x)`` (exact in ``dt``); computed in float32 for narrower types."""
-    if dt.bits >= 32:
-        return f"tl.floor({x})"
-    return ctx.cast(f"tl.floor(tl.cast({x}, tl.float32))", dt)
-
-
 def _floor_divmod(ctx: Ctx, op: ir.BinOpKind, a: str, b: str, b_const: Optional[int]) -> str:
     q, r = ctx.fresh("q"), ctx.fresh("r")
     ctx.line(f"{q} = {a} // {b}")
@@ -201,14 +177,8 @@ def _unop(ctx: Ctx, e: ir.UnOp) -> str:
 
 def _call(ctx: Ctx, e: ir.Call) -> str:
     args = [spell(ctx, a) for a in e.args]
-    if e.fn in _MINMAX:
-        out = args[0]
-        for a in args[1:]:
-            out = f"{_MINMAX[e.fn]}({out}, {a})"
-        # Triton's CPU interpreter gives float32 for a 16-bit float's min/max with a Python
-        # number; the result is one of the operands, so converting it back is exact
-        constant = any(isinstance(a, ir.Const) for a in e.args)
-        return ctx.cast(out, e.dtype) if constant and e.dtype.bits < 32 else out
+    if e.fn in (ir.MathFn.MAX, ir.MathFn.MIN):
+        return minmax(ctx, e, args, "tl")
     if e.fn is ir.MathFn.ABS:
         return f"tl.abs({args[0]})"
     if e.dtype.bits >= 32:
