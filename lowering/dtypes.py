@@ -230,9 +230,15 @@ def _coerce(value) -> "DType | None":
 
 
 def from_torch(torch_dtype) -> DType | None:
-    """The DType of a torch dtype (None for one tilews does not have)."""
-    name = str(torch_dtype).removeprefix("torch.")
-    return next((d for d in DType if d.record.torch == name), None)
+    """The DType of a torch dtype (None for one tilews does not have); every op call asks."""
+    found = _FROM_TORCH.get(torch_dtype)
+    if found is None and torch_dtype not in _FROM_TORCH:
+        name = str(torch_dtype).removeprefix("torch.")
+        found = _FROM_TORCH[torch_dtype] = next((d for d in DType if d.record.torch == name), None)
+    return found
+
+
+_FROM_TORCH: dict = {}
 
 
 # TileLang / numpy / C spellings accepted wherever a dtype is expected.

@@ -14,7 +14,8 @@ Timing: ``rounds`` rounds, each timing tilews then TileLang (CUDA events over en
 launches for ~25 ms), so both see the same machine state; the table gives each one's median time
 and the median tilews/TileLang ratio with its spread (min-max over rounds; < 1 means tilews is
 faster); a case with a torch baseline (GEMV: ``torch.mv``, cuBLAS) times it in the same rounds and
-gives the tilews/torch ratio too. The TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this
+gives the tilews/torch ratio too; a case whose computation a ``tilews.ops`` op also does (``OPS``:
+the GQA and MLA decode examples) times the op in the same rounds and gives ops/TileLang. The TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this
 script unpacks it into /tmp/site when it finds ``.peers/tilelang.tar.xz``. JSON goes to
 ``$OUT/peer_compare.json``.
 """
@@ -340,6 +341,24 @@ def _gemv(n, k, block_n, reduce_threads, form="splitk_gemv_vectorized_tvm"):
 # the GEMV's (BLOCK_N, reduce_threads) configs of at least a warp (the example's autotuning space)
 GEMV_CONFIGS = [(2, 32), (4, 32), (8, 32), (16, 32), (8, 8), (16, 8), (32, 8), (32, 4), (64, 4)]
 
+def _decode_op(q, k, v, mask):
+    """``tilews.ops.decode_attention`` on the GQA example's tensors, timed beside its kernels
+    (the example's random key mask has no counterpart there: every key is read either way)."""
+    from tilews.ops import decode_attention
+    q4 = q.unsqueeze(1)
+    return lambda: decode_attention(q4, k, v)
+
+
+def _mla_op(q, q_pe, kv, k_pe):
+    """``tilews.ops.mla_decode`` on the MLA example's tensors (the same computation)."""
+    from tilews.ops import mla_decode
+    return lambda: mla_decode(q, q_pe, kv, k_pe)
+
+
+# cases whose computation a tilews.ops op also does: the op is timed in the same rounds and
+# compared with TileLang's kernel (issue 40: decode ops not slower than TileLang's own kernels)
+OPS = {"gqa_decode": _decode_op, "gqa_decode_b64": _decode_op, "mla_decode": _mla_op}
+
 CASES = {
     **{f"gemv_{n}_{bn}x{rt}": (lambda n=n, bn=bn, rt=rt: _gemv(n, 4096, bn, rt))
        for n in (4096, 14336) for bn, rt in GEMV_CONFIGS},
@@ -445,6 +464,8 @@ def run_case(name: str, rounds: int, graphs: bool = False) -> dict:
     runnable = {lb: (lambda k=k: k(*args)) for lb, k in kernels.items() if f"{lb}_error" not in row}
     if baseline:
         runnable["torch"] = baseline[0](*args)
+    if name in OPS:
+        runnable["ops"] = OPS[name](*args)
     times = {lb: [] for lb in runnable}
     timer = graph_ms if graphs else launches_ms
     row["timing"] = "cuda graphs" if graphs else "launches"
@@ -459,9 +480,10 @@ def run_case(name: str, rounds: int, graphs: bool = False) -> dict:
     for lb, ts in times.items():
         row[f"{lb}_ms"] = statistics.median(ts)
         row[f"{lb}_tflops"] = flops / statistics.median(ts) * 1e-9
-    for peer, key in (("tilelang", "ratio"), ("torch", "ratio_torch")):
-        if "tilews" in times and peer in times:
-            ratios = [a / b for a, b in zip(times["tilews"], times[peer])]
+    for mine, peer, key in (("tilews", "tilelang", "ratio"), ("tilews", "torch", "ratio_torch"),
+                            ("ops", "tilelang", "ratio_ops")):
+        if mine in times and peer in times:
+            ratios = [a / b for a, b in zip(times[mine], times[peer])]
             row[key] = statistics.median(ratios)
             row[key + "_spread"] = [min(ratios), max(ratios)]
     if "tilews" in kernels:
@@ -507,6 +529,11 @@ def main() -> None:
         for lb in ("tilews", "tilelang"):
             if f"{lb}_error" in r:
                 print(f"    {lb}: {r[lb + '_error'][:300]}")
+    for r in rows:
+        if "ratio_ops" in r:
+            print(f"tilews.ops on {r['case']}: {r['ops_ms']:.4f} ms, TileLang's kernel "
+                  f"{r['tilelang_ms']:.4f} ms: ops/TileLang {r['ratio_ops']:.3f} "
+                  "({:.2f}-{:.2f})".format(*r["ratio_ops_spread"]))
     best_of_configs(rows)
 
 

@@ -5,7 +5,8 @@ Compute to profile the second (docs/measuring.md "Hardware counters"):
         --section WarpStateStats --section SourceCounters --section SpeedOfLight \
         --section MemoryWorkloadAnalysis -f -o $OUT/bwd python scripts/profile_backward_main.py
 
-``--dim``, ``--causal``, ``--tile`` (dQ added as a tile), ``--off`` (TILEWS_OVERLAP_GEMMS=off).
+``--dim``, ``--causal``, ``--element`` (dQ added by element atomics, not the op's choice for
+``--dim``), ``--off`` (TILEWS_OVERLAP_GEMMS=off).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--tile", action="store_true")
+    parser.add_argument("--element", action="store_true")
     parser.add_argument("--off", action="store_true")
     args = parser.parse_args()
     if args.off:
@@ -27,9 +28,9 @@ def main():
     from tilews.ops.attention_backward import blocks, kernels
     from tilews.ops.attention import lse_rows
     B, H, S, D = (4, 32, 4096, args.dim) if args.dim == 128 else (8, 16, 4096, args.dim)
-    cfg = blocks(D, True)
+    cfg = dict(blocks(D, True), **({"dq_tile_add": False} if args.element else {}))
     rows = lse_rows(S, 128)
-    kern = kernels()[1](B, H, H, S, D, args.causal, rows, dtype=T.float16, dq_tile_add=args.tile, **cfg)
+    kern = kernels()[1](B, H, H, S, D, args.causal, rows, dtype=T.float16, **cfg)
     q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(4))
     lse = torch.randn(B, H, rows, device="cuda").abs() + 5
     delta = torch.randn(B, H, rows, device="cuda")

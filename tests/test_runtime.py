@@ -333,24 +333,25 @@ def test_disk_cache_hit_in_a_new_process(tmp_path):
     assert _compile_in_subprocess(tmp_path) == "HIT"
 
 
-def test_corrupted_disk_entry_is_recompiled(tmp_path):
+def test_corrupted_disk_entry_is_recompiled(tmp_path, monkeypatch):
+    # the cache switches as a fresh process has them (a TileLang example run in this process
+    # before may have called disable_cache(), which sets them for the process)
+    for name in ("TILEWS_DISABLE_CACHE", "TILELANG_DISABLE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
     assert _compile_in_subprocess(tmp_path) == "MISS"
     entries = list(tmp_path.rglob("*.bin"))
     assert len(entries) == 1
     data = bytearray(entries[0].read_bytes())
     data[-10] ^= 0xFF
     entries[0].write_bytes(bytes(data))
-    os.environ["TILEWS_CACHE_DIR"], old = str(tmp_path), os.environ["TILEWS_CACHE_DIR"]
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            k = tilews.jit(out_idx=[-1], target="interpret")(add_factory)(32, 8)
-        assert any(issubclass(w.category, CacheCorruptionWarning) for w in caught)
-        assert not k.report.cache_hit
-        x, y = randn(32, 8), randn(32, 8)
-        assert rel_err(k(x, y), x.double() + y.double()) < 1e-7
-    finally:
-        os.environ["TILEWS_CACHE_DIR"] = old
+    monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        k = tilews.jit(out_idx=[-1], target="interpret")(add_factory)(32, 8)
+    assert any(issubclass(w.category, CacheCorruptionWarning) for w in caught)
+    assert not k.report.cache_hit
+    x, y = randn(32, 8), randn(32, 8)
+    assert rel_err(k(x, y), x.double() + y.double()) < 1e-7
     assert _compile_in_subprocess(tmp_path) == "HIT"
 
 
