@@ -25,8 +25,9 @@ Ensures:   every statement list (a role's body, a loop body, a branch) whose wai
               complete in order);
            3. an arrival that releases a ring slot an in-flight gemm reads (the check of
               verify_async) is held back until a wait placed for another reason completes that
-              gemm, or until the next barrier wait or the end of the list; arrivals keep their
-              order among themselves;
+              gemm, or until the next barrier wait, a statement writing what the arrival reads
+              (a ring slot counter: the interpreter found the deadlock moving it past one made)
+              or the end of the list; arrivals keep their order among themselves;
            4. the list ends with ``gemm_wait 0`` (Gluon carries only completed accumulators
               across iterations and out of branches) followed by the held-back arrivals.
 
@@ -44,7 +45,7 @@ import dataclasses
 from .. import ir, roles
 from ..config import BackendConfig
 from ..plans import AsyncPlan
-from ..traverse import buffers_read, buffers_written, bulk_store_tile, footprint, walk
+from ..traverse import bulk_store_tile, footprint, walk
 
 _BARRIERS = (ir.BarrierWait, ir.BarrierArrive, ir.BlockSync)
 """Statements that synchronize with other threads: nothing moves across them but arrivals."""
