@@ -1443,6 +1443,15 @@ def _return_in_loop_macro():
     return in_loop
 
 
+def _nested_def_macro():
+    @T.macro
+    def nested(X, n):
+        def twice(v):  # <- nested def
+            return v * 2.0
+        X[0] = twice(X[0])
+    return nested
+
+
 def _user_of(mac):
     @T.prim_func
     def main(X: T.Tensor((8,), T.float32)):
@@ -1454,6 +1463,9 @@ def _user_of(mac):
 @pytest.mark.parametrize("maker, marker, fragment", [
     (_early_return_macro, "# <- early return", "returns before the end of its body"),
     (_return_in_loop_macro, "# <- return in loop", "returns only at the end of its body"),
+    # a function defined in a macro returns for itself: refused as what it is, not as the
+    # macro's early return
+    (_nested_def_macro, "# <- nested def", "unsupported statement in a kernel: FunctionDef"),
 ])
 def test_macro_early_return_is_an_error(maker, marker, fragment):
     with pytest.raises(CompileError) as info:

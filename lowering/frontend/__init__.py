@@ -136,6 +136,14 @@ def finish_function(b: Builder, name: str) -> ir.Function:
     return ir.Function(name, tuple(kernels), b.kernels[0]["loc"])
 
 
+def _returns(node: ast.AST) -> bool:
+    """Whether ``node`` holds a ``return`` of the function it is in (a function defined inside
+    it returns for itself: the frontend refuses that definition on its own terms)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return False
+    return isinstance(node, ast.Return) or any(_returns(n) for n in ast.iter_child_nodes(node))
+
+
 class Macro:
     """``@T.macro``: a function of tile-language statements inlined where it is called from a
     kernel (or from another macro), its parameters bound to the call's arguments (buffers,
@@ -155,7 +163,7 @@ class Macro:
         if self._src is None:
             src = kernel_source(self.fn)
             for stmt in src.tree.body[:-1]:
-                if any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
+                if _returns(stmt):
                     raise CompileError(f"T.macro '{src.name}' returns before the end of its body",
                                        ir.Loc(src.file, stmt.lineno + src.line_offset, 0))
             self._src = src
