@@ -52,6 +52,7 @@ SPLIT_PROLOGUE = 2.0        # a split block's fixed cost (Q load, ring fill, its
 _NO_MAX = -1.0e30
 
 
+@functools.lru_cache(maxsize=1024)
 def choose_num_splits(tiles: int, cache_len: int, block_N: int, num_sms: int) -> int:
     """Splits per sequence for ``tiles`` blocks of work (batch x KV heads x row tiles) over a
     cache of ``cache_len`` keys in ``block_N`` blocks: the count whose grid finishes first by a
