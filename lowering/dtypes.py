@@ -16,6 +16,7 @@ backend means filling one row, never a new table:
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 
@@ -229,16 +230,11 @@ def _coerce(value) -> "DType | None":
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def from_torch(torch_dtype) -> DType | None:
     """The DType of a torch dtype (None for one tilews does not have); every op call asks."""
-    found = _FROM_TORCH.get(torch_dtype)
-    if found is None and torch_dtype not in _FROM_TORCH:
-        name = str(torch_dtype).removeprefix("torch.")
-        found = _FROM_TORCH[torch_dtype] = next((d for d in DType if d.record.torch == name), None)
-    return found
-
-
-_FROM_TORCH: dict = {}
+    name = str(torch_dtype).removeprefix("torch.")
+    return next((d for d in DType if d.record.torch == name), None)
 
 
 # TileLang / numpy / C spellings accepted wherever a dtype is expected.

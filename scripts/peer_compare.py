@@ -15,9 +15,9 @@ launches for ~25 ms), so both see the same machine state; the table gives each o
 and the median tilews/TileLang ratio with its spread (min-max over rounds; < 1 means tilews is
 faster); a case with a torch baseline (GEMV: ``torch.mv``, cuBLAS) times it in the same rounds and
 gives the tilews/torch ratio too; a case whose computation a ``tilews.ops`` op also does (``OPS``:
-the GQA and MLA decode examples) times the op in the same rounds and gives ops/TileLang. The TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this
-script unpacks it into /tmp/site when it finds ``.peers/tilelang.tar.xz``. JSON goes to
-``$OUT/peer_compare.json``.
+the GQA and MLA decode examples) times the op in the same rounds and gives ops/TileLang. The
+TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this script unpacks
+it into /tmp/site when it finds ``.peers/tilelang.tar.xz``. JSON goes to ``$OUT/peer_compare.json``.
 """
 from __future__ import annotations
 
@@ -340,6 +340,7 @@ def _gemv(n, k, block_n, reduce_threads, form="splitk_gemv_vectorized_tvm"):
 
 # the GEMV's (BLOCK_N, reduce_threads) configs of at least a warp (the example's autotuning space)
 GEMV_CONFIGS = [(2, 32), (4, 32), (8, 32), (16, 32), (8, 8), (16, 8), (32, 8), (32, 4), (64, 4)]
+
 
 def _decode_op(q, k, v, mask):
     """``tilews.ops.decode_attention`` on the GQA example's tensors, timed beside its kernels

@@ -12,13 +12,13 @@ every time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -35,18 +35,9 @@ FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4
                   (8, 16, 4096, 64, True)]
 
 
-@contextlib.contextmanager
 def overlap_gemms(on: bool):
     """Compiles inside use TILEWS_OVERLAP_GEMMS=on/off."""
-    old = os.environ.get("TILEWS_OVERLAP_GEMMS")
-    os.environ["TILEWS_OVERLAP_GEMMS"] = "on" if on else "off"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["TILEWS_OVERLAP_GEMMS"]
-        else:
-            os.environ["TILEWS_OVERLAP_GEMMS"] = old
+    return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS="on" if on else "off")
 
 
 def rel(a, b) -> float:
@@ -156,7 +147,11 @@ def run_forward(shape, rounds, results):
     impls = {}
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    impls["SDPA cuDNN"] = lambda: _sdpa(torch, sdpa_kernel, SDPBackend, q, k, v, causal)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    impls["SDPA cuDNN"] = cudnn
     for on in (True, False):
         with overlap_gemms(on):
             kern = tilews.jit(out_idx=[3])(mha_fwd_program)(B, H, S, D, causal, dtype=T.float16,
@@ -165,11 +160,6 @@ def run_forward(shape, rounds, results):
         print(f"{name}: gemms {'on' if on else 'off'}: rel err vs cuDNN {rel(out, ref):.1e}")
         impls[f"tilews gemms {'on' if on else 'off'}"] = lambda kern=kern: kern(q, k, v)
     _time(torch, name, impls, rounds, flops, results)
-
-
-def _sdpa(torch, sdpa_kernel, backend, q, k, v, causal):
-    with sdpa_kernel(backend.CUDNN_ATTENTION):
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def _time(torch, name, impls, rounds, flops, results):

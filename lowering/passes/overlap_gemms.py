@@ -49,6 +49,8 @@ from ..traverse import bulk_store_tile, footprint, walk
 
 _BARRIERS = (ir.BarrierWait, ir.BarrierArrive, ir.BlockSync)
 """Statements that synchronize with other threads: nothing moves across them but arrivals."""
+_ORDERED = (ir.Gemm, ir.GemmWait) + _BARRIERS
+"""Statements whose order against in-flight gemms this pass keeps as written."""
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -97,7 +99,7 @@ def _without_waits(stmts: tuple) -> list:
 def _fixed(s: ir.Stmt) -> bool:
     """Whether nothing may move past ``s``: gemms, waits, synchronization, proxy fences, bulk
     (asynchronous) copies, or a statement holding one."""
-    return any(isinstance(t, (ir.Gemm, ir.GemmWait, ir.ProxyFence, ir.BulkStoreWait) + _BARRIERS)
+    return any(isinstance(t, _ORDERED + (ir.ProxyFence, ir.BulkStoreWait))
                or bulk_store_tile(t) is not None
                or (isinstance(t, ir.Copy) and t.mechanism is ir.CopyMechanism.TMA)
                for t in walk(s))
@@ -163,14 +165,13 @@ def _place_waits(stmts: list, released: dict, loc: ir.Loc) -> tuple:
             else:
                 out.append(s)
             continue
-        if isinstance(s, (ir.BarrierWait, ir.BlockSync)) or footprint(s)[1] & footprint(*(a for a, _ in held))[0]:
+        sync = isinstance(s, (ir.BarrierWait, ir.BlockSync))
+        if sync or footprint(s)[1] & footprint(*(a for a, _ in held))[0]:
             # a barrier wait, or a write of what a held arrival reads (its ring slot counter)
             complete([g for _, gs in held for g in gs], s.loc)
-            if not isinstance(s, (ir.BarrierWait, ir.BlockSync)):
-                complete([g for g in inflight if _needs(s, g)], s.loc)
-        elif any(isinstance(t, (ir.Gemm, ir.GemmWait) + _BARRIERS) for t in walk(s) if t is not s):
+        if any(isinstance(t, _ORDERED) for t in walk(s) if t is not s):
             complete(inflight, s.loc)
-        else:
+        elif not sync:
             complete([g for g in inflight if _needs(s, g)], s.loc)
         out.append(s)
         if _wgmma(s):

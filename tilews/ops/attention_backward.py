@@ -141,7 +141,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
     @T.macro
     def row_vector(src, staging, dst):
         """``dst`` = the query block's LSE or Delta at ``src``, through ``staging`` where given."""
-        if varlen:
+        if staging is None:
             T.copy(src, dst)
         else:
             T.copy(src, staging)
