@@ -29,7 +29,7 @@ SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 1
 # the main kernel timed alone beside the op: at the op's blocks (``blocks``), and changed by each
 # of these ("overlap_gemms": compiled with TILEWS_OVERLAP_GEMMS=off, each wgmma waited at once;
 # "dq_tile_add": None flips the op's choice)
-MAIN_CHANGES = {64: [dict(dq_tile_add=None), dict(num_stages=3)],
+MAIN_CHANGES = {64: [dict(num_stages=3), dict(block_N=128), dict(block_M=64, threads=128)],
                 128: [dict(overlap_gemms=False), dict(dq_tile_add=None)]}
 FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
                   (8, 16, 4096, 64, True)]
@@ -128,6 +128,18 @@ def run_shape(shape, rounds, results):
             print(f"{label}: {kern.kernels[0].report.backend if hasattr(kern, 'kernels') else ''}")
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
+
+    # the preprocess and postprocess alone, at the op's blocks and at 128-row blocks
+    pre, _, post = kernels()
+    out_d, dq = out.detach(), torch.empty_like(q)
+    for block, threads in ((64, 128), (128, 256)):
+        try:
+            p = pre(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
+            o = post(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
+            impls[f"pre {block}x{threads}"] = lambda p=p: p(out_d, do, delta, dq_acc)
+            impls[f"post {block}x{threads}"] = lambda o=o: o(dq_acc, dq)
+        except Exception as e:          # noqa: BLE001
+            print(f"pre/post {block}x{threads}: {type(e).__name__}: {str(e)[:300]}")
 
     _time(torch, name, impls, rounds, flops, results)
 

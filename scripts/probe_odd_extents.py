@@ -1,4 +1,5 @@
-"""Tiles whose extents are not powers of two on Hopper: attention at head dims 96 and 192 and a
+"""Tiles whose extents are not powers of two on Hopper: attention at head dims 96 and 192 (and the
+wide head dim 256: its output stored from registers so that K/V get two ring slots) and a
 GEMM with a 192-wide tile, on the warp-specialized Gluon path (split_extents cuts them into
 power-of-two pieces: 192 = 128 + 64, 96 = 64 + 32).
 
@@ -6,7 +7,7 @@ Each case is built from TileLang's own kind of program (``tilews.ops.attention``
 ``mha_fwd_program``, ``examples/gemm.py``'s ``matmul``) for target ``hopper``; the script says
 which backend took it (``gluon`` is the point), checks the result against torch in float32, and
 times it with ``tilews.profiler.do_bench`` interleaved with torch's
-``scaled_dot_product_attention`` / ``torch.matmul`` on the same inputs over ``--rounds`` rounds
+``scaled_dot_product_attention`` (its cuDNN backend) / ``torch.matmul`` on the same inputs over ``--rounds`` rounds
 (the median of each). It prints a table and, with ``$OUT`` set, writes
 ``$OUT/probe_odd_extents.json``.
 
@@ -37,7 +38,8 @@ from tilews.testing import rel_err
 # (batch, heads, seq_len, dim, causal, block_N, stages): 128 query rows per block, two consumer
 # warp groups; at D=192 64-row K/V blocks (two stages of K and V fit shared memory beside Q, O)
 ATTENTION = [(4, 16, 4096, 96, False, 128, 2), (4, 16, 4096, 96, True, 128, 2),
-             (4, 16, 4096, 192, False, 64, 2), (4, 16, 4096, 192, True, 64, 2)]
+             (4, 16, 4096, 192, False, 64, 2), (4, 16, 4096, 192, True, 64, 2),
+             (4, 16, 4096, 256, False, 64, 1), (4, 16, 4096, 256, True, 64, 1)]
 # (M, N, K, block_M, block_N, block_K, stages, threads)
 GEMM = [(8192, 8064, 8192, 128, 192, 64, 3, 256), (4096, 4224, 4096, 128, 192, 64, 3, 256)]
 
@@ -65,8 +67,14 @@ def attention_cases():
         flops = 4 * B * H * S * S * D / (2 if causal else 1)
         yield (f"attention D{D} {'causal' if causal else 'full'} B{B} H{H} S{S} bn{bn}", kernel,
                lambda kernel=kernel, q=q, k=k, v=v: kernel(q, k, v), want,
-               lambda q=q, k=k, v=v, c=causal: torch.nn.functional.scaled_dot_product_attention(
-                   q, k, v, is_causal=c), flops)
+               lambda q=q, k=k, v=v, c=causal: cudnn_attention(q, k, v, c), flops)
+
+
+def cudnn_attention(q, k, v, causal):
+    """SDPA through its cuDNN backend (the reference the issues' targets name)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def gemm_cases():

@@ -22,7 +22,8 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            shared -> global copies; other roles may only fill them from global memory), indexes every fragment inside a ``T.Parallel`` with the
            loop's first variable in dim 0 — it becomes roles ``ws(1)``, ..., ``ws(n)``: role h
            (from 0) has fragments ``<name>_h`` of R = BM / n rows, reads and writes rows
-           [h R, (h + 1) R) of those shared buffers and of the global tile they are stored to,
+           [h R, (h + 1) R) of those shared buffers and of the global tile they (or its fragments,
+           stored from registers) are stored to,
            and its parallel loops run over R rows with the row index shifted by h R outside fragment
            accesses (masks read the true row); each role has its own copy of the consumer's
            local buffers (a guarded loop's iteration counter). Where BM is no power of two
@@ -244,8 +245,8 @@ def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict) -> 
             d, first = row_dims[n.buffer], 0 if n.buffer in mine else offset
             return dataclasses.replace(n, starts=n.starts[:d] + (c(first, n.loc),) + n.starts[d + 1:],
                                        extents=n.extents[:d] + (size,) + n.extents[d + 1:])
-        if isinstance(n, ir.Copy) and n.src.buffer in row_dims \
-                and n.dst.buffer.scope is ir.Scope.GLOBAL:
+        if isinstance(n, ir.Copy) and (n.src.buffer in row_dims or n.src.buffer.scope is ir.Scope.FRAGMENT) \
+                and n.dst.buffer.scope is ir.Scope.GLOBAL:     # a tile stored staged or from registers
             return _global_rows(n, offset, size)
         return None
     return transform(body, fn)

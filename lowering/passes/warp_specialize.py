@@ -39,7 +39,10 @@ Ensures:   * explicit ``T.ws`` programs: block-wide allocations followed by one 
              fragment -> global copy through its own shared tile where ``config.caps.smem_bytes``
              holds them all and the target asks for it (``staging_per_store``, persistent kernels
              only: ``overlap_store`` then keeps their stores in flight together); otherwise
-             copies of one tile shape share one staging tile.
+             copies of one tile shape share one staging tile; where even those would not fit
+             beside the ring (the real placement), the epilogue stores from registers (a note):
+             a ring slot serves every iteration, a staging tile one store per tile, so the
+             two-slot ring is weighed with the stores unstaged (D256 attention).
              Explicit programs on targets with bulk copies get the same epilogue staging.
            * anything else: unchanged.
 Preserves: program meaning (interpreter before == after, under any schedule) and locations.
@@ -96,12 +99,12 @@ def _specialized(kernel: ir.Kernel, plan: PipelinePlan, config: BackendConfig) -
     persistent = plan.tile_loop_index is not None
     own_staging = persistent and config.policy.staging_per_store
     if not persistent or not plan.preloads or config.policy.preload_slots < 2:
-        return _fitting(kernel, plan, 1, own_staging, config)
-    doubled = _fitting(kernel, plan, 2, own_staging, config)
+        return _fitting(kernel, plan, 1, own_staging, config, unstaged=True)
+    doubled = _fitting(kernel, plan, 2, own_staging, config, unstaged=False)
     need = SharedMemoryPlan.of(doubled.body).total_bytes
     if need <= config.caps.smem_bytes:
         return doubled
-    return _fitting(kernel, plan, 1, own_staging, config).with_note(
+    return _fitting(kernel, plan, 1, own_staging, config, unstaged=True).with_note(
         f"warp_specialize: one slot for the preloads of each tile (the next tile's loads wait for "
         f"this tile's loop): two would need {need} bytes of shared memory, more than the "
         f"{config.caps.smem_bytes} of target '{config.name}'")
@@ -115,17 +118,31 @@ def _pipelined_loop(kernel: ir.Kernel, plan: PipelinePlan) -> ir.For:
 
 
 def _fitting(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, own_staging: bool,
-             config: BackendConfig) -> ir.Kernel:
+             config: BackendConfig, unstaged: bool) -> ir.Kernel:
     """``_auto``, each epilogue store staged in its own tile when asked and shared memory holds
-    them, else one tile per shape shared by the stores (each waited for before the next)."""
+    them, else one tile per shape shared by the stores (each waited for before the next); with
+    ``unstaged``, where even those tiles would not fit beside the rings (D256 attention's
+    128x256 output beside a 2-slot K/V ring), stores from registers, which need no shared
+    memory: a ring slot serves every loop iteration, a staging tile one store per tile."""
     if own_staging:
-        out = _auto(kernel, plan, preload_slots, share_staging=False)
+        out = _auto(kernel, plan, preload_slots, staging="own")
         if SharedMemoryPlan.of(out.body).total_bytes <= config.caps.smem_bytes:
             return out
-    return _auto(kernel, plan, preload_slots, share_staging=True)
+    out = _auto(kernel, plan, preload_slots, staging="shared")
+    if not unstaged or SharedMemoryPlan.of(out.body).total_bytes <= config.caps.smem_bytes:
+        return out
+    need = plan_buffers.peak_after("warp_specialize", out, config)
+    if need <= config.caps.smem_bytes:
+        return out
+    return _auto(kernel, plan, preload_slots, staging="registers").with_note(
+        f"warp_specialize: the epilogue stores from registers: staging its stores through shared "
+        f"memory would need {need} bytes, more than the {config.caps.smem_bytes} of target "
+        f"'{config.name}'")
 
 
-def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, share_staging: bool) -> ir.Kernel:
+def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, staging: str) -> ir.Kernel:
+    """The automatic schedule; ``staging`` says how the epilogue's fragment -> global copies
+    go: "own" (a staging tile each), "shared" (one per tile shape) or "registers" (unstaged)."""
     top = kernel.body.stmts
     tile_loop = None if plan.tile_loop_index is None else top[plan.tile_loop_index]
     body = top if tile_loop is None else tile_loop.body.stmts
@@ -208,9 +225,10 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, share_stagi
     new_allocs: list[ir.Alloc] = []
     pre = _preload(body[:plan.loop_index], plan.preloads, new_allocs, loc, tile_loop, consumers,
                    preload_slots)
-    epilogue = list(_staged(ir.Seq(tuple(s for s in body[plan.loop_index + 1:]
-                                         if not isinstance(s, ir.Alloc)), loc), new_allocs,
-                              kernel, share=share_staging).stmts)
+    epilogue = ir.Seq(tuple(s for s in body[plan.loop_index + 1:] if not isinstance(s, ir.Alloc)), loc)
+    if staging != "registers":
+        epilogue = _staged(epilogue, new_allocs, kernel, share=staging == "shared")
+    epilogue = list(epilogue.stmts)
     p_init, p_loop = role_loop("produced", produce)
     c_init, c_loop = role_loop("consumed", consume)
     slotted = {**rings, **pre.rings}

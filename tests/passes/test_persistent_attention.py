@@ -16,6 +16,7 @@ from tilews.lowering import ir
 from tilews.lowering.errors import DeadlockError, RaceError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.pipeline import lower
+from tilews.lowering.plans import PipelinePlan
 from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.lowering.traverse import transform, walk
 from tilews.ops.attention import mha_fwd_program
@@ -118,11 +119,32 @@ def test_one_slot_where_the_target_asks_or_two_would_not_fit():
     assert [ir.as_int(d) for d in q.shape] == [128, D]
     assert next(s.buffer for s in walk(k.body) if isinstance(s, ir.Alloc)
                 and s.buffer.name == "reloadable").arrive_counts == (256,)
-    # head dim 256: Q and O of 64 KB each and a K/V stage: a second Q slot exceeds 227 KB
+    # head dim 256: Q of 64 KB and two K/V slots of 64 KB (O stored from registers): a second Q
+    # slot exceeds 227 KB
     big = lower(build_kernel(mha_fwd_program(B, H, 200, 256, True, block_M=128, block_N=64, num_stages=1,
                                              threads=256)), HOPPER.replace(num_sms=1))
     assert [ir.as_int(d) for d in _q_slot(big)[0].shape] == [128, 256]
-    assert any(n.startswith("warp_specialize: one slot for the preloads") and "262" in n for n in big.notes), big.notes
+    assert big.find_plan(PipelinePlan).stages == 2
+    assert any(n.startswith("warp_specialize: one slot for the preloads") and "327872 bytes" in n
+               for n in big.notes), big.notes
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256_stores_its_output_from_each_roles_registers(causal):
+    """D256: Q and a two-slot K/V ring take 192 KB, so the output is stored from registers, not
+    staged: each split consumer role stores its own 64 rows (split_consumers cuts the global
+    tile of a fragment -> global copy too), and the lowered kernel means the program."""
+    seq_len, dim = 160, 256
+    kernel = lower(build_kernel(mha_fwd_program(1, 1, seq_len, dim, causal, block_M=128, block_N=64,
+                                                num_stages=1, threads=256)), HOPPER.replace(num_sms=1))
+    assert kernel.find_plan(PipelinePlan).stages == 2
+    assert any(n.startswith("warp_specialize: the epilogue stores from registers") for n in kernel.notes)
+    stores = [s for s in walk(kernel.body) if isinstance(s, ir.Copy) and s.dst.buffer.name == "Output"]
+    assert [s.src.buffer.name for s in stores] == ["acc_o_0", "acc_o_1"]
+    assert {s.dst.extents[2] for s in stores} == {64}
+    q, k, v = (randn(1, 1, seq_len, dim, dtype=torch.float16, seed=40 + i) for i in range(3))
+    out = run_interp(kernel, [q, k, v, torch.empty_like(q)], 3, 1)
+    assert rel_err(out, reference(q, k, v, causal)) < 1e-2
 
 
 @pytest.mark.parametrize("slots", [1, 2])

@@ -2,7 +2,8 @@
 (``T.Pipelined(..., num_stages=1)``, TileLang's request to its software pipeliner) gets a ring of
 two slots where shared memory holds them, so the producer loads block k + 1 while the consumer
 computes on block k; where two slots would not fit (the real placement: ``plan_buffers`` by
-lifetime), it keeps one, and a note says which. Deeper rings are the program's own. Either way
+lifetime), first with the epilogue's stores staged through shared memory, then from registers,
+it keeps one, and a note says which. Deeper rings are the program's own. Either way
 the lowered program means what the program does (the interpreter as oracle)."""
 from __future__ import annotations
 
@@ -73,11 +74,35 @@ def test_deeper_rings_are_the_programs(num_stages):
     assert not depth_notes(lowered)
 
 
+def staged_stores(kernel: ir.Kernel) -> list[str]:
+    """The shared tiles warp_specialize staged epilogue stores through."""
+    return [s.buffer.name for s in walk(kernel.body)
+            if isinstance(s, ir.Alloc) and "_stage" in s.buffer.name]
+
+
+def test_two_slots_by_storing_the_epilogue_from_registers():
+    """Shared memory that holds the two-slot ring but not beside the epilogue's staging tile:
+    the ring gets its two slots and the result is stored from registers (a slot serves every
+    iteration, the staging tile one store), with a note; the meaning is unchanged."""
+    two = lower(build_kernel(gemm(1)), HOPPER)
+    assert staged_stores(two)
+    target = HOPPER.replace(smem_bytes=two.find_plan(SharedMemoryPlan).total_bytes - 1)
+    args = gemm_args()
+    lowered = assert_same_under_schedules(gemm(1), args, 2, target=target)
+    assert ring_slots(lowered) == {"A_s": 2, "B_s": 2}
+    assert not staged_stores(lowered)
+    assert any(n.startswith("warp_specialize: the epilogue stores from registers") for n in lowered.notes)
+    check_numerics(lowered, args)
+
+
 def test_one_slot_kept_where_two_exceed_shared_memory():
-    """Shared memory that holds the one-slot form (its real placement) but not the two-slot one:
-    the ring keeps one slot and the note gives the bytes two would need; the program still means
-    the same on the interpreter under many schedules."""
-    two = lower(build_kernel(gemm(1)), HOPPER).find_plan(SharedMemoryPlan).total_bytes
+    """Shared memory that holds the one-slot form (its real placement) but not the two-slot one,
+    even with its result stored from registers: the ring keeps one slot and the note gives the
+    bytes two would need; the program still means the same on the interpreter under many
+    schedules."""
+    staged = lower(build_kernel(gemm(1)), HOPPER).find_plan(SharedMemoryPlan).total_bytes
+    two = lower(build_kernel(gemm(1)), HOPPER.replace(smem_bytes=staged - 1)).find_plan(
+        SharedMemoryPlan).total_bytes
     target = HOPPER.replace(smem_bytes=two - 1)
     args = gemm_args()
     lowered = assert_same_under_schedules(gemm(1), args, 2, target=target)

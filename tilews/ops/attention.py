@@ -98,7 +98,9 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
         Q_shared = T.alloc_shared([block_M, dim], dtype)
         K_shared = T.alloc_shared([block_N, dim], dtype)
         V_shared = T.alloc_shared([block_N, dim], dtype)
-        O_shared = None if varlen else T.alloc_shared([block_M, dim], dtype)
+        # above D128 the output goes straight to global memory and the compiler stages it where
+        # shared memory holds it beside a 2-slot K/V ring (D192), else stores from registers (D256)
+        O_shared = None if varlen or dim > 128 else T.alloc_shared([block_M, dim], dtype)
         acc_s = T.alloc_fragment([block_M, block_N], accum)
         acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
         acc_o = T.alloc_fragment([block_M, dim], accum)
@@ -179,6 +181,8 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
             for i, j in T.Parallel(block_M, dim):
                 if bx * block_M + i < q_len:
                     Output[q_start + bx * block_M + i, by, j] = T.cast(acc_o[i, j], dtype)
+        elif O_shared is None:
+            T.copy(acc_o, rows(Output, bz, by, bx * block_M, block_M))
         else:
             T.copy(acc_o, O_shared)
             T.copy(O_shared, rows(Output, bz, by, bx * block_M, block_M))
