@@ -29,8 +29,18 @@ def test_tensors_by_alignment_and_other_arguments_by_nothing():
     base = torch.zeros(64)
     assert key([base, 16, 1.0, True, None])[0] is True
     assert key([base[1:], 16, 1.0, True, None])[0] is False
-    assert len(key([base, 16, 2.5, False, "desc"])) == 2
-    assert _specializer((float,), torch.Tensor)([1.0]) == ()
+    assert key([base, 16, 2.5, False, "desc"]) == key([base, 16, 1.0, True, None])
+    floats = _specializer((float,), torch.Tensor)
+    assert floats([1.0]) == floats([2.5])
+
+
+def test_integer_classes_remembered_per_tuple_of_values_stay_each_tuples_own():
+    """A tuple of integers seen before reuses its classes; a new tuple gets its own."""
+    key = _specializer((int, int), torch.Tensor)
+    sixteen, one = (False, True, True, True), (True, False, True, True)
+    assert key([16, 1]) == key([16, 1]) == ((sixteen, one),)
+    assert key([1, 16]) == ((one, sixteen),)
+    assert key([2**31 + 1, 16]) == (((False, False, False, True), sixteen),)
 
 
 @pytest.mark.parametrize("calls, listening", [([], False), ([print], True)])

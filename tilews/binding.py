@@ -47,8 +47,8 @@ class UserParam:
 def stream_key(device: torch.device) -> tuple:
     """What tells apart the streams calls on ``device`` may run on concurrently: the current CUDA
     stream there; on other devices, the device alone."""
-    if device.type == "cuda":
-        return device, torch.cuda.current_stream(device).cuda_stream
+    if device.type == "cuda":     # the stream's handle, as torch.cuda.current_stream(device).cuda_stream
+        return device, torch._C._cuda_getCurrentRawStream(device.index)
     return (device,)
 
 

@@ -6,7 +6,8 @@ and keeps the ``CompiledKernel`` it returns; later calls with the same specializ
 kernel directly on the current stream, skipping the JIT's argument binding and cache key. The
 specialization is what Triton's JIT specializes on, computed by a function generated once per list
 of argument types: for integers the classes of Triton's ``native_specialize_impl`` (1 becomes a
-constant; divisibility by 16; i32, i64 or u64 by range), 16-byte alignment for tensors; floats,
+constant; divisibility by 16; i32, i64 or u64 by range; remembered per tuple of the integers'
+values), 16-byte alignment for tensors; floats,
 booleans and TMA descriptors carry none (a descriptor's type is fixed by the kernel's emitted
 block shape and layout).
 
@@ -23,6 +24,7 @@ goes through the interpreter.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -91,6 +93,7 @@ def _make_context_current(device: int) -> None:
     _THREAD.has_context = True
 
 
+INT_TUPLES = 256     # tuples of integer arguments whose classes one specializer remembers
 # Triton's classes of an integer argument (``native_specialize_impl``): the constant 1, divisible
 # by 16, and its type: i32 within 32 bits, i64 below 2**63, else u64
 _INT_CLASS = "({a} == 1, {a} % 16 == 0, -2147483648 <= {a} < 2147483648, {a} < 9223372036854775808)"
@@ -98,16 +101,18 @@ _INT_CLASS = "({a} == 1, {a} % 16 == 0, -2147483648 <= {a} < 2147483648, {a} < 9
 
 def _specializer(types: tuple, tensor: type) -> Callable[[list], tuple]:
     """A function of an argument list of these ``types`` returning its specialization: per
-    tensor its 16-byte alignment, per integer its class as Triton sees it (at least as fine as
-    Triton's, so one key never stands for two of Triton's compiled kernels); other arguments
-    (floats, booleans, TMA descriptors) carry none. Generated once per list of types."""
-    parts = []
-    for i, t in enumerate(types):
-        if issubclass(t, tensor):
-            parts.append(f"args[{i}].data_ptr() % 16 == 0")
-        elif t is int:
-            parts.append(_INT_CLASS.format(a=f"args[{i}]"))
-    return eval(f"lambda args: ({', '.join(parts)}{',' if parts else ''})")   # noqa: S307
+    tensor its 16-byte alignment, then the classes of its integers as Triton sees them (at least
+    as fine as Triton's, so one key never stands for two of Triton's compiled kernels); other
+    arguments (floats, booleans, TMA descriptors) carry none. Generated once per list of types;
+    the integers' classes are remembered per tuple of their values (a kernel's strides and
+    sizes repeat from call to call: one hash of the tuple, not four comparisons per integer)."""
+    ints = [i for i, t in enumerate(types) if t is int]
+    aligned = [f"args[{i}].data_ptr() % 16 == 0" for i, t in enumerate(types) if issubclass(t, tensor)]
+    classes = functools.lru_cache(maxsize=INT_TUPLES)(eval(     # noqa: S307
+        f"lambda v: ({''.join(_INT_CLASS.format(a=f'v[{k}]') + ', ' for k in range(len(ints)))})"))
+    values = "".join(f"args[{i}], " for i in ints)
+    return eval(f"lambda args: ({''.join(a + ', ' for a in aligned)}classes(({values})),)",  # noqa: S307
+                {"classes": classes})
 
 
 def _listening(hook):

@@ -80,3 +80,27 @@ def test_mla_split_kernel_takes_the_gluon_ws_backend(splits, ragged):
         128, 8192, 512, 64, batch=2, splits=splits, ragged=ragged)
     assert main_backend(kernel) == "gluon", kernel.report
     assert any("warp_specialize:" in n for n in kernel.report.notes), kernel.report.notes
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kept_decode_call_under_a_cuda_graph(paged):
+    """A kept call (the split and the combine kernel, 16 splits) captured in a CUDA graph: each
+    replay reads the query's new values; paged without lengths (made per call) as well."""
+    q, k, v = inputs(1, 32, 8, 8192, 128, torch.bfloat16, seed=5)
+    lengths = None if paged else torch.full((1,), 6000, dtype=torch.int32, device=DEV)
+    table = None
+    if paged:
+        k_pages, table = paginate(k.cpu(), 256, seed=2)
+        v_pages, _ = paginate(v.cpu(), 256, seed=2)
+        k, v, table = k_pages.to(DEV), v_pages.to(DEV), table.to(DEV)
+    decode_attention(q, k, v, lengths, table, num_splits=16)      # compiled and its call kept
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(q, k, v, lengths, table, num_splits=16)
+    for seed in range(3):
+        q.copy_(torch.randn(q.shape, generator=torch.Generator(device=DEV).manual_seed(seed), device=DEV))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = decode_attention(q, k, v, lengths, table, num_splits=16)
+        torch.testing.assert_close(out, want, atol=0, rtol=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 from tilews.lowering import ir
 from tilews.lowering.arguments import ArgumentRules
@@ -50,9 +51,7 @@ class TlProgram:
         self.grid_fn = getattr(module, kernel.name + GRID_SUFFIX)
         self.num_warps = kernel.plan(StreamPlan).num_warps
         self.launcher = Launcher(self.fn, self.num_warps)
-        # per parameter: a buffer (passed with its strides), a float scalar or another scalar
-        self._kinds = ["buffer" if isinstance(p, ir.Buffer) else "float" if p.dtype.is_float
-                       else "scalar" for p in kernel.params]
+        self._arguments = _arguments_of(kernel.params)
 
     @property
     def asm(self) -> dict[str, str]:
@@ -65,12 +64,23 @@ class TlProgram:
     def launch(self, values: list) -> None:
         """Run the kernel on checked ``values`` aligned with ``kernel.params`` (tensors for
         buffers, numbers for scalars), on the current torch stream."""
-        flat = []
-        scalars = []
-        for kind, a in zip(self._kinds, values):
-            if kind == "buffer":
-                flat += [a, *a.stride()]
-            else:
-                flat.append(float(a) if kind == "float" else a)
-                scalars.append(a)
-        self.launcher.launch(self.grid_fn(*scalars), flat)
+        args, scalars = self._arguments(*values)
+        self.launcher.launch(self.grid_fn(*scalars), args)
+
+
+def _arguments_of(params) -> Callable[..., tuple[list, tuple]]:
+    """A function of the launch values (in ``params`` order) returning the kernel's arguments
+    (each buffer followed by its strides, each float scalar as a float, other scalars as they
+    are) and the grid function's (the scalars), spelled out once for these parameters."""
+    names = [f"a{i}" for i in range(len(params))]
+    args, scalars = [], []
+    for a, p in zip(names, params):
+        if isinstance(p, ir.Buffer):
+            args.append(f"{a}, *{a}.stride()")
+        else:
+            args.append(f"float({a})" if p.dtype.is_float else a)
+            scalars.append(a)
+    scope: dict = {}
+    exec(f"def arguments({', '.join(names)}):\n"
+         f"    return [{', '.join(args)}], ({''.join(s + ', ' for s in scalars)})", scope)
+    return scope["arguments"]
