@@ -1,6 +1,7 @@
 """The explicit warp-specialized GEMM of docs/design.md §2: a producer warp group fills shared memory,
 ONE consumer role of two warp groups (``T.ws(1, 2)``) multiplies; they hand over through
-barriers that count arriving threads.
+barriers that count arriving threads. As written the roles take turns on one pair of tiles; on
+Hopper ``ring_handshakes`` makes the pair a ring, so the producer loads ahead of the gemms.
 
 ``python examples/ws_gemm.py`` runs it in the reference interpreter under several schedules (where
 races and deadlocks are detected) and on the best target here, checking against torch.

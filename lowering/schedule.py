@@ -1,4 +1,4 @@
-"""Index arithmetic of loops and tile schedules, built as IR (constants folded).
+"""Index arithmetic of loops, tile schedules and ring slots, built as IR (constants folded).
 
 Shared by the frontend (``T.Persistent``) and the passes that rewrite loops, so each formula is
 written once.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import ir
 from .simplify import fold
+from .traverse import transform
 
 _I32 = ir.DType.I32
 
@@ -105,3 +106,25 @@ def ring_counter(loop: ir.For):
     bumped = (isinstance(v, ir.BinOp) and v.op is ir.BinOpKind.ADD and ir.as_int(v.b) == 1
               and isinstance(v.a, ir.Load) and v.a.buffer == last.buffer)
     return last.buffer if bumped else None
+
+
+def ring_slot(it: ir.Expr, stages: int, loc: ir.Loc) -> tuple[ir.Expr, ir.Expr]:
+    """(ring slot, phase parity) of the ``it``-th use of a ring of ``stages``."""
+    B = ir.BinOpKind
+    return (_op(B.MOD, it, _c(stages, loc), loc),
+            _op(B.AND, _op(B.FLOORDIV, it, _c(stages, loc), loc), _c(1, loc), loc))
+
+
+def in_slot(node, rings: dict, slot: ir.Expr):
+    """A ``transform`` callback: a region or element load of a buffer in ``rings`` (buffer -> the
+    same buffer with a leading slot dimension) as the same access of slot ``slot``; else None."""
+    if isinstance(node, ir.Region) and node.buffer in rings:
+        return ir.Region(rings[node.buffer], (slot,) + node.starts, (1,) + node.extents, node.loc)
+    if isinstance(node, ir.Load) and node.buffer in rings:
+        return ir.Load(rings[node.buffer], (slot,) + node.indices, node.loc)
+    return None
+
+
+def restager(rings: dict, slot: ir.Expr):
+    """Statement -> the statement with its accesses of ``rings``' buffers in slot ``slot``."""
+    return lambda s: transform(s, lambda node: in_slot(node, rings, slot))

@@ -13,9 +13,10 @@ kernels on the same random inputs, and compares each output with a float32 torch
 Timing: ``rounds`` rounds, each timing tilews then TileLang (CUDA events over enough
 launches for ~25 ms), so both see the same machine state; the table gives each one's median time
 and the median tilews/TileLang ratio with its spread (min-max over rounds; < 1 means tilews is
-faster); a case with a torch baseline (GEMV: ``torch.mv``, cuBLAS) times it in the same rounds and
-gives the tilews/torch ratio too; a case whose computation a ``tilews.ops`` op also does (``OPS``:
-the GQA and MLA decode examples) times the op in the same rounds and gives ops/TileLang. The
+faster); a case with a torch baseline (GEMV: ``torch.mv``; the warp-specialized GEMMs:
+``torch.matmul``; cuBLAS) times it in the same rounds and gives the tilews/torch ratio too; a
+case whose computation a ``tilews.ops`` op also does (``OPS``: the GQA and MLA decode examples)
+times the op in the same rounds and gives ops/TileLang. The
 TileLang import needs ``.peers`` unpacked on ``PYTHONPATH`` (peers-on-gpu.md); this script unpacks
 it into /tmp/site when it finds ``.peers/tilelang.tar.xz``. JSON goes to ``$OUT/peer_compare.json``.
 """
@@ -338,6 +339,42 @@ def _gemv(n, k, block_n, reduce_threads, form="splitk_gemv_vectorized_tvm"):
     return "gemv", "example_gemv.py", build, inputs, reference, 2 * n * k, baseline
 
 
+def _ws_gemm(file, factory, size=8192, blocks=(128, 128, 64)):
+    """TileLang's explicit warp-specialized GEMMs (``warp_specialize/``), fp16 at ``size``^3 with
+    the block sizes of each example's ``main``; the baseline is ``torch.matmul`` (cuBLAS)."""
+    import torch
+
+    def build(mod):
+        matmul = getattr(mod, factory)
+        return lambda a, b: matmul(a, b, *blocks)
+
+    def inputs():
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        return [torch.randn(size, size, device=DEVICE, dtype=torch.float16, generator=g)
+                for _ in range(2)]
+
+    def reference(a, b):
+        return [a.float() @ b.float()]
+
+    def baseline(a, b):
+        return lambda: torch.matmul(a, b)
+
+    return "warp_specialize", file, build, inputs, reference, 2 * size ** 3, baseline
+
+
+# the five warp_specialize GEMM examples: case name -> (file, the example's kernel factory)
+WS_GEMMS = {
+    "ws_barrierpipe_stage2": ("example_warp_specialize_gemm_barrierpipe_stage2.py", "matmul"),
+    "ws_copy_0_gemm_1": ("example_warp_specialize_gemm_copy_0_gemm_1.py",
+                         "matmul_warp_specialize_copy_0_gemm_1"),
+    "ws_copy_1_gemm_0": ("example_warp_specialize_gemm_copy_1_gemm_0.py",
+                         "matmul_warp_specialize_copy_1_gemm_0"),
+    "ws_copy_gemm_0_1": ("example_warp_specialize_gemm_copy_gemm_0_1.py",
+                         "matmul_warp_specialize_copy_gemm_0_1"),
+    "ws_softpipe_stage2": ("example_warp_specialize_gemm_softpipe_stage2.py", "matmul"),
+}
+
+
 # the GEMV's (BLOCK_N, reduce_threads) configs of at least a warp (the example's autotuning space)
 GEMV_CONFIGS = [(2, 32), (4, 32), (8, 32), (16, 32), (8, 8), (16, 8), (32, 8), (32, 4), (64, 4)]
 
@@ -364,6 +401,8 @@ CASES = {
     **{f"gemv_{n}_{bn}x{rt}": (lambda n=n, bn=bn, rt=rt: _gemv(n, 4096, bn, rt))
        for n in (4096, 14336) for bn, rt in GEMV_CONFIGS},
     "gemv_4096_vec": lambda: _gemv(4096, 4096, 2, 32, "splitk_gemv_vectorized"),
+    **{name: (lambda file=file, factory=factory: _ws_gemm(file, factory))
+       for name, (file, factory) in WS_GEMMS.items()},
     "mla_decode": _mla_decode,
     "gqa_decode_varlen": _gqa_decode_varlen,
     "attention_d128": lambda: _attention(128, False),

@@ -100,7 +100,8 @@ class Case:
     bm: int
     bn: int
     bk: int
-    stages: int                 # ring depth (1: an explicit program's single buffers)
+    stages: int                 # ring depth (an explicit program's one-slot handshake: the ring
+                                # ring_handshakes makes of it, as deep as shared memory holds)
     consumer_groups: int        # warp groups of the role holding the accumulator
     dtype: str = "f16"
     transpose_b: bool = False
@@ -119,12 +120,12 @@ CASES = {
                                                   transpose_b=True, swizzle=2, stages=2),
                                   256, 256, 256, 128, 128, 64, 2, 1, "bf16", True),
     "explicit_ws0_ws1": Case(lambda: explicit_gemm(256, 256, 256, 128, 128, 64),
-                             256, 256, 256, 128, 128, 64, 1, 1, scalars=(4,)),
+                             256, 256, 256, 128, 128, 64, 4, 1, scalars=(4,)),
     # examples/ws_gemm.py: producer T.ws(0) + merged consumer T.ws(1, 2)
     "explicit_merged_bm128": Case(lambda: explicit_merged(256, 512, 256, 128, 128, 64),
-                                  256, 512, 256, 128, 128, 64, 1, 2),
+                                  256, 512, 256, 128, 128, 64, 4, 2),
     "explicit_merged_bm256": Case(lambda: explicit_merged(512, 256, 256, 256, 128, 64),
-                                  512, 256, 256, 256, 128, 64, 1, 2),
+                                  512, 256, 256, 256, 128, 64, 3, 2),
     # examples/ws_gemm.py's ring: full/empty pairs indexed by the iteration, one wgmma in flight
     "explicit_ring_merged": Case(lambda: build_kernel(ws_ring_matmul_program(512, 512, 512, stages=3)),
                                  512, 512, 512, 128, 256, 64, 3, 2, "bf16"),

@@ -1,6 +1,7 @@
 """scripts/peer_compare.py's attention cases (TileLang's backward, GQA decode and varlen forward
-examples), built by tilews alone at small sizes on the CPU (the interpreter) and checked against
-the cases' own float32 references: each case builds, runs and agrees with its reference before
+examples) and warp-specialized GEMM cases (the five ``warp_specialize`` GEMMs), built by tilews
+alone at small sizes on the CPU (the interpreter) and checked against the cases' own float32
+references: each case builds, runs and agrees with its reference before
 the GPU compares it with TileLang. The examples are TileLang's files, never committed here: the
 tests skip without ``.tilelang_suite/tilews`` (``python scripts/tilelang_suite.py fetch``, then any
 ``run`` writes it)."""
@@ -36,13 +37,15 @@ CASES = {
     "gqa_fwd_varlen": lambda: peer_compare._fwd_varlen(
         "example_gqa_fwd_varlen.py", False, 3, 4, 96, 32, kv_heads=2, block_M=32, block_N=32,
         stages=1, threads=128),
+    **{name: (lambda file=file, factory=factory: peer_compare._ws_gemm(file, factory, size=256))
+       for name, (file, factory) in peer_compare.WS_GEMMS.items()},
 }
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_case_builds_runs_and_matches_its_reference_on_tilews(name, monkeypatch):
     monkeypatch.setattr(peer_compare, "DEVICE", "cpu")
-    folder, file, build, inputs, reference, flops = CASES[name]()
+    folder, file, build, inputs, reference, flops, *_ = CASES[name]()
     kernel = build(peer_compare.load("tilews", folder, file))
     args = inputs()
     want = [w.float() for w in reference(*args)]

@@ -105,6 +105,19 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     return kernel
 
 
+def unproven(kernel: ir.Kernel, config: BackendConfig) -> Optional[str]:
+    """None where the check shows that the roles of ``kernel`` all finish (for passes that
+    rewrite a protocol: ``ring_handshakes``); else why not, in words: the deadlock, or what the
+    check cannot follow."""
+    try:
+        _Check(kernel, config).run()
+    except _Unchecked as e:
+        return f"{e.why} (line {e.loc.line})"
+    except CompileError as e:
+        return e.message
+    return None
+
+
 class _Check:
     def __init__(self, kernel: ir.Kernel, config: BackendConfig):
         self.kernel = kernel

@@ -56,7 +56,7 @@ from .. import ir, roles, schedule
 from ..capabilities import bulk_copy_tensor
 from ..config import BackendConfig
 from ..simplify import fold
-from ..traverse import buffers_read, rewrite, subexprs, touched, transform, walk
+from ..traverse import buffers_read, rewrite, subexprs, touched, walk
 from ..plans import PipelinePlan, SharedMemoryPlan
 from . import plan_buffers
 
@@ -176,12 +176,12 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, staging: st
                 done = ir.BinOp(ir.BinOpKind.MUL, schedule.iteration(tile_loop, loc), trips,
                                 ir.DType.I32, loc)
                 it = ir.BinOp(ir.BinOpKind.ADD, done, it, ir.DType.I32, loc)
-            stage, phase = _slot(fold(it), S, loc)
+            stage, phase = schedule.ring_slot(fold(it), S, loc)
             return [], dataclasses.replace(loop, body=ir.Seq(make_body(stage, phase), loc), **serial)
         count = ir.Buffer(name, (c(1),), ir.DType.I32, ir.Scope.LOCAL, (), loc)
         counters.append(ir.Alloc(count, loc))
         ran = ir.Load(count, (c(0),), loc)
-        stage, phase = _slot(ran, S, loc)
+        stage, phase = schedule.ring_slot(ran, S, loc)
         bump = ir.Store(count, (c(0),), ir.BinOp(ir.BinOpKind.ADD, ran, c(1), ir.DType.I32, loc), loc)
         body = make_body(stage, phase) + (bump,)
         if guard is not None:
@@ -200,7 +200,7 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, staging: st
     bars = [pair("" if len(groups) == 1 else f"_{g.copies[0].dst.buffer.name}") for g in groups]
 
     def produce(stage, phase):
-        restage = _restager(rings, stage, loc)
+        restage = schedule.restager(rings, stage)
         bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
         out = []
         for g, (full, empty) in zip(groups, bars):
@@ -210,7 +210,7 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, staging: st
         return tuple(out)
 
     def consume(stage, phase):
-        restage = _restager(rings, stage, loc)
+        restage = schedule.restager(rings, stage)
         bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
         out = []
         for k, s in enumerate(consuming):
@@ -320,12 +320,12 @@ def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list, loc: i
         slot, phase = c(0), ir.BinOp(ir.BinOpKind.AND, schedule.iteration(tile_loop, loc), c(1),
                                      ir.DType.I32, loc)
     else:
-        slot, phase = _slot(schedule.iteration(tile_loop, loc), slots, loc)
+        slot, phase = schedule.ring_slot(schedule.iteration(tile_loop, loc), slots, loc)
     rings = {} if slots == 1 else {
         before[k].dst.buffer: dataclasses.replace(before[k].dst.buffer,
                                                   shape=(c(slots),) + before[k].dst.buffer.shape)
         for k in positions}
-    restage = _restager(rings, slot, loc) if rings else (lambda s: s)
+    restage = schedule.restager(rings, slot) if rings else (lambda s: s)
     bar = ir.Buffer("preloaded", (c(slots),), ir.DType.I64, ir.Scope.BARRIER, (128,) * slots, loc)
     new_allocs.append(ir.Alloc(bar, loc))
     ref = ir.BarrierRef(bar, slot, loc)
@@ -354,25 +354,6 @@ def _stage_epilogues(kernel: ir.Kernel) -> ir.Kernel:
     allocs = tuple(s for s in body.stmts if isinstance(s, ir.Alloc))
     rest = tuple(s for s in body.stmts if not isinstance(s, ir.Alloc))
     return dataclasses.replace(kernel, body=ir.Seq(allocs + tuple(new_allocs) + rest, body.loc))
-
-
-def _slot(it: ir.Expr, stages: int, loc: ir.Loc) -> tuple[ir.Expr, ir.Expr]:
-    """(ring slot, phase parity) of the ``it``-th use of a ring of ``stages``."""
-    c = lambda v: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
-    return (ir.BinOp(ir.BinOpKind.MOD, it, c(stages), ir.DType.I32, loc),
-            ir.BinOp(ir.BinOpKind.AND, ir.BinOp(ir.BinOpKind.FLOORDIV, it, c(stages), ir.DType.I32, loc),
-                     c(1), ir.DType.I32, loc))
-
-
-def _restager(rings: dict, stage: ir.Expr, loc: ir.Loc):
-    """Rewrite accesses of the pipelined buffers to their ring slot ``stage``."""
-    def fn(node):
-        if isinstance(node, ir.Region) and node.buffer in rings:
-            return ir.Region(rings[node.buffer], (stage,) + node.starts, (1,) + node.extents, node.loc)
-        if isinstance(node, ir.Load) and node.buffer in rings:
-            return ir.Load(rings[node.buffer], (stage,) + node.indices, node.loc)
-        return None
-    return lambda s: transform(s, fn)
 
 
 def _staged(body: ir.Seq, new_allocs: list, kernel: ir.Kernel, share: bool = False) -> ir.Seq:

@@ -17,7 +17,8 @@ from tilews.lowering.capabilities import SM90, Capabilities
 from tilews.lowering.config import BackendConfig
 from tilews.lowering.passes import (check_barriers, infer_layouts, legalize, legalize_wgmma,
                                     overlap_gemms, overlap_mma, overlap_softmax, overlap_store, persist,
-                                    pingpong, plan_buffers, plan_pipeline, registerize, split_consumers,
+                                    pingpong, plan_buffers, plan_pipeline, registerize,
+                                    ring_handshakes, split_consumers,
                                     split_extents, swizzle_grid, uniform_selects,
                                     warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
@@ -39,11 +40,13 @@ PIPELINE = Pipeline((
     Phase("shape", (Pass.of(uniform_selects), Pass.of(split_extents))),
     # Before layouts and buffers: warp specialization decides which buffers become rings and
     # which roles exist, so later passes plan for the buffers and roles that really exist.
-    # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop;
+    # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop.
+    # An explicit program's one-slot handshake becomes a ring before its roles are split (it
+    # rewrites the loop the roles share, and the ring's buffers are what the later passes plan);
     # then one consumer role per warp group where their rows are independent.
     # Shared buffers left as one role's scratch then become register tiles.
-    Phase("specialize", (Pass.of(persist), Pass.of(plan_pipeline), Pass.of(warp_specialize),
-                         Pass.of(split_consumers), Pass.of(registerize))),
+    Phase("specialize", (Pass.of(persist), Pass.of(plan_pipeline), Pass.of(ring_handshakes),
+                         Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(registerize))),
     # Rings and roles are final: place shared buffers and check the budget, then layouts.
     Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
     # The copy mechanisms, then Hopper's choices (TMA, wgmma, register budgets) or the reason to
