@@ -217,3 +217,25 @@ def test_hopper_falls_to_tl_and_compiles(name):
     k = build(HOPPER_CASES[name](), "hopper", out_idx=None)
     assert k.report.target == "hopper -> triton" and k.report.backend == "tl", k.report.notes
     compile_for_sm90(__name__, "HOPPER_CASES", name)
+
+
+def one_element_out(n, at):
+    """B[0] = 3 * A[at]: a one-element slice of a fragment copied to global memory (every dim
+    picked: the ``tl`` emitter's value is a scalar there)."""
+    @T.prim_func
+    def main(A: T.Tensor((n,), T.float32), B: T.Tensor((1,), T.float32)):
+        with T.Kernel(1, threads=128) as _:
+            frag = T.alloc_fragment((n,), T.float32)
+            T.copy(A[0:n], frag)
+            for i in T.Parallel(n):
+                frag[i] = frag[i] * 3.0
+            T.copy(frag[at:at + 1], B[0:1])
+    return main
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("at", [0, 5])
+def test_one_element_of_a_fragment_to_global(target, at):
+    a = randn(32, seed=4)
+    b = build(one_element_out(32, at), target)(a)
+    assert torch.equal(b, a[at:at + 1] * 3)

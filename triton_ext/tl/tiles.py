@@ -102,7 +102,10 @@ def tile_value(ctx: Ctx, r: ir.Region, loc: ir.Loc) -> str:
         x = part
     kept = tuple(n for d, n in enumerate(shape) if d not in picked)
     tile = ctx.plan.tile(r.tile_shape)
-    return x if kept == tile else f"tl.reshape({x}, {shape_text(tile)})"
+    if kept == tile:
+        return x
+    # one element picked in every dim is a scalar, which tl.reshape does not take
+    return f"tl.{'reshape' if kept else 'broadcast_to'}({x}, {shape_text(tile)})"
 
 
 def _selection(ctx: Ctx, r: ir.Region, picked: list[int]) -> str:
