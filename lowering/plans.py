@@ -253,7 +253,8 @@ class FragmentStoragePlan(Plan):
     * ``reductions`` (``simdgroups_per_output``): by result buffer, how many simdgroups reduce each
       of its outputs together (1: each simdgroup takes whole outputs; more: they combine their
       float32 partials through scratch);
-    * ``parallels`` (``matrix_loop``): by the name of a T.Parallel loop's first variable, the matrix
+    * ``parallels`` (``matrix_loop``): by the name of a T.Parallel loop's first variable (None for
+      the loop of no variables around a scalar statement), the matrix
       buffers it touches as (name, element type, scratch slot among that type's slots), in name
       order; none for a loop whose iterations are dealt to the threads element by element."""
     made_by: ClassVar[str] = "legalize_metal"
@@ -286,8 +287,15 @@ class FragmentStoragePlan(Plan):
     def simdgroups_per_output(self, s: ir.Reduce) -> int:
         return _decided(self.reductions, s.dst.name, s, f"reduction into '{s.dst.name}'")
 
+    @staticmethod
+    def parallel_key(s: ir.Parallel) -> Optional[str]:
+        """What a T.Parallel's decision is kept by: its first variable's name (None for the
+        loop of no variables around a scalar statement)."""
+        return s.vars[0].name if s.vars else None
+
     def matrix_loop(self, s: ir.Parallel) -> tuple[tuple[str, ir.DType, int], ...]:
-        return _decided(self.parallels, s.vars[0].name, s, f"T.Parallel over '{s.vars[0].name}'")
+        key = self.parallel_key(s)
+        return _decided(self.parallels, key, s, f"T.Parallel over '{key}'")
 
 
 def _decided(table: tuple, key, s: ir.Stmt, what: str):

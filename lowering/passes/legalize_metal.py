@@ -427,7 +427,7 @@ class _Statements:
                 matrices = _matrix_buffers(s, storage)
                 loop = tuple((b.name, b.dtype, sum(c.dtype == b.dtype for c in matrices[:k]))
                              for k, b in enumerate(matrices))
-                self._decide("parallels", s.vars[0].name, loop, s)
+                self._decide("parallels", FragmentStoragePlan.parallel_key(s), loop, s)
                 for dtype in {b.dtype for b in matrices}:
                     self._need(dtype, sum(b.dtype == dtype for b in matrices))
 

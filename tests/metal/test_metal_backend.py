@@ -504,3 +504,45 @@ def test_the_emitter_raises_only_internal_errors():
     broken = lowered.with_plan(dataclasses.replace(plan, matrix_copies=()))
     with pytest.raises(InternalError, match="no decision for the copy out of matrix buffer 'C_f'"):
         emit(broken)
+
+
+def scalar_stores(n):
+    """B[0] = sum(A), B[1] = 2 A[3]: stores of single elements outside any T.Parallel."""
+    @T.prim_func
+    def main(A: T.Tensor((n,), T.float32), B: T.Tensor((2,), T.float32)):
+        with T.Kernel(1, threads=32) as bx:
+            frag = T.alloc_fragment((n,), T.float32)
+            total = T.alloc_fragment((1,), T.float32)
+            T.copy(A[0:n], frag)
+            T.reduce_sum(frag, total, dim=0)
+            B[0] = total[0]
+            B[1] = A[3] * 2.0
+    return main
+
+
+def accumulator_element():
+    """C[0] = (A A)[0, 0]: one element of a gemm's accumulator stored outside a T.Parallel."""
+    @T.prim_func
+    def main(A: T.Tensor((16, 16), T.float16), C: T.Tensor((1,), T.float32)):
+        with T.Kernel(1, threads=32) as bx:
+            A_s = T.alloc_shared((16, 16), T.float16)
+            acc = T.alloc_fragment((16, 16), T.float32)
+            T.copy(A, A_s)
+            T.gemm(A_s, A_s, acc, clear_accum=True)
+            C[0] = acc[0, 0]
+    return main
+
+
+def test_scalar_stores_outside_a_parallel():
+    """They were an InternalError (legalize_metal keyed each T.Parallel by its first variable;
+    the frontend's loop around a scalar statement has none)."""
+    a = randn(32, seed=7)
+    b = poisoned(2)
+    metal(scalar_stores(32))(a, b)
+    assert torch.allclose(b[0], a.double().sum().float(), atol=1e-5, rtol=1e-5), b
+    assert b[1] == a[3] * 2
+    m = randn(16, 16, dtype=torch.float16, seed=8)
+    c = poisoned(1)
+    metal(accumulator_element)()(m, c)
+    want = (m.double() @ m.double())[0, 0]
+    assert torch.allclose(c.double(), want.reshape(1), atol=1e-3, rtol=1e-3), (c, want)
