@@ -39,15 +39,16 @@ def _best_us(calls: dict, n: int = 1000) -> dict:
 
 def _assert_costs_near_the_kernel(monkeypatch, kernel, kernel_call, op) -> None:
     """``kernel``'s launches stubbed (counted), ``op``'s kept call (its first call keeps it)
-    costs less than twice ``kernel_call`` (calling the kernel: argument check, output,
-    workspaces, two launches), best of 7 (relative: the machine may be loaded)."""
+    costs less than three times ``kernel_call`` (calling the kernel: argument check, output,
+    workspaces, two launches), best of 7 (relative: the machine may be loaded; this CPU: 1.6x
+    quiet, 2.2x under load, 4.4x before calls were kept)."""
     launched = []
     for k in kernel.kernels:
         monkeypatch.setattr(k.program, "launch", lambda values: launched.append(values))
     op()
     assert len(launched) == 2, "the op's call is not the stubbed kernel's"
     best = _best_us({"kernel": kernel_call, "op": op})
-    assert best["op"] < 2 * best["kernel"], best
+    assert best["op"] < 3 * best["kernel"], best
 
 
 def test_cached_decode_call_costs_no_more_than_the_kernel(fresh, monkeypatch):
