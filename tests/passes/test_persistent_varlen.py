@@ -6,7 +6,8 @@
   tiles), equal to the program before lowering and close to a float64 reference, with sequences
   of different lengths (one shorter than a block, an empty one, one of exactly two blocks),
   causal or not, with the LSE.
-* A tile past its sequence's end does nothing: it stores no LSE row (they stay poisoned).
+* A tile past its sequence's end does nothing: it stores no LSE row (they stay poisoned), and
+  its Q tile (the producer's unconditional preload) starts past Q's last row.
 * A query block wholly inside its sequence leaves through a bulk (TMA) store, a sequence's last
   partial block through masked element stores; Triton compiles the kernel for sm_90a with no
   spill (causal D 128, non-causal D 64; non-causal D 128 spills in the partial block's stores:
@@ -82,9 +83,14 @@ def test_the_persistent_varlen_forward_means_the_program(causal, sms):
 def test_a_tile_past_its_sequence_stores_nothing():
     """max_seqlen_q 256: two query blocks for every sequence; the second block of the 50-row and
     130-row sequences holds rows of theirs only in the 130's, so the 50's (and the empty
-    sequence's two) store no LSE row, while a live block stores all its 128."""
+    sequence's two) store no LSE row, while a live block stores all its 128. Its Q tile starts
+    at Q's row total_q."""
+    k = lowered(True)
+    q = next(s for s in walk(roles(k)[(0,)].body) if isinstance(s, ir.Copy) and s.src.buffer.name == "Q")
+    row = q.src.starts[0]      # past the tensor's last row for such a tile: no memory read
+    assert isinstance(row, ir.Select) and isinstance(row.b, ir.Var) and row.b.name == "total_q", row
     args = inputs(LQ, LK, H, KV_H, seed=5)
-    _, lse = run(lowered(True), *args)
+    _, lse = run(k, *args)
     written = (~lse.isnan()).sum(-1)            # per (sequence, head): rows stored
     assert written[:, 0].tolist() == [256, 0, 128, 256]
 

@@ -83,8 +83,9 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
     ``"varlen"`` stores only the block's rows below ``q_len`` (the rows past it belong to the next
     sequence): a block wholly inside its sequence through shared memory in one bulk copy, as the
     dense layouts do, the sequence's last block by element from registers; a block past the
-    end, ``bx * block_M >= q_len``, loads its Q tile (the warp-specialized producer's preload
-    is unconditional) but no K/V block and skips the epilogue: no output or LSE row. A query
+    end, ``bx * block_M >= q_len``, loads its Q tile from past the tensor's last row (the
+    warp-specialized producer's preload is unconditional; zeros, no memory read) but no K/V
+    block, and skips the epilogue: no output or LSE row. A query
     that sees no key (causal with ``q_len > k_len``, or ``k_len == 0``) gets a zero output and a log-sum-exp of +inf (FlashAttention's convention: its backward
     weights are zero). ``LSE`` is None or [batch, heads, whole query blocks] as in
     ``mha_fwd_program``. ``sm_scale``: the scores' scale (default ``1 / sqrt(dim)``)."""
@@ -110,7 +111,14 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
         scores_sum = T.alloc_fragment([block_M], accum)
         logsum = T.alloc_fragment([block_M], accum)
 
-        T.copy(rows(Q, bz, by, q_start + bx * block_M, block_M), Q_shared)
+        if varlen:
+            # a block past its sequence's end loads its Q tile from past the tensor's last row
+            # (the warp-specialized producer's preload is unconditional): the tensor copy unit
+            # fills it with zeros without reading memory
+            q_row = T.if_then_else(bx * block_M < q_len, q_start + bx * block_M, Q.shape[0])
+        else:
+            q_row = q_start + bx * block_M
+        T.copy(rows(Q, bz, by, q_row, block_M), Q_shared)
         T.fill(acc_o, 0)
         T.fill(logsum, 0)
         T.fill(scores_max, -T.infinity(accum))
