@@ -79,13 +79,16 @@ def serpentine_tile(block: ir.Expr, it: ir.Expr, blocks: int, loc: ir.Loc) -> ir
     return _op(B.ADD, _op(B.MUL, it, _c(blocks, loc), loc), pos, loc)
 
 
-def serpentine_tiles_of_block(total: int, block: ir.Expr, blocks: int, loc: ir.Loc) -> ir.Expr:
-    """How many of ``total`` tiles block ``block`` runs in ``serpentine_tile``'s order: the whole
-    rounds, and one more where its position in the last, partial round is below the tiles left."""
-    rounds, left = divmod(total, blocks)
-    pos = block if rounds % 2 == 0 else _op(ir.BinOpKind.SUB, _c(blocks - 1, loc), block, loc)
-    more = ir.Select(ir.Cmp(ir.CmpKind.LT, pos, _c(left, loc), loc), _c(1, loc), _c(0, loc), _I32, loc)
-    return _op(ir.BinOpKind.ADD, _c(rounds, loc), more, loc)
+def serpentine_tiles_of_block(total: ir.Expr, block: ir.Expr, blocks: int, loc: ir.Loc) -> ir.Expr:
+    """How many of ``total`` tiles (a constant, or a runtime value: a grid sized at launch) block
+    ``block`` runs in ``serpentine_tile``'s order: the whole rounds, and one more where its
+    position in the last, partial round is below the tiles left."""
+    B = ir.BinOpKind
+    rounds, left = _op(B.FLOORDIV, total, _c(blocks, loc), loc), _op(B.MOD, total, _c(blocks, loc), loc)
+    odd = ir.Cmp(ir.CmpKind.EQ, _op(B.AND, rounds, _c(1, loc), loc), _c(1, loc), loc)
+    pos = ir.Select(odd, _op(B.SUB, _c(blocks - 1, loc), block, loc), block, _I32, loc)
+    more = ir.Select(ir.Cmp(ir.CmpKind.LT, pos, left, loc), _c(1, loc), _c(0, loc), _I32, loc)
+    return fold(_op(B.ADD, rounds, more, loc))
 
 
 def tiles_of_block(total: ir.Expr, block: ir.Expr, blocks: ir.Expr, loc: ir.Loc) -> ir.Expr:

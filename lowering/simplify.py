@@ -4,7 +4,7 @@ each.
 ``evaluate(e, env)`` is the value of an expression whose variables are all bound in ``env``
 (despecialize walks loops with it); ``fold_binop`` drops one operation where that is exact, as the
 frontend's operators build it; ``fold`` rewrites a whole expression built by a pass
-(``(3 - 0) - 1`` -> ``2``); ``nonneg(e, known)`` says whether an integer expression is never
+(``(3 - 0) - 1`` -> ``2``, a select on a constant condition -> its branch); ``nonneg(e, known)`` says whether an integer expression is never
 negative (emitters spell ``//`` and ``%`` natively then, and skip ``>= 0`` masks), from the
 variables ``known`` to be (``never_negative(kernel)``: block indices, their definitions and
 runtime dims; emitters add loop and parallel indices as they enter them). Integer semantics are Python's (``//`` and ``%`` floor); a division
@@ -106,6 +106,8 @@ def _fold(e):
         a, b = ir.as_int(e.a), ir.as_int(e.b)
         if a is not None and b is not None:
             return ir.Const(_apply(e.op, a, b), ir.DType.BOOL, e.loc)
+    if isinstance(e, ir.Select) and isinstance(e.cond, ir.Const):
+        return e.a if e.cond.value else e.b
     return None
 
 
@@ -178,6 +180,8 @@ def nonneg(e: ir.Expr, known) -> bool:
         return low is not None and low >= 0
     if isinstance(e, ir.Call) and e.fn in (ir.MathFn.MIN, ir.MathFn.ABS):
         return e.fn is ir.MathFn.ABS or all(nonneg(a, known) for a in e.args)
+    if isinstance(e, ir.Call) and e.fn is ir.MathFn.MAX:     # a launch extent clamped at 0
+        return any(nonneg(a, known) for a in e.args)
     return False
 
 

@@ -1,7 +1,7 @@
 """``tilews.ops.attention_varlen`` on an sm_90 GPU at realistic sizes: forward and backward
 against a float64 per-sequence reference (relative Frobenius error), no NaN, and the forward and
 backward main kernels compiled for target "hopper" (warp-specialized Gluon, never a silent
-fallback to triton.language)."""
+fallback to triton.language), the forward persistent (one block per SM)."""
 from __future__ import annotations
 
 import pytest
@@ -51,6 +51,8 @@ def test_varlen_forward_backward_on_hopper(D, causal, group):
         assert rel(got.detach().cpu(), w) < 1e-2, (name, rel(got.detach().cpu(), w))
     fwd = _factory(mha_fwd_varlen_program, "auto")(H, H // group, D, causal, store_lse=True, **blocks(D, True))
     assert fwd.target == "hopper", (fwd.target, fwd.report.notes)
+    assert any(n.startswith("persist:") and "one block per SM" in n for n in fwd.report.notes), \
+        fwd.report.notes
     bwd = _factory(bwd_varlen_program, "auto")(H, H // group, D, causal, sm_scale=D ** -0.5,
                                                **backward_blocks(D, True))
     assert bwd.target == "hopper", (bwd.target, bwd.report.notes)

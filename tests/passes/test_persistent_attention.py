@@ -256,18 +256,24 @@ def test_persistent_attention_compiles_for_sm90a():
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", p.asm["ptx"])
 
 
-@pytest.mark.parametrize("total,blocks", [(2048, 132), (4, 3), (6, 4), (264, 132), (133, 132), (1000, 132)])
-def test_serpentine_rounds_run_every_tile_once(total, blocks):
+@pytest.mark.parametrize("total,blocks", [(2048, 132), (4, 3), (6, 4), (264, 132), (133, 132), (1000, 132),
+                                          (2, 4), (0, 3)])
+@pytest.mark.parametrize("at_launch", [False, True], ids=["static", "at-launch"])
+def test_serpentine_rounds_run_every_tile_once(total, blocks, at_launch):
     """persist's 3-d order: each tile in exactly one block, block b at position b of even rounds
-    and blocks - 1 - b of odd ones."""
+    and blocks - 1 - b of odd ones; the count of a block's tiles built from a constant total or
+    from a runtime one (a grid sized at launch: fewer tiles than blocks, or none, included)."""
     from tilews.lowering import schedule
     from tilews.lowering.simplify import evaluate
     loc = ir.Loc("t", 1)
     b, it = ir.Var("b", ir.DType.I32, ir.VarKind.BLOCK, loc), ir.Var("it", ir.DType.I32, ir.VarKind.LOOP, loc)
-    tile, count = schedule.serpentine_tile(b, it, blocks, loc), schedule.serpentine_tiles_of_block(total, b, blocks, loc)
+    n_var = ir.Var("n", ir.DType.I32, ir.VarKind.PARAM, loc)
+    tile = schedule.serpentine_tile(b, it, blocks, loc)
+    count = schedule.serpentine_tiles_of_block(n_var if at_launch else ir.Const(total, ir.DType.I32, loc),
+                                               b, blocks, loc)
     seen = []
     for block in range(blocks):
-        n = evaluate(count, {b: block})
+        n = evaluate(count, {b: block, n_var: total})
         tiles = [evaluate(tile, {b: block, it: i}) for i in range(n)]
         assert all(t % blocks == (block if i % 2 == 0 else blocks - 1 - block) for i, t in enumerate(tiles))
         seen += tiles

@@ -81,9 +81,12 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
     bottom right: query ``i`` sees keys ``j <= i + k_len - q_len`` (0 when the lengths are equal).
 
     ``"varlen"`` stores only the block's rows below ``q_len`` (the rows past it belong to the next
-    sequence; a block past the end, ``bx * block_M >= q_len``, loads no K/V block, stores no
-    output row and stores its LSE rows, which no one reads), and a query that sees no key (causal with ``q_len > k_len``, or ``k_len == 0``)
-    gets a zero output and a log-sum-exp of +inf (FlashAttention's convention: its backward
+    sequence): a block wholly inside its sequence through shared memory in one bulk copy, as the
+    dense layouts do, the sequence's last block by element from registers; a block past the
+    end, ``bx * block_M >= q_len``, loads its Q tile from past the tensor's last row (the
+    warp-specialized producer's preload is unconditional; zeros, no memory read) but no K/V
+    block, and skips the epilogue: no output or LSE row. A query
+    that sees no key (causal with ``q_len > k_len``, or ``k_len == 0``) gets a zero output and a log-sum-exp of +inf (FlashAttention's convention: its backward
     weights are zero). ``LSE`` is None or [batch, heads, whole query blocks] as in
     ``mha_fwd_program``. ``sm_scale``: the scores' scale (default ``1 / sqrt(dim)``)."""
     # softmax in base 2
@@ -100,7 +103,7 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
         V_shared = T.alloc_shared([block_N, dim], dtype)
         # above D128 the output goes straight to global memory and the compiler stages it where
         # shared memory holds it beside a 2-slot K/V ring (D192), else stores from registers (D256)
-        O_shared = None if varlen or dim > 128 else T.alloc_shared([block_M, dim], dtype)
+        O_shared = None if dim > 128 else T.alloc_shared([block_M, dim], dtype)
         acc_s = T.alloc_fragment([block_M, block_N], accum)
         acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
         acc_o = T.alloc_fragment([block_M, dim], accum)
@@ -110,7 +113,14 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
         scores_sum = T.alloc_fragment([block_M], accum)
         logsum = T.alloc_fragment([block_M], accum)
 
-        T.copy(rows(Q, bz, by, q_start + bx * block_M, block_M), Q_shared)
+        if varlen:
+            # a block past its sequence's end loads its Q tile from past the tensor's last row
+            # (the warp-specialized producer's preload is unconditional): the tensor copy unit
+            # fills it with zeros without reading memory
+            q_row = T.if_then_else(bx * block_M < q_len, q_start + bx * block_M, Q.shape[0])
+        else:
+            q_row = q_start + bx * block_M
+        T.copy(rows(Q, bz, by, q_row, block_M), Q_shared)
         T.fill(acc_o, 0)
         T.fill(logsum, 0)
         T.fill(scores_max, -T.infinity(accum))
@@ -164,41 +174,47 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
             for i, j in T.Parallel(block_M, dim):
                 acc_o[i, j] *= scores_scale[i]
             T.gemm(acc_s_cast, V_shared, acc_o)
-        # one division per row, then a multiply per element: an IEEE division per element
-        # (div.rn) costs as much as a block's softmax, in an epilogue no gemm hides
-        for i in T.Parallel(block_M):
-            logsum[i] = 1.0 / logsum[i]
-        if varlen:
-            # a row that saw no key holds NaN (its maximum stayed -inf): its output is zero
-            for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] = T.if_then_else(sees_a_key(bx * block_M + i, offset, k_len),
-                                             acc_o[i, j] * logsum[i], 0)
-        else:
-            for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] *= logsum[i]
-        if varlen:
-            # the rows below q_len, from registers (a TMA store would write whole rows)
-            for i, j in T.Parallel(block_M, dim):
-                if bx * block_M + i < q_len:
-                    Output[q_start + bx * block_M + i, by, j] = T.cast(acc_o[i, j], dtype)
-        elif O_shared is None:
-            T.copy(acc_o, rows(Output, bz, by, bx * block_M, block_M))
-        else:
-            T.copy(acc_o, O_shared)
-            T.copy(O_shared, rows(Output, bz, by, bx * block_M, block_M))
-        if LSE is not None:
-            # log2(sum) + max * scale: logsum holds 1 / sum here
+        # a varlen block past its sequence's end has no row to finish (its loop ran no
+        # iteration): it skips the epilogue; other blocks finish (a Python True: no branch)
+        live = bx * block_M < q_len if varlen else True
+        if live:
+            # one division per row, then a multiply per element: an IEEE division per element
+            # (div.rn) costs as much as a block's softmax, in an epilogue no gemm hides
+            for i in T.Parallel(block_M):
+                logsum[i] = 1.0 / logsum[i]
             if varlen:
-                # by element: the LSE's rows (lse_rows) are a runtime size, which leaves its
-                # pitch to a bulk copy unknown
-                for i in T.Parallel(block_M):
-                    LSE[bz, by, bx * block_M + i] = T.if_then_else(
-                        sees_a_key(bx * block_M + i, offset, k_len),
-                        scores_max[i] * scale - T.log2(logsum[i]), T.infinity(accum))
+                # a row that saw no key holds NaN (its maximum stayed -inf): its output is zero
+                for i, j in T.Parallel(block_M, dim):
+                    acc_o[i, j] = T.if_then_else(sees_a_key(bx * block_M + i, offset, k_len),
+                                                 acc_o[i, j] * logsum[i], 0)
             else:
-                for i in T.Parallel(block_M):
-                    logsum[i] = scores_max[i] * scale - T.log2(logsum[i])
-                T.copy(logsum, LSE[bz, by, bx * block_M])
+                for i, j in T.Parallel(block_M, dim):
+                    acc_o[i, j] *= logsum[i]
+            if varlen and (bx + 1) * block_M > q_len:
+                # the sequence's last block: its rows below q_len, from registers (the rows past
+                # them are the next sequence's, which a bulk store of the whole block would write;
+                # reading O_shared back by element would leave the warp-specialized form)
+                for i, j in T.Parallel(block_M, dim):
+                    if bx * block_M + i < q_len:
+                        Output[q_start + bx * block_M + i, by, j] = T.cast(acc_o[i, j], dtype)
+            elif O_shared is None:
+                T.copy(acc_o, rows(Output, bz, by, q_start + bx * block_M, block_M))
+            else:
+                T.copy(acc_o, O_shared)
+                T.copy(O_shared, rows(Output, bz, by, q_start + bx * block_M, block_M))
+            if LSE is not None:
+                # log2(sum) + max * scale: logsum holds 1 / sum here
+                if varlen:
+                    # by element: the LSE's rows (lse_rows) are a runtime size, which leaves its
+                    # pitch to a bulk copy unknown
+                    for i in T.Parallel(block_M):
+                        LSE[bz, by, bx * block_M + i] = T.if_then_else(
+                            sees_a_key(bx * block_M + i, offset, k_len),
+                            scores_max[i] * scale - T.log2(logsum[i]), T.infinity(accum))
+                else:
+                    for i in T.Parallel(block_M):
+                        logsum[i] = scores_max[i] * scale - T.log2(logsum[i])
+                    T.copy(logsum, LSE[bz, by, bx * block_M])
 
     @T.macro
     def sees_a_key(row, offset, k_len):
@@ -232,7 +248,9 @@ def mha_fwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N
     ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of Q (and ``cu_seqlens_k`` of K, V), int32. The
     batch, the totals and ``max_seqlen_q`` (the runtime scalar that sizes the grid: one block per
     ``block_M`` rows of the longest sequence) are not compiled in. A block past its sequence's
-    end does nothing. ``store_lse``: ``LSE`` [batch, heads, lse_rows] float32 as in
+    end computes and stores nothing. On Hopper the grid becomes persistent (``persist``: one
+    block per SM over the tiles in alternating rounds, the next tile's loads under this one's
+    epilogue), as the dense forward's does. ``store_lse``: ``LSE`` [batch, heads, lse_rows] float32 as in
     ``mha_fwd_program``, each sequence's rows from 0 (whole query blocks; ``lse_rows`` at least
     ``lse_rows(max_seqlen_q, block_M)``). ``sm_scale``: as ``attention_block``'s."""
     seqs, batch, total_q, total_k, padded = varlen_dims()

@@ -17,8 +17,10 @@ reads its sequence's start and length from ``cu_seqlens``. The batch, the totals
 lengths are runtime values: one compiled kernel serves every batch of a given head count, head
 dim, dtype, causality and scale. The forward keeps the base-2 log-sum-exp per sequence, padded:
 [batch, heads, lse_rows(max_seqlen_q, block_M)] float32, sequence ``b``'s row ``r`` at ``[b, :,
-r]`` (+inf for a query that sees no key); the backward's Delta and float32 dQ have the same
-rows. Blocks are ``attention``'s and ``attention_backward``'s (``blocks``).
+r]`` (+inf for a query that sees no key; the rows of query blocks past the sequence's last
+are not written); the backward's Delta and float32 dQ have the same rows. Blocks are
+``attention``'s and ``attention_backward``'s (``blocks``). On Hopper the forward is persistent
+(one block per SM over the query blocks in alternating rounds, as the dense forward).
 
 Arguments are checked with errors naming the parameter; the offsets' values (rising from 0 to the
 tensor's rows, no sequence longer than ``max_seqlen``) only where they are on the CPU: on a GPU
