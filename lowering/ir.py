@@ -323,7 +323,8 @@ class GemmPrecision(enum.Enum):
 
 @dataclass(frozen=True)
 class Gemm(Stmt):
-    """C (+)= op(A) @ op(B)."""
+    """C (+)= op(A) @ op(B): ``C = ...`` with ``clear_accum``, or where the scalar condition
+    ``clear_if`` holds at run time (``runtime_clear``); ``C += ...`` otherwise."""
     a: Region
     b: Region
     c: Region
@@ -333,6 +334,12 @@ class Gemm(Stmt):
     instr: GemmInstr = GemmInstr.UNDECIDED
     precision: GemmPrecision = GemmPrecision.TF32
     loc: Loc = _loc()
+    clear_if: Optional[Expr] = None
+
+    @property
+    def may_clear(self) -> bool:
+        """Whether the gemm may overwrite C instead of adding to it."""
+        return self.clear_accum or self.clear_if is not None
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ def _stmt_line(s: ir.Stmt) -> str:
     if isinstance(s, ir.Gemm):
         flags = [n for n, v in (("transpose_a", s.transpose_a), ("transpose_b", s.transpose_b),
                                ("clear_accum", s.clear_accum)) if v]
+        if s.clear_if is not None:
+            flags.append(f"clear_if={expr(s.clear_if)}")
         if s.instr is not ir.GemmInstr.UNDECIDED:
             flags.append(f"instr={s.instr.value}")
         if s.precision is not ir.GemmPrecision.TF32:

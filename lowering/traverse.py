@@ -99,6 +99,8 @@ def exprs_of(s: ir.Stmt) -> Iterator[ir.Expr]:
     elif isinstance(s, ir.Gemm):
         for r in (s.a, s.b, s.c):
             yield from region(r)
+        if s.clear_if is not None:
+            yield s.clear_if
     elif isinstance(s, ir.Fill):
         yield from region(s.dst)
         yield s.value

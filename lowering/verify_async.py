@@ -91,7 +91,7 @@ class _Role:
             return inflight[len(inflight) - s.outstanding:] if s.outstanding else []
         if isinstance(s, ir.Gemm):
             for g in inflight:
-                if g.c.buffer == s.c.buffer and s.clear_accum:
+                if g.c.buffer == s.c.buffer and s.may_clear:
                     raise self.fail(f"the wgmma at line {s.loc.line} overwrites accumulator "
                                     f"'{s.c.buffer.name}' while the one from line {g.loc.line} is "
                                     f"in flight", s.loc)

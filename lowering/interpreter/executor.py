@@ -230,7 +230,7 @@ class RoleExecutor:
         a = self._read(s.a, env, s.loc).astype(acc)
         b = self._read(s.b, env, s.loc).astype(acc)
         c = (a.T if s.transpose_a else a) @ (b.T if s.transpose_b else b)
-        if not s.clear_accum:
+        if not (s.clear_accum or s.clear_if is not None and self.ev.eval(s.clear_if, env)):
             c = c + self._read(s.c, env, s.loc)
         self._write(s.c, env, self.num.round(c, s.c.buffer.dtype), s.loc)
 

@@ -137,7 +137,7 @@ def _needs(s: ir.Stmt, gemm: ir.Gemm) -> bool:
     """Whether ``s`` may run only once ``gemm`` has completed."""
     if _wgmma(s):
         return (s.a.buffer == gemm.c.buffer or s.c.buffer in (gemm.a.buffer, gemm.b.buffer)
-                or (s.c.buffer == gemm.c.buffer and s.clear_accum))
+                or (s.c.buffer == gemm.c.buffer and s.may_clear))
     reads, writes = footprint(s)
     return gemm.c.buffer in reads | writes or bool(writes & {gemm.a.buffer, gemm.b.buffer})
 

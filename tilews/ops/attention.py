@@ -140,8 +140,8 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
             # issued). Otherwise the mask is rare (a ragged end), so S = Q K^T is written
             # whole and masked after, with no branch before the gemm. (Measured on an H100
             # in one run, 9 rounds: each form is 0-4% faster where it is used than the other
-            # would be. Neither zeroes S: Triton turns the cleared accumulator into the
-            # wgmma's run-time use_acc.)
+            # would be. Neither zeroes S on Hopper: the compiler's runtime_clear turns the
+            # cleared accumulator into the wgmma's run-time use_acc.)
             if is_causal:
                 if (k + 1) * block_N <= T.min(k_len, bx * block_M + offset + 1):
                     T.clear(acc_s)

@@ -18,6 +18,7 @@ from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 
 from tilews.lowering.layouts import WgmmaOperandA
+from tilews.lowering.simplify import fold
 
 from . import fragments
 from .context import GL_DTYPE, Ctx
@@ -209,7 +210,12 @@ def _gemm(ctx: Ctx, s: ir.Gemm) -> None:
             a = f"gl.convert_layout({a}, {ctx.layout_const(want, 'operand_layout')})"
     else:
         a = _smem(ctx, s.a, s.loc) + (".permute((1, 0))" if s.transpose_a else "")
-    use = ", use_acc=False" if s.clear_accum else ""
+    if s.clear_accum:
+        use = ", use_acc=False"
+    elif s.clear_if is not None:
+        use = f", use_acc={arg(ctx, fold(ir.UnOp(ir.UnOpKind.NOT, s.clear_if, ir.DType.BOOL, s.loc)))}"
+    else:
+        use = ""
     if s.a.buffer.dtype is ir.DType.F32 and s.precision is not ir.GemmPrecision.TF32:
         raise InternalError(f"gluon backend: wgmma has no {s.precision.value} float32 form", s.loc)
     # float32 operands: tf32, Triton's default input precision. (Triton 3.6's warpgroup_mma

@@ -10,7 +10,7 @@ from tilews.lowering import ir
 from tilews.lowering.backend import Backend, Machine
 from tilews.lowering.capabilities import ANY_TRITON_GPU, TRITON_INTERPRETER, Capabilities
 from tilews.lowering.config import BackendConfig
-from tilews.lowering.passes import despecialize, legalize, plan_buffers, swizzle_grid
+from tilews.lowering.passes import despecialize, legalize, longest_first, plan_buffers, swizzle_grid
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
 
 from ..toolchain import triton_version
@@ -22,6 +22,9 @@ PIPELINE = Pipeline((
     # First: T.ws roles become one stream (where source order satisfies their barriers), so
     # every later pass sees the program that runs.
     Phase("one stream", (Pass.of(despecialize),)),
+    # The grid launches as it stands: the blocks with the longest pipelined loop (causal
+    # attention's last query blocks) first, so short ones fill the tail.
+    Phase("shape", (Pass.of(longest_first),)),
     Phase("plan memory", (Pass.of(plan_buffers),)),
     # Masks, f32 dot operands under the interpreter, power-of-two tiles, the stream's warps.
     Phase("legalize", (Pass.of(legalize),)),
