@@ -45,22 +45,28 @@ GPU_BLOCKS = dict(block_M=128, block_N=128, num_stages=2, threads=256)
 
 @pytest.mark.parametrize("dim", [64, 128])
 def test_user_causal_program_starts_its_longest_blocks_first(dim):
-    kernel = user_program(8, 16, 4096, dim, True, **GPU_BLOCKS)
+    """One block per tile (128 tiles on 132 SMs): numbered backwards. Made persistent (4096
+    tiles): its launch order kept, the serpentine rounds deal the tiles."""
+    kernel = user_program(1, 4, 4096, dim, True, **GPU_BLOCKS)
     assert (trips(kernel, 0), trips(kernel, 31)) == (1, 32)
     flipped = longest_first.run(kernel, HOPPER)
     assert (trips(flipped, 0), trips(flipped, 31)) == (32, 1)
-    lowered = lower(kernel, HOPPER.replace(num_sms=132))
-    notes = "\n".join(lowered.notes)
+    notes = "\n".join(lower(kernel, HOPPER.replace(num_sms=132)).notes)
     assert ("longest_first: block index bx numbered backwards (bx -> 31 - bx): the T.Pipelined loop "
             "at line") in notes and "runs 1 iterations at bx = 0 and 32 at bx = 31" in notes, notes
-    assert "persist: 4096 tiles > 132 SMs" in notes and "split_consumers:" in notes, notes
+    assert "persist:" not in notes, notes
+    persistent = "\n".join(lower(user_program(8, 16, 4096, dim, True, **GPU_BLOCKS),
+                                 HOPPER.replace(num_sms=132)).notes)
+    assert "persist: 4096 tiles > 132 SMs" in persistent and "split_consumers:" in persistent
+    assert "longest_first" not in persistent, persistent
 
 
-def test_op_and_non_causal_programs_keep_their_order():
-    """The op numbers its query blocks backwards itself (its loop runs longest at bx = 0); a
-    non-causal loop runs as long in every block."""
-    op = build_kernel(mha_fwd_program(8, 16, 4096, 64, True, layout="bshd"))
-    assert trips(op, 0) == 32 and longest_first.run(op, HOPPER) is op
+def test_op_and_user_causal_programs_get_the_same_order():
+    """The op leaves the order to the compiler: its causal loop runs longest at the last block,
+    as the user's does; a non-causal loop runs as long in every block."""
+    op = build_kernel(mha_fwd_program(1, 4, 4096, 64, True, layout="bshd"))
+    assert (trips(op, 0), trips(op, 31)) == (1, 32)
+    assert trips(longest_first.run(op, HOPPER), 0) == 32
     full = user_program(8, 16, 4096, 64, False, **GPU_BLOCKS)
     assert longest_first.run(full, HOPPER) is full
 
@@ -84,12 +90,12 @@ def test_loop_bounds_read_at_run_time_keep_the_order():
 
 @pytest.mark.parametrize("seed", range(2))
 def test_lowered_hopper_program_matches_reference(seed):
-    """Four query blocks of 64 rows over 3 SMs: persistent, numbered backwards, on the
+    """Eight query blocks of 64 rows on 16 SMs: one block per tile, numbered backwards, on the
     interpreter under different schedules of its roles."""
     kernel = user_program(1, 2, 256, 64, True, block_M=64, block_N=64, num_stages=2, threads=128)
-    lowered = lower(kernel, HOPPER.replace(num_sms=3))
+    lowered = lower(kernel, HOPPER.replace(num_sms=16))
     assert any(n.startswith("longest_first:") for n in lowered.notes), lowered.notes
-    assert any(n.startswith("persist:") and "one block per SM" in n for n in lowered.notes)
+    assert not any(n.startswith("persist:") for n in lowered.notes), lowered.notes
     q, k, v = (randn(1, 256, 2, 64, dtype=torch.float16, seed=seed * 3 + i) for i in range(3))
     out = poisoned(1, 256, 2, 64, dtype=torch.float16)
     interpreter.run(lowered, [q, k, v, out], seed=seed)

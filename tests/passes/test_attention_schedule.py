@@ -68,7 +68,8 @@ def test_split_gives_each_warp_group_its_rows():
                      and s.dst.buffer.scope is ir.Scope.GLOBAL)
         assert store.dst.extents[2] == 64
     # the causal mask reads the true query row: i + 64 in the second half
-    mask = [s for s in walk(rs[(2,)].body) if isinstance(s, ir.Parallel) and len(s.vars) == 2][0]
+    mask = [s for s in walk(rs[(2,)].body) if isinstance(s, ir.Parallel) and len(s.vars) == 2
+            and any(isinstance(t, ir.Store) and isinstance(t.value, ir.Select) for t in walk(s.body))][0]
     i = mask.vars[0]
     shifted = ir.BinOp(ir.BinOpKind.ADD, i, ir.Const(64, ir.DType.I32), ir.DType.I32)
     assert any(x == shifted for st in walk(mask.body) for e in exprs_of(st) for x in subexprs(e))

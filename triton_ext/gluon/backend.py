@@ -32,22 +32,23 @@ PIPELINE = Pipeline((
     # The roles as written, before passes rewrite them: a deadlock hangs the GPU, so it is
     # refused at the user's lines.
     Phase("check", (Pass.of(check_barriers),)),
-    # Before the pipeline is planned: the blocks with the longest pipelined loop (causal
-    # attention's last query blocks) numbered first, a mask that is the same over a whole tile
+    # Before the pipeline is planned: a mask that is the same over a whole tile
     # (causal attention below the diagonal) becomes a scalar branch, and tiles whose extents are
     # not powers of two (head dim 192) become power-of-two pieces, which every later pass plans,
     # rings and legalizes as written; then a branch zeroing a gemm's accumulator (the blocks
     # uniform_selects found unmasked) becomes the gemm's run-time choice to overwrite it.
-    Phase("shape", (Pass.of(longest_first), Pass.of(uniform_selects), Pass.of(split_extents),
-                    Pass.of(runtime_clear))),
+    Phase("shape", (Pass.of(uniform_selects), Pass.of(split_extents), Pass.of(runtime_clear))),
     # Before layouts and buffers: warp specialization decides which buffers become rings and
     # which roles exist, so later passes plan for the buffers and roles that really exist.
-    # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop.
+    # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop;
+    # a kernel left one block per tile starts its longest blocks (causal attention's last query
+    # blocks) first.
     # An explicit program's one-slot handshake becomes a ring before its roles are split (it
     # rewrites the loop the roles share, and the ring's buffers are what the later passes plan);
     # then one consumer role per warp group where their rows are independent.
     # Shared buffers left as one role's scratch then become register tiles.
-    Phase("specialize", (Pass.of(persist), Pass.of(plan_pipeline), Pass.of(ring_handshakes),
+    Phase("specialize", (Pass.of(persist), Pass.of(longest_first), Pass.of(plan_pipeline),
+                         Pass.of(ring_handshakes),
                          Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(registerize))),
     # Rings and roles are final: place shared buffers and check the budget, then layouts.
     Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
