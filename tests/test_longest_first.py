@@ -7,7 +7,6 @@ reference."""
 import pytest
 import torch
 
-import tilews
 import tilews.language as T
 from tilews.lowering import interpreter, ir
 from tilews.lowering.frontend import build_kernel
