@@ -1,8 +1,8 @@
 """Launching a ``@triton.jit`` / ``@gluon.jit`` kernel with no per-call work that can be done once.
 
-``Launcher(fn, num_warps).launch(grid, args)`` launches through Triton's JIT the first time for
-each specialization of the arguments on a device (Triton compiles then, or loads from its cache)
-and keeps the ``CompiledKernel`` it returns; later calls with the same specialization launch that
+``Launcher(fn, num_warps, compiling).launch(grid, args)`` launches through Triton's JIT the first
+time for each specialization of the arguments on a device (Triton compiles then, or loads from its
+cache, inside ``compiling()`` where given: the Gluon launcher's TTGIR checks) and keeps the ``CompiledKernel`` it returns; later calls with the same specialization launch that
 kernel directly on the current stream, skipping the JIT's argument binding and cache key. The
 specialization is what Triton's JIT specializes on, computed by a function generated once per list
 of argument types: for integers the classes of Triton's ``native_specialize_impl`` (1 becomes a
@@ -24,16 +24,17 @@ goes through the interpreter.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional
 
 _ENCODED = "_tilews_encoded"     # attribute of a TensorDescriptor holding its launcher arguments
 
 
 class Launcher:
-    def __init__(self, fn, num_warps: int):
+    def __init__(self, fn, num_warps: int, compiling: Callable[[], ContextManager] = contextlib.nullcontext):
         import torch
         from triton import knobs
         from triton.runtime import driver
@@ -41,6 +42,7 @@ class Launcher:
         self.fn = fn
         self.interpreted = isinstance(fn, InterpretedFunction)
         self.num_warps = num_warps
+        self.compiling = compiling
         self.compiled: dict = {}             # (device, specialization) -> DirectLaunch
         self._tensor = torch.Tensor
         self._keys: dict = {}                # argument types -> their specialization function
@@ -65,7 +67,8 @@ class Launcher:
         key = (device, self.specialization(args))
         direct = self.compiled.get(key)
         if direct is None:
-            self.compiled[key] = DirectLaunch.of(self.fn[grid](*args, num_warps=self.num_warps))
+            with self.compiling():
+                self.compiled[key] = DirectLaunch.of(self.fn[grid](*args, num_warps=self.num_warps))
             return
         stream = active.get_current_stream(device)
         g = tuple(grid) + (1, 1)

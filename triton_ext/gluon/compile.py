@@ -1,18 +1,21 @@
-"""Compile-only build of an emitted Gluon module, run in its own process.
+"""Compile-only build of an emitted Gluon module: ``build(spec)``, in this process or a child.
 
-``python compile.py SPEC.json OUT.json`` (the file runs by path and imports nothing from tilews):
 SPEC names the module file, its kernel function and host argument function, ``num_warps``, the
 target and the kernel's parameters (buffers: shape and torch dtype; scalars: Triton type). The
 argument function is called on meta tensors, so the signature of each TMA descriptor comes from
 Gluon's own ``TensorDescriptor`` and ``mangle_type``; then ``triton.compile`` builds for the
 target, specialized as Triton's JIT specializes contiguous, 16-byte aligned tensors at launch,
-and OUT receives the text stages (``ttgir``, ``llir``, ``ptx``, ...) and some metadata.
-SPEC's optional ``fp8_promote_every`` (int, default 0) is the K a block-scaled FP8 kernel covers
-between promotions, checked by the FP8 verifier; a verifier finding goes to OUT as
-``verifier_error`` (and ``notes``) instead of the stages.
+with our TTGIR passes (``passes.checking``), and the result holds the text stages (``ttgir``,
+``llir``, ``ptx``, ...) and some metadata. SPEC's optional ``fp8_promote_every`` (int, default 0)
+is the K a block-scaled FP8 kernel covers between promotions, checked by the FP8 verifier; a
+verifier finding is the result's ``verifier_error`` (and ``notes``) instead of the stages.
 
-It runs apart because Gluon cannot compile under ``TRITON_INTERPRET=1`` (the parent removes it
-from this process's environment) and because some invalid layouts abort the process.
+Run by path (it then imports nothing from tilews before its arguments are read) it is the compile
+child ``launch.py`` uses where this process cannot compile Gluon (under ``TRITON_INTERPRET=1``):
+``python compile.py SPEC.json OUT.json`` builds once; ``python compile.py --serve`` is a compile
+server: each line on its stdin is ``SPEC.json OUT.json`` plus the environment to compile under
+(JSON), and it answers each with one line on its stdout once OUT is written (anything Triton
+prints goes to its stderr). It stops at the end of its input.
 """
 from __future__ import annotations
 
@@ -64,29 +67,53 @@ def _compile(spec: dict) -> dict:
             constants[(i,)] = 1
             signature[fn.arg_names[i]] = "constexpr"
     from tilews.triton_ext import passes as ttgir_passes
-    # our TTGIR passes (the warp-specialization and FP8 verifiers) run in this compile; set the
-    # FP8 promotion interval first (it also names the Triton cache folder)
-    ttgir_passes.fp8_promote_every = int(spec.get("fp8_promote_every", 0))
-    ttgir_passes.install()
-    compiled = triton.compile(GluonASTSource(fn, signature, constants, attrs), target=GPUTarget(*spec["target"]),
-                              options={"num_warps": spec["num_warps"]})
+    # our TTGIR passes (the warp-specialization and FP8 verifiers) run in this compile, with the
+    # FP8 promotion interval (it also names the Triton cache folder)
+    with ttgir_passes.checking(int(spec.get("fp8_promote_every", 0))):
+        compiled = triton.compile(GluonASTSource(fn, signature, constants, attrs),
+                                  target=GPUTarget(*spec["target"]), options={"num_warps": spec["num_warps"]})
     meta = compiled.metadata
     return {"asm": {k: v for k, v in compiled.asm.items() if isinstance(v, str)},
             "metadata": {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared,
                          "triton_version": triton.__version__}}
 
 
-def main(argv: list[str]) -> int:
-    spec_path, out_path = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
+def build(spec: dict) -> dict:
+    """The stages and metadata of ``spec``'s kernel, or the TTGIR verifier's finding."""
     from tilews.lowering.errors import CompileError
     try:
-        result = _compile(spec)
+        return _compile(spec)
     except CompileError as e:   # the TTGIR verifier's finding: reported to the user, not a crash
-        result = {"verifier_error": e.message, "notes": list(e.notes)}
+        return {"verifier_error": e.message, "notes": list(e.notes)}
+
+
+def _build_file(spec_path: str, out_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = build(spec)
     with open(out_path, "w") as f:
         json.dump(result, f)
+
+
+def serve(requests, answers) -> None:
+    """Build each request read from ``requests`` under its environment; a line on ``answers``
+    after each."""
+    for line in requests:
+        spec_path, out_path, env = json.loads(line)
+        os.environ.clear()
+        os.environ.update(env)
+        _build_file(spec_path, out_path)
+        answers.write("done\n")
+        answers.flush()
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        answers = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)          # what Triton prints goes to stderr, never into the answers
+        serve(sys.stdin, answers)
+    else:
+        _build_file(*argv)
     return 0
 
 

@@ -1,10 +1,24 @@
 """Compiling and launching emitted Gluon source.
 
 At construction a ``GluonProgram`` compiles its source for ``GPUTarget("cuda", 90, 32)`` without a
-GPU, in a child process (``compile.py``; Gluon cannot compile under ``TRITON_INTERPRET=1`` and some
-invalid layouts abort the process), so ``.asm`` holds ``"gluon"``, ``"ttgir"``, ``"llir"`` and
-``"ptx"`` on any Linux machine. The result is kept in the artifact store, keyed by the source, the
-parameters' shapes and dtypes, ``num_warps``, the Triton version and our TTGIR passes.
+GPU (``compile.build``), so ``.asm`` holds ``"gluon"``, ``"ttgir"``, ``"llir"`` and ``"ptx"`` on
+any Linux machine. The result is kept in the artifact store, keyed by the source, the parameters'
+shapes and dtypes, ``num_warps``, the Triton version and our TTGIR passes.
+
+Where it compiles: in this process, unless ``TRITON_INTERPRET=1`` is set or was set when Triton
+was imported (``_compiles_here``). Under the interpreter Gluon cannot compile here (Triton's
+library is then made of interpreted functions, which Gluon's refuses), so a compile server child (``compile.py --serve``, one per process, started at the first such compile) builds
+them: a fresh Python importing torch and triton costs seconds, paid once per process, not once
+per kernel. A child that dies (Triton aborts on some invalid layouts) fails that compile with an
+``InternalError`` carrying its error output, and the next compile starts a new one. Compiling in
+this process costs no start-up, and on a GPU it is the compile that runs anyway: the first launch
+of each specialization goes through Triton's JIT, which in this process, under the same checks
+and Triton cache folder (``passes.checking``), finds this very build in Triton's cache (the
+signature, attributes, constants and options ``compile.py`` gives match what the JIT computes for
+contiguous, 16-byte aligned tensors), so a Gluon kernel is compiled once, not twice. The price: an
+abort inside Triton (a tilews bug) ends this process instead of failing the compile with a
+message. The tests run under ``TRITON_INTERPRET=1``, so the emitter's mistakes still meet the
+child there.
 
 ``.launch(values)`` needs a Hopper GPU: the first call loads the module (``triton_ext.modules``)
 and gives it a cache of TMA descriptors (``descriptors``); each call builds the kernel's arguments
@@ -16,12 +30,16 @@ alignment of the TMA operands. Triton is imported only there.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Optional
 
 from tilews.lowering import ir
 from tilews.lowering.arguments import ArgumentRules
@@ -32,11 +50,12 @@ from tilews.lowering.plans import AsyncPlan
 from ..launcher import Launcher
 from ..modules import load_module
 from ..pysource import GRID_SUFFIX
+from . import compile as gluon_compile
 from .descriptors import DescriptorCache
 from .emit import ARGS_SUFFIX, DESCRIPTOR_FN
 
 TARGET = ("cuda", 90, 32)
-_COMPILE_SCRIPT = Path(__file__).with_name("compile.py")
+_TIMEOUT_S = 900          # a build taking longer is taken for a hung child
 
 
 def compile_only(source: str, kernel: ir.Kernel, store: ArtifactStore, triton_version: str) -> dict:
@@ -68,26 +87,89 @@ def _param_spec(p) -> dict:
 
 def _run_compile(source: str, spec: dict, kernel: ir.Kernel, store: ArtifactStore) -> bytes:
     path = store.source_file(source)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    # the child imports what this process imports (tilews may be a checkout, not an install)
-    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
-    with tempfile.TemporaryDirectory(prefix="tilews-gluon-") as tmp:
-        spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_file.write_text(json.dumps({**spec, "source": str(path)}))
-        proc = subprocess.run([sys.executable, str(_COMPILE_SCRIPT), str(spec_file), str(out_file)],
-                              capture_output=True, text=True, env=env, timeout=900)
-        if proc.returncode != 0 or not out_file.exists():
-            how = (f"Triton aborted (signal {-proc.returncode})" if proc.returncode < 0
-                   else f"exit status {proc.returncode}")
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-150:]
+    spec = {**spec, "source": str(path)}
+    if not _compiles_here():
+        payload = _SERVER.build(spec, kernel, path)
+    else:
+        try:
+            payload = json.dumps(gluon_compile.build(spec)).encode()
+        except Exception as e:   # Triton's own failure on our source: a tilews bug
+            raise InternalError(f"gluon backend: compiling the generated source of '{kernel.name}' "
+                                f"for sm_90a failed ({type(e).__name__}); source: {path}",
+                                kernel.loc, str(e).strip().splitlines()[-150:]) from e
+    finding = json.loads(payload)
+    if "verifier_error" in finding:   # raised, so never cached
+        raise CompileError(finding["verifier_error"], kernel.loc, finding["notes"])
+    return payload
+
+
+def _compiles_here() -> bool:
+    """Whether Gluon compiles in this process: Triton's interpreter is off, and was off when
+    Triton's library was imported (its ``@triton.jit`` functions are then interpreted ones, which
+    Gluon's library refuses)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    from triton.language import standard
+    from triton.runtime.jit import JITFunction
+    return isinstance(standard.cdiv, JITFunction)
+
+
+class CompileServer:
+    """The compile child (``compile.py --serve``) of this process: started at the first build,
+    kept for the next, replaced when it has died. One build at a time."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc: Optional[subprocess.Popen] = None
+        self._log = None          # the child's stderr, a file (a pipe nobody reads would fill)
+        self.started = 0          # children started (tests)
+
+    def build(self, spec: dict, kernel: ir.Kernel, path: Path) -> bytes:
+        """The JSON result of ``compile.build(spec)`` in the child, or an ``InternalError``
+        carrying the child's error output if it failed or died."""
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        with self._lock, tempfile.TemporaryDirectory(prefix="tilews-gluon-") as tmp:
+            spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+            spec_file.write_text(json.dumps(spec))
+            proc = self._running()
+            self._log.seek(0, os.SEEK_END)
+            start = self._log.tell()
+            try:
+                proc.stdin.write(json.dumps([str(spec_file), str(out_file), env]) + "\n")
+                proc.stdin.flush()
+                ready, _, _ = select.select([proc.stdout], [], [], _TIMEOUT_S)
+                if not ready:
+                    proc.kill()
+                answered = bool(ready) and proc.stdout.readline() == "done\n"
+            except BrokenPipeError:
+                answered = False
+            if answered and out_file.exists():
+                return out_file.read_bytes()
+            self._log.seek(start)
+            tail = self._log.read().decode(errors="replace").strip().splitlines()[-150:]
+            status = proc.wait()
+            self._proc = None
+            how = f"Triton aborted (signal {-status})" if status < 0 else f"exit status {status}"
             raise InternalError(f"gluon backend: compiling the generated source of "
                                 f"'{kernel.name}' for sm_90a failed ({how}); source: {path}",
                                 kernel.loc, tail)
-        payload = out_file.read_bytes()
-        finding = json.loads(payload)
-        if "verifier_error" in finding:   # raised, so never cached
-            raise CompileError(finding["verifier_error"], kernel.loc, finding["notes"])
-        return payload
+
+    def _running(self) -> subprocess.Popen:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        if self._log is None:
+            self._log = tempfile.TemporaryFile(prefix="tilews-gluon-server-")
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        # the child imports what this process imports (tilews may be a checkout, not an install)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
+        self._proc = subprocess.Popen([sys.executable, gluon_compile.__file__, "--serve"], env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._log, text=True)
+        self.started += 1
+        return self._proc
+
+
+_SERVER = CompileServer()
 
 
 class GluonProgram:
@@ -120,13 +202,17 @@ class GluonProgram:
         launcher.launch(grid_fn(*[values[i] for i in self._scalar_at]), args_fn(*values))
 
     def _load(self):
-        """The module's host functions and a launcher of its kernel; TMA descriptors cached."""
+        """The module's host functions and a launcher of its kernel (its JIT compiles under our
+        checks, so it finds the build of ``compile_only`` in Triton's cache); TMA descriptors
+        cached."""
         _require_hopper()
+        from tilews.triton_ext import passes as ttgir_passes
         module = load_module(self.store, self.source, "tilews_gluon")
         setattr(module, DESCRIPTOR_FN, DescriptorCache(getattr(module, DESCRIPTOR_FN)))
         name = self.kernel.name
         return (getattr(module, name + ARGS_SUFFIX), getattr(module, name + GRID_SUFFIX),
-                Launcher(getattr(module, name), self.num_warps))
+                Launcher(getattr(module, name), self.num_warps,
+                         functools.partial(ttgir_passes.checking, self.kernel.fp8_promote_every)))
 
 
 def _require_hopper() -> None:

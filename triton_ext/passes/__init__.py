@@ -13,21 +13,28 @@ The hook is not part of Triton's cache key. Callers fold ``cache_key_part()`` (t
 and a hash of this package's sources) into their own key; ``install()`` also moves Triton's cache
 of the calling process into a subfolder named by it and by ``fp8_promote_every`` (set the setting
 first; ``install()`` again after changing it), so a Triton cache hit (which skips every stage, the
-hook included) only returns kernels compiled under these very checks. Meant for a
-compile process of its own (``triton_ext/gluon/compile.py``). Importing this package does not
-import Triton.
+hook included) only returns kernels compiled under these very checks.
+
+``checking(promote_every)`` is ``install()`` for the compiles inside a ``with`` block only: the
+hook, Triton's cache folder and ``fp8_promote_every`` are put back as they were on leaving, so a
+process that compiles our kernels in-process (``triton_ext/gluon/compile.py``) runs the checks on
+them and on nothing else it compiles (a user's own Triton kernels keep their cache folder and
+never meet our verifiers). Blocks are serialized by a lock: the hook and the cache folder are
+Triton's process-wide settings. Importing this package does not import Triton.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from .fp8_verifier import has_fp8_dot, verify_fp8
 from .ws_verifier import allocate, verify_ttgir
 
-__all__ = ["HOOK_VERSION", "cache_key_part", "install", "verify_ttgir", "verify_fp8", "allocate",
-           "verified", "fp8_promote_every"]
+__all__ = ["HOOK_VERSION", "cache_key_part", "install", "checking", "verify_ttgir", "verify_fp8",
+           "allocate", "verified", "fp8_promote_every"]
 
 HOOK_VERSION = 2
 verified: list[str] = []        # kernels the installed hook verified in this process
@@ -56,6 +63,40 @@ def install(isolate_cache: bool = True) -> None:
         hook = _register(knobs, hook)
     if isolate_cache:
         knobs.cache.dir = os.path.join(hook.tilews_cache_base, _cache_folder())
+
+
+_CHECKING = threading.RLock()
+_UNSET = object()
+_CACHE_VARIABLE = "TRITON_CACHE_DIR"
+
+
+@contextmanager
+def checking(promote_every: int = 0):
+    """``install()`` with ``fp8_promote_every = promote_every`` for the compiles inside the block;
+    the hook, Triton's cache folder and the setting are restored on leaving."""
+    global fp8_promote_every
+    from triton import knobs
+    with _CHECKING:
+        saved = (knobs.runtime.__dict__.get("add_stages_inspection_hook", _UNSET),
+                 knobs.cache.__dict__.get("dir", _UNSET), fp8_promote_every,
+                 os.environ.get(_CACHE_VARIABLE))
+        try:
+            fp8_promote_every = promote_every
+            install()
+            yield
+        finally:
+            for owner, name, value in ((knobs.runtime, "add_stages_inspection_hook", saved[0]),
+                                       (knobs.cache, "dir", saved[1])):
+                if value is _UNSET:
+                    owner.__dict__.pop(name, None)
+                else:
+                    setattr(owner, name, value)
+            fp8_promote_every = saved[2]
+            # setting Triton's cache folder also sets its variable (for child processes)
+            if saved[3] is None:
+                os.environ.pop(_CACHE_VARIABLE, None)
+            else:
+                os.environ[_CACHE_VARIABLE] = saved[3]
 
 
 def _register(knobs, previous):
