@@ -1524,12 +1524,11 @@ def test_macro_statements_carry_the_macro_lines():
     assert [s.loc.line for s in par] == [want] and par[0].loc.file == __file__
 
 
-@pytest.mark.parametrize("N, K", [(264, 300), (257, 256)], ids=["K-rows-300-bytes", "C-rows-514-bytes"])
-def test_hopper_program_off_the_wgmma_path_reads_tiles_whole(N, K):
-    """A promoting program built for Hopper whose rows are not whole 16-byte units leaves the
-    Gluon path; its wide tile is then one accumulator (the triton.language fallback reads shared
-    tiles whole) and it computes the same product."""
-    M, pair, out = 64, (torch.float8_e4m3fn, torch.float8_e4m3fn), torch.bfloat16
+def test_hopper_program_off_the_wgmma_path_reads_tiles_whole():
+    """A promoting program built for Hopper whose operand rows are not whole 16-byte units (K =
+    300 bytes: no TMA load) leaves the Gluon path; its wide tile is then one accumulator (the
+    triton.language fallback reads shared tiles whole) and it computes the same product."""
+    M, N, K, pair, out = 64, 264, 300, (torch.float8_e4m3fn, torch.float8_e4m3fn), torch.bfloat16
     sas, sbs = GRANS["row-2d"](M, N, K)
     prim = scaled_gemm(M, N, K, sas, sbs, True, False, _T[pair[0]], _T[pair[1]], _T[out], **WIDE)
     before = build_kernel(prim, target="hopper")
@@ -1540,6 +1539,26 @@ def test_hopper_program_off_the_wgmma_path_reads_tiles_whole(N, K):
     sa, sb = positive(sas, 13), positive(sbs, 14)
     c = poisoned(M, N, dtype=out)
     load(before, "tl").launch([a, sa, b, sb, c])
+    assert rel_err(c, reference(a, sa, b, sb, False)) < TOL[out]
+
+
+def test_hopper_program_with_unaligned_output_rows_stores_from_registers():
+    """Output rows of 514 bytes (N = 257 bf16): no bulk store, so each split consumer role stores
+    its own 64 rows of C from registers and the program stays warp-specialized (it fell back to
+    triton.language while split_consumers left such a store's global tile whole); the lowered
+    program computes the product on the interpreter."""
+    M, N, K, pair, out = 64, 257, 256, (torch.float8_e4m3fn, torch.float8_e4m3fn), torch.bfloat16
+    sas, sbs = GRANS["row-2d"](M, N, K)
+    prim = scaled_gemm(M, N, K, sas, sbs, True, False, _T[pair[0]], _T[pair[1]], _T[out], **WIDE)
+    lowered = lower(build_kernel(prim, target="hopper"), HOPPER)
+    assert lowered.find_plan(AsyncRefusal) is None and lowered.find_plan(AsyncPlan) is not None
+    stores = [s for s in walk(lowered.body) if isinstance(s, ir.Copy) and s.dst.buffer.name == "C"]
+    assert sorted(s.src.buffer.name for s in stores) == ["C_f_0", "C_f_1"]
+    assert [s.dst.extents[0] for s in stores] == [64, 64]
+    a, b = fp8((M, K), pair[0], 11), fp8((N, K), pair[1], 12)
+    sa, sb = positive(sas, 13), positive(sbs, 14)
+    c = poisoned(M, N, dtype=out)
+    interpreter.run(lowered, [a, sa, b, sb, c], seed=1)
     assert rel_err(c, reference(a, sa, b, sb, False)) < TOL[out]
 
 

@@ -7,7 +7,10 @@ idle; a block that loops over tiles loads the next tile while it finishes this o
 Requires:  a verified kernel; in the pipelines of backends with warp-group
            MMA (gluon); applies where ``config.caps.num_sms`` is known.
 Ensures:   a kernel with a 2-d or 3-d grid of static extents — or a 3-d grid sized at launch
-           (varlen attention's ``ceil(max_seqlen_q / block_M)`` x heads x batch) — bound to (bx,
+           whose pipelined loop's bounds read global memory (varlen attention's
+           ``ceil(max_seqlen_q / block_M)`` x heads x batch; other grids sized at launch, such as
+           ``tilews.ops.matmul``'s split-K over a runtime M, keep their grid with a note: their
+           persistent form is unmeasured) — bound to (bx,
            by[, bz]), whose body is [allocations, prelude, one T.Pipelined loop that plan_pipeline
            accepts, epilogue], with more tiles (the grid's product) than ``config.caps.num_sms`` (a
            grid sized at launch is taken to have more: where it has fewer, the blocks without a
@@ -81,6 +84,10 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         lambda a, b: ir.BinOp(ir.BinOpKind.MUL, a, b, ir.DType.I32, loc), grid))
     over = (f"{ir.as_int(total)} tiles > {sms} SMs" if static
             else f"{printer.expr(total)} tiles (a grid sized at launch) on {sms} SMs")
+    if not static and not _bounds_read_memory(kernel):
+        return kernel.with_note(f"persist: {over}, but its tiles' work is not read from memory: "
+                                f"a grid sized at launch is made persistent only for tiles whose "
+                                f"work is (varlen attention), where it was measured")
     uneven = _work_read_per_tile(kernel)
     if uneven is not None:
         return kernel.with_note(f"persist: {over}, but the T.Pipelined loop at "
@@ -121,16 +128,26 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                          f"looping over tiles {order}")
 
 
+def _bound_reads(kernel: ir.Kernel):
+    """(pipelined loop, load) for each read of global memory in a pipelined loop's bounds."""
+    for s in walk(kernel.body):
+        if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
+            for e in (e for bound in (s.start, s.stop) for e in subexprs(bound)):
+                if isinstance(e, ir.Load) and e.buffer.scope is ir.Scope.GLOBAL:
+                    yield s, e
+
+
+def _bounds_read_memory(kernel: ir.Kernel) -> bool:
+    return any(True for _ in _bound_reads(kernel))
+
+
 def _work_read_per_tile(kernel: ir.Kernel):
     """The pipelined loop, where its bounds read global memory at an index holding a block index
     other than a 3-d grid's last (varlen decoding's ``cu_seqlens[b]``, ``b`` a 2-d grid's first
     index); else None."""
     slab = kernel.block_vars[2:]
-    for s in walk(kernel.body):
-        if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED:
-            for e in (e for bound in (s.start, s.stop) for e in subexprs(bound)):
-                if isinstance(e, ir.Load) and e.buffer.scope is ir.Scope.GLOBAL and any(
-                        isinstance(v, ir.Var) and v.kind is ir.VarKind.BLOCK and v not in slab
-                        for i in e.indices for v in subexprs(i)):
-                    return s
+    for s, e in _bound_reads(kernel):
+        if any(isinstance(v, ir.Var) and v.kind is ir.VarKind.BLOCK and v not in slab
+               for i in e.indices for v in subexprs(i)):
+            return s
     return None
