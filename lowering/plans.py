@@ -141,6 +141,15 @@ class StreamPlan(Plan):
     f32_values: tuple[ir.DType, ...] = ()  # element types whose values are held in float32,
                                            # rounded to the type after each operation (global
                                            # memory keeps the type's bits)
+    passed_params: Optional[tuple[str, ...]] = None   # the parameters the kernel's code reads, in
+                                           # order (None: all); a function's later kernels get
+                                           # only theirs (a combine kernel: 3 of 7 buffers)
+
+    def passed(self, params) -> tuple:
+        """The kernel's ``params`` it is passed at launch (``passed_params``), in order."""
+        if self.passed_params is None:
+            return tuple(params)
+        return tuple(p for p in params if p.name in self.passed_params)
 
     def tile(self, extents) -> tuple[int, ...]:
         """The shape of the tensor holding a tile, on-chip buffer or ``T.Parallel`` nest of

@@ -432,3 +432,20 @@ def test_kernels_inside_macros():
     assert len(k.kernels) == 2
     x = randn(32, seed=10)
     torch.testing.assert_close(k(x).double(), x.double() * 4)
+
+
+def test_each_tl_kernel_is_passed_only_the_parameters_it_names():
+    """A function's kernels all take its parameters; on ``tl`` each is passed only those its code
+    names (``StreamPlan.passed_params``): decode's combine kernel reads the partials, their
+    log-sum-exps and the output, not the query, the caches or the lengths."""
+    from tilews.lowering.plans import StreamPlan
+    from tilews.ops import decode as dec
+    kernel = dec._jit(dec.decode_program, "triton")(1, 8, 2, 64, 64, 2, T.float16, None, True, None,
+                                                    **dec.blocks(64, gpu=False))
+    split, combine = (k.ir_after.plan(StreamPlan).passed_params for k in kernel.kernels)
+    assert "Q" in split and "K" in split and "cache_seqlens" in split
+    assert set(combine) == {"Out"} | {b.name for b in kernel.kernels[1].ir_after.scratch}
+    [signature] = [line for line in kernel.kernels[1].program.source.splitlines()
+                   if line.startswith("def decode_ragged_kernel1(")]
+    params = signature[signature.index("(") + 1:signature.index(")")].split(", ")
+    assert "Out" in params and "Q" not in params and "K" not in params, params

@@ -26,7 +26,10 @@ Ensures:   every ``Copy.mechanism`` is DIRECT or MASKED: DIRECT when each global
            cannot iterate to a bound held in a tensor) and ``f32_values`` bfloat16 and the FP8
            types (its arithmetic, comparisons and conversions of these are wrong: values are held
            in float32, rounded to the type after each operation, which gives the type's IEEE
-           results, and converted from and to their bits by tilews, as torch's ``.to`` does).
+           results, and converted from and to their bits by tilews, as torch's ``.to`` does);
+           ``passed_params``: the parameters the kernel's body names (a buffer, a scalar, a dim of
+           a named buffer), in order, the others not passed at launch (each kernel of a function
+           of several takes the function's parameters; a combine kernel reads 3 of 7 buffers).
 Preserves: program meaning and every node's loc; nothing else changes (the interpret and hopper
            targets get only the mechanisms, ``mask_low``, instructions and unroll rule above).
 """
@@ -74,11 +77,27 @@ def _stream_plan(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     kernel = kernel.with_plan(StreamPlan(num_warps=n, constant_scalar_params=cpu, python_ints=cpu,
                                          loops_as_while=cpu,
                                          wide_offsets=wide, padded_tiles=config.caps.power_of_two_tiles,
-                                         f32_values=_CPU_F32_VALUES if cpu else ()))
+                                         f32_values=_CPU_F32_VALUES if cpu else (),
+                                         passed_params=_named_params(kernel)))
     if n != warps:
         kernel = kernel.with_note(f"legalize: threads={kernel.threads} is {warps} warps; one stream "
                                   f"runs num_warps={n} (a power of two)")
     return kernel
+
+
+def _named_params(kernel: ir.Kernel) -> tuple[str, ...]:
+    """The parameters the kernel's body names: buffers, scalars, and the dims of named buffers."""
+    names: set[str] = set()
+
+    def see(n):
+        if isinstance(n, ir.Buffer):
+            names.add(n.name)
+            names.update(d.name for d in n.shape if isinstance(d, ir.Var))
+        elif isinstance(n, ir.Var):
+            names.add(n.name)
+        return None
+    transform(kernel.body, see)
+    return tuple(p.name for p in kernel.params if p.name in names)
 
 
 def _may_hold_2_31(b: ir.Buffer) -> bool:

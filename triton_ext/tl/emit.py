@@ -40,7 +40,7 @@ def emit(kernel: ir.Kernel, fast_math: bool = False) -> str:
         raise CompileError(f"the triton backend cannot name a kernel '{kernel.name}' (a name its "
                            f"generated source needs); rename the kernel function", kernel.loc)
     params = []
-    for p in kernel.params:
+    for p in ctx.plan.passed(kernel.params):
         if isinstance(p, ir.Buffer):
             params += [ctx.name(p.name)] + [ctx.stride(p, d) for d in range(len(p.shape))]
         else:

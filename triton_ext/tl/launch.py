@@ -51,7 +51,7 @@ class TlProgram:
         self.grid_fn = getattr(module, kernel.name + GRID_SUFFIX)
         self.num_warps = kernel.plan(StreamPlan).num_warps
         self.launcher = Launcher(self.fn, self.num_warps)
-        self._arguments = _arguments_of(kernel.params)
+        self._arguments = _arguments_of(kernel.params, kernel.plan(StreamPlan).passed(kernel.params))
 
     @property
     def asm(self) -> dict[str, str]:
@@ -68,18 +68,22 @@ class TlProgram:
         self.launcher.launch(self.grid_fn(*scalars), args)
 
 
-def _arguments_of(params) -> Callable[..., tuple[list, tuple]]:
+def _arguments_of(params, passed) -> Callable[..., tuple[list, tuple]]:
     """A function of the launch values (in ``params`` order) returning the kernel's arguments
-    (each buffer followed by its strides, each float scalar as a float, other scalars as they
-    are) and the grid function's (the scalars), spelled out once for these parameters."""
+    (of the ``passed`` parameters: each buffer followed by its strides, each float scalar as a
+    float, other scalars as they are) and the grid function's (every scalar), spelled out once
+    for these parameters."""
     names = [f"a{i}" for i in range(len(params))]
     args, scalars = [], []
     for a, p in zip(names, params):
+        if not isinstance(p, ir.Buffer):
+            scalars.append(a)
+        if not any(p is q for q in passed):
+            continue
         if isinstance(p, ir.Buffer):
             args.append(f"{a}, *{a}.stride()")
         else:
             args.append(f"float({a})" if p.dtype.is_float else a)
-            scalars.append(a)
     scope: dict = {}
     exec(f"def arguments({', '.join(names)}):\n"
          f"    return [{', '.join(args)}], ({''.join(s + ', ' for s in scalars)})", scope)
