@@ -38,6 +38,9 @@ SWITCHES = (
     ("TILEWS_TUNE", "`tilews.ops.matmul` and `tilews.ops.fp8_scaled_mm` tune each new shape "
                     "bucket at its first call (winners kept on disk) instead of using their "
                     "heuristics"),
+    ("TILEWS_COMPILE_WORKERS", "threads that compile a space of configurations at once (the "
+                               "autotuner, `par_compile`, the ops' tuning; default: the CPU "
+                               "count; `1`: one after the other on the calling thread)"),
     ("TILEWS_CXX", "the C++17 compiler of the Metal CPU harness (default: `g++`, else `clang++`)"),
 )
 
@@ -70,6 +73,18 @@ def _text(name: str, environ: Mapping[str, str]) -> Optional[str]:
     return value or None
 
 
+def _count(name: str, environ: Mapping[str, str]) -> Optional[int]:
+    """A whole number of at least 1, or None where unset or empty; else ``ValueError`` naming
+    the variable."""
+    value = environ.get(name, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"environment variable {name}={environ[name]!r}: use a whole number of "
+                         f"at least 1 (1: one after the other)")
+    return int(value)
+
+
 def _path(name: str, environ: Mapping[str, str]) -> Optional[Path]:
     value = environ.get(name, "").strip()
     return Path(value).expanduser() if value else None
@@ -86,6 +101,7 @@ class Settings:
     overlap_softmax: bool = True
     overlap_gemms: bool = True
     tune: bool = False
+    compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
     cxx: Optional[str] = None             # TILEWS_CXX: the Metal CPU harness's C++ compiler
 
     @classmethod
@@ -100,6 +116,7 @@ class Settings:
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
+                   compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),
                    cxx=_text("TILEWS_CXX", environ))
 
     def ready_dump_folder(self) -> Optional[Path]:

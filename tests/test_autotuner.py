@@ -5,7 +5,10 @@ Small GEMMs on the interpreter. Where a test needs one configuration to be slowe
 """
 from __future__ import annotations
 
+import ast
+import importlib
 import json
+import threading
 
 import pytest
 import torch
@@ -15,9 +18,12 @@ import tilews.autotuner as autotuner_pkg
 import tilews.language as T
 from tilews.autotuner import (AutoTuner, AutotuneResult, autotune, get_autotune_inputs,
                               set_autotune_inputs)
+from tilews.autotuner import search as search_module
 from tilews.autotuner import tuner as tuner_module
 
 from .helpers import randn
+
+jit_module = importlib.import_module("tilews.jit")  # the module; tilews.jit is the decorator
 
 N = 64
 FAST = {"block_M": 64, "block_N": 64, "block_K": 64}
@@ -321,3 +327,108 @@ def test_eager_style_tunes_on_the_call_tensors_and_runs():
     kernel = tuned.compile(a, b)
     assert kernel.config == FAST and kernel.latency > 0
     torch.testing.assert_close(kernel(a, b), a @ b, rtol=1e-5, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# compiling the space: TILEWS_COMPILE_WORKERS threads, or one after the other
+
+
+COMPILE_ALL = search_module._compile_all
+
+
+def tune_with_workers(monkeypatch, workers: int, configs: list[dict]):
+    """Tune ``configs`` with ``TILEWS_COMPILE_WORKERS=workers``: (the kernel or the error raised,
+    the trials compiled as (config, failure, generated source), the compiling threads)."""
+    monkeypatch.setenv("TILEWS_COMPILE_WORKERS", str(workers))
+    trials, threads = [], set()
+
+    def spy(space, compile_one):
+        def one(config):
+            threads.add(threading.get_ident())
+            return compile_one(config)
+        trials.extend(COMPILE_ALL(space, one))
+        return trials
+    monkeypatch.setattr(search_module, "_compile_all", spy)
+    try:
+        outcome = autotune(configs=configs, ref_prog=reference, **QUICK)(jitted())(N, N, N)
+    except RuntimeError as e:
+        outcome = e
+    compiled = [(t.config, t.failure, t.kernel and t.kernel.get_kernel_source()) for t in trials]
+    return outcome, compiled, threads
+
+
+@pytest.fixture
+def threads_allowed(monkeypatch):
+    """Threads on this Python too: ``ast.parse`` (shared recursion state before CPython 3.11.8,
+    ``jit.ast_is_thread_safe``) made one at a time, the rest of each compile concurrent."""
+    lock, parse = threading.Lock(), ast.parse
+
+    def one_at_a_time(*args, **kwargs):
+        with lock:
+            return parse(*args, **kwargs)
+    monkeypatch.setattr(ast, "parse", one_at_a_time)
+    monkeypatch.setattr(jit_module, "ast_is_thread_safe", lambda: True)
+
+
+def test_parallel_compiles_give_the_serial_trials_and_winner(monkeypatch, threads_allowed):
+    bad_tile = {**SLOW, "block_K": 0}
+    configs = [SLOW, bad_tile, FAST, {**SLOW, "block_N": 32}]
+    serial, serial_trials, serial_threads = tune_with_workers(monkeypatch, 1, configs)
+    parallel, parallel_trials, parallel_threads = tune_with_workers(monkeypatch, 3, configs)
+    assert serial_threads == {threading.get_ident()} and len(parallel_threads) > 1
+    assert parallel_trials == serial_trials
+    assert [c for c, _, _ in serial_trials] == configs
+    assert [f is None for _, f, _ in serial_trials] == [True, False, True, True]
+    assert serial_trials[1][1].startswith("compile failed: ")
+    assert serial.config == parallel.config == FAST
+    check_gemm(parallel)
+
+
+def test_a_failing_compile_in_the_middle_is_reported_as_serially(monkeypatch, threads_allowed):
+    configs = [{**FAST, "scale": 2.0}, {**SLOW, "block_K": 0}, {**FAST, "scale": 3.0}]
+    reports = []
+    for workers in (1, 3):
+        error, _, _ = tune_with_workers(monkeypatch, workers, configs)
+        assert isinstance(error, RuntimeError)
+        reports.append(str(error).splitlines())
+    kinds = ["reference check failed", "compile failed", "reference check failed"]
+    for report in reports:
+        starts = [next(i for i, line in enumerate(report)
+                       if line.startswith(f"  {config}: {kind}: "))
+                  for config, kind in zip(configs, kinds)]
+        assert starts == sorted(starts)         # in the configurations' order
+    # the compile failure word for word, with its source line (the reference check's lines quote
+    # the random inputs' worst element)
+    serial, parallel = ("\n".join(r).split(f"  {configs[1]}: ")[1].split(f"  {configs[2]}")[0]
+                        for r in reports)
+    assert parallel == serial and "shared buffer shape must be positive" in serial
+
+
+def test_one_compile_worker_compiles_one_after_the_other_on_the_calling_thread(monkeypatch):
+    def no_pool(*_a, **_k):
+        raise AssertionError("a thread pool was started")
+    monkeypatch.setattr(jit_module, "ThreadPoolExecutor", no_pool)
+    monkeypatch.setattr(jit_module, "ast_is_thread_safe", lambda: True)
+    kernel, trials, threads = tune_with_workers(monkeypatch, 1, [SLOW, FAST])
+    assert threads == {threading.get_ident()} and kernel.config == FAST
+    assert [c for c, _, _ in trials] == [SLOW, FAST]
+
+
+def test_hopper_space_compiles_in_threads_to_the_serial_kernels(monkeypatch, threads_allowed):
+    """Compile-only (no GPU): ``examples/gemm.py``'s configurations for ``hopper`` through the
+    autotuner's compile step; the same Gluon builds (PTX) and failures either way."""
+    from examples.gemm import matmul as gemm
+    space = [dict(block_N=128, block_K=32), dict(block_N=64, block_K=0),
+             dict(block_N=256, block_K=64, threads=256)]
+    monkeypatch.setenv("TILEWS_DISABLE_CACHE", "1")     # the parallel round builds too
+    compiled = []
+    for workers in (1, 3):
+        monkeypatch.setenv("TILEWS_COMPILE_WORKERS", str(workers))
+        fn = tilews.jit(out_idx=[-1], target="hopper")(gemm.fn)    # its memo empty
+        trials = COMPILE_ALL(space, lambda config: fn.compile(256, 256, 256, **config))
+        compiled.append([(t.failure, t.kernel and (t.kernel.target, t.kernel.asm["ptx"]))
+                         for t in trials])
+    serial, parallel = compiled
+    assert parallel == serial
+    assert [kernel[0] if kernel else None for _, kernel in serial] == ["hopper", None, "hopper"]
+    assert serial[1][0].startswith("compile failed: CompileError: ")

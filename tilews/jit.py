@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
@@ -38,6 +39,7 @@ from typing import Any, Callable, Optional, Sequence
 from tilews.lowering import ir
 from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import KernelSource, eager, kernel_source, semantic
+from tilews.lowering.settings import Settings
 
 from . import backends, keys, targets
 from .compiler import BuildRequest, CompileConfig, compile_kernel
@@ -169,7 +171,7 @@ class JitFunction:
 
     def par_compile(self, configs: Sequence, num_workers: Optional[int] = None) -> list[Kernel]:
         """``compile`` for each config (a dict of keywords or a tuple of positional arguments),
-        in parallel threads (``compile_each``); the kernels in the configs' order."""
+        in up to ``num_workers`` threads (``compile_each``); the kernels in the configs' order."""
         def one(c):
             return self.compile(**c) if isinstance(c, dict) else self.compile(*c)
         return compile_each(configs, one, num_workers)
@@ -187,16 +189,27 @@ def ast_is_thread_safe(version: tuple = tuple(sys.version_info[:3])) -> bool:
 
 
 def compile_each(items: Sequence, compile_one: Callable, max_workers: Optional[int] = None) -> list:
-    """``compile_one(item)`` for each item, the results in the items' order: in parallel threads,
-    or one after the other where this Python's ``ast`` is not thread-safe (``ast_is_thread_safe``).
-    The first compiles on this thread: Triton's first import is not safe from several threads at
-    once, so it must be done before the others start."""
+    """``compile_one(item)`` for each item, the results in the items' order. The first compiles on
+    this thread (Triton's first import is not safe from several threads at once), the others in
+    up to ``max_workers`` threads (default: ``TILEWS_COMPILE_WORKERS``, else the CPU count); with
+    one worker, or where this Python's ``ast`` is not thread-safe (``ast_is_thread_safe``), one
+    after the other on this thread. An exception of ``compile_one`` propagates (callers that go
+    on past a failing item catch it per item, as the autotuner and the ops do).
+
+    Shared state of concurrent compiles, and how it is guarded: the artifact store builds each key
+    under a file lock and writes atomically (``tilews.cache``); the frontend's state is per thread
+    (``frontend.context``); ``functools`` caches are thread-safe; Gluon's in-process Triton builds
+    run one at a time (``triton_ext.passes.checking`` holds a lock: Triton's stage hook and cache
+    folder are process-wide), as do its compile-server builds (one child per process). Why
+    threads: ``tilews.autotuner.search``."""
     if not items:
         return []
+    if max_workers is None:
+        max_workers = Settings.from_env().compile_workers or os.cpu_count() or 1
     first = compile_one(items[0])
-    if not ast_is_thread_safe():
+    if max_workers == 1 or len(items) == 1 or not ast_is_thread_safe():
         return [first] + [compile_one(item) for item in items[1:]]
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items) - 1)) as pool:
         return [first] + list(pool.map(compile_one, items[1:]))
 
 

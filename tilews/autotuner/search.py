@@ -1,8 +1,11 @@
 """The search: compile every configuration, check and time each one, keep the fastest.
 
 Contract of ``search(configs, compile_one, profile, plan, inputs)``:
-* Every configuration is compiled by ``compile_one(config)``, all but the first in a thread
-  pool. A compile that raises is that configuration's failure; the search goes on without it.
+* Every configuration is compiled by ``compile_one(config)`` before any is timed, the first on
+  the calling thread, the others in up to ``TILEWS_COMPILE_WORKERS`` threads (default: the CPU
+  count; 1: one after the other on the calling thread; ``tilews.jit.compile_each``). A compile
+  that raises is that configuration's failure (``"compile failed: <error>"``); the search goes on
+  without it. The trials, their kernels and failures, are the same whatever the worker count.
 * The compiled kernels are then measured one at a time, in the configurations' order, on the
   calling thread's device, each within ``plan.timeout`` seconds (0 or less: no limit):
   1. inputs: ``inputs`` if given (copied once, so the caller's tensors are never written), else
@@ -25,11 +28,20 @@ Contract of ``search(configs, compile_one, profile, plan, inputs)``:
   configuration dict) and ``.ref_latency`` (``ref_prog`` timed once, on the best kernel's inputs;
   ``None`` without ``ref_prog``) and is returned with its configuration's index. If no
   configuration survives: ``RuntimeError`` listing each configuration's failure.
+
+Why threads for the compiles, not processes: a compiled kernel (its IR, artifacts and the user's
+closures) need not be picklable, and imports are paid once. Threads overlap only what runs outside
+the GIL: a Gluon build in the compile-server child (under ``TRITON_INTERPRET=1``; one child per
+process, so one build at a time) or a subprocess. Gluon's in-process build, most of a Hopper
+compile (an ``examples/gemm.py`` configuration: ~0.14 s of ~0.16 s here), runs one at a time under
+``passes.checking``'s lock. Measured on a 2-core CPU busy with other work: six such configurations
+for ``hopper``, cold caches, medians of 5 interleaved rounds: serial 1.36 s, 2 threads 1.52 s, and
+a prototype building each in a forked child 1.44 s; no speed-up. ``python -m
+tilews.bench.compile_workers`` measures it where cores are free.
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -129,8 +141,7 @@ def search(configs: list[dict], compile_one: Callable[[dict], Any], profile: Pro
 
 
 def _compile_all(configs: list[dict], compile_one: Callable[[dict], Any]) -> list[Trial]:
-    workers = max(1, min(len(configs) - 1, os.cpu_count() or 1))
-    return compile_each(configs, lambda config: _compile(config, compile_one), workers)
+    return compile_each(configs, lambda config: _compile(config, compile_one))
 
 
 def _compile(config: dict, compile_one: Callable[[dict], Any]) -> Trial:

@@ -154,10 +154,11 @@ class AutoTuner:
             use_pipeline: bool = False, enable_grouped_compile: bool = False, group_compile_size: int = 2,
             benchmark_devices=None, benchmark_multi_gpu: bool = False, early_stop: bool = False,
             early_stop_factor: float = 2.0) -> AutotuneResult:
-        """Tune and return the best configuration's ``AutotuneResult``. Configurations always
-        compile in parallel threads and are timed on the current device, so TileLang's scheduling
-        switches (``use_pipeline``, ``enable_grouped_compile``, ``group_compile_size``,
-        ``benchmark_devices``, ``benchmark_multi_gpu``) are accepted and have no effect."""
+        """Tune and return the best configuration's ``AutotuneResult``. Configurations compile in
+        ``TILEWS_COMPILE_WORKERS`` threads (``search``) and are timed on the current device, so
+        TileLang's scheduling switches (``use_pipeline``, ``enable_grouped_compile``,
+        ``group_compile_size``, ``benchmark_devices``, ``benchmark_multi_gpu``) are accepted and
+        have no effect."""
         plan = SearchPlan(warmup, rep, timeout, early_stop, early_stop_factor)
         jit_fn = self.compile_args.jit(self.fn)
         configs = checked_configs(self.configs() if callable(self.configs) else self.configs,
