@@ -209,3 +209,24 @@ def test_one_head_per_kv_head_compiles_for_sm90():
     kernel = lower(build_function(decode_program(16, 16, 16, 64, 2048, 1)).kernels[0], HOPPER)
     assert kernel.find_plan(AsyncPlan) is not None, kernel.notes
     assert "st.global" in gluon_program(kernel).asm["ptx"]
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_lengths_and_pages_past_the_cache_are_refused_on_the_cpu(paged):
+    """On the CPU each call's lengths and pages are checked (a kept call's too): a length past
+    the cache or a page past the pages would read other memory (on a GPU they are trusted)."""
+    q, k, v = gqa_inputs(2, 1, 4, 1, 64, 64)
+    cache = (k, v) if not paged else (paginate(k, 32, seed=3)[0], paginate(v, 32, seed=3)[0])
+    table = paginate(k, 32, seed=3)[1] if paged else None
+    good = torch.tensor([10, 64], dtype=torch.int32)
+    decode_attention(q, *cache, good, table, target="interpret")          # keeps the call
+    for bad in ([10, 65], [-1, 3]):
+        with pytest.raises(ValueError, match=r"'cache_seqlens' holds values from -?\d+ to \d+; each "
+                                             r"must be from 0 to 64"):
+            decode_attention(q, *cache, torch.tensor(bad, dtype=torch.int32), table, target="interpret")
+    if paged:
+        wrong = table.clone()
+        wrong[1, 0] = 4                                                    # 4 pages: 0..3
+        with pytest.raises(ValueError, match="'block_table' holds values from 0 to 4; each must be "
+                                             "from 0 to 3"):
+            decode_attention(q, *cache, good, wrong, target="interpret")

@@ -419,7 +419,7 @@ def _plan_decode(tensors: tuple, num_splits, softmax_scale, target) -> tuple[tor
 
         def unpack(out):
             return out.view(batch, kv_heads, seqlen_q, group, dim).transpose(1, 2).reshape(batch, seqlen_q, heads, dim)
-    tail = _tail(cache_seqlens, block_table, batch, keys, q.device)
+    tail = _tail(cache_seqlens, block_table, batch, keys, page, q.device, "decode_attention")
     return _bound(kernel, lambda q, k, v, lengths, table: (pack(q), k.contiguous(), v.contiguous(),
                                                           *tail(lengths, table)), unpack, tensors)
 
@@ -476,7 +476,7 @@ def _plan_mla(tensors: tuple, num_splits, softmax_scale, target) -> tuple[torch.
     kernel = _jit(mla_decode_program, target)(heads, keys, dim, pe_dim, 64, block_N, 2, batch, splits,
                                               dtypes.from_torch(q_nope.dtype), page,
                                               cache_seqlens is not None or paged, softmax_scale)
-    tail = _tail(cache_seqlens, block_table, batch, keys, q_nope.device)
+    tail = _tail(cache_seqlens, block_table, batch, keys, page, q_nope.device, name)
     return _bound(kernel, lambda q, q_pe, kv, k_pe, lengths, table: (
         q.contiguous(), q_pe.contiguous(), kv.contiguous(), k_pe.contiguous(), *tail(lengths, table)),
         _same, tensors)
@@ -607,18 +607,38 @@ def _splits(num_splits, tiles: int, keys: int, block_N: int, gpu: bool, op: str)
     return num_splits
 
 
-def _tail(cache_seqlens, block_table, batch: int, keys: int, device) -> Callable:
+def _tail(cache_seqlens, block_table, batch: int, keys: int, page, device, op: str) -> Callable:
     """The kernel's last inputs of a call, ``tail(cache_seqlens, block_table)``: the lengths (the
     given ones; for a paged cache without them, the whole cache's: the paged program always reads
     lengths), then the block table where paged. The whole cache's lengths are made per call, not
     kept: made while a CUDA graph is captured they hold nothing until it is replayed, and kept
     from before they could be freed (the kept calls starting over) while a graph still reads
-    them."""
+    them. On the CPU each call's lengths (at most ``keys``) and pages (below the cache's) are
+    checked, as ``attention_varlen`` checks its offsets there; on a GPU they are trusted (reading
+    them back would stall the stream)."""
+    on_cpu = device.type == "cpu"
+
+    def lengths_of(lengths):
+        if on_cpu:
+            _within(lengths, keys, op, "cache_seqlens", f"the cache's {keys} keys per sequence")
+        return lengths.contiguous()
+
+    def table_of(table):
+        if on_cpu:
+            _within(table, page[0] - 1, op, "block_table", f"the last of the cache's {page[0]} pages")
+        return table.contiguous()
     if block_table is None:
         if cache_seqlens is None:
             return lambda lengths, table: ()
-        return lambda lengths, table: (lengths.contiguous(),)
+        return lambda lengths, table: (lengths_of(lengths),)
     if cache_seqlens is None:
         return lambda lengths, table: (torch.full((batch,), keys, dtype=torch.int32, device=device),
-                                       table.contiguous())
-    return lambda lengths, table: (lengths.contiguous(), table.contiguous())
+                                       table_of(table))
+    return lambda lengths, table: (lengths_of(lengths), table_of(table))
+
+
+def _within(t: torch.Tensor, most: int, op: str, arg: str, what: str) -> None:
+    """A ValueError naming ``arg`` unless every value of ``t`` is in [0, most]."""
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) > most):
+        raise ValueError(f"{op}(): '{arg}' holds values from {int(t.min())} to {int(t.max())}; "
+                         f"each must be from 0 to {most} ({what})")
