@@ -6,7 +6,6 @@ heuristic at GPU-like numbers; the split kernels stay warp-specialized on Hopper
 lowering) at realistic sizes."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
