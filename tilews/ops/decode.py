@@ -37,7 +37,8 @@ to the signature its inputs have (``Kernel.bound``; TMA operands' alignment is s
 call). A later call of the kind is one key, one dict lookup and that call, with no check, split
 choice or kernel look-up of its own; data, lengths and block tables are read from each call's
 tensors (``tests/test_decode_calls.py``: launches stubbed, this CPU, B1 ragged GQA with two
-splits: 6.8 us per call against 4.2 us for calling the kernel, 18.5 us before calls were kept).
+splits: 6.8 us per call against 4.2 us for calling the kernel, 18.5 us before calls were kept;
+CPU tensors' lengths and pages are also checked per call, ~3 us more: ``_tail``).
 At most ``binding.SIGNATURES`` kinds are kept (then it starts over). The split count of a kept
 GPU call is the one chosen for the current device at its first call.
 
@@ -372,16 +373,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     the whole cache). heads = kv_heads x group (GQA). fp16 / bf16; scale 1/sqrt(D) by default.
     Returns [batch, seqlen_q, heads, D]. Calls of a kind seen before take its kept call (module
     docstring)."""
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table)
-    try:
-        key = ("decode_attention", q.shape, q.stride(), q.dtype, q.device,
-               k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
-               v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
-               _kind(cache_seqlens), _kind(block_table), type(num_splits), num_splits,
-               type(softmax_scale), softmax_scale, target)
-    except (AttributeError, TypeError):   # not tensors: the checks name the argument
-        return _plan_decode(tensors, num_splits, softmax_scale, target)[0]
-    return _call(key, tensors, _plan_decode, (num_splits, softmax_scale, target))
+    return _call("decode_attention", (q, k_cache, v_cache, cache_seqlens, block_table),
+                 _plan_decode, (num_splits, softmax_scale, target))
 
 
 def _plan_decode(tensors: tuple, num_splits, softmax_scale, target) -> tuple[torch.Tensor, Call]:
@@ -434,17 +427,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     scores (q_nope kv^T + q_pe k_pe^T) * scale, scale 1/sqrt(dim + pe_dim) by default. heads a
     multiple of 64. Returns [batch, heads, dim]. Calls of a kind seen before take its kept call
     (module docstring)."""
-    tensors = (q_nope, q_pe, kv_cache, k_pe_cache, cache_seqlens, block_table)
-    try:
-        key = ("mla_decode", q_nope.shape, q_nope.stride(), q_nope.dtype, q_nope.device,
-               q_pe.shape, q_pe.stride(), q_pe.dtype, q_pe.device,
-               kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
-               k_pe_cache.shape, k_pe_cache.stride(), k_pe_cache.dtype, k_pe_cache.device,
-               _kind(cache_seqlens), _kind(block_table), type(num_splits), num_splits,
-               type(softmax_scale), softmax_scale, target)
-    except (AttributeError, TypeError):   # not tensors: the checks name the argument
-        return _plan_mla(tensors, num_splits, softmax_scale, target)[0]
-    return _call(key, tensors, _plan_mla, (num_splits, softmax_scale, target))
+    return _call("mla_decode", (q_nope, q_pe, kv_cache, k_pe_cache, cache_seqlens, block_table),
+                 _plan_mla, (num_splits, softmax_scale, target))
 
 
 def _plan_mla(tensors: tuple, num_splits, softmax_scale, target) -> tuple[torch.Tensor, Call]:
@@ -491,21 +475,23 @@ _calls: dict[tuple, Call] = {}
 
 
 def _kind(t: Optional[torch.Tensor]) -> Optional[tuple]:
-    """An optional tensor argument's part of a call's key."""
+    """A tensor argument's part of a call's key (None where not given)."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _call(key: tuple, tensors: tuple, plan: Callable, options: tuple) -> torch.Tensor:
-    """The op's result of ``tensors``: by the call kept for ``key``, else by ``plan(tensors,
-    *options)`` (the checks, the first call, and its call, kept for the key; an option with no
-    hash: not kept)."""
+def _call(op: str, tensors: tuple, plan: Callable, options: tuple) -> torch.Tensor:
+    """The result of ``op`` on ``tensors``: by the call kept for their kind (``_kind`` of each;
+    each option with its type, so that ``num_splits=True`` is not the kind of 1), else by
+    ``plan(tensors, *options)`` (the checks, the first call, and its call, kept for the kind;
+    arguments that are not tensors, or an option with no hash: never kept)."""
     try:
+        key = (op, *map(_kind, tensors), *((type(o), o) for o in options))
         call = _calls[key]
     except KeyError:
         result, call = plan(tensors, *options)
         remember(_calls, key, call)
         return result
-    except TypeError:
+    except (AttributeError, TypeError):   # not tensors (the checks name the argument), no hash
         return plan(tensors, *options)[0]
     return call(*tensors)
 
@@ -639,6 +625,9 @@ def _tail(cache_seqlens, block_table, batch: int, keys: int, page, device, op: s
 
 def _within(t: torch.Tensor, most: int, op: str, arg: str, what: str) -> None:
     """A ValueError naming ``arg`` unless every value of ``t`` is in [0, most]."""
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) > most):
-        raise ValueError(f"{op}(): '{arg}' holds values from {int(t.min())} to {int(t.max())}; "
-                         f"each must be from 0 to {most} ({what})")
+    if not t.numel():
+        return
+    low, high = (int(x) for x in torch.aminmax(t))
+    if low < 0 or high > most:
+        raise ValueError(f"{op}(): '{arg}' holds values from {low} to {high}; each must be from 0 "
+                         f"to {most} ({what})")
