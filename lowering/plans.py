@@ -130,6 +130,9 @@ class StreamPlan(Plan):
     """A kernel run as one stream of ``num_warps`` warps (targets without warp specialization)."""
     made_by: ClassVar[str] = "legalize"
     num_warps: int
+    passed_params: tuple[str, ...]         # the parameters the kernel's code names, in order: the
+                                           # ones passed at launch (a function's combine kernel:
+                                           # 3 of its 7 buffers)
     constant_scalar_params: bool = False   # scalar parameters are compile-time constants
     python_ints: bool = False              # integers that are no tensors (constants, scalar
                                            # parameters, loop indices) are Python ints: their
@@ -141,14 +144,9 @@ class StreamPlan(Plan):
     f32_values: tuple[ir.DType, ...] = ()  # element types whose values are held in float32,
                                            # rounded to the type after each operation (global
                                            # memory keeps the type's bits)
-    passed_params: Optional[tuple[str, ...]] = None   # the parameters the kernel's code reads, in
-                                           # order (None: all); a function's later kernels get
-                                           # only theirs (a combine kernel: 3 of 7 buffers)
 
     def passed(self, params) -> tuple:
         """The kernel's ``params`` it is passed at launch (``passed_params``), in order."""
-        if self.passed_params is None:
-            return tuple(params)
         return tuple(p for p in params if p.name in self.passed_params)
 
     def tile(self, extents) -> tuple[int, ...]:

@@ -78,7 +78,7 @@ def _arguments_of(params, passed) -> Callable[..., tuple[list, tuple]]:
     for a, p in zip(names, params):
         if not isinstance(p, ir.Buffer):
             scalars.append(a)
-        if not any(p is q for q in passed):
+        if p not in passed:
             continue
         if isinstance(p, ir.Buffer):
             args.append(f"{a}, *{a}.stride()")
