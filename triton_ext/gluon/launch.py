@@ -127,7 +127,7 @@ class CompileServer:
     def build(self, spec: dict, kernel: ir.Kernel, path: Path) -> bytes:
         """The JSON result of ``compile.build(spec)`` in the child, or an ``InternalError``
         carrying the child's error output if it failed or died."""
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env = _child_environment()
         with self._lock, tempfile.TemporaryDirectory(prefix="tilews-gluon-") as tmp:
             spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "out.json"
             spec_file.write_text(json.dumps(spec))
@@ -159,7 +159,7 @@ class CompileServer:
             return self._proc
         if self._log is None:
             self._log = tempfile.TemporaryFile(prefix="tilews-gluon-server-")
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env = _child_environment()
         # the child imports what this process imports (tilews may be a checkout, not an install)
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
         self._proc = subprocess.Popen([sys.executable, gluon_compile.__file__, "--serve"], env=env,
@@ -167,6 +167,11 @@ class CompileServer:
                                       stderr=self._log, text=True)
         self.started += 1
         return self._proc
+
+
+def _child_environment() -> dict:
+    """This process's environment without Triton's interpreter switch (the child compiles)."""
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
 _SERVER = CompileServer()
