@@ -11,8 +11,9 @@ evenly, and there the backwards order measured slower (H200, causal B4 H32 S4096
 leaves the order to this pass.
 
 Requires:  a verified kernel (frontend IR, or after ``persist``) without ``block_defs``.
-Ensures:   a kernel with a ``T.Persistent`` tile loop: unchanged. Otherwise, for the first grid dimension ``d`` (in order x, y, z) with a static extent ``g`` of 2
-           to ``MAX_EXTENT`` whose block index ``b`` the bounds of a ``T.Pipelined`` loop read,
+Ensures:   a kernel with a ``T.Persistent`` tile loop: unchanged. Otherwise, for the first
+           grid dimension ``d`` (in order x, y, z) with a static extent ``g`` of 2 to
+           ``MAX_EXTENT`` whose block index ``b`` the bounds of a ``T.Pipelined`` loop read,
            where the iterations of every such loop are integers at each ``b`` in ``[0, g)`` once
            ``b`` is known (they read no other block index, no runtime scalar and no memory),
            their sum never falls as ``b`` grows and rises somewhere: every use of ``b`` in the
