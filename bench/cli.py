@@ -5,6 +5,7 @@ Triton (and, with the metal target, mlx and torch on MPS), checked and timed in 
                       [--targets hopper,triton,interpret,metal] [--quick] [--rounds N]
                       [--json PATH] [--csv PATH] [--plot PATH]
     tilews-bench gemm --preset llm     (--preset is another name for --shapes)
+    tilews-bench gemm --preset decode --variants ops,ws   (only the tilews variants named so)
     tilews-bench epilogue [--shapes llm,4096x4096x4096:gelu] [the same options]
     tilews-bench attention [--shapes long,4x32x4096x128:causal,8x16x2048x64] [the same options]
     tilews-bench attention --backward | --varlen [the same options]
@@ -86,7 +87,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not shapes[w.name]:
             report.unavailable[f"workload {w.name}"] = (f"skipped: no --shapes entry is one of its "
                                                         f"presets or a {form(w.dims, w.modes)} shape")
-    _run(report, [(w, shapes[w.name]) for w in runnable if shapes[w.name]], args.quick)
+    unmatched = [n for n in args.variants or () if not any(n in v.name for w in runnable for v in w.variants)]
+    if unmatched:
+        names = sorted({v.name for w in runnable for v in w.variants})
+        parser.exit(2, f"{parser.prog} {args.command}: error: --variants {', '.join(unmatched)}: no "
+                       f"tilews variant's name contains it; the variants are: {'; '.join(names)}\n")
+    _run(report, [(w, shapes[w.name]) for w in runnable if shapes[w.name]], args.quick, args.variants)
     notes = _write_files(report, args)
     console.print_notes(report, notes)
     console.print_table(report)
@@ -115,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="comma list of tilews targets: hopper, triton, interpret, metal "
                               "(default: hopper,triton on a GPU, interpret,triton without one)")
     options.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    options.add_argument("--variants", type=_names, metavar="NAMES",
+                         help="comma list of words: run only the tilews variants whose name contains "
+                              "one of them (e.g. 'ops' for tilews.ops.matmul's rows); the references "
+                              "always run")
     options.add_argument("--rounds", type=_positive, metavar="N",
                          help="interleaved timing rounds per shape; each ratio is the median over "
                               f"them (default: {ROUNDS[True]} on a GPU, {ROUNDS[False]} without one)")
@@ -177,6 +187,13 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _names(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a comma list of words from variant names")
+    return names
+
+
 def _targets(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in names if t not in TARGETS]
@@ -193,10 +210,11 @@ def _shapes_help() -> str:
               "with --quick), 'cpu' without one. With 'all', each entry goes to the workloads it fits")
 
 
-def _run(report: Report, runs: list[tuple[Workload, list]], quick: bool) -> None:
+def _run(report: Report, runs: list[tuple[Workload, list]], quick: bool,
+         variants: Optional[Sequence[str]] = None) -> None:
     planned = []
     for w, shapes in runs:
-        impls, unavailable = plan(w, report.targets, report.machine)
+        impls, unavailable = plan(w, report.targets, report.machine, variants)
         report.unavailable.update(unavailable)
         planned.append((w, shapes, impls))
     total = sum(steps(_applying(w, i, s), report.rounds) for w, shapes, i in planned for s in shapes)

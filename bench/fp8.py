@@ -60,6 +60,8 @@ TORCH_REFUSES = (RuntimeError, ValueError, NotImplementedError)   # how torch sa
 MODES = ("tensor", "tensor-fast", "row", "row-fast", "block")
 SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192))
 LLM = tuple((M, N, K) for M in (128, 1024, 8192) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336)))
+# a few tokens to a batch of them per step of decoding, at an LLM's projections
+DECODE = tuple((M, N, K) for M in (16, 32, 64, 128) for N, K in ((4096, 4096), (14336, 4096), (4096, 14336)))
 PRESETS = {
     "square": with_modes(SQUARE, MODES),
     "small-k": with_modes(gemm.SMALL_K, ("row", "block")),
@@ -67,6 +69,7 @@ PRESETS = {
     "bench": (with_modes(SQUARE, ("tensor", "row", "block")) + with_modes(gemm.SMALL_K, ("row", "block"))
               + with_modes(LLM, ("row", "block"))),          # the GPU default
     "gpu-quick": with_modes(SQUARE, ("row", "row-fast", "tensor", "block")) + ((128, 4096, 4096, "row"),),
+    "decode": with_modes(DECODE, ("row", "tensor", "block")),
     "cpu": with_modes(((100, 72, 200), (64, 136, 300)), MODES),   # interpreter sizes, ragged
 }
 

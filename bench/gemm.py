@@ -7,7 +7,9 @@ call does (``tilews.ops.matmul (heuristic)``), and with the one ``tilews.ops.tun
 shape, tuned once when the kernel is built (``tilews.ops.matmul (tuned)``; on the CPU interpreter,
 where tuning is slow, only when ``TILEWS_TUNE=1`` asks for it, else the row is N/A). The op
 compiles for the target it picks itself (``auto`` on a GPU, ``interpret`` on the CPU), so its rows
-run on that target only. References: ``torch.matmul`` (cuBLAS on a GPU) and the plain Triton
+run on that target only. On target hopper also the schedules written out with ``T.ws`` roles and
+barriers (``examples/ws_gemm.py``: one handshake, a ring, ping-pong). Presets: ``decode`` (M 1-16,
+N and K 4096 or 14336), ``llm``, ``ragged``, ... (``PRESETS``). References: ``torch.matmul`` (cuBLAS on a GPU) and the plain Triton
 ``tl.dot`` kernel of ``tilews.bench.baselines``; with the metal target also ``mlx.core.matmul``
 and ``torch.mm`` on MPS (``tilews.bench.apple_gpu``; on a Mac only). Metal has 32 KB of
 threadgroup memory, too little for the CUDA-sized tiles: target metal runs a 64x64x32 variant
@@ -37,6 +39,8 @@ RAGGED = ((1000, 1100, 1234), (513, 257, 129), (777, 512, 4096), (4095, 4097, 40
 # an LLM's projections (4096 -> 4096, the MLP's 4096 -> 14336 and back) at every token count M
 LLM = tuple((M, N, K) for M in (1, 16, 32, 128, 512, 2048, 8192)
             for N, K in ((4096, 4096), (14336, 4096), (4096, 14336)))
+# one token to a few per sequence (decoding) at N, K in {4096, 14336}: GEMV-class products
+DECODE = tuple((M, N, K) for M in (1, 4, 8, 16) for N in (4096, 14336) for K in (4096, 14336))
 PRESETS = {
     "square": SQUARE,
     "small-k": SMALL_K,
@@ -46,6 +50,7 @@ PRESETS = {
     "l2": ((1024, 1024, 1024), (2048, 2048, 512)),   # operands fit in L2: inputs rotate
     "bench": SQUARE + SMALL_K + LARGE_K + RAGGED,     # the GPU default (docs/measuring.md's set)
     "gpu-quick": ((4096, 4096, 4096), (1000, 1100, 1234)),
+    "decode": DECODE,
     "cpu": ((128, 128, 128), (200, 136, 100)),       # interpreter sizes, one of them ragged
 }
 
@@ -78,17 +83,21 @@ def _reference(case: Case, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # ---- tilews variants ---------------------------------------------------------------------------
 
 def example_gemm():
-    """``examples/gemm.py``: importable from a checkout's root, else loaded from the checkout this
-    bench lives in (an installed ``tilews-bench`` run from elsewhere)."""
+    """``examples/gemm.py`` (the user's GEMM programs)."""
+    return example("gemm")
+
+
+def example(name: str):
+    """``examples/<name>.py``: importable from a checkout's root, else loaded from the checkout
+    this bench lives in (an installed ``tilews-bench`` run from elsewhere)."""
     try:
-        import examples.gemm
-        return examples.gemm
+        return importlib.import_module(f"examples.{name}")
     except ImportError:
-        path = Path(__file__).resolve().parents[1] / "examples" / "gemm.py"
+        path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
         if not path.exists():
-            raise ImportError(f"tilews's GEMM kernel (examples/gemm.py) is not at {path}; run the "
-                              f"bench from a tilews checkout") from None
-        spec = importlib.util.spec_from_file_location("examples.gemm", path)
+            raise ImportError(f"tilews's example kernels (examples/{name}.py) are not at {path}; run "
+                              f"the bench from a tilews checkout") from None
+        spec = importlib.util.spec_from_file_location(f"examples.{name}", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
@@ -117,6 +126,19 @@ def tilews_variant(block_M: int, block_N: int, block_K: int, num_stages: int,
     suffix = ("" if threads == 128 else f" t{threads}") + (f" sw{swizzle}" if swizzle else "")
     return Variant(f"tilews {block_M}x{block_N}x{block_K} s{num_stages}{suffix}", build,
                    unavailable or _not_on_metal)
+
+
+def explicit_variant(program: str, label: str, **blocks) -> Variant:
+    """A program of ``examples/ws_gemm.py`` (the schedule written out with ``T.ws`` roles and
+    barriers) at its own defaults but ``blocks``, on target hopper only."""
+    def build(case: Case, target: str):
+        factory = for_target(getattr(example("ws_gemm"), program), target)
+        return factory(*case.shape[:3], dtype=from_torch(case.dtype), **blocks)
+    return Variant(f"tilews explicit T.ws, {label}", build, _hopper_only)
+
+
+def _hopper_only(target: str, machine: Machine) -> Optional[str]:
+    return None if target == "hopper" else "written for Hopper's warp specialization: target hopper only"
 
 
 def _not_on_metal(target: str, machine: Machine) -> Optional[str]:
@@ -204,5 +226,8 @@ WORKLOAD = Workload(
     + ([tilews_variant(128, 256, 64, 3, threads=256, swizzle=16),
         persistent_variant(128, 256, 64, 3, threads=256)] if torch.cuda.is_available() else [])
     + [tilews_variant(64, 64, 32, 2, unavailable=_metal_only)]     # 4 simdgroups, 16 KB of tiles
+    + [explicit_variant("ws_matmul_program", "one handshake 128x128x32"),
+       explicit_variant("ws_ring_matmul_program", "ring 128x256x64 s3"),
+       explicit_variant("pingpong_matmul_program", "ping-pong 128x128x64 s4")]
     + [ops_variant(tuned=False), ops_variant(tuned=True)],
     references=[TORCH, TRITON, MLX, MPS])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -43,8 +43,10 @@ class Impl:
     scope: Scope = contextlib.nullcontext    # entered around its build, check and each timing
 
 
-def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[list[Impl], dict[str, str]]:
-    """The kernels to run here, and why the others cannot run ("target hopper" -> reason)."""
+def plan(workload: Workload, targets: Sequence[str], machine: Machine,
+         variants: Optional[Sequence[str]] = None) -> tuple[list[Impl], dict[str, str]]:
+    """The kernels to run here, and why the others cannot run ("target hopper" -> reason);
+    ``variants``: only the tilews variants whose name contains one of these words (None: all)."""
     impls: list[Impl] = []
     unavailable: dict[str, str] = {}
     for target in targets:
@@ -53,6 +55,8 @@ def plan(workload: Workload, targets: Sequence[str], machine: Machine) -> tuple[
             unavailable[f"target {target}"] = why
             continue
         for v in workload.variants:
+            if variants is not None and not any(word in v.name for word in variants):
+                continue
             why = v.unavailable(target, machine)
             if why:
                 unavailable[f"{v.name} on target {target}"] = why

@@ -34,6 +34,7 @@ SMALL = ["--targets", "interpret", "--shapes", "64x64x64,100x72x40", "--quick"]
 USER_PROGRAM = gemm.WORKLOAD.variants[0]          # examples.gemm.matmul, 128x128x64 tiles
 HEURISTIC, TUNED = "tilews.ops.matmul (heuristic)", "tilews.ops.matmul (tuned)"
 OPS_VARIANTS = {v.name: v for v in gemm.WORKLOAD.variants if v.name in (HEURISTIC, TUNED)}
+EXPLICIT = [v for v in gemm.WORKLOAD.variants if v.name.startswith("tilews explicit T.ws")]
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +92,9 @@ def test_bad_shapes_are_clear_errors(text, says, capsys):
     ([], "required: {gemm,epilogue,attention,decode,fp8,all,launch}"),
     (["launch", "--calls", "0"], "--calls: '0' is not a positive integer"),
     (["launch", "--shapes", "llm"], "unrecognized arguments: --shapes llm"),
+    (["gemm", "--variants", ","], "--variants: ',': give a comma list of words from variant names"),
+    (["gemm", "--variants", "128x128,bogus"], "--variants bogus: no tilews variant's name contains it; "
+                                             "the variants are: tilews 128x128x64 s3\n"),
 ])
 def test_bad_options_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
@@ -684,6 +688,45 @@ def test_llm_and_ragged_presets_and_preset_is_another_name_for_shapes():
     for argv in (["gemm", "--preset", "llm"], ["gemm", "--shapes", "llm"]):
         args = cli.build_parser().parse_args(argv)
         assert cli.choose_shapes(args.shapes, [gemm.WORKLOAD], cli.machines.detect(), False) == {"gemm": llm}
+
+
+def test_decode_presets_are_gemv_class_products():
+    """gemm's ``decode``: M 1-16 at N, K in {4096, 14336}; fp8's: M 16-128 at an LLM's projections,
+    per-row, per-tensor and block-wise."""
+    assert set(parse_shapes("decode", gemm.PRESETS, "MNK")) == {
+        (M, N, K) for M in (1, 4, 8, 16) for N in (4096, 14336) for K in (4096, 14336)}
+    rows = parse_shapes("decode", fp8.PRESETS, "MNK", fp8.MODES)
+    assert {s[0] for s in rows} == {16, 32, 64, 128} and {s[3] for s in rows} == {"row", "tensor", "block"}
+    assert {s[1:3] for s in rows} == {(4096, 4096), (14336, 4096), (4096, 14336)} and len(rows) == 36
+
+
+def test_variants_runs_only_the_named_tilews_variants_and_every_reference(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gemm.WORKLOAD, "variants", [USER_PROGRAM, planted("other", lambda a, b, c: None)])
+    path = tmp_path / "only.json"
+    code, _, _ = bench(capsys, "gemm", "--targets", "interpret", "--shapes", "100x72x40", "--rounds", "1",
+                       "--variants", "128x128x64", "--json", str(path))
+    assert code == 0
+    assert [(r["impl"], r["status"]) for r in json.loads(path.read_text())["rows"]] == [
+        ("tilews 128x128x64 s3", "ok"), ("torch.matmul", "ok")]
+
+
+def test_explicit_ws_programs_are_hopper_rows_with_right_numbers():
+    """The schedules written out with ``T.ws`` (examples/ws_gemm.py) are rows of target hopper only;
+    their programs compute the product (checked here on the interpreter, built as the bench builds
+    them, into a poisoned C)."""
+    machine = cli.machines.detect()
+    assert [v.name.split(", ")[1] for v in EXPLICIT] == ["one handshake 128x128x32", "ring 128x256x64 s3",
+                                                         "ping-pong 128x128x64 s4"]
+    gen = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(*s, generator=gen).half() for s in ((128, 192), (192, 256)))
+    want = a.double() @ b.double()
+    for v in EXPLICIT:
+        assert v.unavailable("hopper", machine) is None
+        assert v.unavailable("triton", machine) == ("written for Hopper's warp specialization: target "
+                                                    "hopper only")
+        c = torch.full((128, 256), float("nan"), dtype=torch.float16)
+        v.build(Case((128, 256, 192), torch.float16, machine), "interpret")(a, b, c)
+        assert ((c.double() - want).abs().max() / want.abs().max()).item() < 2e-3, v.name
 
 
 def test_ops_rows_are_correct_and_tuned_is_unavailable_on_the_cpu(tmp_path, capsys, monkeypatch):
