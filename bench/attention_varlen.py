@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from .attention import MODES, PRESETS, _build_sdpa, _causal, _flops, sdpa_reference
