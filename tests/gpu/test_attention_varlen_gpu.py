@@ -54,5 +54,5 @@ def test_varlen_forward_backward_on_hopper(D, causal, group):
     assert any(n.startswith("persist:") and "one block per SM" in n for n in fwd.report.notes), \
         fwd.report.notes
     bwd = _factory(bwd_varlen_program, "auto")(H, H // group, D, causal, sm_scale=D ** -0.5,
-                                               **backward_blocks(D, True))
+                                               **backward_blocks(D, True, varlen=True))
     assert bwd.target == "hopper", (bwd.target, bwd.report.notes)
