@@ -34,7 +34,8 @@ Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
            and ``frames``: per ``T.Parallel`` over fragments (by its first variable's name), the
            layout its loop indices live in — that of the first fragment it stores whole, else of
            the first it reads whole, else the parent of a vector slice it reads, else (a loop
-           touching no fragment, e.g. storing to global memory only) ``Blocked``.
+           touching no fragment, e.g. storing to global memory only) ``Blocked``: of 16-byte
+           runs of a row per thread where a 2-d loop reads a shared tile (``_plain``).
 Preserves: the program.
 """
 from __future__ import annotations
@@ -97,8 +98,20 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
         for b in _fragments(s):
             chosen.setdefault(b.name, layouts.Blocked(len(b.shape), warps))
     for p in loops:               # a loop touching no fragment runs in a plain layout
-        frame = _frame(p, chosen) or layouts.Blocked(len(p.vars), warps)
+        frame = _frame(p, chosen) or _plain(p, warps)
         frames.setdefault(p.vars[0].name, frame)
+
+
+def _plain(p: ir.Parallel, warps: int) -> layouts.Blocked:
+    """The layout of a loop touching no fragment: ``Blocked``; a 2-d loop reading a shared tile
+    gives each thread 16-byte runs of a row (vector loads of the tile, and coalesced vector
+    stores where it stores rows of global memory: a staged tile stored under a row bound)."""
+    tiles = [x for s in walk(p.body) for x, _ in element_accesses(s)
+             if x.scope is ir.Scope.SHARED and len(x.shape) == 2]
+    if len(p.vars) != 2 or not tiles or not ir.is_power_of_two(p.extents[1]):
+        return layouts.Blocked(len(p.vars), warps)
+    vector = max(1, min(p.extents[1], 16 // max(b.dtype.itemsize for b in tiles)))
+    return layouts.Blocked(2, warps, vector, max(1, min(32, p.extents[1] // vector)))
 
 
 def _per_thread(shape: tuple[int, ...], warps: int):

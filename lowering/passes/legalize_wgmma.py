@@ -61,7 +61,7 @@ Ensures:   an ``AsyncPlan``, or an ``AsyncRefusal`` whose reason names the const
            * a ``ProxyFence`` stands between a role's ordinary stores to shared memory and its
              next asynchronous read of them (TMA store, wgmma operand) — docs/ws-semantics.md #5
              — and before an arrival publishing such stores to a buffer another role reads
-             asynchronously (a register-staged tile);
+             asynchronously and does not write (a register-staged tile);
            * shared tiles (a buffer's last two dims; a ring's slots may be any number) and TMA
              boxes have power-of-two extents (Triton's shared layouts and descriptors; split_extents
              cut what it could, and a refusal repeats its reason for keeping a program whole);
@@ -156,7 +156,7 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
             raise _Refuse(f"a pipelined loop inside a role (line {s.loc.line})")
         if isinstance(s, ir.Parallel):
             chunked = _check_per_thread(s, frames, pipeline, chunks, around[id(s)], unrolled) \
-                if s.per_thread else set()
+                if s.per_thread else _row_runs(s, frames, pipeline, chunks)
             _check_parallel(s, laid_out, chunked)
         if isinstance(s, ir.Reduce):
             _check_reduce(s)
@@ -183,7 +183,10 @@ def _legalize(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                               f"a bulk (TMA) copy writes shared memory at {TMA_SHARED_ALIGN}-byte "
                               f"aligned addresses, so each slot must be a multiple of that "
                               f"(line {s.loc.line})")
-    async_read = {b for body in bodies for t in walk(body) for b in async_shared_reads(t)}
+    # buffers a role reads asynchronously without writing them: another role's stores publish
+    # them (a role's own staged tile, each split consumer's rows of O, is fenced before its read)
+    async_read = {b for body in bodies for t in walk(body) for b in async_shared_reads(t)
+                  if not any(b in generic_shared_writes(w) for w in walk(body))}
     new_roles = tuple(dataclasses.replace(r, body=_fence(body, set(), async_read))
                       for r, body in zip(ws.roles, bodies))
     pointers = _pointer_params(kernel, dataclasses.replace(ws, roles=new_roles))
@@ -383,6 +386,32 @@ def _check_per_thread(p: ir.Parallel, frames: dict, pipeline, chunks: dict, arou
                                   f"buffer '{x.buffer.name}' at thread-computed indices: {why}")
                 chunked.add(id(x))
     return chunked
+
+
+def _row_runs(p: ir.Parallel, frames: dict, pipeline, chunks: dict) -> set[int]:
+    """The ids of a ``T.Parallel``'s reads of whole rows of a shared tile, ``S[i + c, j]`` over
+    all its columns, ``c`` a constant (a staged tile stored to global memory by element under a
+    row bound; split_consumers' halves add their first row): each a row slice of the tile loaded
+    in the loop's layout (``SharedChunk``). Other shared reads are left to ``_check_parallel``."""
+    frame = frames.get(p.vars[0].name)
+    out: set[int] = set()
+    for x in (x for s in walk(p.body) for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)):
+        b = x.buffer
+        if b.scope is not ir.Scope.SHARED or len(p.vars) != 2:
+            continue
+        tile = slot_shape(b, pipeline)
+        slots = len(b.shape) - len(tile)
+        start = None if len(tile) != 2 or p.extents[1] != tile[1] or p.extents[0] % 8 else \
+            chunk_start(tile, x.indices[slots:], p.vars, p.extents)
+        size = math.prod(p.extents)
+        known = chunks.get((b.name, size))
+        if start is None or any(isinstance(v, ir.Var) for v in subexprs(start)) \
+                or any(v in p.vars for i in x.indices[:slots] for v in subexprs(i)) \
+                or known is not None and known.layout != frame:
+            continue
+        chunks[(b.name, size)] = SharedChunk(b.name, size, slots, p.extents[0], frame)
+        out.add(id(x))
+    return out
 
 
 def _chunk(p: ir.Parallel, frame, pipeline, b: ir.Buffer, indices, chunks: dict, around: tuple,

@@ -5,7 +5,8 @@ Requires:  legalize_wgmma made an ``AsyncPlan`` (otherwise the pass does nothing
 Ensures:   in a loop whose body (or a branch in it, not a nested loop) stores a staging buffer
            ``X`` with ``copy frag -> X`` (ordinary stores) ... ``copy X -> global [tma];
            bulk_store_wait 0`` (or a bulk reduce-add ``atomic_add global, X`` in its place:
-           dQ's tile in the attention backward's loop), and touches ``X`` no other way, each such wait after a store of
+           dQ's tile in the attention backward's loop), and writes ``X`` no other way (other
+           reads of it are free: a partial tile's element stores from ``X``), each such wait after a store of
            ``X`` moves to just before every ``copy frag -> X`` (the only points where ``X`` is
            written again: the next tile's store, in whichever branch it is), and one
            ``bulk_store_wait 0`` follows the loop, before the role ends. Where the body's bulk
@@ -53,7 +54,7 @@ def _defer(body: ir.Seq):
     deferred = set()
     for staging in {_staging(s) for s in stores}:
         users = [s for s in walk(body) if staging in buffers_read(s) + buffers_written(s)]
-        ok = all(id(s) in outside_loops and (_bulk_store(s) or (
+        ok = all(id(s) in outside_loops and (_bulk_store(s) or staging not in buffers_written(s) or (
             isinstance(s, ir.Copy) and s.dst.buffer == staging and s.mechanism is ir.CopyMechanism.DIRECT))
             for s in users)
         if ok and all(_waited(body, s) for s in stores if _staging(s) == staging):

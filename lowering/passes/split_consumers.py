@@ -16,7 +16,9 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            tile's epilogue), keeps all its fragments with BM rows in dim 0 (BM a multiple of
            64 n), reads shared
            tiles of BM rows (dim 0; dim 1 of a ring buffer, whose dim 0 is the slot) only as the
-           A operand of its gemms, and shared vectors of BM rows (their last dim) only whole (or a
+           A operand of its gemms or, a tile's, inside a ``T.Parallel`` whose first variable
+           indexes its rows (a staged tile stored by element: the varlen forward's last block),
+           and shared vectors of BM rows (their last dim) only whole (or a
            ring slot whole) into 1-d fragments (block-wise FP8's row scales)
            (and writes / stores such buffers only whole, through fragment -> shared copies and
            shared -> global copies; other roles may only fill them from global memory), indexes every fragment inside a ``T.Parallel`` with the
@@ -193,6 +195,9 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int) -> tuple[Optional[int], 
                     if b.scope is ir.Scope.FRAGMENT and (not idx or idx[0] != s.vars[0]):
                         return None, (f"the T.Parallel at line {s.loc.line} indexes a fragment's "
                                       f"rows with something other than its first variable")
+                    if b in shared and (shared[b] or idx[0] != s.vars[0]):
+                        return None, (f"the T.Parallel at line {s.loc.line} indexes the rows of "
+                                      f"'{b.name}' with something other than its first variable")
     for ws in (s for s in kernel.body.stmts if isinstance(s, ir.WarpSpecialize)):
         for r in (r for r in ws.roles if r is not role):
             for s in walk(r.body):

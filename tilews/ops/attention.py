@@ -81,7 +81,8 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
 
     ``"varlen"`` stores only the block's rows below ``q_len`` (the rows past it belong to the next
     sequence): a block wholly inside its sequence through shared memory in one bulk copy, as the
-    dense layouts do, the sequence's last block by element from registers; a block past the
+    dense layouts do, the sequence's last block by element from that staged tile (from registers
+    above D 128, where there is none); a block past the
     end, ``bx * block_M >= q_len``, loads its Q tile from past the tensor's last row (the
     warp-specialized producer's preload is unconditional; zeros, no memory read) but no K/V
     block, and skips the epilogue: no output or LSE row. A query
@@ -187,18 +188,27 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
             else:
                 for i, j in T.Parallel(block_M, dim):
                     acc_o[i, j] *= logsum[i]
-            if varlen and (bx + 1) * block_M > q_len:
-                # the sequence's last block: its rows below q_len, from registers (the rows past
-                # them are the next sequence's, which a bulk store of the whole block would write;
-                # reading O_shared back by element would leave the warp-specialized form)
-                for i, j in T.Parallel(block_M, dim):
-                    if bx * block_M + i < q_len:
-                        Output[q_start + bx * block_M + i, by, j] = T.cast(acc_o[i, j], dtype)
-            elif O_shared is None:
-                T.copy(acc_o, rows(Output, bz, by, q_start + bx * block_M, block_M))
+            # the sequence's last block stores its rows below q_len only (the rows past them
+            # are the next sequence's, which a bulk store of the whole block would write)
+            partial = varlen and (bx + 1) * block_M > q_len
+            if O_shared is None:
+                if partial:
+                    for i, j in T.Parallel(block_M, dim):
+                        if bx * block_M + i < q_len:
+                            Output[q_start + bx * block_M + i, by, j] = T.cast(acc_o[i, j], dtype)
+                else:
+                    T.copy(acc_o, rows(Output, bz, by, q_start + bx * block_M, block_M))
             else:
                 T.copy(acc_o, O_shared)
-                T.copy(O_shared, rows(Output, bz, by, q_start + bx * block_M, block_M))
+                if partial:
+                    # read back from the staged tile (as TileLang's varlen example does): 16-byte
+                    # runs of rows, where the accumulator's layout stored 2 or 4 bytes at a time
+                    # (ptxas spilled 88-92 bytes for their addresses at D 128; now 8)
+                    for i, j in T.Parallel(block_M, dim):
+                        if bx * block_M + i < q_len:
+                            Output[q_start + bx * block_M + i, by, j] = O_shared[i, j]
+                else:
+                    T.copy(O_shared, rows(Output, bz, by, q_start + bx * block_M, block_M))
             if LSE is not None:
                 # log2(sum) + max * scale: logsum holds 1 / sum here
                 if varlen:

@@ -8,7 +8,8 @@ f32 for 16-bit types). Scalars are: block indices, loop indices, scalar
 parameters, constants, scalar locals (the role's Python variable of that name) and elements of
 global buffers (``gl.load(A + i * A_stride0 + j * A_stride1, mask=..., other=0)``: out of bounds
 reads 0, as in the IR; the pointer and strides are parameters of the role). Per-thread code reads
-a run of a shared tile as a row slice of it (``chunk_view``). Integer ``//`` and
+a run of a shared tile as a row slice of it (``chunk_view``), and so does a ``T.Parallel``
+reading whole rows of one (in the loop's own layout). Integer ``//`` and
 ``%`` follow Python (floor) semantics; they are spelled natively when both operands are provably
 non-negative (``tl``'s analysis, plus the scalar locals legalize found non-negative), else with a
 remainder correction that is right whichever rounding Triton applies. Float ``/``, ``//`` and
@@ -198,6 +199,8 @@ def _shared_chunk(ctx: Ctx, e: ir.Load) -> str:
     in the loop's shape and layout."""
     desc, chunk = chunk_view(ctx, e.buffer, e.indices, e.loc)
     f = ctx.par
+    if chunk.layout == f.layout and chunk.rows == f.extents[0]:     # whole rows of a T.Parallel
+        return f"{desc}.load({f.const})"
     value = f"{desc}.load({ctx.layout_const(chunk.layout, 'chunk_layout')})"
     return f"gl.convert_layout(gl.reshape({value}, {list(f.extents)}), {f.const})"
 
