@@ -19,7 +19,8 @@ type, ``//`` the floor of the rounded quotient, ``%`` Python's).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterable
 
 from tilews.lowering import ir
 from tilews.lowering.chunks import chunk_start
@@ -27,6 +28,7 @@ from tilews.lowering.errors import InternalError
 from tilews.lowering.gathers import gathered_axis, per_thread_column
 from tilews.lowering.layouts import NVMMAShared, RowSlice
 from tilews.lowering.simplify import NONNEG_OPS
+from tilews.lowering.traverse import subexprs
 
 from ..pysource import FLOAT_DIVISIONS, atom, float_division, minmax, nonneg
 from .context import GL_DTYPE, Ctx
@@ -46,6 +48,22 @@ def spell(ctx: Ctx, e: ir.Expr) -> str:
         raise InternalError(f"gluon backend: no rule for expression {type(e).__name__}",
                             getattr(e, "loc", None))
     return rule(ctx, e)
+
+
+@contextmanager
+def temporaries(ctx: Ctx, exprs: Iterable[ir.Expr]):
+    """Each of ``exprs`` spelled once into a temporary (a line each, inner ones first, so an
+    outer one's spelling uses them), which ``spell`` reads for it until the block ends."""
+    outside = ctx.named
+    ctx.named = dict(outside)
+    try:
+        for x in sorted(exprs, key=lambda x: sum(1 for _ in subexprs(x))):
+            text = spell(ctx, x)
+            ctx.named[x] = ctx.fresh("t")
+            ctx.line(f"{ctx.named[x]} = {text}")
+        yield
+    finally:
+        ctx.named = outside
 
 
 def arg(ctx: Ctx, e: ir.Expr) -> str:

@@ -36,7 +36,7 @@ from tilews.lowering.traverse import buffers_read, buffers_written, exprs_of, su
 
 from ..pysource import atom
 from .context import GL_DTYPE, Ctx
-from .exprs import chunk_view, element_address, mask_arg, spell, write_mask_arg
+from .exprs import chunk_view, element_address, mask_arg, spell, temporaries, write_mask_arg
 
 
 @dataclass
@@ -217,17 +217,8 @@ def _spell_once(ctx: Ctx, e: ir.Expr) -> str:
         if isinstance(x, (ir.BinOp, ir.Call, ir.Select, ir.Cast, ir.Bitcast, ir.UnOp)) or \
                 isinstance(x, ir.Load) and x.buffer.scope is ir.Scope.GLOBAL:
             seen[x] = seen.get(x, 0) + 1
-    repeated = [x for x, n in seen.items() if n > 1 and x is not e]
-    repeated.sort(key=lambda x: sum(1 for _ in subexprs(x)))      # inner ones first
-    try:
-        for x in repeated:
-            text = spell(ctx, x)
-            name = ctx.fresh("t")
-            ctx.line(f"{name} = {text}")
-            ctx.named[x] = name
+    with temporaries(ctx, [x for x, n in seen.items() if n > 1 and x is not e]):
         return spell(ctx, e)
-    finally:
-        ctx.named = {}
 
 
 def _mixed(e: ir.Expr, dtype: ir.DType) -> bool:

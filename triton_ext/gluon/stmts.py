@@ -20,7 +20,7 @@ from tilews.lowering.errors import InternalError
 from tilews.lowering.layouts import WgmmaOperandA
 from tilews.lowering.simplify import fold
 
-from . import fragments
+from . import fragments, invariants
 from .context import GL_DTYPE, Ctx
 from .exprs import arg, element_address, mask_arg, nonnegative, spell, write_mask_arg
 
@@ -298,7 +298,7 @@ def _for(ctx: Ctx, s: ir.For) -> None:
     bounds = ", ".join(arg(ctx, x) for x in (s.start, s.stop, s.step))
     ctx.line(f"for {ctx.name(s.var.name)} in {_LOOPS[s.kind]}({bounds}):")
     outside = set(ctx.defined)                # what the body defines stays in the body
-    with ctx.indent():
+    with ctx.indent(), invariants.named(ctx, s):
         seq(ctx, s.body)
     ctx.defined = outside
 

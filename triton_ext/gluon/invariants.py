@@ -1,0 +1,71 @@
+"""A loop body's repeated invariant scalars, each spelled once per iteration at the body's top.
+
+A persistent kernel's statements all read the tile's coordinates (``persist`` put the tile's
+arithmetic, divisions by the grid's extents with their floor corrections, in place of every block
+index), and a pipelined loop's read the same iteration offsets many times: spelled in full at
+each use, the source held each computation dozens of times, and Triton's code generator (which
+visits a loop body twice, once to find what it carries, so an inner loop's body four times)
+built each of them before its CSE folded them again; attention's cold compile spent about as long
+there as in LLVM. The kernel Triton compiles is the same: its TTGIR after CSE, and so its PTX,
+do not change.
+
+``named(ctx, loop)`` names, at the top of ``loop``'s body, every expression the body reads more
+than once that is an integer or boolean computation (no buffer read) of variables the body does
+not bind (block indices, parameters, enclosing loops' indices, this loop's own), with divisions
+and remainders only by nonzero constants: evaluated where a branch might not have, it cannot
+fault nor read memory. One operation (``k % 3``) stays where it is read: naming it would save
+one operation per use and cost the source its readability. Inner ones first, so an outer one's spelling uses them; the names hold
+for the body only (``ctx.named``, read by ``exprs.spell``).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from tilews.lowering import ir
+from tilews.lowering.traverse import exprs_of, subexprs, walk
+
+from .context import Ctx
+from .exprs import temporaries
+
+_COMPUTED = (ir.BinOp, ir.Cmp, ir.UnOp, ir.Call, ir.Select, ir.Cast)
+_DIVISIONS = (ir.BinOpKind.DIV, ir.BinOpKind.FLOORDIV, ir.BinOpKind.MOD)
+
+
+@contextmanager
+def named(ctx: Ctx, loop: ir.For):
+    """Spell ``loop.body``'s repeated invariant scalars into temporaries (lines at the current
+    indentation) that ``spell`` reads until the body is spelled."""
+    # (a loop inside T.Parallel is spelled per element: its scalars stay where they are read)
+    with temporaries(ctx, _repeated(loop.body, ctx.named) if ctx.par is None else []):
+        yield
+
+
+def _repeated(body: ir.Seq, outside: dict) -> list[ir.Expr]:
+    """The invariant computations ``body`` reads more than once, not named outside it."""
+    stmts = list(walk(body))
+    bound = {t.var for t in stmts if isinstance(t, ir.For)}
+    bound |= {v for t in stmts if isinstance(t, ir.Parallel) for v in t.vars}
+    seen: dict[ir.Expr, int] = {}
+    for t in stmts:
+        for e in exprs_of(t):
+            for x in subexprs(e):
+                if isinstance(x, _COMPUTED):
+                    seen[x] = seen.get(x, 0) + 1
+    return [x for x, n in seen.items() if n > 1 and x not in outside and _invariant(x, bound)]
+
+
+def _invariant(e: ir.Expr, bound: set) -> bool:
+    if not (e.dtype.is_int or e.dtype is ir.DType.BOOL):
+        return False
+    has_var, ops = False, 0
+    for x in subexprs(e):
+        if isinstance(x, ir.Var):
+            if x in bound or x.kind in (ir.VarKind.PARALLEL, ir.VarKind.THREAD):
+                return False
+            has_var = True
+        elif isinstance(x, ir.BinOp) and x.op in _DIVISIONS and not ir.as_int(x.b):
+            return False
+        elif not isinstance(x, (ir.Const, *_COMPUTED)):
+            return False
+        ops += isinstance(x, _COMPUTED)
+    return has_var and ops > 1
