@@ -41,6 +41,31 @@ def rewrite_loops(body: ir.Seq, fn: Callable[[ir.For], Optional[list]]) -> ir.Se
     return dataclasses.replace(body, stmts=tuple(out))
 
 
+def rewrite_pairs(node, fn: Callable[[ir.Stmt, ir.Stmt], Optional[list]]) -> tuple:
+    """Offer each two adjacent statements of every statement list in ``node`` to ``fn(a, b)``:
+    it returns the statements replacing the pair, or None to keep it (the scan goes on after
+    a replacement). Returns (the rebuilt node, the line of each rewritten pair's second
+    statement)."""
+    lines: list[int] = []
+
+    def seq(n):
+        if not isinstance(n, ir.Seq):
+            return None
+        stmts, changed, i = list(n.stmts), False, 0
+        while i + 1 < len(stmts):
+            new = fn(stmts[i], stmts[i + 1])
+            if new is None:
+                i += 1
+                continue
+            lines.append(stmts[i + 1].loc.line)
+            stmts[i:i + 2] = new
+            changed = True
+            i += len(new)
+        return dataclasses.replace(n, stmts=tuple(stmts)) if changed else None
+
+    return transform(node, seq), lines
+
+
 def walk(s: ir.Stmt, opaque: tuple = ()) -> Iterator[ir.Stmt]:
     """Every statement in ``s`` (pre-order), ``Seq`` nodes excluded; statements of the types in
     ``opaque`` are yielded but not entered."""

@@ -14,6 +14,9 @@ examples' fast math. Rows per case:
 * ``user bshd``: the bshd example on BSHD copies of them (the compiler's schedule now);
 * ``user bshd, in launch order``: the same, ``longest_first`` patched off (causal cases only: the
   compiler as it was before it numbered the causal query blocks backwards);
+* ``user bshd, mask before gemm``: the same, ``mask_after_gemm`` and ``overlap_softmax``'s
+  placement of the P cast next to the P V wgmma patched off (the compiler before both: the mask
+  a branch before each Q K^T, P cast at the end of each iteration);
 * ``user bhsd``: the bhsd example (``seq_kv = seq_q``) on the BHSD tensors (the layout's share of
   any gap).
 
@@ -54,6 +57,19 @@ def launch_order():
         longest_first._trips = real
 
 
+@contextlib.contextmanager
+def mask_before_gemm():
+    """The scores' mask stays before the gemm and P is cast at the end of each iteration."""
+    from tilews.lowering.passes import mask_after_gemm, overlap_softmax
+    moved, operands = mask_after_gemm._moved, overlap_softmax._operands_first
+    mask_after_gemm._moved = lambda nest, gemm: None
+    overlap_softmax._operands_first = lambda middle2, reads: ((), tuple(middle2))
+    try:
+        yield
+    finally:
+        mask_after_gemm._moved, overlap_softmax._operands_first = moved, operands
+
+
 def kernels(dim, causal, q, k, v):
     """label -> a zero-argument launch returning [batch, heads, seq, dim] output."""
     import torch
@@ -71,13 +87,16 @@ def kernels(dim, causal, q, k, v):
     variants = [("user bshd", contextlib.nullcontext)]
     if causal:
         variants.append(("user bshd, in launch order", launch_order))
+    variants.append(("user bshd, mask before gemm", mask_before_gemm))
     for label, patch in variants:
         with patch():
             bshd = pc.load("tilews", "flash_attention", "example_mha_fwd_bshd.py").flashattn(
                 batch, heads, seq, dim, causal, **BLOCKS)
         out[label] = lambda kern=bshd: kern(q_s, k_s, v_s).transpose(1, 2)
         order = [n for n in bshd.report.notes if n.startswith("longest_first")]
-        print(f"{label}: {bshd.report.backend}; {order[0] if order else 'launch order'}")
+        after = any(n.startswith("mask_after_gemm") for n in bshd.report.notes)
+        print(f"{label}: {bshd.report.backend}; {order[0] if order else 'launch order'}; "
+              f"mask {'after' if after else 'before'} the gemm")
     bhsd = pc.load("tilews", "flash_attention", "example_mha_fwd_bhsd.py").flashattn(
         batch, heads, seq, seq, dim, causal, **BLOCKS)
     out["user bhsd"] = lambda: bhsd(q, k, v)

@@ -607,7 +607,10 @@ def test_p_cast_before_the_exp_is_caught(schedule):
     wrong = transform(ours, cast_early)
     assert moved >= len(consumers(ours))
     verify.run(wrong)
-    with pytest.raises(AssertionError, match="after passes differs from before"):
+    # overlap_softmax casts block k's P at the top of the next iteration: moved below that
+    # iteration's P V, the first P V reads P before any cast (the interpreter refuses the read)
+    with pytest.raises((AssertionError, UninitializedReadError),
+                       match="after passes differs from before|uninitialized fragment buffer 'acc_s_cast"):
         assert_oracle(case, wrong, range(2))
 
 

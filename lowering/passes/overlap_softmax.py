@@ -21,24 +21,36 @@ Ensures:   (1) the *deferred* form, when ``config.policy.overlap_softmax`` (on f
            longest prefix of M touching nothing G2 reads or writes (the softmax statistics) and
            M2 the rest (P = cast S, the output's rescale), becomes
 
-               [if start < stop:] H(start) ... barrier_arrive E[start]; M(start)
+               [if start < stop:] H(start) ... barrier_arrive E[start]; M1(start) W(start)
                for k in serial(start, stop - step, step):       # k: the previous block
+                   P(k)
                    H(k + step); barrier_wait R[k + step]; gemm -> X
                    barrier_wait R2[k]; G2(k)
                    gemm_wait 1; barrier_arrive E[k + step]; M1(k + step)
-                   gemm_wait 0; barrier_arrive E2[k]; M2(k + step)
-               [if start < stop:] barrier_wait R2[last]; G2(last); gemm_wait 0; barrier_arrive E2[last]
+                   gemm_wait 0; barrier_arrive E2[k]; W(k + step)
+               [if start < stop:] P(last); barrier_wait R2[last]; G2(last); gemm_wait 0; barrier_arrive E2[last]
+
+           where P is the statements of M2 that write what G2 reads (attention's cast S -> P,
+           and the output's rescale: G2 accumulates into the output) and W the rest, provided
+           P reads nothing W writes and W touches nothing P writes; otherwise P is empty and W
+           is M2. P then runs right before
+           the gemm reading it, with no branch between (a branch in H aside): LLVM keeps P's
+           16-bit halves in the block that converts them, and ptxas packs each pair as it
+           converts it (Hopper compile-only, D64 attention: 32 conversions and 32 byte permutes
+           fewer per consumer thread and key block than with P at the end of the iteration, the
+           halves then carried around the loop).
 
            A loop whose ring slots follow a counter its body increments last (its trip count
            varies from tile to tile) keeps the increment last; the current block's slots are
            the counter's value plus 1, and the peeled last ``G2`` is followed by the last
            block's increment. Loops inside a persistent tile loop are rewritten alike.
            In program order this only moves G2 of block k - 1 after the head and first gemm of
-           block k, which touch nothing it touches; on the GPU, P V of block k - 1 runs while M1
-           (the softmax of block k) runs, and M2 (which rewrites P and rescales the output) waits
-           for it. wgmma groups complete in order, so ``gemm_wait 1`` completes the first gemm.
-           Every gemm issued in an iteration is waited for in it (Gluon carries only completed
-           accumulators through loops); the loop carries P and the output.
+           block k, which touch nothing it touches, and P of block k after W of block k, which
+           commute; on the GPU, P V of block k - 1 runs while M1 (the softmax of block k) runs,
+           and W waits for it. wgmma groups complete in order, so
+           ``gemm_wait 1`` completes the first gemm. Every gemm issued in an iteration is waited
+           for in it (Gluon carries only completed accumulators through loops); the loop carries
+           the scores X (P's source) and the output.
            (2) the *promotion* form, when ``config.policy.overlap_promotion`` (opt-in: on an H100 it
            measured 10-20% slower for block-scaled FP8 GEMMs, scripts/tune_fp8.py): a loop
            ``barrier_wait R[i(k)] p(k); H(k); gemm A, B -> X [wgmma]; gemm_wait 0; T(k);
@@ -126,8 +138,8 @@ def _body(body: ir.Seq, outer: tuple, layouts: dict, allocs: list, deferred: lis
 
 
 def _match_deferred(loop: ir.For) -> Optional[tuple]:
-    """(head, first issue, middle 1, middle 2, second issue, ring counter or None) of a loop of
-    the deferred form (module docstring), else None. The issues are (barrier_wait, gemm, ...,
+    """(head, first issue, middle 1, P, W, second issue, ring counter or None) of a loop of the
+    deferred form (module docstring), else None. The issues are (barrier_wait, gemm, ...,
     gemm_wait 0, barrier_arrive)."""
     counter = schedule.ring_counter(loop)
     b = loop.body.stmts[:-1] if counter is not None else loop.body.stmts
@@ -151,7 +163,19 @@ def _match_deferred(loop: ir.For) -> Optional[tuple]:
     cut = next((k for k, s in enumerate(middle) if touched(s) & (g2_reads | g2_writes)), len(middle))
     if counter is not None and any(counter in touched(s) for s in head + middle):
         return None
-    return head, first, middle[:cut], middle[cut:], second, counter
+    return head, first, middle[:cut], *_operands_first(middle[cut:], g2_reads), second, counter
+
+
+def _operands_first(middle2, g2_reads: set) -> tuple[tuple, tuple]:
+    """(the statements of ``middle2`` writing what the second gemm reads, the rest) where the
+    first commute past the rest, else ((), middle2)."""
+    p = tuple(s for s in middle2 if footprint(s)[1] & g2_reads)
+    w = tuple(s for s in middle2 if not footprint(s)[1] & g2_reads)
+    p_reads, p_writes = footprint(*p)
+    w_reads, w_writes = footprint(*w)
+    if not p or (p_reads & w_writes) or (p_writes & (w_reads | w_writes)):
+        return (), tuple(middle2)
+    return p, w
 
 
 def _gemm_runs(stmts) -> list[tuple[int, int]]:
@@ -172,7 +196,7 @@ def _issue(stmts) -> bool:
             and stmts[-2].outstanding == 0 and isinstance(stmts[-1], ir.BarrierArrive))
 
 
-def _defer(loop: ir.For, head, first, middle1, middle2, second, counter) -> list:
+def _defer(loop: ir.For, head, first, middle1, operands, rest, second, counter) -> list:
     """The loop runs over the previous block ``k`` (from start to stop - step), the current one
     being ``k + step``: every index stays a non-negative expression of ``k``. With a ring
     ``counter`` (the body's last statement adds 1 to it), the current block's ring position is
@@ -185,14 +209,14 @@ def _defer(loop: ir.For, head, first, middle1, middle2, second, counter) -> list
     bump = loop.body.stmts[-1:] if counter is not None else ()
     wait_s, gemms_s, arrive_s = first[0], first[1:-2], first[-1]
     wait_p, gemms_p, arrive_p = second[0], second[1:-2], second[-1]
-    body = (*_at(head + (wait_s, *gemms_s), k, nxt, counter), wait_p, *gemms_p,
+    body = (*operands, *_at(head + (wait_s, *gemms_s), k, nxt, counter), wait_p, *gemms_p,
             ir.GemmWait(len(gemms_p), gemms_s[0].loc), *_at((arrive_s, *middle1), k, nxt, counter),
-            ir.GemmWait(0, gemms_p[0].loc), arrive_p, *_at(middle2, k, nxt, counter), *bump)
+            ir.GemmWait(0, gemms_p[0].loc), arrive_p, *_at(rest, k, nxt, counter), *bump)
     stop = fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc))
     last = fold(schedule.last_index(loop, loc))
-    return [*_guarded(loop, _at(head + first + middle1 + middle2, k, loop.start)),
+    return [*_guarded(loop, _at(head + first + middle1 + rest, k, loop.start)),
             dataclasses.replace(loop, stop=stop, body=ir.Seq(body, loop.body.loc)),
-            *_guarded(loop, _at(second, k, last) + tuple(bump))]
+            *_guarded(loop, _at(operands + second, k, last) + tuple(bump))]
 
 
 def _at(stmts, var: ir.Var, value: ir.Expr, counter: Optional[ir.Buffer] = None) -> tuple:

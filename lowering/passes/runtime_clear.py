@@ -10,6 +10,9 @@ moves zeros into the accumulator's registers (64 per consumer thread at 128 key 
 makes the wgmma wait for them; the op's non-causal program instead writes ``S = Q K^T``
 (``clear_accum``) and masks after. Triton's own accumulator-init rewrite does not run on Gluon
 modules.
+In Gluon's pipeline ``mask_after_gemm`` runs first and moves a whole-tile 0 / +-inf start
+after the gemm (``clear_accum``); what reaches this pass is an explicit branch such as ``if c:
+T.clear(S) else: <mask>``, or a start of another form.
 
 Requires:  a verified kernel, before ``plan_pipeline`` (in Gluon's pipeline, after
            ``uniform_selects`` made the branches and ``split_extents`` cut the tiles).
@@ -36,29 +39,11 @@ from typing import Optional
 from .. import ir
 from ..config import BackendConfig
 from ..simplify import fold
-from ..traverse import subexprs, transform
+from ..traverse import rewrite_pairs, subexprs
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
-    lines: list[int] = []
-
-    def seq(node):
-        if not isinstance(node, ir.Seq):
-            return None
-        stmts, changed = list(node.stmts), False
-        i = 0
-        while i + 1 < len(stmts):
-            folded = _folded(stmts[i], stmts[i + 1])
-            if folded is None:
-                i += 1
-                continue
-            stmts[i:i + 2] = folded
-            lines.append(stmts[i + len(folded) - 1].loc.line)
-            changed = True
-            i += len(folded)
-        return dataclasses.replace(node, stmts=tuple(stmts)) if changed else None
-
-    body = transform(kernel.body, seq)
+    body, lines = rewrite_pairs(kernel.body, _folded)
     if not lines:
         return kernel
     where = ", ".join(str(n) for n in sorted(set(lines)))

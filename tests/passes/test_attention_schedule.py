@@ -135,21 +135,22 @@ def test_overlap_defers_p_v_under_the_next_softmax():
     gemms = [i for i, s in enumerate(stmts) if isinstance(s, ir.Gemm)]
     waits = [i for i, s in enumerate(stmts) if isinstance(s, ir.GemmWait)]
     # Q K^T of block k + 1, then P V of block k (the loop variable is the previous block), then
-    # wait(1): S is complete, P V still in flight; the softmax; wait(0); P and O's rescale
+    # wait(1): S is complete, P V still in flight; the softmax; wait(0). P of block k (and O's
+    # rescale) come first, right before the gemms: nothing branches between P and P V
     qk, pv = (stmts[i] for i in gemms)
     assert qk.a.buffer.name == "Q_shared" and pv.a.buffer.name.startswith("acc_s_cast")
     assert [stmts[i].outstanding for i in waits] == [1, 0] and gemms[1] < waits[0]
     first_reduce = kinds.index("Reduce")
     cast = next(i for i, s in enumerate(stmts) if isinstance(s, ir.Copy)
                 and s.dst.buffer.name.startswith("acc_s_cast"))
-    assert waits[0] < first_reduce < waits[1] < cast
+    assert cast < gemms[0] < waits[0] < first_reduce < waits[1]
     i32 = ir.DType.I32
     nxt = ir.BinOp(ir.BinOpKind.ADD, loop.var, ir.Const(1, i32), i32)
     assert qk.b.starts[0] == ir.BinOp(ir.BinOpKind.MOD, nxt, ir.Const(2, i32), i32)
     assert pv.b.starts[0] == ir.BinOp(ir.BinOpKind.MOD, loop.var, ir.Const(2, i32), i32)
     # K's stage is released after wait(1), V's after wait(0)
     arrives = {s.barrier.buffer.name: i for i, s in enumerate(stmts) if isinstance(s, ir.BarrierArrive)}
-    assert waits[0] < arrives["empty_K_shared"] < first_reduce and waits[1] < arrives["empty_V_shared"] < cast
+    assert waits[0] < arrives["empty_K_shared"] < first_reduce < waits[1] < arrives["empty_V_shared"]
     # the first block's Q K^T before the loop, the last block's P V after it
     outside = [s for s in body if s is not loop for t in walk(s) if isinstance(t, ir.Gemm)]
     assert len(outside) == 2
@@ -166,8 +167,10 @@ def test_deferred_p_v_without_its_waits_is_caught(wrong):
     waits = [i for i, s in enumerate(stmts) if isinstance(s, ir.GemmWait)]
     if wrong == "softmax_before_its_wait":      # wait(1) dropped: wait(0) comes after the softmax
         del stmts[waits[0]]
-    else:                                       # wait(0) moved below P's cast and O's rescale
-        stmts.append(stmts.pop(waits[1]))
+    else:                                       # P's cast moved after the P V that reads it
+        gemms = [i for i, s in enumerate(stmts) if isinstance(s, ir.Gemm)]
+        assert isinstance(stmts[0], ir.Copy) and stmts[0].dst.buffer.name.startswith("acc_s_cast")
+        stmts.insert(gemms[1], stmts.pop(0))
     new_loop = dataclasses.replace(loop, body=ir.Seq(tuple(stmts), loop.body.loc))
     wrong_k = transform(k, lambda n: new_loop if n is loop else None)
     with pytest.raises(CompileError, match="before|in flight|wait"):

@@ -16,10 +16,11 @@ from tilews.lowering.backend import Backend, Machine
 from tilews.lowering.capabilities import SM90, Capabilities
 from tilews.lowering.config import BackendConfig
 from tilews.lowering.passes import (check_barriers, infer_layouts, legalize, legalize_wgmma,
-                                    longest_first, overlap_gemms, overlap_mma, overlap_softmax,
-                                    overlap_store, persist, pingpong, plan_buffers, plan_pipeline,
-                                    registerize, ring_handshakes, runtime_clear, split_consumers,
-                                    split_extents, swizzle_grid, uniform_selects, warp_specialize)
+                                    longest_first, mask_after_gemm, overlap_gemms, overlap_mma,
+                                    overlap_softmax, overlap_store, persist, pingpong, plan_buffers,
+                                    plan_pipeline, registerize, ring_handshakes, runtime_clear,
+                                    split_consumers, split_extents, swizzle_grid, uniform_selects,
+                                    warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
 from tilews.lowering.plans import AsyncRefusal
 
@@ -32,12 +33,15 @@ PIPELINE = Pipeline((
     # The roles as written, before passes rewrite them: a deadlock hangs the GPU, so it is
     # refused at the user's lines.
     Phase("check", (Pass.of(check_barriers),)),
-    # Before the pipeline is planned: a mask that is the same over a whole tile
+    # Before the pipeline is planned: a mask written into a gemm's accumulator before the gemm
+    # (TileLang's attention scores) is applied to its result instead, so nothing branches
+    # between the previous block's P and its P V wgmma; a mask that is the same over a whole tile
     # (causal attention below the diagonal) becomes a scalar branch, and tiles whose extents are
     # not powers of two (head dim 192) become power-of-two pieces, which every later pass plans,
     # rings and legalizes as written; then a branch zeroing a gemm's accumulator (the blocks
     # uniform_selects found unmasked) becomes the gemm's run-time choice to overwrite it.
-    Phase("shape", (Pass.of(uniform_selects), Pass.of(split_extents), Pass.of(runtime_clear))),
+    Phase("shape", (Pass.of(mask_after_gemm), Pass.of(uniform_selects), Pass.of(split_extents),
+                    Pass.of(runtime_clear))),
     # Before layouts and buffers: warp specialization decides which buffers become rings and
     # which roles exist, so later passes plan for the buffers and roles that really exist.
     # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop;
