@@ -32,7 +32,7 @@ from typing import Optional
 from .. import ir
 from ..config import BackendConfig
 from ..simplify import fold, linear
-from ..traverse import exprs_of, rewrite, subexprs, transform, walk
+from ..traverse import buffers_written, exprs_of, rewrite, subexprs, transform, walk
 
 _FLIP = {ir.CmpKind.GE: False, ir.CmpKind.GT: False, ir.CmpKind.LE: True, ir.CmpKind.LT: True}
 _NEGATION = {ir.CmpKind.GE: ir.CmpKind.LT, ir.CmpKind.GT: ir.CmpKind.LE,
@@ -41,15 +41,18 @@ _NEGATION = {ir.CmpKind.GE: ir.CmpKind.LT, ir.CmpKind.GT: ir.CmpKind.LE,
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     lines: list[int] = []
+    written = frozenset(b for s in walk(kernel.body) for b in buffers_written(s))
+    guarded = {n.loc for s in walk(kernel.body) if isinstance(s, ir.If)
+               for arm in (s.then, s.orelse) for n in walk(arm) if isinstance(n, ir.Parallel)}
 
     def branch(s: ir.Stmt) -> Optional[ir.Stmt]:
-        if not isinstance(s, ir.Parallel):
+        if not isinstance(s, ir.Parallel) or s.loc in guarded:
             return None
-        cond = _uniform_condition(s)
+        cond = _uniform_condition(s, written)
         if cond is None:
             return None
         lines.append(s.loc.line)
-        return _branched(s, cond)
+        return _branched(s, cond, written)
 
     body = rewrite(kernel.body, branch)
     if not lines:
@@ -60,15 +63,15 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         f"whole tile) where its T.if_then_else condition is the same at every element")
 
 
-def _uniform_condition(par: ir.Parallel) -> Optional[ir.Cmp]:
+def _uniform_condition(par: ir.Parallel, written: frozenset) -> Optional[ir.Cmp]:
     for s in walk(par.body):
         for e in (x for top in exprs_of(s) for x in subexprs(top)):
-            if isinstance(e, ir.Select) and _extremes(e.cond, par) is not None:
+            if isinstance(e, ir.Select) and _extremes(e.cond, par, written) is not None:
                 return e.cond
     return None
 
 
-def _extremes(cond: ir.Expr, par: ir.Parallel):
+def _extremes(cond: ir.Expr, par: ir.Parallel, written: frozenset):
     """(least, greatest) of ``cond``'s ``a - b`` over ``par``'s box as expressions, or None where
     ``cond`` is no uniform condition of ``par``."""
     if not (isinstance(cond, ir.Cmp) and cond.op in _FLIP and cond.a.dtype.is_int
@@ -83,7 +86,7 @@ def _extremes(cond: ir.Expr, par: ir.Parallel):
     for t in terms:
         if t is None or t in inner:
             continue
-        if any(isinstance(x, ir.Load) or x in inner for x in subexprs(t)):
+        if any(isinstance(x, ir.Load) and x.buffer in written or x in inner for x in subexprs(t)):
             return None
     if not any(coeffs.values()):
         return None
@@ -95,8 +98,8 @@ def _extremes(cond: ir.Expr, par: ir.Parallel):
     return shift(low), shift(high)
 
 
-def _branched(par: ir.Parallel, cond: ir.Cmp) -> ir.If:
-    least, greatest = _extremes(cond, par)
+def _branched(par: ir.Parallel, cond: ir.Cmp, written: frozenset) -> ir.If:
+    least, greatest = _extremes(cond, par, written)
     if _FLIP[cond.op]:      # a - b <= 0 (or < 0): it holds everywhere at its greatest
         least, greatest = greatest, least
     zero = ir.Const(0, ir.DType.I32, cond.loc)

@@ -99,6 +99,34 @@ def branches(kernel):
         isinstance(t, ir.If) for t in s.orelse.stmts)]
 
 
+def test_a_bound_read_from_a_read_only_input_is_uniform():
+    """A varlen program's lengths come from ``cu_seqlens``, which the kernel only reads: the same
+    at every element of the nest, so the condition is uniform; each block takes the branch its
+    elements' own conditions select."""
+    @T.prim_func
+    def bounded(X: T.Tensor((4, 64, 32), T.float32), cu: T.Tensor((5,), T.int32),
+                Y: T.Tensor((4, 64, 32), T.float32)):
+        with T.Kernel(2, 4, threads=128) as (bx, bz):
+            x = T.alloc_fragment((32, 32), T.float32)
+            T.copy(X[bz, bx * 32, 0], x)
+            for i, j in T.Parallel(32, 32):
+                x[i, j] = T.if_then_else(bx * 32 + i < cu[bz + 1] - cu[bz], x[i, j], -1.0)
+            T.copy(x, Y[bz, bx * 32, 0])
+
+    before = build_kernel(bounded)
+    after = uniform_selects.run(before, HOPPER)
+    assert after.notes[-1].startswith("uniform_selects: the T.Parallel loop at line"), after.notes
+    (b,) = branches(after)
+    assert not selects(b.then)
+    x = randn(4, 64, 32, seed=5)
+    cu = torch.tensor([0, 64, 64, 100, 110], dtype=torch.int32)     # 64 (whole), 0, 36, 10 rows
+    rows = torch.arange(64)[None, :, None]
+    want = torch.where(rows < (cu[1:] - cu[:-1])[:, None, None], x, torch.tensor(-1.0))
+    for kernel in (before, after):
+        got = run_interp(kernel, [x, cu, torch.full((4, 64, 32), float("nan"))], 2)
+        assert torch.equal(got, want)
+
+
 def selects(stmt):
     return [e for s in walk(stmt) for top in exprs_of(s) for e in subexprs(top) if isinstance(e, ir.Select)]
 
@@ -157,10 +185,12 @@ def test_each_comparison_takes_all_three_branches(op):
 
 def test_conditions_the_pass_leaves_alone():
     @T.prim_func
-    def reads_a_buffer(X: T.Tensor((32, 32), T.float32), L: T.Tensor((1,), T.int32), Y: T.Tensor((32, 32), T.float32)):
+    def reads_a_written_buffer(X: T.Tensor((32, 32), T.float32), L: T.Tensor((1,), T.int32),
+                               Y: T.Tensor((32, 32), T.float32)):
         with T.Kernel(1, threads=128) as bx:
             x = T.alloc_fragment((32, 32), T.float32)
             T.copy(X[0, 0], x)
+            L[0] = 7
             for i, j in T.Parallel(32, 32):
                 x[i, j] = T.if_then_else(j < L[0], x[i, j], 0.0)
             T.copy(x, Y[0, 0])
@@ -174,6 +204,16 @@ def test_conditions_the_pass_leaves_alone():
                 x[i, j] = T.if_then_else(i == j, x[i, j], 0.0)
             T.copy(x, Y[0, 0])
 
-    for prim in (reads_a_buffer, equality):
+    @T.prim_func
+    def under_a_branch(X: T.Tensor((32, 32), T.float32), Y: T.Tensor((32, 32), T.float32), n: T.int32):
+        with T.Kernel(1, threads=128) as bx:
+            x = T.alloc_fragment((32, 32), T.float32)
+            T.copy(X[0, 0], x)
+            if n < 32:          # the program masks only where it decided a mask is needed
+                for i, j in T.Parallel(32, 32):
+                    x[i, j] = T.if_then_else(j < n, x[i, j], 0.0)
+            T.copy(x, Y[0, 0])
+
+    for prim in (reads_a_written_buffer, equality, under_a_branch):
         k = build_kernel(prim)
         assert uniform_selects.run(k, HOPPER) is k
