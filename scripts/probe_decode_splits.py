@@ -1,14 +1,16 @@
 """``tilews.ops.decode_attention`` (GQA) under other split counts, K/V ring depths and K/V block
-sizes than its heuristic's, beside SDPA's backends, timed in interleaved rounds on one GPU
-(issue 40: decode at batch 1-8 is short of SDPA's best backend).
+sizes than its heuristic's, in both forms of its combine (``fused``: the split kernel's last
+block of a row tile merges it; ``2k``: a second kernel), beside SDPA's backends, timed in
+interleaved rounds on one GPU (issue 40: decode at batch 1-8 is short of SDPA's best backend).
 
     python scripts/probe_decode_splits.py [--rounds 5] [--shapes 1x32x8x8192x128,8x32x8x8192x128]
 
 Per shape (B x H x KVH x S x D, one query token, fp16): the split counts around the heuristic's
 (``choose_num_splits``: half, itself, twice, four times; within 1..64) under each of ``RINGS``
-(K/V block, stages) — the op's own blocks are patched for the duration of that variant's first
-call, its kept calls cleared — and SDPA's cuDNN, flash and efficient backends where they take
-the shape. Each row's time both as launched (CUDA events around back-to-back calls: host cost
+(K/V block, stages), fused, and at the op's own ring also in the two-kernel form (more than one
+split) — the op's own blocks and form (``blocks``, ``fuses_combine``) are patched for the
+duration of that variant's first call, its kept calls cleared — and SDPA's cuDNN, flash and
+efficient backends where they take the shape. Each row's time both as launched (CUDA events around back-to-back calls: host cost
 included) and from a CUDA graph of 50 calls (the GPU's time alone); the ratio is the best SDPA
 backend's time over the row's, per round, median (min..max) (> 1: faster). Every tilews row is
 checked against SDPA's output first. JSON: ``$OUT/probe_decode_splits.json``.
@@ -39,18 +41,22 @@ def variants(B, H, KVH, S, D, q, k, v):
     out = {}
     for block_N, stages in RINGS:
         tiles = dict(own, block_N=block_N, num_stages=stages)
+        ring = (block_N, stages) == (own["block_N"], own["num_stages"])
         for splits in sorted({max(1, heuristic // 2), heuristic, min(64, 2 * heuristic), min(64, 4 * heuristic)}):
-            real = dec.blocks
-            dec.blocks = lambda dim, gpu, tiles=tiles: dict(tiles)
-            dec._calls.clear()
-            try:
-                dec.decode_attention(q, k, v, num_splits=splits)
-                call = dec._calls.copy()
-            finally:
-                dec.blocks = real
-            (kept,) = call.values()
-            mark = "*" if (block_N, stages) == (own["block_N"], own["num_stages"]) and splits == heuristic else ""
-            out[f"tilews N{block_N} s{stages} x{splits}{mark}"] = lambda kept=kept: kept(q, k, v, None, None)
+            for fused in (True, False) if ring and splits > 1 else (True,):
+                real = dec.blocks, dec.fuses_combine
+                dec.blocks = lambda dim, gpu, tiles=tiles: dict(tiles)
+                dec.fuses_combine = lambda target, fused=fused: fused
+                dec._calls.clear()
+                try:
+                    dec.decode_attention(q, k, v, num_splits=splits)
+                    call = dec._calls.copy()
+                finally:
+                    dec.blocks, dec.fuses_combine = real
+                (kept,) = call.values()
+                mark = "*" if ring and splits == heuristic and fused else ""
+                form = "fused" if fused else "2k"
+                out[f"tilews N{block_N} s{stages} x{splits} {form}{mark}"] = lambda kept=kept: kept(q, k, v, None, None)
     dec._calls.clear()
     torch.cuda.synchronize()
     return out
@@ -115,10 +121,10 @@ def main() -> None:
         (out / "probe_decode_splits.json").write_text(json.dumps(results, indent=1))
     for res in results:
         print(f"\n{res['shape']}  (* = the op's choice; ratio: best SDPA time / this, > 1 faster)")
-        print(f"{'row':28} {'err':>8} {'launched us':>12} {'ratio':>18} {'graph us':>10} {'ratio':>18}")
+        print(f"{'row':34} {'err':>8} {'launched us':>12} {'ratio':>18} {'graph us':>10} {'ratio':>18}")
         for label, r in res["rows"].items():
             la, gr = r["launched_vs_best_sdpa"], r["graph_vs_best_sdpa"]
-            print(f"{label:28} {r['rel_err']:8.1e} {1e3 * statistics.median(r['launched_ms']):12.1f} "
+            print(f"{label:34} {r['rel_err']:8.1e} {1e3 * statistics.median(r['launched_ms']):12.1f} "
                   f"{la[0]:6.2f} ({la[1]:.2f}..{la[2]:.2f}) {1e3 * statistics.median(r['graph_ms']):10.1f} "
                   f"{gr[0]:6.2f} ({gr[1]:.2f}..{gr[2]:.2f})")
 

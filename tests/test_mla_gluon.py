@@ -31,11 +31,14 @@ from tilews.lowering.plans import AsyncPlan
 from tilews.lowering.traverse import walk
 from tilews.triton_ext.gluon.backend import HOPPER
 
-from .test_shared_lifetimes import mla_decode, mla_inputs, mla_reference
+from .test_shared_lifetimes import arrivals, mla_decode, mla_inputs, mla_reference
 from .test_ws_oracle import run_interp
 
 HEADS, KV_LEN, DIM, PE_DIM = 128, 8192, 512, 64     # TileLang's example sizes
 SMEM = HOPPER.caps.smem_bytes
+
+
+OUT = 6        # the lowered program's Out: after Q, Q_pe, KV, K_pe, arrival_slots, Arrivals
 
 
 def tma_copies(kernel: ir.Kernel, name: str) -> list[ir.Copy]:
@@ -121,19 +124,18 @@ def test_mla_decode_compiles_on_gluon_at_tilelang_sizes(batch):
 
 def assert_lowered_means_the_program(prim, config, args, seeds=(0, 1, 2)):
     before = build_kernel(prim)
-    want = run_interp(before, args, 4)
+    want = run_interp(before, args, OUT)
     torch.testing.assert_close(want.double(), mla_reference(*args[:4]), rtol=2e-2, atol=2e-2)
     after = lower(before, config)
     assert after.find_plan(AsyncPlan) is not None, after.notes
     for seed in seeds:
-        assert torch.equal(run_interp(after, args, 4, seed), want), seed
+        assert torch.equal(run_interp(after, args, OUT, seed), want), seed
     return after
 
 
 def test_reduced_mla_decode_means_the_program_on_hopper():
     heads, kv_len, dim, pe_dim = 64, 256, 128, 32
-    args = mla_inputs(heads, kv_len, dim, pe_dim) + [None]
-    args[4] = torch.empty(1, heads, dim, dtype=torch.float16)
+    args = mla_inputs(heads, kv_len, dim, pe_dim) + arrivals(lowered=True) + [torch.empty(1, heads, dim, dtype=torch.float16)]
     assert_lowered_means_the_program(mla_decode(heads, kv_len, dim, pe_dim, block_N=32), HOPPER, args)
 
 
@@ -143,8 +145,8 @@ def test_split_boxes_and_persistence_mean_the_program(block_N, persistent):
     persistent form needs more shared memory than Hopper has (persist declines), with 32-row
     ones it fits (the tile loop over split boxes)."""
     heads, kv_len, dim, pe_dim, batch = 64, 128, 512, 32, 3
-    args = mla_inputs(heads, kv_len, dim, pe_dim, batch=batch) + [None]
-    args[4] = torch.empty(batch, heads, dim, dtype=torch.float16)
+    args = mla_inputs(heads, kv_len, dim, pe_dim, batch=batch) + arrivals(lowered=True) + [
+        torch.empty(batch, heads, dim, dtype=torch.float16)]
     prim = mla_decode(heads, kv_len, dim, pe_dim, block_N=block_N, batch=batch)
     after = assert_lowered_means_the_program(prim, HOPPER.replace(num_sms=2), args)
     note = next(n for n in after.notes if n.startswith("persist:"))

@@ -437,11 +437,12 @@ def test_kernels_inside_macros():
 def test_each_tl_kernel_is_passed_only_the_parameters_it_names():
     """A function's kernels all take its parameters; on ``tl`` each is passed only those its code
     names (``StreamPlan.passed_params``): decode's combine kernel reads the partials, their
-    log-sum-exps and the output, not the query, the caches or the lengths."""
+    log-sum-exps and the output, not the query, the caches or the lengths (the two-kernel form,
+    ``fused=False``)."""
     from tilews.lowering.plans import StreamPlan
     from tilews.ops import decode as dec
     kernel = dec._jit(dec.decode_program, "triton")(1, 8, 2, 64, 64, 2, T.float16, None, True, None,
-                                                    **dec.blocks(64, gpu=False))
+                                                    **dec.blocks(64, gpu=False), fused=False)
     split, combine = (k.ir_after.plan(StreamPlan).passed_params for k in kernel.kernels)
     assert "Q" in split and "K" in split and "cache_seqlens" in split
     assert set(combine) == {"Out"} | {b.name for b in kernel.kernels[1].ir_after.scratch}

@@ -52,6 +52,12 @@ def mla_inputs(heads, kv_len, dim, pe_dim, seed=0, batch=1):
     return [randn(*s, dtype=torch.float16, seed=seed + i) for i, s in enumerate(shapes)]
 
 
+def arrivals(lowered: bool = False) -> list:
+    """The program's ``Arrivals`` argument (one split: unused), preceded by its length where a
+    lowered kernel is run (its ``arrival_slots`` parameter)."""
+    return [1, torch.zeros(1, dtype=torch.int32)] if lowered else [torch.zeros(1, dtype=torch.int32)]
+
+
 def test_mla_decode_numerics_on_the_interpreter():
     heads, kv_len, dim, pe_dim = 64, 256, 128, 32
     kernel = tilews.compile(mla_decode(heads, kv_len, dim, pe_dim, block_N=32), target="interpret")
@@ -59,7 +65,7 @@ def test_mla_decode_numerics_on_the_interpreter():
     assert ("out_tile", "q_tile") in plan.reuses          # the output tile lands on the query's bytes
     args = mla_inputs(heads, kv_len, dim, pe_dim)
     out = poisoned(1, heads, dim, dtype=torch.float16)
-    kernel(*args, out)
+    kernel(*args, *arrivals(), out)
     torch.testing.assert_close(out.double(), mla_reference(*args), rtol=2e-2, atol=2e-2)
 
 
@@ -190,7 +196,7 @@ def test_planted_overlap_of_two_live_buffers_is_caught():
     planted = tuple((n, q_at if n == "kv_tile" else o, b) for n, o, b in plan.ranges)
     kernel = kernel.with_plan(dataclasses.replace(plan, ranges=planted))
     from tilews.lowering.interpreter import run
-    args = mla_inputs(heads, kv_len, dim, pe_dim) + [poisoned(1, heads, dim, dtype=torch.float16)]
+    args = mla_inputs(heads, kv_len, dim, pe_dim) + arrivals(lowered=True) + [poisoned(1, heads, dim, dtype=torch.float16)]
     with pytest.raises(SharedOverlapError) as err:
         run(kernel, args)
     message = str(err.value)

@@ -104,3 +104,54 @@ def test_kept_decode_call_under_a_cuda_graph(paged):
         torch.cuda.synchronize()
         want = decode_attention(q, k, v, lengths, table, num_splits=16)
         torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, S", [(1, 32, 8, 8192), (8, 32, 8, 8192), (2, 64, 8, 32768)])
+def test_fused_combine_matches_the_two_kernel_form(monkeypatch, batch, heads, kv_heads, S):
+    """The split kernel merging its own splits (the default) agrees with the two-kernel form
+    (to an fp16 rounding: the merge is one code, compiled by two backends on Hopper) at the op's
+    split count and at 16, and gives the same bits on every call whichever block arrives last;
+    the stream's arrival counters are back at 0; twenty calls back to back on those counters,
+    lengths changing each call (some 0), all right."""
+    from tilews.ops import decode as dec
+    from tilews.ops.arrivals import arrival_counters
+    q, k, v = inputs(batch, heads, kv_heads, S, 128, torch.float16, seed=7)
+    lengths = torch.randint(1, S + 1, (batch,), dtype=torch.int32, device=DEV)
+    for splits in (None, 16):
+        outs = {}
+        for fused in (False, True):           # the fused form's call kept last
+            monkeypatch.setattr(dec, "_calls", {})
+            monkeypatch.setattr(dec, "fuses_combine", lambda target, fused=fused: fused)
+            outs[fused] = decode_attention(q, k, v, lengths, num_splits=splits)
+        again = [decode_attention(q, k, v, lengths, num_splits=splits) for _ in range(5)]
+        torch.cuda.synchronize()
+        torch.testing.assert_close(outs[True], outs[False], atol=1e-3, rtol=1e-3)
+        assert all(torch.equal(out, outs[True]) for out in again), splits
+        assert int(arrival_counters(q.device, 0).abs().sum()) == 0
+    monkeypatch.setattr(dec, "fuses_combine", lambda target: True)
+    runs = []
+    for seed in range(20):
+        lengths = torch.randint(0, S + 1, (batch,), dtype=torch.int32, device=DEV,
+                                generator=torch.Generator(device=DEV).manual_seed(seed))
+        runs.append((lengths, decode_attention(q, k, v, lengths, num_splits=16)))
+    torch.cuda.synchronize()
+    assert int(arrival_counters(q.device, 0).abs().sum()) == 0
+    for lengths, out in runs[::7]:
+        want = decode_reference(q.cpu(), k.cpu(), v.cpu(), lengths.cpu())
+        torch.testing.assert_close(out.double().cpu(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_fused_mla_matches_the_two_kernel_form(monkeypatch):
+    from tilews.ops import decode as dec
+    g = torch.Generator(device=DEV).manual_seed(4)
+    q, q_pe = (torch.randn(2, 128, d, generator=g, device=DEV).half() for d in (512, 64))
+    kv, k_pe = (torch.randn(2, 8192, 1, d, generator=g, device=DEV).half() for d in (512, 64))
+    lengths = torch.tensor([8192, 3000], dtype=torch.int32, device=DEV)
+    outs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(dec, "_calls", {})
+        monkeypatch.setattr(dec, "fuses_combine", lambda target, fused=fused: fused)
+        outs[fused] = mla_decode(q, q_pe, kv, k_pe, lengths, num_splits=8)
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-3, rtol=1e-3)
+    want = mla_reference(q.cpu(), q_pe.cpu(), kv.cpu(), k_pe.cpu(), lengths.cpu())
+    torch.testing.assert_close(outs[True].double().cpu(), want, atol=2e-2, rtol=2e-2)

@@ -18,7 +18,7 @@ from ..passes.test_split_extents import attention
 from ..test_decode_gluon import BLOCK_N, DIM, HEADS, KV_HEADS, MAX_LEN, check, inputs, varlen_decode
 from ..test_gluon_odd_extents import forward_with_lse
 from ..test_multi_kernel import lse_ref, split_sum_softmax
-from ..test_shared_lifetimes import mla_decode, mla_inputs, mla_reference
+from ..test_shared_lifetimes import arrivals, mla_decode, mla_inputs, mla_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -79,7 +79,7 @@ def test_mla_decode(batch):
     k = tilews.jit(target="hopper")(mla_decode)(64, 1024, 512, 64, batch=batch)
     assert k.report.backend == "gluon", k.report.notes
     out = poisoned(batch, 64, 512, dtype=torch.float16).cuda()
-    k(*_cuda(*args), out)
+    k(*_cuda(*args, *arrivals()), out)
     assert rel_err(out, mla_reference(*[a.cuda() for a in args])) < 1e-2
 
 

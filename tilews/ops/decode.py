@@ -8,10 +8,16 @@ leaves most SMs idle. Both ops pack the query heads that share a KV head into th
 tile (``block_H`` rows, ``valid`` of them real) and split each sequence's K/V blocks among
 ``num_splits`` blocks (flash decoding): the split kernel writes each split's output, already
 divided by its own softmax sum, and that sum's log (base 2, plus the row maximum) to float32
-workspaces (``T.alloc_global``); the combine kernel weighs the splits by ``exp2(lse - max)``.
-Both kernels are in one tile-language function: the workspaces are the function's own (the
-runtime keeps them between calls of one shape on one stream), and a caller makes one call. With
-one split the split kernel writes the output itself and there is no combine.
+workspaces (``T.alloc_global``: the function's own, kept by the runtime between calls of one
+shape on one stream); the combine weighs the splits by ``exp2(lse - max)``. The combine is done
+by the split kernel itself (``settle_program``, as ``gemm_programs.split_k_fused`` sums split-K
+partials): each split block counts itself in a per-row-tile arrival counter (the current
+stream's ``arrivals.arrival_counters``, passed as the kernel's ``Arrivals``), and the last to
+arrive merges the tile's splits in split order (the same bits whichever block is last) and puts
+the counter back to 0 — one launch, not two (at batch 1 the second kernel's launch was most of
+the gap to cuDNN). On Metal, whose atomics return nothing, the combine stays a second kernel
+(``combine_program``) in the same function (``fuses_combine``). With one split the split kernel
+writes the output itself and there is no combine.
 
 Each split owns the same static share of the cache's K/V blocks (``split_range``: a block's start
 stays a linear function of the split and the loop index); a sequence shorter than the cache
@@ -24,7 +30,8 @@ lengths, the trip count is read per sequence. Paged caches index K/V through ``b
 the K/V block (``block_N``) divides the page.
 
 On Hopper the split kernel stays warp-specialized (a TMA producer for Q, K and V; S = Q K^T, the
-softmax and P V in the consumer); the combine kernel is small. ``num_splits=None`` picks the
+softmax and P V in the consumer; the consumer's tail stores the partial from registers, counts
+the block and merges). ``num_splits=None`` picks the
 split count from the grid, the cache length and ``tilews.targets.num_sms()``
 (``choose_num_splits``).
 
@@ -43,7 +50,8 @@ At most ``binding.SIGNATURES`` kinds are kept (then it starts over). The split c
 GPU call is the one chosen for the current device at its first call.
 
 Timing on a GPU: ``tilews-bench decode --preset gpu`` (``--preset mla`` for MLA);
-``python scripts/profile_calls.py``: the host time of a call.
+``python scripts/probe_decode_splits.py --rounds 5``: split counts, rings and both combine forms
+beside SDPA's backends; ``python scripts/profile_calls.py``: the host time of a call.
 """
 from __future__ import annotations
 
@@ -59,9 +67,12 @@ from tilews import targets
 from tilews.binding import remember
 from tilews.lowering import dtypes
 
+from .arrivals import arrival_counters
 from .attention import LOG2E
+from .gemm_programs import ARRIVAL_SLOTS
 MIN_BLOCKS_PER_SPLIT = 4        # a split shorter than this spends more on its prologue than it saves
 MAX_SPLITS = 64
+UNROLLED_SPLITS = 16    # splits whose partials a merge loads at once (MLA's 32 at once spill at D 512)
 SPLIT_PROLOGUE = 2.0        # a split block's fixed cost (Q load, ring fill, its partial's store) in K/V blocks
 # a split whose sequence has no block left writes lse = -inf; the combine starts its running
 # maximum here (not at -inf) so that exp2(lse - max) is 0, never NaN, when every split is empty
@@ -104,43 +115,91 @@ def split_range(splits: int, block_N: int, cache_len: int):
     return all_blocks if splits == 1 else blocks_of
 
 
-def combine_program(batch: int, rows: int, dim: int, splits: int, block_R: int = 16):
-    """The combine kernel as a macro: ``Out[b, r, :]`` from the ``splits`` partial outputs
+def merge_program(dim: int, splits: int, block_R: int):
+    """A macro: ``merge(O_part, LSE, Out, b, first, end)`` stores rows ``first ..
+    first + block_R`` (those below ``end``) of ``Out[b]``, the ``splits`` partial outputs
     ``O_part[b, s, r, :]`` (float32, each normalized by its own sum) weighed by their
-    log-sum-exps ``LSE[b, s, r]`` (base 2)."""
+    log-sum-exps ``LSE[b, s, r]`` (base 2), summed in split order. The sum's loop is unrolled
+    in groups of ``UNROLLED_SPLITS``: a group's loads are issued together."""
     f32 = T.float32
+    whole = splits - splits % UNROLLED_SPLITS
+
+    @T.macro
+    def add(O_part, LSE, b, first, s, top, lse, part, weight, total, acc):
+        T.copy(LSE[b, s, first:first + block_R], lse)
+        T.copy(O_part[b, s, first:first + block_R, :], part)
+        for i in T.Parallel(block_R):
+            weight[i] = T.exp2(lse[i] - top[i])
+            total[i] += weight[i]
+        for i, j in T.Parallel(block_R, dim):
+            acc[i, j] += part[i, j] * weight[i]
+
+    @T.macro
+    def merge(O_part, LSE, Out, b, first, end):
+        part = T.alloc_fragment([block_R, dim], f32)
+        acc = T.alloc_fragment([block_R, dim], f32)
+        lse = T.alloc_fragment([block_R], f32)
+        top = T.alloc_fragment([block_R], f32)
+        weight = T.alloc_fragment([block_R], f32)
+        total = T.alloc_fragment([block_R], f32)
+        T.fill(top, _NO_MAX)
+        for s in T.serial(splits):
+            T.copy(LSE[b, s, first:first + block_R], lse)
+            for i in T.Parallel(block_R):
+                top[i] = T.max(top[i], lse[i])
+        T.fill(total, 0)
+        T.fill(acc, 0)
+        if whole:
+            for g in T.serial(whole // UNROLLED_SPLITS):
+                for u in T.unroll(UNROLLED_SPLITS):
+                    add(O_part, LSE, b, first, g * UNROLLED_SPLITS + u, top, lse, part, weight, total, acc)
+        if splits > whole:
+            for u in T.unroll(splits - whole):
+                add(O_part, LSE, b, first, whole + u, top, lse, part, weight, total, acc)
+        for i in T.Parallel(block_R):      # the largest weight is 1: total >= 1 unless empty
+            total[i] = 1.0 / T.max(total[i], 1.0)
+        for i, j in T.Parallel(block_R, dim):
+            if first + i < end:
+                Out[b, first + i, j] = acc[i, j] * total[i]
+
+    return merge
+
+
+def combine_program(batch: int, rows: int, dim: int, splits: int, block_R: int = 16):
+    """The combine kernel as a macro: ``Out[b, r, :]`` of every row from the splits' partials
+    (``merge_program``), one block per ``block_R`` rows of a sequence."""
+    merge = merge_program(dim, splits, block_R)
 
     @T.macro
     def combine(O_part, LSE, Out):
         with T.Kernel(T.ceildiv(rows, block_R), batch, threads=128) as (rt, b):
-            part = T.alloc_fragment([block_R, dim], f32)
-            acc = T.alloc_fragment([block_R, dim], f32)
-            lse = T.alloc_fragment([block_R], f32)
-            top = T.alloc_fragment([block_R], f32)
-            weight = T.alloc_fragment([block_R], f32)
-            total = T.alloc_fragment([block_R], f32)
-            T.fill(top, _NO_MAX)
-            for s in T.serial(splits):
-                T.copy(LSE[b, s, rt * block_R:(rt + 1) * block_R], lse)
-                for i in T.Parallel(block_R):
-                    top[i] = T.max(top[i], lse[i])
-            T.fill(total, 0)
-            T.fill(acc, 0)
-            for s in T.serial(splits):
-                T.copy(LSE[b, s, rt * block_R:(rt + 1) * block_R], lse)
-                T.copy(O_part[b, s, rt * block_R:(rt + 1) * block_R, :], part)
-                for i in T.Parallel(block_R):
-                    weight[i] = T.exp2(lse[i] - top[i])
-                    total[i] += weight[i]
-                for i, j in T.Parallel(block_R, dim):
-                    acc[i, j] += part[i, j] * weight[i]
-            for i in T.Parallel(block_R):      # the largest weight is 1: total >= 1 unless empty
-                total[i] = 1.0 / T.max(total[i], 1.0)
-            for i, j in T.Parallel(block_R, dim):
-                acc[i, j] *= total[i]
-            T.copy(acc, Out[b, rt * block_R:(rt + 1) * block_R, :])
+            merge(O_part, LSE, Out, b, rt * block_R, rows)
 
     return combine
+
+
+def settle_program(heads: int, valid: int, dim: int, splits: int):
+    """A macro: ``settle(O_part, LSE, Out, Arrivals, hb, b)``, the end of split block (``hb``,
+    ``b``)'s work once it has stored its partial and log-sum-exp: it counts itself in
+    ``Arrivals[tile]`` (acq_rel; one counter per (sequence, row tile), ``b`` major); the block
+    that sees ``splits - 1`` there arrived last, so every split's partial is visible to it: it
+    merges the tile's ``valid`` rows (``merge_program``, in split order: the same bits whichever
+    block is last) and puts the count back to 0. Contract: ``Arrivals`` holds zeros at launch,
+    at least ``batch * heads // valid`` of them, and no other launch uses it meanwhile
+    (``arrivals.arrival_counters``: one per stream)."""
+    block_R = min(16, 1 << (valid - 1).bit_length())
+    merge = merge_program(dim, splits, block_R)
+
+    @T.macro
+    def settle(O_part, LSE, Out, Arrivals, hb, b):
+        tile = b * (heads // valid) + hb
+        arrived = T.atomic_add(Arrivals[tile], 1, memory_order="acq_rel", return_prev=True)
+        if arrived == splits - 1:
+            for c in T.serial(T.ceildiv(valid, block_R)):
+                merge(O_part, LSE, Out, b, hb * valid + c * block_R, (hb + 1) * valid)
+            T.atomic_add(Arrivals[tile], -splits)
+
+    return settle
 
 
 def _shapes(batch, heads, dim, cache, page):
@@ -153,10 +212,11 @@ def _shapes(batch, heads, dim, cache, page):
 
 def signatures(kernel_of, batch: int, heads: int, dims: tuple, cache: tuple, page, ragged: bool,
                dtype):
-    """The prim_func for ``kernel_of(Q, Q_pe, K, K_pe, V, lengths, table, Out)`` (a macro) over
-    a cache of ``cache`` = (keys, kv_heads) (paged: keys = pages per sequence x page size) with
-    the parameters this case has: ``Q_pe`` / ``K_pe`` with a rotary dim (``dims[1]``), ``V``
-    without one (MLA's V is its K), ``lengths`` when ragged, ``table`` when paged."""
+    """The prim_func for ``kernel_of(Q, Q_pe, K, K_pe, V, lengths, table, Arrivals, Out)`` (a
+    macro) over a cache of ``cache`` = (keys, kv_heads) (paged: keys = pages per sequence x page
+    size) with the parameters this case has: ``Q_pe`` / ``K_pe`` with a rotary dim
+    (``dims[1]``), ``V`` without one (MLA's V is its K), ``lengths`` when ragged, ``table`` when
+    paged; always ``Arrivals`` (int32 counters, any number: the fused combine's)."""
     dim, pe_dim = dims
     q_shape, kv_shape = _shapes(batch, heads, dim, cache, page)
     qpe_shape, kpe_shape = _shapes(batch, heads, pe_dim or 1, cache, page)
@@ -164,45 +224,49 @@ def signatures(kernel_of, batch: int, heads: int, dims: tuple, cache: tuple, pag
     Qpe_t, Kpe_t = T.Tensor(qpe_shape, dtype), T.Tensor(kpe_shape, dtype)
     Len_t = T.Tensor([batch], T.int32)
     Tab_t = T.Tensor([batch, cache[0] // page[1] if page else 1], T.int32)
+    Arr_t = T.Tensor([ARRIVAL_SLOTS], T.int32)
     if pe_dim:
         if page is not None:
             @T.prim_func
             def mla_paged(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, cache_seqlens: Len_t,
-                          block_table: Tab_t, Out: Q_t):
-                kernel_of(Q, Q_pe, KV, K_pe, KV, cache_seqlens, block_table, Out)
+                          block_table: Tab_t, Arrivals: Arr_t, Out: Q_t):
+                kernel_of(Q, Q_pe, KV, K_pe, KV, cache_seqlens, block_table, Arrivals, Out)
             return mla_paged
         if ragged:
             @T.prim_func
-            def mla_ragged(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, cache_seqlens: Len_t, Out: Q_t):
-                kernel_of(Q, Q_pe, KV, K_pe, KV, cache_seqlens, None, Out)
+            def mla_ragged(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, cache_seqlens: Len_t, Arrivals: Arr_t, Out: Q_t):
+                kernel_of(Q, Q_pe, KV, K_pe, KV, cache_seqlens, None, Arrivals, Out)
             return mla_ragged
 
         @T.prim_func
-        def mla(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, Out: Q_t):
-            kernel_of(Q, Q_pe, KV, K_pe, KV, None, None, Out)
+        def mla(Q: Q_t, Q_pe: Qpe_t, KV: K_t, K_pe: Kpe_t, Arrivals: Arr_t, Out: Q_t):
+            kernel_of(Q, Q_pe, KV, K_pe, KV, None, None, Arrivals, Out)
         return mla
     if page is not None:
         @T.prim_func
-        def decode_paged(Q: Q_t, K: K_t, V: K_t, cache_seqlens: Len_t, block_table: Tab_t, Out: Q_t):
-            kernel_of(Q, None, K, None, V, cache_seqlens, block_table, Out)
+        def decode_paged(Q: Q_t, K: K_t, V: K_t, cache_seqlens: Len_t, block_table: Tab_t, Arrivals: Arr_t, Out: Q_t):
+            kernel_of(Q, None, K, None, V, cache_seqlens, block_table, Arrivals, Out)
         return decode_paged
     if ragged:
         @T.prim_func
-        def decode_ragged(Q: Q_t, K: K_t, V: K_t, cache_seqlens: Len_t, Out: Q_t):
-            kernel_of(Q, None, K, None, V, cache_seqlens, None, Out)
+        def decode_ragged(Q: Q_t, K: K_t, V: K_t, cache_seqlens: Len_t, Arrivals: Arr_t, Out: Q_t):
+            kernel_of(Q, None, K, None, V, cache_seqlens, None, Arrivals, Out)
         return decode_ragged
 
     @T.prim_func
-    def decode(Q: Q_t, K: K_t, V: K_t, Out: Q_t):
-        kernel_of(Q, None, K, None, V, None, None, Out)
+    def decode(Q: Q_t, K: K_t, V: K_t, Arrivals: Arr_t, Out: Q_t):
+        kernel_of(Q, None, K, None, V, None, None, Arrivals, Out)
     return decode
 
 
 def attend_program(batch: int, heads: int, rows: int, dims: tuple, cache: tuple, page, splits: int,
                    dtype, softmax_scale: float, block_N: int, block_H: int, num_stages: int,
-                   threads: int, p_shared: bool, partial_dtype):
-    """The macro ``attend(Q, Q_pe, K, K_pe, V, lengths, table, Out)``: the split kernel (and,
-    with ``splits > 1``, the combine kernel and their workspaces). Q / Out are [batch, heads,
+                   threads: int, p_shared: bool, partial_dtype, fused: bool):
+    """The macro ``attend(Q, Q_pe, K, K_pe, V, lengths, table, Arrivals, Out)``: the split
+    kernel and, with ``splits > 1``, the partials' workspaces and their combine: in the split
+    kernel's blocks with ``fused`` (``settle_program``: the last split of a row tile merges it,
+    counted in ``Arrivals``), else a second kernel (``combine_program``; ``Arrivals`` unused,
+    as with one split). Q / Out are [batch, heads,
     dim] with ``rows`` consecutive query rows per KV head; scores are ``Q K^T`` (plus
     ``Q_pe K_pe^T`` with a rotary dim); V is K's tile itself when there is a rotary dim (MLA).
     ``p_shared`` stages P in shared memory (every consumer warp group reads all of it when two
@@ -214,7 +278,9 @@ def attend_program(batch: int, heads: int, rows: int, dims: tuple, cache: tuple,
     scale = softmax_scale * LOG2E                      # softmax in base 2
     f32 = T.float32
     blocks_of = split_range(splits, block_N, keys)
+    fused = fused and splits > 1                    # one split writes the output itself
     combine = combine_program(batch, heads, dim, splits)
+    settle = settle_program(heads, valid, dim, splits)
 
     @T.macro
     def tile(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE, hb, sid, b):
@@ -236,7 +302,8 @@ def attend_program(batch: int, heads: int, rows: int, dims: tuple, cache: tuple,
             kpe_tile = T.alloc_shared([block_N, pe_dim], dtype)
         if not pe_dim:
             v_tile = T.alloc_shared([block_N, dim], dtype)
-        out_tile = T.alloc_shared([valid, dim], dtype if splits == 1 else partial_dtype)
+        if not fused:
+            out_tile = T.alloc_shared([valid, dim], dtype if splits == 1 else partial_dtype)
         kv_head = hb * valid // rows
         length = keys if lengths is None else lengths[b]
         first, count = blocks_of(length, sid)
@@ -287,54 +354,64 @@ def attend_program(batch: int, heads: int, rows: int, dims: tuple, cache: tuple,
             denom[i] = 1.0 / T.max(denom[i], 1.0)
         for i, j in T.Parallel(block_H, dim):
             acc[i, j] *= denom[i]
-        T.copy(acc[:valid, :], out_tile)
+        if fused:        # from registers: a bulk store would not be visible to the merging block
+            T.copy(acc[:valid, :], Out[b, sid, hb * valid:(hb + 1) * valid, :])
+        else:
+            T.copy(acc[:valid, :], out_tile)
+            if splits > 1:
+                T.copy(out_tile, Out[b, sid, hb * valid:(hb + 1) * valid, :])
+            else:
+                T.copy(out_tile, Out[b, hb * valid:(hb + 1) * valid, :])
         if splits > 1:
-            T.copy(out_tile, Out[b, sid, hb * valid:(hb + 1) * valid, :])
             for i in T.Parallel(block_H):
                 if i < valid:
                     LSE[b, sid, hb * valid + i] = prev_max[i]
-        else:
-            T.copy(out_tile, Out[b, hb * valid:(hb + 1) * valid, :])
 
     @T.macro
-    def split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE):
+    def split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, Arrivals, O_part, LSE, Out):
         if splits == 1:
             with T.Kernel(heads // valid, batch, threads=threads) as (hb, b):
-                tile(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE, hb, 0, b)
+                tile(Q, Q_pe, K, K_pe, V, lengths, table, Out, None, hb, 0, b)
         else:
             with T.Kernel(heads // valid, splits, batch, threads=threads) as (hb, sid, b):
-                tile(Q, Q_pe, K, K_pe, V, lengths, table, Out, LSE, hb, sid, b)
+                tile(Q, Q_pe, K, K_pe, V, lengths, table, O_part, LSE, hb, sid, b)
+                if fused:
+                    settle(O_part, LSE, Out, Arrivals, hb, b)
 
     @T.macro
-    def attend(Q, Q_pe, K, K_pe, V, lengths, table, Out):
+    def attend(Q, Q_pe, K, K_pe, V, lengths, table, Arrivals, Out):
         if splits == 1:
-            split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, Out, None)
+            split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, None, None, None, Out)
         else:
             O_part = T.alloc_global([batch, splits, heads, dim], partial_dtype)
             LSE = T.alloc_global([batch, splits, heads], f32)
-            split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, O_part, LSE)
-            combine(O_part, LSE, Out)
+            split_kernel(Q, Q_pe, K, K_pe, V, lengths, table, Arrivals, O_part, LSE, Out)
+            if not fused:
+                combine(O_part, LSE, Out)
 
     return attend
 
 
 def decode_program(batch: int, heads: int, kv_heads: int, dim: int, cache_len: int, splits: int = 1,
                    dtype=T.float16, page: Optional[tuple] = None, ragged: bool = True, softmax_scale: Optional[float] = None, block_N: int = 128,
-                   block_H: int = 64, num_stages: int = 2, threads: int = 128):
+                   block_H: int = 64, num_stages: int = 2, threads: int = 128, fused: bool = True):
     """GQA decode: Q / Out [batch, heads, dim], the ``heads // kv_heads`` rows of KV head ``h``
     at rows ``h * group ...``; K / V [batch, cache_len, kv_heads, dim], or with ``page`` =
     (num_pages, page_size) [num_pages, page_size, kv_heads, dim] and a ``block_table`` [batch,
-    cache_len // page_size]; ``ragged`` takes ``cache_seqlens`` [batch] (paged always does)."""
+    cache_len // page_size]; ``ragged`` takes ``cache_seqlens`` [batch] (paged always does).
+    ``Arrivals`` (before Out): zeroed counters, at least ``arrival_count(...)`` of them, where
+    ``fused`` splits combine in the split kernel (``attend_program``)."""
     scale = softmax_scale if softmax_scale is not None else dim ** -0.5
     attend = attend_program(batch, heads, heads // kv_heads, (dim, 0), (cache_len, kv_heads), page,
                             splits, dtype, scale, block_N, block_H, num_stages, threads, p_shared=False,
-                            partial_dtype=T.float32)
+                            partial_dtype=T.float32, fused=fused)
     return signatures(attend, batch, heads, (dim, 0), (cache_len, kv_heads), page, ragged, dtype)
 
 
 def mla_decode_program(heads: int, kv_len: int, dim: int, pe_dim: int, block_H: int = 64,
                        block_N: int = 64, stages: int = 2, batch: int = 1, splits: int = 1,
-                       dtype=T.float16, page: Optional[tuple] = None, ragged: bool = False, softmax_scale: Optional[float] = None):
+                       dtype=T.float16, page: Optional[tuple] = None, ragged: bool = False, softmax_scale: Optional[float] = None,
+                       fused: bool = True):
     """MLA decode: ``heads`` query heads over one latent KV head. Q / Out [batch, heads, dim],
     Q_pe [batch, heads, pe_dim]; KV [batch, kv_len, 1, dim] and K_pe [batch, kv_len, 1, pe_dim]
     (or paged as ``decode_program``'s K); scores ``Q KV^T + Q_pe K_pe^T``, values ``KV``. Two
@@ -343,7 +420,8 @@ def mla_decode_program(heads: int, kv_len: int, dim: int, pe_dim: int, block_H: 
     float32 [64, 512] output tile would not fit beside the query and the K/V ring."""
     scale = softmax_scale if softmax_scale is not None else (dim + pe_dim) ** -0.5
     attend = attend_program(batch, heads, heads, (dim, pe_dim), (kv_len, 1), page, splits, dtype,
-                            scale, block_N, block_H, stages, 256, p_shared=True, partial_dtype=dtype)
+                            scale, block_N, block_H, stages, 256, p_shared=True, partial_dtype=dtype,
+                            fused=fused)
     return signatures(attend, batch, heads, (dim, pe_dim), (kv_len, 1), page, ragged, dtype)
 
 
@@ -396,10 +474,11 @@ def _plan_decode(tensors: tuple, num_splits, softmax_scale, target) -> tuple[tor
                          f"KV head = {rows} rows: at most {tiles['block_H']} or a multiple of it")
     if batch == 0 or seqlen_q == 0 or heads == 0:
         return _empty(q), _empty
-    splits = _splits(num_splits, batch * kv_heads * math.ceil(rows / tiles["block_H"]), keys,
-                     tiles["block_N"], gpu, "decode_attention")
+    row_tiles = batch * kv_heads * math.ceil(rows / tiles["block_H"])
+    splits = _splits(num_splits, row_tiles, keys, tiles["block_N"], gpu, "decode_attention")
     kernel = _jit(decode_program, target)(batch, kv_heads * rows, kv_heads, dim, keys, splits, dtypes.from_torch(q.dtype),
-                    page, cache_seqlens is not None or paged, softmax_scale, **tiles)
+                    page, cache_seqlens is not None or paged, softmax_scale, **tiles,
+                    fused=fuses_combine(target))
     if seqlen_q == 1:        # the packing below, as one view (q's rows already are in that order)
         def pack(q):
             return q.view(batch, heads, dim)
@@ -412,7 +491,7 @@ def _plan_decode(tensors: tuple, num_splits, softmax_scale, target) -> tuple[tor
 
         def unpack(out):
             return out.view(batch, kv_heads, seqlen_q, group, dim).transpose(1, 2).reshape(batch, seqlen_q, heads, dim)
-    tail = _tail(cache_seqlens, block_table, batch, keys, page, q.device, "decode_attention")
+    tail = _tail(cache_seqlens, block_table, batch, keys, page, q.device, row_tiles, "decode_attention")
     return _bound(kernel, lambda q, k, v, lengths, table: (pack(q), k.contiguous(), v.contiguous(),
                                                           *tail(lengths, table)), unpack, tensors)
 
@@ -456,11 +535,13 @@ def _plan_mla(tensors: tuple, num_splits, softmax_scale, target) -> tuple[torch.
     block_N = 64 if page is None else _page_block(page[1], 64)
     if batch == 0:
         return _empty(q_nope), _empty
-    splits = _splits(num_splits, batch * heads // 64, keys, block_N, q_nope.device.type == "cuda", name)
+    row_tiles = batch * heads // 64
+    splits = _splits(num_splits, row_tiles, keys, block_N, q_nope.device.type == "cuda", name)
     kernel = _jit(mla_decode_program, target)(heads, keys, dim, pe_dim, 64, block_N, 2, batch, splits,
                                               dtypes.from_torch(q_nope.dtype), page,
-                                              cache_seqlens is not None or paged, softmax_scale)
-    tail = _tail(cache_seqlens, block_table, batch, keys, page, q_nope.device, name)
+                                              cache_seqlens is not None or paged, softmax_scale,
+                                              fuses_combine(target))
+    tail = _tail(cache_seqlens, block_table, batch, keys, page, q_nope.device, row_tiles, name)
     return _bound(kernel, lambda q, q_pe, kv, k_pe, lengths, table: (
         q.contiguous(), q_pe.contiguous(), kv.contiguous(), k_pe.contiguous(), *tail(lengths, table)),
         _same, tensors)
@@ -585,6 +666,13 @@ def _page_block(page_size: int, block_N: int) -> int:
     return block_N
 
 
+def fuses_combine(target: str) -> bool:
+    """Whether the ops' split kernels combine their splits themselves (``settle_program``): on
+    every target but Metal, whose atomics return nothing (there the combine is a second
+    kernel)."""
+    return targets.resolve(target)[0] != "metal"
+
+
 def _splits(num_splits, tiles: int, keys: int, block_N: int, gpu: bool, op: str) -> int:
     if num_splits is None:
         return choose_num_splits(tiles, keys, block_N, targets.num_sms()) if gpu else 1
@@ -593,15 +681,18 @@ def _splits(num_splits, tiles: int, keys: int, block_N: int, gpu: bool, op: str)
     return num_splits
 
 
-def _tail(cache_seqlens, block_table, batch: int, keys: int, page, device, op: str) -> Callable:
+def _tail(cache_seqlens, block_table, batch: int, keys: int, page, device, row_tiles: int,
+          op: str) -> Callable:
     """The kernel's last inputs of a call, ``tail(cache_seqlens, block_table)``: the lengths (the
     given ones; for a paged cache without them, the whole cache's: the paged program always reads
-    lengths), then the block table where paged. The whole cache's lengths are made per call, not
-    kept: made while a CUDA graph is captured they hold nothing until it is replayed, and kept
-    from before they could be freed (the kept calls starting over) while a graph still reads
-    them. On the CPU each call's lengths (at most ``keys``) and pages (below the cache's) are
-    checked, as ``attention_varlen`` checks its offsets there; on a GPU they are trusted (reading
-    them back would stall the stream)."""
+    lengths), then the block table where paged, then the current stream's arrival counters, at
+    least ``row_tiles`` (``arrivals.arrival_counters``: zero at launch; a fused combine's kernel
+    leaves them so). The whole cache's lengths and the counters are found per call, not kept:
+    made while a CUDA graph is captured they hold nothing until it is replayed (the capture's
+    stream has its own counters), and kept from before they could be freed (the kept calls
+    starting over) while a graph still reads them. On the CPU each call's lengths (at most
+    ``keys``) and pages (below the cache's) are checked, as ``attention_varlen`` checks its
+    offsets there; on a GPU they are trusted (reading them back would stall the stream)."""
     on_cpu = device.type == "cpu"
 
     def lengths_of(lengths):
@@ -613,14 +704,17 @@ def _tail(cache_seqlens, block_table, batch: int, keys: int, page, device, op: s
         if on_cpu:
             _within(table, page[0] - 1, op, "block_table", f"the last of the cache's {page[0]} pages")
         return table.contiguous()
+
+    def counters():
+        return arrival_counters(device, row_tiles)
     if block_table is None:
         if cache_seqlens is None:
-            return lambda lengths, table: ()
-        return lambda lengths, table: (lengths_of(lengths),)
+            return lambda lengths, table: (counters(),)
+        return lambda lengths, table: (lengths_of(lengths), counters())
     if cache_seqlens is None:
         return lambda lengths, table: (torch.full((batch,), keys, dtype=torch.int32, device=device),
-                                       table_of(table))
-    return lambda lengths, table: (lengths_of(lengths), table_of(table))
+                                       table_of(table), counters())
+    return lambda lengths, table: (lengths_of(lengths), table_of(table), counters())
 
 
 def _within(t: torch.Tensor, most: int, op: str, arg: str, what: str) -> None:
