@@ -136,10 +136,12 @@ def test_bucket(M, want):
     assert bucket(M) == want
 
 
-@pytest.mark.parametrize("M, N, K, want", [     # the picks measured best on an H100 (schedule.py)
+@pytest.mark.parametrize("M, N, K, want", [     # the picks measured best on an H100/H200 (schedule.py)
     (1, 4096, 4096, "split_k_fused 16x64x128 s4 t128 x2"),   # 64 tiles: K split 2 ways, summed
     (32, 4096, 14336, "split_k_fused 32x64x128 s4 t128 x2"),  # in the same kernel
-    (16, 14336, 4096, "tiled 64x256x64 s4 t128 g8"),      # N alone has enough tiles
+    (16, 14336, 4096, "split_k_fused 16x128x128 s4 t128 x2"),  # N has half the SMs' tiles: (H200)
+    (1, 14336, 14336, "split_k_fused 16x128x128 s4 t128 x2"),  # wider blocks, K split
+    (32, 14336, 4096, "tiled 64x256x64 s4 t128 g8"),      # N alone has enough tiles
     (128, 4096, 4096, "tiled 64x64x64 s12 t128 g8"),       # the largest tile filling the SMs
     (128, 14336, 4096, "tiled 128x128x64 s6 t128 g8"),
     (777, 512, 4096, "tiled 64x64x64 s12 t128 g8"),

@@ -112,6 +112,11 @@ PERSISTENT = Schedule("persistent", 128, 256, 64, 3, 256, group=8)
 NARROW_M = (Schedule("tiled", 64, 256, 64, 4, 128, group=8),    # M <= NARROW_M_MAX, N wide
             Schedule("tiled", 64, 128, 64, 6, 128, group=8))
 NARROW_SPLIT = Schedule("split_k_fused", 16, 64, 128, 4, 128, splits=2)   # block_M, splits per shape
+# M <= 16 where N alone fills half the SMs with 64x256 tiles: 16x128 blocks, K split to about one
+# block per SM, beat them on an H200 (scripts/probe_narrow_gemm.py --schedules, 3 interleaved
+# rounds, vs cuBLAS: 1x14336x4096 0.97x against 0.92x, 1x14336x14336 0.98x against 0.90x,
+# 16x14336x4096 0.93x against 0.92-0.94x): 56 tiles of 64x256 keep 76 SMs idle while B streams
+WIDE_SPLIT_N = 128
 # rows not 16-byte aligned keep a tensor off TMA: the program runs as plain triton.language.
 # With L2 flushed before each call (tilews-bench, ops.tune), K split in two measured best
 # (4095x4097x4099 on an H100: split_k 64x128 x2 0.93 ms, transposed 128x64 tiles 1.09 ms,
@@ -173,6 +178,7 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
 
     ==========================================================  ===============================
     not on a GPU                                                CPU (tiled 64x64x32)
+    M <= 16, 16-bit, N's 64x256 (64x128) tiles fill half        split_k_fused 16 x 128 x 128
     M <= NARROW_M_MAX, N's 64x256 (else 64x128) tiles fill      tiled 64x256 (64x128)
     M <= NARROW_M_MAX                                           split_k_fused 16 (32) x 64 x 128,
                                                                 NARROW_FILL blocks per SM
@@ -194,6 +200,8 @@ def heuristic(M: int, N: int, K: int, dtype: torch.dtype, out_dtype: torch.dtype
     fill = FILL * num_sms
     if M <= NARROW_M_MAX:
         wide = next((t for t in NARROW_M if t.output_tiles(M, N) >= 0.5 * fill), None)
+        if wide is not None and M <= 16 and dtype is not torch.float32:
+            wide = _narrow_split(M, N, K, num_sms, WIDE_SPLIT_N) or wide
         pick = wide or _narrow_split(M, N, K, num_sms) or NARROW_M[-1]
     elif dtype is torch.float32:    # on the tl path: no TMA, so no alignment rule either
         return fit_stages(FLOAT32[precision], dtype, out_dtype)
@@ -232,11 +240,11 @@ def _split(M: int, N: int, K: int, tile: Schedule, num_sms: int, most: int = MAX
                                             splits=splits)
 
 
-def _narrow_split(M: int, N: int, K: int, num_sms: int):
-    """split_k_fused for M <= NARROW_M_MAX (16-row blocks up to M = 16, else 32): the slice count
-    nearest ``NARROW_FILL`` blocks per SM (reading B is the bound; more slices only add partial
-    sums), or None when K allows no split."""
-    base = replace(NARROW_SPLIT, block_M=16 if M <= 16 else 32)
+def _narrow_split(M: int, N: int, K: int, num_sms: int, block_N: int = NARROW_SPLIT.block_N):
+    """split_k_fused for M <= NARROW_M_MAX (16-row blocks up to M = 16, else 32) with ``block_N``
+    columns: the slice count nearest ``NARROW_FILL`` blocks per SM (reading B is the bound; more
+    slices only add partial sums), or None when K allows no split."""
+    base = replace(NARROW_SPLIT, block_M=16 if M <= 16 else 32, block_N=block_N)
     tiles = base.output_tiles(M, N)
     most = min(MAX_SPLITS, K // (FUSED_MIN_K_TILES * base.block_K))
     splits = min(most, max(2, round(NARROW_FILL * num_sms / tiles)))
