@@ -78,3 +78,40 @@ def test_codegen_visits_counts_loop_bodies_twice():
            "    for k in gl.static_range(4):\n        d = k + 1\n")
     # n + 1: 1; range(n): 1; i * 2: 2; range(n) inside: 2; j - 1: 4; gl.static_range(4): 1; k + 1: 1
     assert codegen_visits(src) == 1 + 1 + 2 + 2 + 4 + 1 + 1
+
+
+def test_a_varlen_kernels_sequence_bounds_are_read_once_per_tile():
+    """The varlen forward reads its sequence's bounds from ``cu_seqlens``, which the kernel never
+    writes: each role loads them once per tile at the tile loop's top, none inside a K/V loop
+    (they were reloaded at every block: 44 loads in the source, 70-112 ``ld.global`` in the
+    PTX). A load of a buffer the kernel writes keeps its place (``test_a_written_buffer...``)."""
+    from tilews.ops.attention import mha_fwd_varlen_program
+    for causal in (False, True):
+        program = mha_fwd_varlen_program(16, 16, 128, causal, store_lse=True, block_M=128, block_N=128,
+                                         num_stages=2, threads=256)
+        source = emit(lower(build_kernel(program), HOPPER.replace(num_sms=NUM_SMS)))
+        tree = ast.parse(source)
+        inner = [n for n in ast.walk(tree) if isinstance(n, ast.For) and n.target.id == "k"]
+        assert inner
+        for loop in inner:
+            loads = [c for c in ast.walk(loop) if isinstance(c, ast.Call) and ast.unparse(c.func) == "gl.load"
+                     and ast.unparse(c.args[0]).startswith("cu_seqlens")]
+            assert not loads, ast.unparse(loads[0])
+        assert source.count("gl.load(cu_seqlens") <= 16, source.count("gl.load(cu_seqlens")
+
+
+def test_a_written_buffers_elements_stay_where_they_are_read():
+    """Only buffers the kernel never writes are read ahead: a scalar buffer another statement
+    writes could change between the reads."""
+    from tilews.lowering import ir
+    from tilews.triton_ext.gluon import invariants
+    loc = ir.Loc("t.py", 1)
+    n = ir.Var("n", ir.DType.I32, ir.VarKind.PARAM)
+    k = ir.Var("k", ir.DType.I32, ir.VarKind.LOOP)
+    L = ir.Buffer("L", (n,), ir.DType.I32, ir.Scope.GLOBAL)
+    read = ir.Load(L, (ir.BinOp(ir.BinOpKind.ADD, n, ir.Const(1, ir.DType.I32), ir.DType.I32),))
+    uses = ir.Cmp(ir.CmpKind.LT, k, read, loc)
+    body = ir.Seq((ir.Store(L, (k,), ir.Select(uses, k, read, ir.DType.I32), loc),
+                   ir.Store(L, (ir.Const(0, ir.DType.I32),), read, loc)))
+    assert read in invariants._repeated(body, {}, frozenset({L}))
+    assert read not in invariants._repeated(body, {}, frozenset())
