@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import pathlib
 import statistics
 import sys
 
@@ -35,7 +36,8 @@ from tilews.ops.epilogue import matmul_epilogue
 from tilews.lowering.frontend import build_kernel
 from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.testing import rel_err, time_ms
-from tests.helpers import load
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/ from any cwd
+from tests.helpers import load  # noqa: E402
 
 SHAPES = [  # (B, H, S, D)
     (4, 16, 4096, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (4, 32, 4096, 64), (2, 16, 1000, 128),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import statistics
 import sys
 
@@ -31,7 +32,8 @@ from tilews.ops import fp8_scaled_mm
 from tilews.bench.fp8 import exact
 from tilews.ops.fp8 import Tiles, kernel_inputs, scaled_mm_kernel
 from tilews.testing import rel_err, time_ms
-from tests.helpers import load
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/ from any cwd
+from tests.helpers import load  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (128, 4096, 4096),
           (1024, 14336, 4096)]
