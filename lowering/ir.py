@@ -586,6 +586,14 @@ class Kernel:
     def with_note(self, note: str) -> "Kernel":
         return dataclasses.replace(self, notes=self.notes + (note,))
 
+    def rewritten(self, body: "Seq", lines, note: str) -> "Kernel":
+        """This kernel with ``body`` and ``note``, its ``{lines}`` the rewritten source lines
+        (sorted, each once); the kernel itself where a pass rewrote no line."""
+        if not lines:
+            return self
+        where = ", ".join(str(n) for n in sorted(set(lines)))
+        return dataclasses.replace(self, body=body).with_note(note.format(lines=where))
+
     @property
     def buffer_params(self) -> tuple[Buffer, ...]:
         return tuple(p for p in self.params if isinstance(p, Buffer))

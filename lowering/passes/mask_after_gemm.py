@@ -39,13 +39,9 @@ from ..traverse import rewrite_pairs, subexprs
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
-    body, lines = rewrite_pairs(kernel.body, _moved)
-    if not lines:
-        return kernel
-    where = ", ".join(str(n) for n in sorted(set(lines)))
-    return dataclasses.replace(kernel, body=body).with_note(
-        f"mask_after_gemm: the T.gemm at line {where} overwrites its accumulator and the mask "
-        f"written into it before is applied to its result")
+    return kernel.rewritten(*rewrite_pairs(kernel.body, _moved),
+                            "mask_after_gemm: the T.gemm at line {lines} overwrites its accumulator "
+                            "and the mask written into it before is applied to its result")
 
 
 def _moved(nest: ir.Stmt, gemm: ir.Stmt) -> Optional[list[ir.Stmt]]:

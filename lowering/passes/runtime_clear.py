@@ -43,13 +43,10 @@ from ..traverse import rewrite_pairs, subexprs
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
-    body, lines = rewrite_pairs(kernel.body, _folded)
-    if not lines:
-        return kernel
-    where = ", ".join(str(n) for n in sorted(set(lines)))
-    return dataclasses.replace(kernel, body=body).with_note(
-        f"runtime_clear: the T.gemm at line {where} overwrites its accumulator (wgmma use_acc "
-        f"off) where the branch before it would have filled it with zeros")
+    return kernel.rewritten(*rewrite_pairs(kernel.body, _folded),
+                            "runtime_clear: the T.gemm at line {lines} overwrites its accumulator "
+                            "(wgmma use_acc off) where the branch before it would have filled it "
+                            "with zeros")
 
 
 def _folded(branch: ir.Stmt, gemm: ir.Stmt) -> Optional[list[ir.Stmt]]:

@@ -54,13 +54,10 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         lines.append(s.loc.line)
         return _branched(s, cond, written)
 
-    body = rewrite(kernel.body, branch)
-    if not lines:
-        return kernel
-    where = ", ".join(str(n) for n in sorted(set(lines)))
-    return dataclasses.replace(kernel, body=body).with_note(
-        f"uniform_selects: the T.Parallel loop at line {where} runs unmasked (one value for the "
-        f"whole tile) where its T.if_then_else condition is the same at every element")
+    return kernel.rewritten(rewrite(kernel.body, branch), lines,
+                            "uniform_selects: the T.Parallel loop at line {lines} runs unmasked (one "
+                            "value for the whole tile) where its T.if_then_else condition is the "
+                            "same at every element")
 
 
 def _uniform_condition(par: ir.Parallel, written: frozenset) -> Optional[ir.Cmp]:

@@ -4,7 +4,8 @@
 complete on is spelled as that role's ``mbarrier.expect`` of their bytes, issued before the first
 of them (the expect is the role's arrival), after a ``gl.thread_barrier`` when the role fenced
 stores of its own to shared memory before it (register-staged copies, which it publishes too);
-every other arrival is ``mbarrier.arrive``, which synchronizes the role's threads itself. Ring slots
+every other arrival is ``mbarrier.arrive``, after a ``gl.thread_barrier`` in a role of several warp
+groups (``_barrier_arrive``). Ring slots
 ``B[(s):+1, ...]`` are ``B.index(s)``; a transposed operand is a ``.permute((1, 0))`` view. A
 store to a scalar local assigns the role's Python variable (Gluon carries it through loops and
 branches as ``scf.for`` / ``scf.if`` results; legalize made sure it is defined first). A
@@ -279,6 +280,12 @@ def _barrier_wait(ctx: Ctx, s: ir.BarrierWait) -> None:
 
 
 def _barrier_arrive(ctx: Ctx, s: ir.BarrierArrive) -> None:
+    """One thread arrives. In a role of several warp groups the arrival first waits for all of
+    the role's threads: each warp group waits for its own wgmmas, so one group's wait says
+    nothing of another's still reading the slot the arrival hands back (Triton places a barrier
+    of the role's warps before an arrival only where its shared-memory analysis wants one)."""
+    if len(ctx.role) > 1:
+        ctx.line("gl.thread_barrier()")
     ctx.line(f"mbarrier.arrive({_bar(ctx, s.barrier)}, count=1)")
 
 

@@ -1,0 +1,53 @@
+"""An arrival of a role of several warp groups waits for all of the role's threads first.
+
+Each warp group waits for its own wgmmas (``warpgroup_mma_wait``); the thread that arrives on a
+ring slot's empty barrier speaks for the whole role, so without a barrier of the role's warps
+between the other group's wait and the arrival, the producer may refill a slot that group's
+wgmma still reads. Triton put such a barrier before an arrival only where its shared-memory
+analysis wanted one: in the attention backward's loop its barrier (for a TMA store's wait) came
+before the wgmma wait (compile-only SASS). Compile-only: the emitted Gluon source of a merged
+consumer role spells ``gl.thread_barrier()`` right before each ``mbarrier.arrive``.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tilews.language as T
+from tilews.lowering.frontend import build_kernel
+from tilews.lowering.pipeline import lower
+from tilews.ops.attention_backward import blocks, bwd_program
+from tilews.triton_ext.gluon import emit
+from tilews.triton_ext.gluon.backend import HOPPER
+
+import examples.gemm as gemm
+
+
+def roles(source: str) -> dict[str, list[str]]:
+    """Each role function's warp count (from its docstring) -> its source lines."""
+    out = {}
+    for part in re.split(r"\n@gluon\.jit\n", source)[1:]:
+        warps = re.search(r'"""T\.ws\([^)]*\): (\d+) warp', part)
+        if warps:
+            out[part.splitlines()[0]] = (int(warps.group(1)), [ln.strip() for ln in part.splitlines()])
+    return out
+
+
+@pytest.mark.parametrize("program", [
+    lambda: bwd_program(2, 4, 4, 512, 64, False, 512, dtype=T.float16, **blocks(64, True)),
+    lambda: gemm.matmul.fn(512, 512, 512, block_M=128, block_N=256, block_K=64, num_stages=3,
+                           threads=256, dtype=T.float16),
+], ids=["attention backward D64", "GEMM 128x256, merged consumers"])
+def test_a_merged_roles_arrivals_follow_a_barrier_of_its_threads(program):
+    source = emit(lower(build_kernel(program()), HOPPER.replace(num_sms=132)))
+    merged = 0
+    for head, (warps, lines) in roles(source).items():
+        arrivals = [i for i, ln in enumerate(lines) if ln.startswith("mbarrier.arrive(")]
+        if warps > 4:
+            merged += len(arrivals)
+            assert all(lines[i - 1] == "gl.thread_barrier()" for i in arrivals), head
+        else:     # one warp group: its own wgmma wait covers the slot
+            assert not any(lines[i - 1] == "gl.thread_barrier()" for i in arrivals
+                           if not lines[i - 2].startswith("fence")), head
+    assert merged
