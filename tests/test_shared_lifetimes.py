@@ -18,12 +18,10 @@ import torch
 
 import tilews
 import tilews.language as T
-from tilews.lowering import ir
 from tilews.lowering.errors import SharedOverlapError
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.interpreter.backend import INTERPRET
 from tilews.lowering.liveness import live_ranges
-from tilews.lowering.passes import plan_buffers
 from tilews.lowering.pipeline import lower
 from tilews.lowering.plans import SharedMemoryPlan
 from tilews.ops.decode import attend_program
