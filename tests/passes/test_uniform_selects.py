@@ -119,12 +119,15 @@ def test_a_bound_read_from_a_read_only_input_is_uniform():
     (b,) = branches(after)
     assert not selects(b.then)
     x = randn(4, 64, 32, seed=5)
-    cu = torch.tensor([0, 64, 64, 100, 110], dtype=torch.int32)     # 64 (whole), 0, 36, 10 rows
+    gen = torch.Generator().manual_seed(11)
     rows = torch.arange(64)[None, :, None]
-    want = torch.where(rows < (cu[1:] - cu[:-1])[:, None, None], x, torch.tensor(-1.0))
-    for kernel in (before, after):
-        got = run_interp(kernel, [x, cu, torch.full((4, 64, 32), float("nan"))], 2)
-        assert torch.equal(got, want)
+    # 64 (whole), 0, 36, 10 rows; then random lengths 0..80 (past the 64 rows too)
+    for lengths in [torch.tensor([64, 0, 36, 10])] + [torch.randint(0, 81, (4,), generator=gen) for _ in range(3)]:
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+        want = torch.where(rows < lengths[:, None, None], x, torch.tensor(-1.0))
+        for kernel in (before, after):
+            got = run_interp(kernel, [x, cu, torch.full((4, 64, 32), float("nan"))], 2)
+            assert torch.equal(got, want), (lengths, kernel is after)
 
 
 def selects(stmt):
