@@ -15,8 +15,8 @@ indices, parameters, enclosing loops' indices, this loop's own), reading memory 
 buffers the kernel never writes
 (``ctx.read_only``: a varlen sequence's bounds in ``cu_seqlens``, which its loops read at every
 K/V block otherwise; such a load is masked, so evaluated where a branch might not have, it cannot
-fault, and it reads the value the branch would have; arguments are taken not to overlap, as the
-roles' bulk copies already do). An integer division by zero does not trap on the GPU (PTX:
+fault, and it reads the value the branch would have: no other argument shares its memory, since
+the binder refuses a written tensor that overlaps another argument). An integer division by zero does not trap on the GPU (PTX:
 an unspecified value), so a division by a runtime value evaluated where its branch would not
 have been taken yields a value nothing reads (a persistent varlen tile's sequence, the tile
 index over the tiles per sequence, is such a division). One operation (``k % 3``) stays where it is read: naming it
