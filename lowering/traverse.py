@@ -66,6 +66,15 @@ def rewrite_pairs(node, fn: Callable[[ir.Stmt, ir.Stmt], Optional[list]]) -> tup
     return transform(node, seq), lines
 
 
+def whole_store(s: ir.Stmt) -> Optional[ir.Store]:
+    """The one statement of a ``T.Parallel`` nest that stores each element of a buffer's whole
+    shape at the nest's own variables (``B[i, j] = value`` over B's shape), else None."""
+    if not (isinstance(s, ir.Parallel) and len(s.body.stmts) == 1 and isinstance(s.body.stmts[0], ir.Store)):
+        return None
+    store = s.body.stmts[0]
+    return store if store.indices == s.vars and store.buffer.static_shape == s.extents else None
+
+
 def walk(s: ir.Stmt, opaque: tuple = ()) -> Iterator[ir.Stmt]:
     """Every statement in ``s`` (pre-order), ``Seq`` nodes excluded; statements of the types in
     ``opaque`` are yielded but not entered."""
@@ -89,23 +98,26 @@ def per_thread_code(s: ir.Stmt) -> bool:
     return any(isinstance(t, ir.Parallel) and t.per_thread for t in walk(s))
 
 
-def rewrite(s: ir.Stmt, fn: Callable[[ir.Stmt], Optional[ir.Stmt]]) -> ir.Stmt:
-    """Rebuild ``s`` bottom-up: children first, then ``fn`` on the rebuilt node.
+def rewrite(s: ir.Stmt, fn: Callable[[ir.Stmt], Optional[ir.Stmt]], opaque: tuple = ()) -> ir.Stmt:
+    """Rebuild ``s`` bottom-up: children first, then ``fn`` on the rebuilt node; statements of
+    the types in ``opaque`` are offered to ``fn`` but not entered (as ``walk``'s).
 
     ``fn`` returns a replacement (a ``Seq`` is spliced into its parent), or None to keep the node.
     """
     if isinstance(s, ir.Seq):
         out: list[ir.Stmt] = []
         for t in s.stmts:
-            r = rewrite(t, fn)
+            r = rewrite(t, fn, opaque)
             out.extend(r.stmts if isinstance(r, ir.Seq) else (r,))
         return dataclasses.replace(s, stmts=tuple(out))
-    if isinstance(s, (ir.For, ir.Parallel, ir.Role)):
-        s = dataclasses.replace(s, body=rewrite(s.body, fn))
+    if isinstance(s, opaque):
+        pass
+    elif isinstance(s, (ir.For, ir.Parallel, ir.Role)):
+        s = dataclasses.replace(s, body=rewrite(s.body, fn, opaque))
     elif isinstance(s, ir.If):
-        s = dataclasses.replace(s, then=rewrite(s.then, fn), orelse=rewrite(s.orelse, fn))
+        s = dataclasses.replace(s, then=rewrite(s.then, fn, opaque), orelse=rewrite(s.orelse, fn, opaque))
     elif isinstance(s, ir.WarpSpecialize):
-        roles = tuple(rewrite(r, fn) for r in s.roles)
+        roles = tuple(rewrite(r, fn, opaque) for r in s.roles)
         s = dataclasses.replace(s, roles=roles)
     r = fn(s)
     return s if r is None else r

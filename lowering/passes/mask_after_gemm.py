@@ -35,7 +35,7 @@ from typing import Optional
 
 from .. import ir
 from ..config import BackendConfig
-from ..traverse import rewrite_pairs, subexprs
+from ..traverse import rewrite_pairs, subexprs, whole_store
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -47,14 +47,12 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
 def _moved(nest: ir.Stmt, gemm: ir.Stmt) -> Optional[list[ir.Stmt]]:
     """[the gemm overwriting C, the nest masking its result], or None where the pair is no mask
     of the gemm's accumulator (module docstring)."""
-    if not (isinstance(nest, ir.Parallel) and isinstance(gemm, ir.Gemm) and not gemm.may_clear
-            and gemm.c.is_whole and gemm.c.buffer.scope is ir.Scope.FRAGMENT
-            and len(nest.body.stmts) == 1 and isinstance(nest.body.stmts[0], ir.Store)):
+    store = whole_store(nest)
+    if not (store is not None and isinstance(gemm, ir.Gemm) and not gemm.may_clear
+            and gemm.c.is_whole and gemm.c.buffer.scope is ir.Scope.FRAGMENT):
         return None
-    store = nest.body.stmts[0]
     c = gemm.c.buffer
-    if not (store.buffer == c and store.indices == nest.vars and c.static_shape == nest.extents
-            and _absorbing(store.value, c)):
+    if not (store.buffer == c and _absorbing(store.value, c)):
         return None
     value = _onto(store.value, ir.Load(c, store.indices, store.loc))
     masked = dataclasses.replace(nest, body=dataclasses.replace(

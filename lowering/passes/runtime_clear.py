@@ -39,7 +39,7 @@ from typing import Optional
 from .. import ir
 from ..config import BackendConfig
 from ..simplify import fold
-from ..traverse import rewrite_pairs, subexprs
+from ..traverse import rewrite_pairs, subexprs, whole_store
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -97,12 +97,11 @@ def _without_zero_fills(s: ir.Stmt, buffer: ir.Buffer) -> tuple:
 
 def _zero_fill_of(s: ir.Stmt) -> Optional[ir.Buffer]:
     """The on-chip buffer ``s`` fills whole with 0, else None."""
+    store = whole_store(s)
     if isinstance(s, ir.Fill):
         whole, buffer, value = s.dst.is_whole, s.dst.buffer, s.value
-    elif isinstance(s, ir.Parallel) and len(s.body.stmts) == 1 and isinstance(s.body.stmts[0], ir.Store):
-        store = s.body.stmts[0]
-        buffer, value = store.buffer, store.value
-        whole = store.indices == s.vars and buffer.static_shape == s.extents
+    elif store is not None:
+        whole, buffer, value = True, store.buffer, store.value
     else:
         return None
     zero = isinstance(value, ir.Const) and value.value == 0

@@ -32,7 +32,7 @@ from typing import Optional
 from .. import ir
 from ..config import BackendConfig
 from ..simplify import fold, linear
-from ..traverse import buffers_written, exprs_of, rewrite, subexprs, transform, walk
+from ..traverse import exprs_of, footprint, rewrite, subexprs, transform, walk
 
 _FLIP = {ir.CmpKind.GE: False, ir.CmpKind.GT: False, ir.CmpKind.LE: True, ir.CmpKind.LT: True}
 _NEGATION = {ir.CmpKind.GE: ir.CmpKind.LT, ir.CmpKind.GT: ir.CmpKind.LE,
@@ -41,12 +41,10 @@ _NEGATION = {ir.CmpKind.GE: ir.CmpKind.LT, ir.CmpKind.GT: ir.CmpKind.LE,
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     lines: list[int] = []
-    written = frozenset(b for s in walk(kernel.body) for b in buffers_written(s))
-    guarded = {n.loc for s in walk(kernel.body) if isinstance(s, ir.If)
-               for arm in (s.then, s.orelse) for n in walk(arm) if isinstance(n, ir.Parallel)}
+    written = frozenset(footprint(kernel.body)[1])
 
     def branch(s: ir.Stmt) -> Optional[ir.Stmt]:
-        if not isinstance(s, ir.Parallel) or s.loc in guarded:
+        if not isinstance(s, ir.Parallel):
             return None
         cond = _uniform_condition(s, written)
         if cond is None:
@@ -54,7 +52,7 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         lines.append(s.loc.line)
         return _branched(s, cond, written)
 
-    return kernel.rewritten(rewrite(kernel.body, branch), lines,
+    return kernel.rewritten(rewrite(kernel.body, branch, opaque=(ir.If,)), lines,
                             "uniform_selects: the T.Parallel loop at line {lines} runs unmasked (one "
                             "value for the whole tile) where its T.if_then_else condition is the "
                             "same at every element")

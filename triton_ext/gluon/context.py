@@ -11,7 +11,7 @@ from tilews.lowering.errors import InternalError
 from tilews.lowering.roles import describe
 
 from tilews.lowering.plans import AsyncPlan, LayoutPlan, SharedMemoryPlan
-from tilews.lowering.traverse import buffers_written, walk
+from tilews.lowering.traverse import footprint
 
 from ..pysource import SourceWriter
 from .layouts import spell_layout
@@ -30,9 +30,9 @@ class Ctx(SourceWriter):
         self.plan = plan
         self.fn = self.name(kernel.name)
         # global buffers the kernel never writes: an element read twice holds one value
-        self.read_only = frozenset(
-            b for b in kernel.buffer_params if b.scope is ir.Scope.GLOBAL) - frozenset(
-            b for s in walk(kernel.body) for b in buffers_written(s))
+        written = footprint(kernel.body)[1]
+        self.read_only = frozenset(b for b in kernel.buffer_params
+                                   if b.scope is ir.Scope.GLOBAL and b not in written)
         self.layouts: dict[str, object] = dict(kernel.plan(LayoutPlan).layouts)
         self.counts: dict[str, tuple[int, ...]] = dict(plan.barrier_counts)
         self.default_role: tuple[int, ...] = plan.default_role
