@@ -17,6 +17,7 @@ import pytest
 import tilews.language as T
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.pipeline import lower
+from tilews.ops.attention import blocks as attention_blocks, mha_fwd_program
 from tilews.ops.attention_backward import blocks, bwd_program
 from tilews.triton_ext.gluon import emit
 from tilews.triton_ext.gluon.backend import HOPPER
@@ -24,30 +25,31 @@ from tilews.triton_ext.gluon.backend import HOPPER
 import examples.gemm as gemm
 
 
-def roles(source: str) -> dict[str, list[str]]:
-    """Each role function's warp count (from its docstring) -> its source lines."""
+def roles(source: str) -> dict[str, tuple[int, list[str]]]:
+    """Each role function -> (its warp count, from its docstring; its source lines, comments
+    left out)."""
     out = {}
     for part in re.split(r"\n@gluon\.jit\n", source)[1:]:
         warps = re.search(r'"""T\.ws\([^)]*\): (\d+) warp', part)
         if warps:
-            out[part.splitlines()[0]] = (int(warps.group(1)), [ln.strip() for ln in part.splitlines()])
+            lines = [ln.strip() for ln in part.splitlines() if not ln.strip().startswith("#")]
+            out[part.splitlines()[0]] = (int(warps.group(1)), lines)
     return out
 
 
-@pytest.mark.parametrize("program", [
-    lambda: bwd_program(2, 4, 4, 512, 64, False, 512, dtype=T.float16, **blocks(64, True)),
-    lambda: gemm.matmul.fn(512, 512, 512, block_M=128, block_N=256, block_K=64, num_stages=3,
-                           threads=256, dtype=T.float16),
-], ids=["attention backward D64", "GEMM 128x256, merged consumers"])
-def test_a_merged_roles_arrivals_follow_a_barrier_of_its_threads(program):
+@pytest.mark.parametrize("program, several", [
+    (lambda: bwd_program(2, 4, 4, 512, 64, False, 512, dtype=T.float16, **blocks(64, True)), True),
+    (lambda: gemm.matmul.fn(512, 512, 512, block_M=128, block_N=256, block_K=64, num_stages=3,
+                            threads=256, dtype=T.float16), True),
+    (lambda: mha_fwd_program(1, 2, 512, 128, True, **attention_blocks(128, True)), False),
+], ids=["attention backward D64", "GEMM 128x256, merged consumers", "attention forward, split consumers"])
+def test_a_merged_roles_arrivals_follow_a_barrier_of_its_threads(program, several):
+    """``several``: the program's arriving roles have several warp groups (else one each: its
+    own wgmma wait covers the slot, and no barrier is added)."""
     source = emit(lower(build_kernel(program()), HOPPER.replace(num_sms=132)))
-    merged = 0
-    for head, (warps, lines) in roles(source).items():
-        arrivals = [i for i, ln in enumerate(lines) if ln.startswith("mbarrier.arrive(")]
-        if warps > 4:
-            merged += len(arrivals)
-            assert all(lines[i - 1] == "gl.thread_barrier()" for i in arrivals), head
-        else:     # one warp group: its own wgmma wait covers the slot
-            assert not any(lines[i - 1] == "gl.thread_barrier()" for i in arrivals
-                           if not lines[i - 2].startswith("fence")), head
-    assert merged
+    arriving = {head: (warps, [lines[i - 1] for i, ln in enumerate(lines) if ln.startswith("mbarrier.arrive(")])
+                for head, (warps, lines) in roles(source).items()}
+    arriving = {head: wb for head, wb in arriving.items() if wb[1]}
+    assert arriving and all((warps > 4) == several for warps, _ in arriving.values()), arriving
+    for head, (warps, before) in arriving.items():
+        assert all((b == "gl.thread_barrier()") == several for b in before), (head, before)
