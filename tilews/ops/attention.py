@@ -138,9 +138,9 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
             # starts as 0 / -inf and Q K^T accumulates into it (TileLang's form: the mask is
             # ready before the gemm is issued); a row below q_len sees keys up to its own
             # position + offset < k_len, so the causal condition alone masks the keys past the
-            # end for every row that is stored. On Hopper the compiler runs the blocks below
-            # the diagonal unmasked (uniform_selects) and has their gemm overwrite S
-            # (runtime_clear). (H200, B4 H32 S4096 D128: an explicit branch with a T.clear and
+            # end for every row that is stored. On Hopper the compiler applies the mask after
+            # a gemm that overwrites S (mask_after_gemm) and runs the blocks below the diagonal
+            # unmasked (uniform_selects). (H200, B4 H32 S4096 D128: an explicit branch with a T.clear and
             # the key bound in the mask spilled 48 bytes, 0.93x cuDNN; this form 0 bytes.)
             # Otherwise the mask is rare (a ragged end), so S = Q K^T is written whole and
             # masked after, with no branch before the gemm.
