@@ -10,10 +10,11 @@ Per shape (B x H x KVH x S x D, one query token, fp16): the split counts around 
 (K/V block, stages), fused, and at the op's own ring also in the two-kernel form (more than one
 split) — the op's own blocks and form (``blocks``, ``fuses_combine``) are patched for the
 duration of that variant's first call, its kept calls cleared — and SDPA's cuDNN, flash and
-efficient backends where they take the shape. Each row's time both as launched (CUDA events around back-to-back calls: host cost
-included; a tilews row is the op's kept call, without the public call's key lookup) and from a CUDA graph of 50 calls (the GPU's time alone); the ratio is the best SDPA
-backend's time over the row's, per round, median (min..max) (> 1: faster). Every tilews row is
-checked against SDPA's output first. JSON: ``$OUT/probe_decode_splits.json``.
+efficient backends where they take the shape. Each row's time both as launched (CUDA events
+around back-to-back calls: host cost included; a tilews row is the op's kept call, without the
+public call's key lookup) and from a CUDA graph of 50 calls (the GPU's time alone); the ratio is
+the best SDPA backend's time over the row's, per round, median (min..max) (> 1: faster). Every
+tilews row is checked against SDPA's output first. JSON: ``$OUT/probe_decode_splits.json``.
 """
 from __future__ import annotations
 

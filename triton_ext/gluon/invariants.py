@@ -12,16 +12,17 @@ do not change.
 ``named(ctx, loop)`` names, at the top of ``loop``'s body, every expression the body reads more
 than once that is an integer or boolean computation of variables the body does not bind (block
 indices, parameters, enclosing loops' indices, this loop's own), reading memory only from global
-buffers the kernel never writes
-(``ctx.read_only``: a varlen sequence's bounds in ``cu_seqlens``, which its loops read at every
-K/V block otherwise; such a load is masked, so evaluated where a branch might not have, it cannot
-fault, and it reads the value the branch would have: no other argument shares its memory, since
-the binder refuses a written tensor that overlaps another argument). An integer division by zero does not trap on the GPU (PTX:
-an unspecified value), so a division by a runtime value evaluated where its branch would not
-have been taken yields a value nothing reads (a persistent varlen tile's sequence, the tile
-index over the tiles per sequence, is such a division). One operation (``k % 3``) stays where it is read: naming it
-would save one operation per use and cost the source its readability. Inner ones first, so an outer one's spelling uses them; the names hold
-for the body only (``ctx.named``, read by ``exprs.spell``).
+buffers the kernel never writes (``ctx.read_only``: a varlen sequence's bounds in
+``cu_seqlens``, which its loops read at every K/V block otherwise; such a load is masked, so
+evaluated where a branch might not have, it cannot fault, and it reads the value the branch
+would have: no other argument shares its memory, since the binder refuses a written tensor that
+overlaps another argument). An integer division by zero does not trap on the GPU (PTX: an
+unspecified value), so a division by a runtime value evaluated where its branch would not have
+been taken yields a value nothing reads (a persistent varlen tile's sequence, the tile index
+over the tiles per sequence, is such a division). One operation (``k % 3``) stays where it is
+read: naming it would save one operation per use and cost the source its readability. Inner
+ones first, so an outer one's spelling uses them; the names hold for the body only
+(``ctx.named``, read by ``exprs.spell``).
 """
 from __future__ import annotations
 
