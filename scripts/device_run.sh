@@ -71,6 +71,9 @@ for package, folder in moved.items():
     view.joinpath(*package.split(".")).symlink_to(root / folder)
 PY
     cd "$view"
+    # `python scripts/x.py` puts scripts/, not the working directory, first on sys.path: without
+    # this an installed tilews (another checkout's) would be imported instead of the view's
+    export PYTHONPATH="$view${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
 python -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}, cuda available: {torch.cuda.is_available()}')"

@@ -62,7 +62,7 @@ def check_small(torch, attention, D, causal, group):
     return [rel(a, b) for a, b in zip(got, want)]
 
 
-def run_shape(shape, rounds, results):
+def run_shape(shape, rounds, results, quick=False):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import tilews.language as T
@@ -111,7 +111,7 @@ def run_shape(shape, rounds, results):
     dq_acc = torch.zeros((B, H, rows, D), device="cuda")
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     op = blocks(D, True)
-    for change in [{}] + MAIN_CHANGES.get(D, []):
+    for change in [{}] + ([] if quick else MAIN_CHANGES.get(D, [])):
         cfg = dict(op, **change)
         if "dq_tile_add" in change:
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
@@ -132,7 +132,7 @@ def run_shape(shape, rounds, results):
     # the preprocess and postprocess alone, at the op's blocks and at 128-row blocks
     pre, _, post = kernels()
     out_d, dq = out.detach(), torch.empty_like(q)
-    for block, threads in ((64, 128), (128, 256)):
+    for block, threads in () if quick else ((64, 128), (128, 256)):
         try:
             p = pre(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
             o = post(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
@@ -194,6 +194,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
+    parser.add_argument("--quick", action="store_true",
+                        help="the op and its main kernel at the op's blocks only")
     parser.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
     parser.add_argument("--forward", type=int, nargs="*", default=[],
                         help="indices into FORWARD_SHAPES: the forward with overlap_gemms on and off")
@@ -207,7 +209,7 @@ def main():
     for i, shape in enumerate(SHAPES):
         if args.only is None or i in args.only:
             try:
-                run_shape(shape, args.rounds, results)
+                run_shape(shape, args.rounds, results, args.quick)
             except Exception as e:      # noqa: BLE001
                 print(f"{shape}: {type(e).__name__}: {str(e)[:500]}")
     if args.json:
