@@ -25,6 +25,10 @@ from tilews.lowering.traverse import transform, walk
 from .helpers import poisoned, randn
 
 SEEDS = range(20)
+AS_WRITTEN_K = dataclasses.replace(HOPPER, pipeline=HOPPER.pipeline.without("coarsen_handshakes"))
+"""Hopper without coarsen_handshakes: an explicit loop keeps its own k tiles, so the lowered
+program adds the same float32 products in the same order as the program as written (coarsening
+sums two k tiles per gemm: equal up to rounding, tests/passes/test_coarsen_handshakes.py)."""
 
 
 def run_interp(kernel, args, out_index, seed=0):

@@ -100,7 +100,7 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     it = ir.Var("tile_iter", ir.DType.I32, ir.VarKind.LOOP, loc)
     if len(extents) == 2:
         gx, gy = extents
-        group = kernel.swizzle_panel or 16    # measured on H200: 16-row panels beat 8 at 4096^3
+        group = kernel.swizzle_panel or schedule.PANEL_ROWS
         tile = ir.BinOp(ir.BinOpKind.ADD, block, ir.BinOp(ir.BinOpKind.MUL, it, c(sms), ir.DType.I32, loc),
                         ir.DType.I32, loc)
         by, bx = schedule.grouped_tile(tile, c(gy), c(gx), group, loc)

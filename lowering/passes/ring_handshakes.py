@@ -57,7 +57,7 @@ TileLang's examples, 0.35x). Deeper rings that shared memory holds buy no more t
 
 
 @dataclass(frozen=True)
-class _Handshake:
+class Handshake:
     loop: ir.For
     buffers: tuple          # X: the shared buffers handed over, in allocation order
     full: ir.Buffer         # F: the producer arrives, the consumer waits
@@ -68,13 +68,13 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if not roles.role_sets(kernel.body):
         return kernel
     for loop in [s for s in kernel.body.stmts if isinstance(s, ir.For)]:
-        found = _handshake(kernel, loop)
+        found = handshake(kernel, loop)
         if found is not None:
             kernel = _promoted(kernel, found, config)
     return kernel
 
 
-def _promoted(kernel: ir.Kernel, hs: _Handshake, config: BackendConfig) -> ir.Kernel:
+def _promoted(kernel: ir.Kernel, hs: Handshake, config: BackendConfig) -> ir.Kernel:
     """``kernel`` with the handshake ``hs`` as the deepest ring that fits and is shown to finish,
     with a note either way."""
     trips = protocol.loop_range(hs.loop, {})[2]
@@ -83,15 +83,15 @@ def _promoted(kernel: ir.Kernel, hs: _Handshake, config: BackendConfig) -> ir.Ke
             f"the single barriers '{hs.full.name}' and '{hs.empty.name}'")
     need = None
     for stages in range(min(RING_STAGES, trips if trips is not None else RING_STAGES), 1, -1):
-        ringed = _ringed(kernel, hs, stages)
-        need = plan_buffers.peak_after("ring_handshakes", ringed, config)
+        ring = ringed(kernel, hs, stages)
+        need = plan_buffers.peak_after("ring_handshakes", ring, config)
         if need > config.caps.smem_bytes:
             continue
-        unproven = check_barriers.unproven(ringed, config)
+        unproven = check_barriers.unproven(ring, config)
         if unproven is not None:
             return kernel.with_note(f"{what}; kept as written: the protocol check cannot show "
                                     f"that a ring of {stages} slots finishes: {unproven}")
-        return ringed.with_note(
+        return ring.with_note(
             f"{what}, one slot the producer fills only after the consumer released it: now a "
             f"ring of {stages} slots, the producer up to {stages} iterations ahead (the consumer "
             f"still reads each iteration's tiles after the producer wrote them, nothing else "
@@ -108,7 +108,7 @@ def _promoted(kernel: ir.Kernel, hs: _Handshake, config: BackendConfig) -> ir.Ke
 # recognizing the handshake
 
 
-def _handshake(kernel: ir.Kernel, loop: ir.For) -> Optional[_Handshake]:
+def handshake(kernel: ir.Kernel, loop: ir.For) -> Optional[Handshake]:
     """The handshake of ``loop`` (see the contract), or None."""
     if loop.kind is not ir.ForKind.SERIAL \
             or not all(isinstance(s, ir.Role) for s in loop.body.stmts):
@@ -140,7 +140,7 @@ def _handshake(kernel: ir.Kernel, loop: ir.For) -> Optional[_Handshake]:
     if not _alone(kernel, loop, ring | {full, empty}) or not _parities(loop, p_wait, c_wait):
         return None
     order = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)]
-    return _Handshake(loop, tuple(b for b in order if b in ring), full, empty)
+    return Handshake(loop, tuple(b for b in order if b in ring), full, empty)
 
 
 def _framed(stmts: list):
@@ -211,7 +211,8 @@ def _parities(loop: ir.For, p_wait: ir.BarrierWait, c_wait: ir.BarrierWait) -> b
 # the ring
 
 
-def _ringed(kernel: ir.Kernel, hs: _Handshake, stages: int) -> ir.Kernel:
+def ringed(kernel: ir.Kernel, hs: Handshake, stages: int) -> ir.Kernel:
+    """``kernel`` with the handshake ``hs`` as a ring of ``stages`` slots (the contract's form)."""
     loc = hs.loop.loc
     slots = ir.Const(stages, ir.DType.I32, loc)
     slot, phase = schedule.ring_slot(fold(schedule.iteration(hs.loop, loc)), stages, loc)

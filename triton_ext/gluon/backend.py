@@ -15,12 +15,12 @@ from tilews.lowering import ir
 from tilews.lowering.backend import Backend, Machine
 from tilews.lowering.capabilities import SM90, Capabilities
 from tilews.lowering.config import BackendConfig
-from tilews.lowering.passes import (check_barriers, infer_layouts, legalize, legalize_wgmma,
-                                    longest_first, mask_after_gemm, overlap_gemms, overlap_mma,
-                                    overlap_softmax, overlap_store, persist, pingpong, plan_buffers,
-                                    plan_pipeline, registerize, ring_handshakes, runtime_clear,
-                                    split_consumers, split_extents, swizzle_grid, uniform_selects,
-                                    warp_specialize)
+from tilews.lowering.passes import (check_barriers, coarsen_handshakes, infer_layouts, legalize,
+                                    legalize_wgmma, longest_first, mask_after_gemm, overlap_gemms,
+                                    overlap_mma, overlap_softmax, overlap_store, panel_grid,
+                                    persist, pingpong, plan_buffers, plan_pipeline, registerize,
+                                    ring_handshakes, runtime_clear, split_consumers, split_extents,
+                                    swizzle_grid, uniform_selects, warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
 from tilews.lowering.plans import AsyncRefusal
 
@@ -47,12 +47,13 @@ PIPELINE = Pipeline((
     # A large GEMM becomes persistent first, so the pipeline is planned inside its tile loop;
     # a kernel left one block per tile starts its longest blocks (causal attention's last query
     # blocks) first.
-    # An explicit program's one-slot handshake becomes a ring before its roles are split (it
-    # rewrites the loop the roles share, and the ring's buffers are what the later passes plan);
+    # An explicit program's one-slot handshake steps through K in 128-byte rows, then becomes a
+    # ring, before its roles are split (both rewrite the loop the roles share, and the ring's
+    # buffers are what the later passes plan);
     # then one consumer role per warp group where their rows are independent.
     # Shared buffers left as one role's scratch then become register tiles.
     Phase("specialize", (Pass.of(persist), Pass.of(longest_first), Pass.of(plan_pipeline),
-                         Pass.of(ring_handshakes),
+                         Pass.of(coarsen_handshakes), Pass.of(ring_handshakes),
                          Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(registerize))),
     # Rings and roles are final: place shared buffers and check the budget, then layouts.
     Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
@@ -67,8 +68,9 @@ PIPELINE = Pipeline((
     # under its fragment math (the attention backward's five gemms).
     Phase("overlap", (Pass.of(overlap_softmax), Pass.of(pingpong), Pass.of(overlap_mma),
                       Pass.of(overlap_store), Pass.of(overlap_gemms))),
-    # Last: persist made its own panels, and legalize read block ranges from the 2-d grid.
-    Phase("grid", (Pass.of(swizzle_grid),)),
+    # Last: persist made its own panels, and legalize read block ranges from the 2-d grid. A
+    # grid of GEMM tiles left in launch order by the program gets panels as T.use_swizzle's.
+    Phase("grid", (Pass.of(panel_grid), Pass.of(swizzle_grid))),
 ))
 
 
