@@ -31,6 +31,8 @@ SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 1
 # "dq_tile_add": None flips the op's choice)
 MAIN_CHANGES = {64: [dict(num_stages=3), dict(block_N=128), dict(block_M=64, threads=128)],
                 128: [dict(overlap_gemms=False), dict(dq_tile_add=None)]}
+# the preprocess's and postprocess's (rows per block, threads); the op's first
+PREPOST_BLOCKS = ((64, 128), (128, 128), (128, 256))
 FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
                   (8, 16, 4096, 64, True)]
 
@@ -129,10 +131,12 @@ def run_shape(shape, rounds, results, quick=False):
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
 
-    # the preprocess and postprocess alone, at the op's blocks and at 128-row blocks
+    # the preprocess and postprocess alone (--quick too: with the main kernel they account for
+    # the op's time), at the op's blocks (64 x 128 threads) and larger ones, beside a memset of
+    # dQ's float32 accumulator (what the preprocess's zeroing alone would cost at bandwidth)
     pre, _, post = kernels()
     out_d, dq = out.detach(), torch.empty_like(q)
-    for block, threads in () if quick else ((64, 128), (128, 256)):
+    for block, threads in PREPOST_BLOCKS:
         try:
             p = pre(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
             o = post(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
@@ -140,6 +144,7 @@ def run_shape(shape, rounds, results, quick=False):
             impls[f"post {block}x{threads}"] = lambda o=o: o(dq_acc, dq)
         except Exception as e:          # noqa: BLE001
             print(f"pre/post {block}x{threads}: {type(e).__name__}: {str(e)[:300]}")
+    impls["dQ acc memset"] = dq_acc.zero_
 
     _time(torch, name, impls, rounds, flops, results)
 
@@ -195,7 +200,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true",
-                        help="the op and its main kernel at the op's blocks only")
+                        help="the op, its main kernel at the op's blocks, its preprocess and "
+                             "postprocess")
     parser.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
     parser.add_argument("--forward", type=int, nargs="*", default=[],
                         help="indices into FORWARD_SHAPES: the forward with overlap_gemms on and off")

@@ -29,14 +29,19 @@ Ensures:   every statement list (a role's body, a loop body, a branch) whose wai
               (a ring slot counter: the interpreter found the deadlock moving it past one made)
               or the end of the list; arrivals keep their order among themselves;
            4. the list ends with ``gemm_wait 0`` (Gluon carries only completed accumulators
-              across iterations and out of branches) followed by the held-back arrivals.
+              across iterations and out of branches) followed by the held-back arrivals;
+           5. a ``bulk_store_wait`` (overlap_store's, before its staging buffer's next write)
+              stays just before the statement that followed it, after the gemm waits and
+              arrivals steps 2-3 place there (Triton follows the bulk store wait with a barrier
+              of the role's threads; placed before the arrivals, each arrival after it needed
+              one more: the attention backward's sm_90a loop, 6 ``BAR.SYNC`` instead of 5).
 
            On the attention backward's loop body this issues ``S^T = K Q^T`` and
            ``dP^T = V dO^T`` back to back, runs the exponentials under ``dP^T``, ``dS^T`` under
            the ``dV`` gemm and dS's store to shared memory under the ``dK`` gemm.
 Preserves: program meaning (the interpreter runs gemms synchronously; statements move only past
-           statements they share no buffer with, and waits only order asynchronous work) and
-           locations.
+           statements they share no buffer with, and waits only order asynchronous work: a bulk
+           store wait still precedes the statement it preceded) and locations.
 """
 from __future__ import annotations
 
@@ -157,12 +162,18 @@ def _place_waits(stmts: list, released: dict, loc: ir.Loc) -> tuple:
         while held and not any(g is i for g in held[0][1] for i in inflight):
             out.append(held.pop(0)[0])
 
+    store_waits: list[ir.BulkStoreWait] = []   # step 5: each before the next other statement
     for s in stmts:
+        if isinstance(s, ir.BulkStoreWait):
+            store_waits.append(s)
+            continue
         if isinstance(s, ir.BarrierArrive):
             needed = [g for g in inflight if roles.released_operand(s, g, released) is not None]
             if needed or held:
                 held.append((s, needed))
             else:
+                out.extend(store_waits)
+                store_waits = []
                 out.append(s)
             continue
         sync = isinstance(s, (ir.BarrierWait, ir.BlockSync))
@@ -173,8 +184,11 @@ def _place_waits(stmts: list, released: dict, loc: ir.Loc) -> tuple:
             complete(inflight, s.loc)
         elif not sync:
             complete([g for g in inflight if _needs(s, g)], s.loc)
+        out.extend(store_waits)
+        store_waits = []
         out.append(s)
         if _wgmma(s):
             inflight.append(s)
     complete(inflight, loc)
+    out.extend(store_waits)
     return tuple(out)

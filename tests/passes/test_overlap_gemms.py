@@ -3,7 +3,10 @@
 * The attention backward's loop body (five gemms): ``S^T = K Q^T`` and ``dP^T = V dO^T`` are
   issued back to back; the exponentials follow ``gemm_wait 1`` (dP^T still in flight), dS^T
   follows the dV gemm's issue under ``gemm_wait 1``, and dS's shared store is under the dK gemm;
-  the ring slots are released after the final wait. The lowered program gives the float64
+  the ring slots are released after the final wait. With dQ's tile added by a bulk reduce-add
+  (``dq_tile_add``), overlap_store's wait for the previous add stays just before dQ's shared
+  store, after the final wait and the arrivals (before them, the arrival needed a barrier of its
+  own: sm_90a SASS of the D64 loop, 6 ``BAR.SYNC`` instead of 5). The lowered program gives the float64
   gradients on the interpreter (gemms there are synchronous, so a statement moved past one it
   depends on would show), and its sm_90a PTX waits with ``wgmma.wait_group 1``.
 * With the policy off (``TILEWS_OVERLAP_GEMMS=off``) every gemm is waited at once, as
@@ -30,9 +33,12 @@ from ..helpers import gluon_program, randn
 
 
 def _consumer_loop(kernel: ir.Kernel) -> list:
+    """The statements of the consumer's innermost loop holding gemms (a persistent kernel's
+    main loop is inside its tile loop)."""
     ws = next(s for s in walk(kernel.body) if isinstance(s, ir.WarpSpecialize))
     consumer = max(ws.roles, key=lambda r: len(r.warpgroups))
-    loop = next(s for s in walk(consumer.body) if isinstance(s, ir.For))
+    loop = [s for s in walk(consumer.body) if isinstance(s, ir.For)
+            and any(isinstance(t, ir.Gemm) for t in s.body.stmts)][-1]
     return list(loop.body.stmts)
 
 
@@ -45,6 +51,10 @@ def _kinds(stmts) -> list[str]:
             out.append(f"wait{s.outstanding}")
         elif isinstance(s, ir.BarrierArrive):
             out.append(f"arrive {s.barrier.buffer.name}")
+        elif isinstance(s, ir.BulkStoreWait):
+            out.append(f"store wait{s.outstanding}")
+        elif isinstance(s, ir.Copy) and s.dst.buffer.scope is ir.Scope.SHARED:
+            out.append(f"copy ->{s.dst.buffer.name}")
         elif isinstance(s, ir.Parallel):
             written = {t.buffer.name for t in walk(s) if isinstance(t, ir.Store)}
             out.append("parallel " + ",".join(sorted(written)) if written else "parallel atomics")
@@ -61,8 +71,16 @@ def test_backward_gemms_issue_together_and_wait_where_needed():
     assert _kinds(_consumer_loop(kernel)) == [
         "gemm->sT", "gemm->dpT", "wait1", "parallel sT",
         "gemm->dv", "wait1", "parallel dsT",
-        "gemm->dk", "gemm->dq", "wait0", "arrive empty_dO_s", "arrive empty_Q_s",
+        "gemm->dk", "copy ->dsT_s", "gemm->dq", "wait0", "arrive empty_dO_s", "arrive empty_Q_s",
         "parallel atomics"]
+
+
+def test_bulk_store_wait_follows_the_final_wait_and_arrivals():
+    kernel = lower(build_kernel(bwd_program(1, 2, 2, 512, 64, False, 512, dq_tile_add=True)),
+                   HOPPER.replace(num_sms=132))
+    kinds = _kinds(_consumer_loop(kernel))
+    assert kinds[kinds.index("gemm->dq"):] == [
+        "gemm->dq", "wait0", "arrive empty_dO_s", "arrive empty_Q_s", "store wait0", "copy ->dq_s"], kinds
 
 
 def test_off_waits_for_each_gemm_at_once():

@@ -11,8 +11,9 @@ behind ``tilews.ops.attention``'s autograd.
    float32 by element atomics from registers (dS^T goes through shared memory: the gemm reads it
    transposed), or with ``dq_tile_add`` as a tile through shared memory (on Hopper one bulk
    reduce-add; slower on an H200 so far, docs/performance.md). Each K/V block runs its query
-   blocks starting from its own (rotated by ``bx``), so the blocks of a head do not add into the
-   same dQ rows at the same time.
+   blocks starting from its own, so the blocks of a head do not add into the same dQ rows at the
+   same time: rotated by ``bx``, or causal from the diagonal's (already its own; no remainder
+   by a run-time count per query block).
    Causal: query blocks before the K/V block's first key are skipped; a mask runs only on the
    blocks that cross the diagonal.
 3. ``postprocess``: dQ cast to the operands' dtype.
@@ -182,6 +183,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         else:
             first = 0
         per_head = T.ceildiv(q_len, block_N) - first
+        own_first = is_causal and not varlen and block_M >= block_N
         if varlen:
             # the warp-specialized pipeline needs its loop at the kernel's top level: a block
             # past the sequence's end runs it zero times instead of returning
@@ -189,10 +191,12 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         else:
             trips = group * per_head
         for it in T.Pipelined(trips, num_stages=num_stages):
-            # each K/V block starts at its own query block (rotated by bx), so the blocks of one
-            # head do not all add into the same dQ rows at once
             h = by * group + it // per_head if group > 1 else by
-            kb = first + (it % per_head + bx) % per_head if group > 1 else first + (it + bx) % per_head
+            step = it % per_head if group > 1 else it
+            # each K/V block starts at its own query block, so the blocks of one head do not all
+            # add into the same dQ rows at once: causal (not varlen, whose first blocks may all
+            # be 0), the first query block already differs (the diagonal's); else rotated by bx
+            kb = first + (step if own_first else (step + bx) % per_head)
             T.copy(rows(Q, bz, h, q_start + kb * block_N, block_N), Q_s)
             row_vector(LSE[bz, h, kb * block_N], lse_s, lse)
             T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True)
