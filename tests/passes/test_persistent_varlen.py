@@ -149,3 +149,44 @@ def test_the_persistent_varlen_forward_compiles_for_sm90a_without_spills(causal,
     if report is not None:
         got = int(re.search(r"(\d+) bytes spill stores", report).group(1))
         assert got <= spilled, report
+
+
+def _loops(sass: str) -> list[list[str]]:
+    """The opcodes of each loop (a backward branch and what it jumps over) of ``cuobjdump -sass``."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)
+    at = {int(a, 16): n for n, (a, _) in enumerate(lines)}
+    loops = []
+    for n, (a, text) in enumerate(lines):
+        m = re.search(r"\bBRA\s+.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < int(a, 16) and int(m.group(1), 16) in at:
+            loops.append([t.split()[1] if t.startswith("@") else t.split()[0]
+                          for _, t in lines[at[int(m.group(1), 16)]:n + 1]])
+    return loops
+
+
+# non-causal varlen visits its ragged last K/V block first, so each consumer's K/V loop (16 wgmmas:
+# Q K^T and P V) has no mask in it (it had 64 FSEL behind a branch on the length: ptxas then
+# waited for P V before the row maximum, where the dense kernel overlaps them)
+def test_the_non_causal_varlen_consumer_loop_has_no_mask():
+    import os
+    import subprocess
+    import tempfile
+    import triton
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bin_dir, "cuobjdump")):
+        pytest.skip("this Triton bundles no cuobjdump")
+    prog = mha_fwd_varlen_program(16, 16, 128, False, block_M=128, block_N=128, num_stages=2,
+                                  threads=256)
+    ptx = gluon_program(lower(build_kernel(prog), HOPPER.replace(num_sms=132))).asm["ptx"]
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "k.ptx")
+        with open(path, "w") as fh:
+            fh.write(ptx)
+        subprocess.run([os.path.join(bin_dir, "ptxas"), "--gpu-name", "sm_90a", path, "-o",
+                        path + ".cubin"], check=True, capture_output=True)
+        sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", path + ".cubin"],
+                              check=True, capture_output=True, text=True).stdout
+    kv_loops = [body for body in _loops(sass) if sum(op.startswith("HGMMA") for op in body) == 16]
+    assert len(kv_loops) >= 2, [len(b) for b in kv_loops]          # one per consumer warp group
+    for body in kv_loops:
+        assert not any(op.startswith("FSEL") for op in body), sorted(set(body))

@@ -133,7 +133,8 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
             # needs its loop at the kernel's top level: no early return around it)
             loop_range = T.if_then_else(bx * block_M < q_len, loop_range, 0)
         for k in T.Pipelined(loop_range, num_stages=num_stages):
-            T.copy(rows(K, bz, by // group, k_start + k * block_N, block_N), K_shared)
+            kb = key_block(k, loop_range)
+            T.copy(rows(K, bz, by // group, k_start + kb * block_N, block_N), K_shared)
             # -inf where a key is past the end (or, causal, after the query). Causal: S
             # starts as 0 / -inf and Q K^T accumulates into it (TileLang's form: the mask is
             # ready before the gemm is issued); a row below q_len sees keys up to its own
@@ -151,11 +152,11 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True)
             else:
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, clear_accum=True)
-                if (k + 1) * block_N > k_len:
+                if ragged_end(k, kb, k_len):
                     for i, j in T.Parallel(block_M, block_N):
-                        acc_s[i, j] = T.if_then_else(k * block_N + j < k_len, acc_s[i, j],
+                        acc_s[i, j] = T.if_then_else(kb * block_N + j < k_len, acc_s[i, j],
                                                      -T.infinity(accum))
-            T.copy(rows(V, bz, by // group, k_start + k * block_N, block_N), V_shared)
+            T.copy(rows(V, bz, by // group, k_start + kb * block_N, block_N), V_shared)
             T.copy(scores_max, scores_max_prev)
             T.fill(scores_max, -T.infinity(accum))
             T.reduce_max(acc_s, scores_max, dim=1, clear=False)
@@ -222,6 +223,26 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
                     for i in T.Parallel(block_M):
                         logsum[i] = scores_max[i] * scale - T.log2(logsum[i])
                     T.copy(logsum, LSE[bz, by, bx * block_M])
+
+    # Non-causal varlen: the K/V blocks in the order last, 0, 1, ..., so the ragged end's mask
+    # is the first iteration's, which the warp-specialized consumer runs before its loop: the
+    # loop's copy keeps a test of `k + 1 == 0` that Triton folds away, and the loop has no
+    # branch (a branch on the runtime length in it kept ptxas from issuing the row maximum
+    # under the P V wgmma, as it does in the dense kernel, where a compile-time length folds it).
+    # Causal keeps the ascending order: its diagonal blocks are the last ones.
+    @T.macro
+    def key_block(k, blocks):
+        if varlen and not is_causal:
+            return T.if_then_else(k == 0, blocks - 1, k - 1)
+        else:
+            return k
+
+    @T.macro
+    def ragged_end(k, kb, k_len):
+        if varlen and not is_causal:
+            return k == 0
+        else:
+            return (kb + 1) * block_N > k_len
 
     @T.macro
     def sees_a_key(row, offset, k_len):
