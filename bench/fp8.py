@@ -179,18 +179,21 @@ def _scale_like(shape: Sequence[int], granularity: str) -> torch.Tensor:
 
 def _build_tilews(case: Case, target: str):
     """``tilews.ops.fp8_scaled_mm``'s kernel for ``target``, given what the op gives it
-    (``kernel_mapping``) and writing into a caller-given C (no out_idx)."""
-    from tilews.ops.fp8 import kernel_mapping, scaled_mm_kernel
+    (``kernel_mapping``, and on a GPU the op's untuned tiling, ``default_tiles``, with a split
+    tiling's scratch operands) and writing into a caller-given C (no out_idx)."""
+    from tilews.ops.fp8 import default_tiles, kernel_mapping, scaled_mm_kernel, split_scratch
     M, N, K, _ = case.shape
     gran = _granularity(case.shape)
     like = [_scale_like(shape, gran) for shape in scale_shapes(gran, M, N, K)]
     a, w = (torch.empty(rows, K, dtype=E4M3, device="meta") for rows in (M, N))
     args, operands = kernel_mapping(a, w.t(), *like, out_dtype=case.dtype,
                                     use_fast_accum=_fast(case.shape))
-    kernel = for_target(scaled_mm_kernel.fn, target)(*args)
+    tiles = default_tiles(args, case.machine.device) if target == "hopper" else None
+    kernel = for_target(scaled_mm_kernel.fn, target)(*args, tiles.hints() if tiles else ())
+    scratch = split_scratch(tiles, M, N) or (lambda device: ())
 
     def run(a, b, scale_a, scale_b, *rest):
-        kernel(*operands(a, b, scale_a, scale_b), rest[-1])
+        kernel(*operands(a, b, scale_a, scale_b), *scratch(a.device), rest[-1])
     return run
 
 

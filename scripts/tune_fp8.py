@@ -30,7 +30,7 @@ from tilews.lowering.frontend import build_kernel
 from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.ops import fp8_scaled_mm
 from tilews.bench.fp8 import exact
-from tilews.ops.fp8 import Tiles, kernel_inputs, scaled_mm_kernel
+from tilews.ops.fp8 import Tiles, kernel_inputs, scaled_mm_kernel, split_scratch
 from tilews.testing import rel_err, time_ms
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/ from any cwd
 from tests.helpers import load  # noqa: E402
@@ -61,10 +61,13 @@ def direct(prim, target):
 
 def with_tiles(a, w, sa, sb, fast, tiles: tuple):
     """The op's call with the intrinsic's tile hints ``tiles`` ((name, value) pairs; a ``Tiles``'
-    ``hints()`` are the ones the op itself compiles with)."""
+    ``hints()`` are the ones the op itself compiles with; with ``splits``, the scratch operands
+    the op gives a split tiling)."""
     args, operands = kernel_inputs(a, w.t(), sa, sb, use_fast_accum=fast)
     kernel = scaled_mm_kernel(*args, tiles)
-    return lambda: kernel(*operands)
+    scratch = split_scratch(Tiles(**dict(tiles)), a.shape[0], w.shape[0]) \
+        if dict(tiles).get("splits", 1) > 1 else (lambda device: ())
+    return lambda: kernel(*operands, *scratch(a.device))
 
 
 def inputs(M, N, K, gran):

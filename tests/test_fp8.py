@@ -1653,3 +1653,147 @@ def test_transposed_block_scales_where_the_shapes_also_read_as_per_row(M, N, K):
     c, ref = run_gemm("interpret", M, N, K, "block-t", PAIRS["e4m3-e4m3"], False, torch.float32,
                       False, seed=0, scales=(sa, sb))
     assert rel_err(c, ref) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# 10. split K (``splits``): slices summed in the kernel, scaled once (issue 41 item 4)
+
+
+def split_call(kind, M, N, K, tiles, out_dtype, with_bias, target, seed=0):
+    """The op's kernel with ``tiles`` (``target``), a NaN workspace and fresh counters: (out,
+    the float64 reference, the counters after the call)."""
+    a, w = fp8((M, K), E4M3, seed), fp8((N, K), E5M2, seed + 1)
+    sa, sb = ops_scales(kind, M, N, K, seed + 2)
+    args, operands = kernel_inputs(a, w.t(), sa, sb, out_dtype=out_dtype)
+    bias_dtype = _T[out_dtype] if with_bias else None
+    g = torch.Generator().manual_seed(seed + 3)
+    bias = (torch.randn(N, generator=g) * 10).to(out_dtype) if with_bias else None
+    kernel = fp8_ops.scaled_mm_kernel.fn
+    prim = kernel(*args, tiles.hints(), bias_dtype=bias_dtype)
+    counters = torch.zeros(cdiv(M, tiles.block_M) * cdiv(N, tiles.block_N) + 3, dtype=torch.int32)
+    workspace = torch.full(fp8_language.split_workspace_shape(M, N, tiles.block_N, tiles.splits),
+                           float("nan"))
+    out = poisoned(M, N, dtype=out_dtype)
+    k = tilews.compile(prim, target=target)
+    k(*operands, *([bias] if with_bias else []), counters, workspace, out)
+    return out, ops_reference(a, w.t(), sa, sb, kind, bias), counters
+
+
+@pytest.mark.parametrize("target, kind, M, N, K, splits, out, with_bias", [
+    ("interpret", "tensor", 20, 72, 600, 3, "bf16", False),     # 5 k-blocks: slices 2, 2, 1
+    ("interpret", "row", 33, 100, 520, 2, "fp32", True),        # ragged M, N, K
+    ("interpret", "tensor", 16, 64, 256, 4, "fp16", True),      # a slice past K: zeros
+    ("triton", "row", 20, 72, 600, 3, "bf16", True),
+    ("triton", "tensor", 40, 96, 384, 2, "fp32", False),
+])
+def test_split_k_matches_float64(target, kind, M, N, K, splits, out, with_bias):
+    """Each slice's unscaled partial goes through a NaN workspace; the last block sums them,
+    scales once, adds the bias, stores C and puts its counter back to zero."""
+    tiles = fp8_ops.Tiles(16 if target == "interpret" else 32, 32, 2, 128, splits)
+    got, want, counters = split_call(kind, M, N, K, tiles, OUTS[out], with_bias, target)
+    assert not got.isnan().any()
+    assert rel_err(got, want) < TOL[OUTS[out]]
+    assert not counters.any()
+
+
+def test_split_k_errors():
+    a, w = fp8((16, 256), E4M3, 1), fp8((64, 256), E4M3, 2)
+    sa, sb = ops_scales("block", 16, 64, 256, 3)
+    args, _ = kernel_inputs(a, w.t(), sa, sb)
+    split = fp8_ops.Tiles(64, 64, 2, 128, 2).hints()
+    with pytest.raises(CompileValueError, match="per-tensor or per-row"):
+        build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, split))
+    sa, sb = ops_scales("tensor", 16, 64, 256, 3)
+    args, _ = kernel_inputs(a, w.t(), sa, sb)
+    kernel = fp8_ops.scaled_mm_kernel.fn(*args)         # no workspace / arrivals parameters
+    prim = build_kernel(kernel)                          # unsplit: builds
+    assert prim is not None
+
+    expect_error(CompileValueError, split_without_workspace(),
+                 marked_line(split_without_workspace, "# MARK"), "splits=2 needs workspace=", "[16, 128]")
+    expect_error(CompileValueError, split_with_workspace((16, 64)),
+                 marked_line(split_with_workspace, "# MARK"), "workspace is [16, 64]", "[16, 128]")
+
+
+def split_without_workspace():
+    @T.prim_func
+    def main(A: T.Tensor((16, 256), T.float8_e4m3), SA: T.Tensor((1,), T.float32),
+             B: T.Tensor((64, 256), T.float8_e4m3), SB: T.Tensor((1,), T.float32),
+             C: T.Tensor((16, 64), T.bfloat16)):
+        T.fp8_scaled_matmul(A, SA, B, SB, C, transpose_B=True, splits=2)  # MARK
+    return main
+
+
+def split_with_workspace(w_shape):
+    @T.prim_func
+    def main(A: T.Tensor((16, 256), T.float8_e4m3), SA: T.Tensor((1,), T.float32),
+             B: T.Tensor((64, 256), T.float8_e4m3), SB: T.Tensor((1,), T.float32),
+             Arr: T.Tensor((8,), T.int32), W: T.Tensor(w_shape, T.float32),
+             C: T.Tensor((16, 64), T.bfloat16)):
+        T.fp8_scaled_matmul(A, SA, B, SB, C, transpose_B=True, splits=2, block_N=64,  # MARK
+                            workspace=W, arrivals=Arr)
+    return main
+
+
+@pytest.mark.parametrize("M, N, K, block_wise, want", [
+    (16, 4096, 4096, False, "64x64 s12 t128 x2"),      # 64 tiles on 132 SMs
+    (32, 4096, 14336, False, "64x64 s12 t128 x2"),
+    (64, 4096, 4096, False, "64x64 s12 t128 x2"),
+    (1, 2048, 4096, False, "64x64 s12 t128 x4"),       # 32 tiles: at most SPLIT_MOST slices
+    (16, 2048, 2048, False, "64x64 s12 t128 x2"),      # 16 k-blocks: 8 per slice at least
+    (16, 4096, 1024, False, None),                     # 8 k-blocks: too short to split
+    (128, 4096, 4096, False, None),                    # 128 tiles of 64 x 64 fill the SMs
+    (16, 14336, 4096, False, None),                    # 112 tiles of 64 x 128 fill them
+    (16, 4096, 4096, True, None),                      # block-wise: scaled in the k-loop
+])
+def test_split_tiles_heuristic(M, N, K, block_wise, want):
+    got = fp8_ops.split_tiles(M, N, K, block_wise, 132)
+    assert (None if got is None else str(got)) == want
+
+
+def test_split_tiles_text_and_default_off_the_gpu():
+    t = fp8_ops.Tiles(64, 64, 12, 128, 2)
+    assert str(t) == "64x64 s12 t128 x2" and fp8_ops.Tiles.from_text("64x64s12t128x2") == t
+    assert dict(t.hints())["splits"] == 2 and "splits" not in dict(fp8_ops.Tiles(64, 64, 12, 128).hints())
+    a, w = fp8((16, 4096), E4M3, 1), fp8((4096, 4096), E4M3, 2)
+    args, _ = kernel_inputs(a, w.t(), torch.tensor(1.0), torch.tensor(1.0))
+    assert fp8_ops.default_tiles(args, torch.device("cpu")) is None    # the interpreter's tiles
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_ops_runs_a_split_tiling_with_its_scratch(fresh_fp8_calls, monkeypatch, with_bias):
+    """The op's cached call gives a split kernel its counters and a workspace, first and later
+    calls, with and without a bias (which goes before them)."""
+    monkeypatch.setattr(fp8_ops, "default_tiles", lambda args, device: fp8_ops.Tiles(16, 32, 2, 128, 3))
+    M, N, K = 20, 72, 600
+    for seed in (1, 2):
+        a, w = fp8((M, K), E4M3, seed), fp8((N, K), E4M3, seed + 10)
+        sa, sb = ops_scales("row", M, N, K, seed)
+        bias = torch.randn(N, generator=torch.Generator().manual_seed(seed)) if with_bias else None
+        c = fp8_scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=torch.float32)
+        assert rel_err(c, ops_reference(a, w.t(), sa, sb, "row", bias)) < TOL[torch.float32]
+    assert len(fp8_ops._calls) == 1
+
+
+def test_hopper_split_k_sums_in_the_kernel():
+    """sm_90a: the split kernel is one launch over (tiles, slices): the partial stored from
+    registers, an acq_rel arrival, the sum and one scaling under the last arrival; the k-loop
+    runs K / 128 / splits iterations; ptxas neither spills nor serializes the wgmmas."""
+    a = torch.empty(16, 4096, dtype=E4M3, device="meta")
+    w = torch.empty(4096, 4096, dtype=E4M3, device="meta")
+    args, _ = fp8_ops.kernel_mapping(a, w.t(), torch.empty((), device="meta"),
+                                     torch.empty((), device="meta"))
+    hints = fp8_ops.split_tiles(16, 4096, 4096, False, 132).hints()
+    k = lower(build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, hints), target="hopper"),
+              HOPPER.replace(num_sms=132))
+    p = gluon_program(k)
+    src = p.source
+    assert "bz = gl.program_id(2)" in src and "for k in range(0, 16, 1):" in src
+    assert src.count("sem='acq_rel'") == 1 and src.count("scale_a +") == 1
+    ptx = p.asm["ptx"]
+    assert re.search(r"atom\.acq_rel\.gpu\.global\.add", ptx) or "atom.global.acq_rel" in ptx \
+        or re.search(r"atom\.[a-z_.]*acq_rel", ptx), "no acq_rel atomic in the PTX"
+    report = ptxas_report(ptx)
+    if report is None:
+        pytest.skip("this triton has no bundled ptxas")
+    assert "C7514" not in report and "0 bytes spill stores" in report, report

@@ -32,17 +32,17 @@ from tilews.lowering.capabilities import SM90, bulk_copy_rows, wave_use
 from tilews.targets import num_sms
 
 from .copy import copy as tile_copy
-from .elementwise import cast, ceildiv, clear
+from .elementwise import atomic_add, cast, ceildiv, clear
 from .elementwise import min as min_
 from .gemm import gemm
 from .kernel import Kernel, use_swizzle
-from .loops import Parallel, Pipelined
+from .loops import Parallel, Pipelined, serial
 from .memory import alloc_fragment, alloc_shared
 
 _OUT_DTYPES = (ir.DType.BF16, ir.DType.F16, ir.DType.F32)
 _BOX_MOST = 256             # elements along one dimension of a bulk copy's box
 _ROW_LEAST = 32             # B scales in a shared row: 128 bytes, as bulk copies write
-_HINTS = ("block_M", "block_N", "num_stages", "threads", "panel")
+_HINTS = ("block_M", "block_N", "num_stages", "threads", "panel", "splits")
 
 
 def determine_fp8_type(fp8_format: str = "e4m3") -> ir.DType:
@@ -67,21 +67,28 @@ def _library_macro(fn):
 
 def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
                       use_fast_accum: bool = False, transpose_A_scale: bool = False, bias=None,
-                      **hints) -> None:
+                      workspace=None, arrivals=None, **hints) -> None:
     """See the module docstring. ``transpose_A_scale`` (whole GEMM, block-wise scales): A_scale
     is given as [ceil(K / 128), M], k-block-major, the layout ``torch._scaled_mm`` wants block-wise
     A scales in (its [M, K / 128] tensor with strides (1, M) is this tensor transposed); on
     Hopper each k-block's scales then travel with the A and B tiles, one bulk copy per stage.
     ``hints`` (``block_M``, ``block_N``, ``num_stages``, ``threads``, and ``panel``:
     ``T.use_swizzle``'s panel of tile rows, 0 for the target's default) override the whole-GEMM
-    form's tile choice; they never change results."""
+    form's tile choice; they never change results. ``splits`` (whole GEMM, per-tensor / per-row
+    scales): K cut into that many slices, one block per (tile, slice), summed in the same kernel
+    (``_split_sum``); it needs ``workspace``, float32 [M, splits * N'] (N' = N in whole tiles of
+    ``block_N``: ``split_workspace_shape``), and ``arrivals``, int32 counters, one per output tile,
+    zero at launch and left zero (``gemm_programs.split_k_fused``'s contract)."""
     if builder().kernel is None:
         _whole_gemm(A, A_scale, B, B_scale, C, bool(transpose_B), bool(use_fast_accum),
-                    bool(transpose_A_scale), bias, hints)
+                    bool(transpose_A_scale), bias, hints, workspace, arrivals)
     else:
-        if hints or transpose_A_scale or bias is not None:
+        if hints or transpose_A_scale or bias is not None or workspace is not None \
+                or arrivals is not None:
             named = [*hints] + (["transpose_A_scale"] if transpose_A_scale else []) + \
-                (["bias"] if bias is not None else [])
+                (["bias"] if bias is not None else []) + \
+                (["workspace"] if workspace is not None else []) + \
+                (["arrivals"] if arrivals is not None else [])
             raise CompileValueError(f"T.fp8_scaled_matmul: {', '.join(named)} only apply to the "
                                     f"whole-GEMM form (without T.Kernel)", current_loc())
         _scaled_accumulate(A, A_scale, B, B_scale, C, bool(transpose_B))
@@ -119,6 +126,11 @@ def _check_scale(name: str, dtype: ir.DType) -> None:
         raise _type_error(f"{name} is {dtype.value}; scales must be float32")
 
 
+def _check_counter(name: str, dtype: ir.DType) -> None:
+    if dtype is not ir.DType.I32:
+        raise _type_error(f"{name} is {dtype.value}; it must be int32")
+
+
 def _check_bias(name: str, dtype: ir.DType) -> None:
     if dtype not in _OUT_DTYPES:
         raise _type_error(f"{name} is {dtype.value}; a bias must be bfloat16, float16 or float32")
@@ -133,7 +145,7 @@ def _check_out(name: str, dtype: ir.DType) -> None:
 # ---- the whole GEMM --------------------------------------------------------------------------
 
 def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transpose_A_scale: bool,
-                bias, hints: dict) -> None:
+                bias, hints: dict, workspace, arrivals) -> None:
     a_shape = _global_shape("A", A, _check_fp8)
     b_shape = _global_shape("B", B, _check_fp8)
     c_shape = _global_shape("C", C, _check_out)
@@ -169,9 +181,46 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
         raise _value_error(f"unknown tile hint(s) {', '.join(sorted(unknown))}; known: "
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
-    tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B, M, N), "panel": 0, **hints}
+    tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B, M, N), "panel": 0,
+             "splits": 1, **hints}
+    split = _split_buffers(gran, M, N, tiles, workspace, arrivals)
     _scaled_gemm(A, A_scale, B, B_scale, C, bias, gran, transpose_B, transpose_A_scale, promote,
-                 M, N, K, **tiles)
+                 M, N, K, split, **tiles)
+
+
+def split_workspace_shape(M: int, N: int, block_N: int, splits: int) -> tuple[int, int]:
+    """The float32 workspace of a whole GEMM split in ``splits`` K slices: [M, splits * N'],
+    N' = N rounded up to whole ``block_N`` tiles (a ragged last tile's partial stays in its
+    slice)."""
+    return M, splits * -(-N // block_N) * block_N
+
+
+def _split_buffers(gran, M: int, N: int, tiles: dict, workspace, arrivals):
+    """(workspace, arrivals) of a split whole GEMM, checked; None unsplit."""
+    splits = tiles["splits"]
+    if not isinstance(splits, int) or isinstance(splits, bool) or splits < 1:
+        raise _value_error(f"splits must be an int >= 1, got {splits!r}")
+    if splits == 1:
+        if workspace is not None or arrivals is not None:
+            raise _value_error("workspace and arrivals are for a split K (splits > 1)")
+        return None
+    if gran.block_wise:
+        raise _value_error("splits > 1 takes per-tensor or per-row/column scales: block-wise "
+                           "scales promote each k-block scaled, in the k-loop")
+    if workspace is None or arrivals is None:
+        raise _value_error(f"splits={splits} needs workspace= (float32 "
+                           f"{list(split_workspace_shape(M, N, tiles['block_N'], splits))}) and "
+                           f"arrivals= (int32 counters, one per output tile)")
+    want = split_workspace_shape(M, N, tiles["block_N"], splits)
+    w_shape = _global_shape("workspace", workspace, _check_scale)
+    if tuple(w_shape) != want:
+        raise _value_error(f"workspace is {list(w_shape)}; splits={splits} with block_N="
+                           f"{tiles['block_N']} takes {list(want)}")
+    if not isinstance(arrivals, BufferRef) or arrivals.buffer.scope is not ir.Scope.GLOBAL \
+            or len(arrivals.shape) != 1:
+        raise _type_error(f"arrivals must be a 1-d tensor parameter, got {arrivals!r}")
+    _check_counter("arrivals", arrivals.dtype)
+    return workspace, arrivals
 
 
 # Hopper's tiles for the whole GEMM, largest first: (block_M, block_N, num_stages, threads). The
@@ -279,57 +328,106 @@ def _part_width(block_N: int, promote: bool, wgmma_path: bool) -> int:
 
 
 @_library_macro
-def _scaled_gemm(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, block_M,
-                 block_N, num_stages, threads, panel):
-    block_K = scales.SCALE_BLOCK
+def _scaled_gemm(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, split, block_M,
+                 block_N, num_stages, threads, panel, splits):
     wgmma_path = _wgmma_path(transpose_B, N, K, C.dtype)
     part_N = _part_width(block_N, promote, wgmma_path)
     parts = _indices(block_N // part_N)
-    with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), threads=threads) as (bx, by):
-        if panel:
-            use_swizzle(panel)
-        A_s = alloc_shared((block_M, block_K), A.dtype)
-        B_s = alloc_shared((block_N, block_K) if transpose_B else (block_K, block_N), B.dtype)
-        accs = []
-        for _ in parts:
-            accs.append(_accumulator(block_M, part_N))
+    tile = (A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, split, block_M,
+            block_N, num_stages, panel, splits, wgmma_path, part_N, parts)
+    if split:
+        with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
+            _gemm_tile(*tile, bx, by, bz)
+    else:
+        with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), threads=threads) as (bx, by):
+            _gemm_tile(*tile, bx, by, None)
+
+
+@_library_macro
+def _gemm_tile(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, split, block_M,
+               block_N, num_stages, panel, splits, wgmma_path, part_N, parts, bx, by, bz):
+    """One output tile of ``_scaled_gemm`` (of K slice ``bz`` when ``split``)."""
+    block_K = scales.SCALE_BLOCK
+    per = ceildiv(scales.scale_blocks(K), splits)      # k-blocks of one K slice
+    if panel:
+        use_swizzle(panel)
+    A_s = alloc_shared((block_M, block_K), A.dtype)
+    B_s = alloc_shared((block_N, block_K) if transpose_B else (block_K, block_N), B.dtype)
+    accs = []
+    for _ in parts:
+        accs.append(_accumulator(block_M, part_N))
+    if gran.block_wise:
+        ring = wgmma_path and sa_t and bulk_copy_rows(M * SA.dtype.itemsize)
+        tile_scales = _BlockScales(SA, SB, sa_t, by * block_M, bx * block_N, block_M, part_N,
+                                   len(parts), K, ring=ring, b_row=ring and _bulk_row(SB, K))
+    if promote:
+        partial = _partial(block_M, part_N)
+    for acc in accs:
+        clear(acc)
+    if not gran.block_wise:
+        outer_scales = _OuterScales(gran, SA, SB, by * block_M, bx * block_N, block_M,
+                                    block_N, ahead=not promote)
+    for k in Pipelined(per, num_stages=num_stages):
+        kk = bz * per + k if split else k
+        tile_copy(A[by * block_M, kk * block_K], A_s)
+        if transpose_B:
+            tile_copy(B[bx * block_N, kk * block_K], B_s)
+        else:
+            tile_copy(B[kk * block_K, bx * block_N], B_s)
         if gran.block_wise:
-            ring = wgmma_path and sa_t and bulk_copy_rows(M * SA.dtype.itemsize)
-            tile_scales = _BlockScales(SA, SB, sa_t, by * block_M, bx * block_N, block_M, part_N,
-                                       len(parts), K, ring=ring, b_row=ring and _bulk_row(SB, K))
+            tile_scales.load(k)
+            tile_scales.advance(k)
         if promote:
-            partial = _partial(block_M, part_N)
-        for acc in accs:
-            clear(acc)
-        if not gran.block_wise:
-            outer_scales = _OuterScales(gran, SA, SB, by * block_M, bx * block_N, block_M,
-                                        block_N, ahead=not promote)
-        for k in Pipelined(scales.scale_blocks(K), num_stages=num_stages):
-            tile_copy(A[by * block_M, k * block_K], A_s)
-            if transpose_B:
-                tile_copy(B[bx * block_N, k * block_K], B_s)
-            else:
-                tile_copy(B[k * block_K, bx * block_N], B_s)
-            if gran.block_wise:
-                tile_scales.load(k)
-                tile_scales.advance(k)
-            if promote:
-                for q in parts:
-                    row_scale = col_scale = None    # per-tensor/row scales: in the epilogue
-                    if gran.block_wise:
-                        row_scale = tile_scales.rows(q)
-                        col_scale = tile_scales.columns(q, k)
-                    _product(A_s, _columns(B_s, q * part_N, part_N, transpose_B), transpose_B,
-                             partial)
-                    _promote(accs[q], partial, row_scale, col_scale, block_M, part_N)
-            else:
-                gemm(A_s, B_s, accs[0], transpose_B=transpose_B)
+            for q in parts:
+                row_scale = col_scale = None    # per-tensor/row scales: in the epilogue
+                if gran.block_wise:
+                    row_scale = tile_scales.rows(q)
+                    col_scale = tile_scales.columns(q, k)
+                _product(A_s, _columns(B_s, q * part_N, part_N, transpose_B), transpose_B,
+                         partial)
+                _promote(accs[q], partial, row_scale, col_scale, block_M, part_N)
+        else:
+            gemm(A_s, B_s, accs[0], transpose_B=transpose_B)
+    if split:
+        width = split[0].shape[1] // splits
+        tile = by * ceildiv(N, block_N) + bx
+        _store_parts(accs, split[0], by * block_M, bz * width + bx * block_N)
+        arrived = atomic_add(split[1][tile], 1, memory_order="acq_rel", return_prev=True)
+        if arrived == splits - 1:
+            _sum_slices(accs, split[0], by * block_M, bx * block_N, width, splits)
+            outer_scales.apply(accs, _column_reader(Bias, bx * block_N))
+            _store_parts(accs, C, by * block_M, bx * block_N)
+            atomic_add(split[1][tile], -splits)
+    else:
         if not gran.block_wise:
             outer_scales.apply(accs, _column_reader(Bias, bx * block_N))
         else:
             _add_bias(accs, _column_reader(Bias, bx * block_N))
-        for p in parts:
-            tile_copy(accs[p], C[by * block_M, bx * block_N + p * part_N])
+        _store_parts(accs, C, by * block_M, bx * block_N)
+
+
+def _store_parts(accs: list, dst, row0, col0) -> None:
+    """A tile held as ``accs`` (parts of equal width, left to right) stored at (row0, col0) of
+    ``dst``."""
+    width = accs[0].shape[1]
+    for p in _indices(len(accs)):
+        tile_copy(accs[p], dst[row0, col0 + p * width])
+
+
+@_library_macro
+def _sum_slices(accs, W, row0, col0, width, splits):
+    """``accs`` = the sum of the tile's ``splits`` partials in W (slice s at column s * width),
+    in slice order: the same bits whichever block sums them. A split whole GEMM stores each
+    K slice's unscaled partial tile there, counts it in the tile's arrival counter (acq_rel), and
+    the block arriving last (every other partial visible to it) sums them, scales the sum once
+    and stores C, as ``gemm_programs.split_k_fused`` does."""
+    block_M, part_N = accs[0].shape
+    for acc in accs:
+        clear(acc)
+    for s in serial(splits):
+        for i, j in Parallel(block_M, part_N):
+            for q in _indices(len(accs)):
+                accs[q][i, j] += W[row0 + i, s * width + col0 + q * part_N + j]
 
 
 def _column_reader(Bias, col0):

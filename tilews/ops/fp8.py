@@ -7,6 +7,7 @@ w.t()`` with w [N, K] contiguous, i.e. K-major); a row-major b is read as it is,
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -18,11 +19,14 @@ import tilews.language as T
 from tilews import targets
 from tilews.binding import remember
 from tilews.jit import compile_each
-from tilews.language.fp8 import tile_candidates
+from tilews.language.fp8 import split_workspace_shape, tile_candidates
 from tilews.lowering import dtypes
+from tilews.lowering.capabilities import bulk_copy_rows
 from tilews.lowering.fp8 import SCALE_BLOCK, granularity, scale_blocks
 from tilews.lowering.settings import Settings
 
+from .arrivals import arrival_counters
+from .gemm_programs import ARRIVAL_SLOTS
 from .schedule import bucket
 from .winners import Winners, attempt, device_name, fastest
 
@@ -38,18 +42,38 @@ def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fas
     shapes choose the granularity (``tilews.lowering.fp8``); block-wise A scales
     k-block-major with ``transpose_A_scale``; ``tiles``: (name, value) pairs of the intrinsic's
     tile hints (none: the target's default tiles); with ``bias_dtype``, a ``bias`` [N] parameter
-    before ``out``, added in the epilogue. The parameters are named as ``fp8_scaled_mm``'s."""
+    before ``out``, added in the epilogue; with a ``splits`` hint above 1, ``arrivals`` (int32
+    counters, ``split_counters``) and ``workspace`` (float32, ``split_workspace_shape``)
+    parameters before ``out``. The parameters are named as ``fp8_scaled_mm``'s."""
     a_t, b_t = T.Tensor((M, K), a_dtype), T.Tensor((N, K) if transpose_B else (K, N), b_dtype)
     sa_t, sb_t = T.Tensor(a_scale_shape, T.float32), T.Tensor(b_scale_shape, T.float32)
     c_t = T.Tensor((M, N), out_dtype)
     options = dict(transpose_B=transpose_B, use_fast_accum=use_fast_accum,
                    transpose_A_scale=transpose_A_scale, **dict(tiles))
+    bias_t = T.Tensor((N,), bias_dtype or T.float32)
+    splits = dict(tiles).get("splits", 1)
+    if splits > 1:
+        counters_t = T.Tensor((ARRIVAL_SLOTS,), T.int32)
+        w_t = T.Tensor(split_workspace_shape(M, N, dict(tiles)["block_N"], splits), T.float32)
+        if bias_dtype is None:
+            @T.prim_func
+            def main(a: a_t, scale_a: sa_t, b: b_t, scale_b: sb_t, arrivals: counters_t,
+                     workspace: w_t, out: c_t):
+                T.fp8_scaled_matmul(a, scale_a, b, scale_b, out, workspace=workspace,
+                                    arrivals=arrivals, **options)
+            return main
+
+        @T.prim_func
+        def main(a: a_t, scale_a: sa_t, b: b_t, scale_b: sb_t, bias: bias_t,  # noqa: F811
+                 arrivals: counters_t, workspace: w_t, out: c_t):
+            T.fp8_scaled_matmul(a, scale_a, b, scale_b, out, bias=bias, workspace=workspace,
+                                arrivals=arrivals, **options)
+        return main
     if bias_dtype is None:
         @T.prim_func
-        def main(a: a_t, scale_a: sa_t, b: b_t, scale_b: sb_t, out: c_t):
+        def main(a: a_t, scale_a: sa_t, b: b_t, scale_b: sb_t, out: c_t):  # noqa: F811
             T.fp8_scaled_matmul(a, scale_a, b, scale_b, out, **options)
         return main
-    bias_t = T.Tensor((N,), bias_dtype)
 
     @T.prim_func
     def main(a: a_t, scale_a: sa_t, b: b_t, scale_b: sb_t, bias: bias_t, out: c_t):  # noqa: F811
@@ -204,6 +228,10 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
             return out if bias is None else out.add_(bias.to(out_dtype))
     else:
         tiles = _tiles_for(args, a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+        scratch = split_scratch(tiles, M, N)
+        if scratch is not None:
+            mapped = operands
+            operands = lambda a, b, sa, sb: (*mapped(a, b, sa, sb), *scratch(a.device))  # noqa: E731
         hints = tiles.hints() if tiles else ()
         if bias is None:
             launch = scaled_mm_kernel(*args, hints).bound(operands(a, b, scale_a, scale_b))
@@ -215,10 +243,12 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
             to_bias = _same if as_is else lambda t: t.to(out_dtype).contiguous()
             first = to_bias(bias)
             kernel = scaled_mm_kernel(*args, hints, bias_dtype=dtypes.from_torch(first.dtype))
-            launch = kernel.bound((*operands(a, b, scale_a, scale_b), first))
+            launch = kernel.bound((*operands(a, b, scale_a, scale_b)[:4], first,
+                                   *operands(a, b, scale_a, scale_b)[4:]))
 
             def call(a, b, sa, sb, bias):
-                return launch(*operands(a, b, sa, sb), to_bias(bias))
+                ops = operands(a, b, sa, sb)
+                return launch(*ops[:4], to_bias(bias), *ops[4:])
     result = call(a, b, scale_a, scale_b, bias)
     remember(_calls, key, call)
     return result
@@ -234,26 +264,32 @@ def _check_bias(bias, N: int, device: torch.device) -> None:
 @dataclass(frozen=True)
 class Tiles:
     """Tile hints of the whole GEMM (``T.fp8_scaled_matmul``'s ``block_M``, ``block_N``,
-    ``num_stages``, ``threads``); ``str`` writes ``64x128 s8 t128``, ``from_text`` reads it (the
-    spaces optional: ``64x128s8t128`` fits a comma-separated command-line list)."""
+    ``num_stages``, ``threads`` and ``splits``, K slices summed in the kernel); ``str`` writes
+    ``64x128 s8 t128`` (``64x64 s12 t128 x2`` split), ``from_text`` reads it (the spaces
+    optional: ``64x128s8t128`` fits a comma-separated command-line list)."""
     block_M: int
     block_N: int
     num_stages: int
     threads: int
+    splits: int = 1
 
     def __str__(self) -> str:
-        return f"{self.block_M}x{self.block_N} s{self.num_stages} t{self.threads}"
+        text = f"{self.block_M}x{self.block_N} s{self.num_stages} t{self.threads}"
+        return text + (f" x{self.splits}" if self.splits > 1 else "")
 
     @classmethod
     def from_text(cls, text: str) -> "Tiles":
-        match = re.fullmatch(r"(\d+)x(\d+) ?s(\d+) ?t(\d+)", text.strip()) if isinstance(text, str) else None
+        match = re.fullmatch(r"(\d+)x(\d+) ?s(\d+) ?t(\d+)(?: ?x(\d+))?", text.strip()) \
+            if isinstance(text, str) else None
         if match is None:
-            raise ValueError(f"Tiles.from_text: {text!r} is not a tiling (expected e.g. '64x128 s8 t128')")
-        return cls(*map(int, match.groups()))
+            raise ValueError(f"Tiles.from_text: {text!r} is not a tiling (expected e.g. '64x128 s8 t128' "
+                             f"or '64x64 s12 t128 x2')")
+        *sizes, splits = match.groups()
+        return cls(*map(int, sizes), int(splits or 1))
 
     def hints(self) -> tuple:
-        """As ``scaled_mm_kernel``'s ``tiles``: (name, value) pairs."""
-        return tuple(vars(self).items())
+        """As ``scaled_mm_kernel``'s ``tiles``: (name, value) pairs (``splits`` only above 1)."""
+        return tuple((k, v) for k, v in vars(self).items() if k != "splits" or v > 1)
 
 
 # the tuned tilings per tuning key (see _tuning_key): this process's, and the disk's
@@ -276,12 +312,61 @@ def _tuning_key(args: tuple, device: torch.device) -> tuple:
 
 def _tiles_for(args, a, b, scale_a, scale_b, out_dtype, use_fast_accum) -> Optional[Tiles]:
     """The tiling of a new kind of call: the tuned one of its key, else (``TILEWS_TUNE=1``) one
-    tuned now on these inputs, else None (the target's choice per shape)."""
+    tuned now on these inputs, else ``default_tiles``."""
     settings = Settings.from_env()
     tiles = _winners.get(_tuning_key(args, a.device), settings)
     if tiles is None and settings.tune:
         tiles = tune_fp8(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
-    return tiles
+    return tiles or default_tiles(args, a.device)
+
+
+def default_tiles(args: tuple, device: torch.device) -> Optional[Tiles]:
+    """The untuned tiling of ``scaled_mm_kernel``'s ``args`` on ``device``: ``split_tiles`` on
+    a CUDA device where the kernel compiles for Hopper's wgmma path, else None (the
+    intrinsic's choice per shape, ``tilews.language.fp8._tiles``)."""
+    M, N, K, _, _, k_major, fast, _, _, out = args[:10]
+    if device.type != "cuda" or targets.resolve(scaled_mm_kernel.target)[0] != "hopper" \
+            or not (k_major and bulk_copy_rows(K) and bulk_copy_rows(N * out.itemsize)):
+        return None
+    return split_tiles(M, N, K, _granularity(args).block_wise, tilews.num_sms())
+
+
+# Split K (``T.fp8_scaled_matmul``'s ``splits``) where the whole GEMM's tiles leave SMs idle: at
+# M <= 64 and N = 4096 the intrinsic's 64 x 64 tiles are 64 blocks on 132 SMs, each a chain of
+# K / 128 promoted wgmmas (H200, 3 rounds, against tensorwise ``_scaled_mm``: 16 x 4096 x 4096
+# 0.75x, 16 x 4096 x 14336 0.78x, 64 x 4096 x 4096 0.91x; narrower 64 x 32 tiles, 128 blocks:
+# 0.73 / 0.71 / 0.96x). Split, the blocks fill the SMs and each chain is shorter; the slices'
+# float32 partials are summed by the block arriving last, which scales the sum once.
+SPLIT_TILE = Tiles(64, 64, 12, 128)
+SPLIT_FILL = 0.75           # below this many of the intrinsic's tiles per SM, K is split
+SPLIT_MIN_K_BLOCKS = 8      # each slice at least this many 128-deep k-blocks
+SPLIT_MOST = 4
+
+
+def split_tiles(M: int, N: int, K: int, block_wise: bool, num_sms: int) -> Optional[Tiles]:
+    """``SPLIT_TILE`` in the slice count nearest one block per SM (at least 2, at most
+    ``SPLIT_MOST``, each slice ``SPLIT_MIN_K_BLOCKS`` long) where M fits its 64 rows, the scales
+    are per tensor or per row / column and its tiles number below ``SPLIT_FILL`` per SM (where
+    they do, so do the intrinsic's own); else None."""
+    tiles = -(-N // SPLIT_TILE.block_N)
+    if block_wise or M > SPLIT_TILE.block_M or tiles >= SPLIT_FILL * num_sms:
+        return None
+    most = min(SPLIT_MOST, scale_blocks(K) // SPLIT_MIN_K_BLOCKS)
+    splits = min(most, max(2, round(num_sms / tiles)))
+    return dataclasses.replace(SPLIT_TILE, splits=splits) if splits >= 2 else None
+
+
+def split_scratch(tiles: Optional[Tiles], M: int, N: int):
+    """For a split tiling, a function of the device giving a call's (arrival counters,
+    workspace) operands (this stream's counters; a fresh workspace); None otherwise."""
+    if tiles is None or tiles.splits == 1:
+        return None
+    count = -(-M // tiles.block_M) * -(-N // tiles.block_N)
+    shape = split_workspace_shape(M, N, tiles.block_N, tiles.splits)
+
+    def scratch(device: torch.device) -> tuple:
+        return arrival_counters(device, count), torch.empty(shape, dtype=torch.float32, device=device)
+    return scratch
 
 
 def tune_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
