@@ -1736,15 +1736,15 @@ def split_with_workspace(w_shape):
 
 
 @pytest.mark.parametrize("M, N, K, block_wise, want", [
-    (16, 4096, 4096, False, "64x64 s12 t128 x2"),      # 64 tiles on 132 SMs
-    (32, 4096, 14336, False, "64x64 s12 t128 x2"),
-    (64, 4096, 4096, False, "64x64 s12 t128 x2"),
-    (1, 2048, 4096, False, "64x64 s12 t128 x4"),       # 32 tiles: at most SPLIT_MOST slices
-    (16, 2048, 2048, False, "64x64 s12 t128 x2"),      # 16 k-blocks: 8 per slice at least
-    (16, 4096, 1024, False, None),                     # 8 k-blocks: too short to split
-    (128, 4096, 4096, False, None),                    # 128 tiles of 64 x 64 fill the SMs
-    (16, 14336, 4096, False, None),                    # 112 tiles of 64 x 128 fill them
-    (16, 4096, 4096, True, None),                      # block-wise: scaled in the k-loop
+    (16, 4096, 14336, False, "64x64 s12 t128 x2"),     # 64 tiles on 132 SMs, 112 k-blocks
+    (64, 4096, 14336, False, "64x64 s12 t128 x2"),
+    (1, 2048, 28672, False, "64x64 s12 t128 x4"),      # 32 tiles: at most SPLIT_MOST slices
+    (16, 2048, 14336, False, "64x64 s12 t128 x2"),     # 112 k-blocks: 48 per slice at least
+    (16, 4096, 4096, False, None),                     # 32 k-blocks: too short to split
+    (64, 4096, 4096, False, None),
+    (128, 4096, 14336, False, None),                   # 128 tiles of 64 x 64 fill the SMs
+    (16, 14336, 14336, False, None),                   # 112 tiles of 64 x 128 fill them
+    (16, 4096, 14336, True, None),                     # block-wise: scaled in the k-loop
 ])
 def test_split_tiles_heuristic(M, N, K, block_wise, want):
     got = fp8_ops.split_tiles(M, N, K, block_wise, 132)
@@ -1783,7 +1783,7 @@ def test_hopper_split_k_sums_in_the_kernel():
     w = torch.empty(4096, 4096, dtype=E4M3, device="meta")
     args, _ = fp8_ops.kernel_mapping(a, w.t(), torch.empty((), device="meta"),
                                      torch.empty((), device="meta"))
-    hints = fp8_ops.split_tiles(16, 4096, 4096, False, 132).hints()
+    hints = fp8_ops.Tiles(64, 64, 12, 128, 2).hints()
     k = lower(build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, hints), target="hopper"),
               HOPPER.replace(num_sms=132))
     p = gluon_program(k)

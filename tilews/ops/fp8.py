@@ -336,10 +336,13 @@ def default_tiles(args: tuple, device: torch.device) -> Optional[Tiles]:
 # K / 128 promoted wgmmas (H200, 3 rounds, against tensorwise ``_scaled_mm``: 16 x 4096 x 4096
 # 0.75x, 16 x 4096 x 14336 0.78x, 64 x 4096 x 4096 0.91x; narrower 64 x 32 tiles, 128 blocks:
 # 0.73 / 0.71 / 0.96x). Split, the blocks fill the SMs and each chain is shorter; the slices'
-# float32 partials are summed by the block arriving last, which scales the sum once.
+# float32 partials are summed by the block arriving last, which scales the sum once. Only long
+# chains pay for that sum (H200, `scripts/tune_fp8.py`, 3 rounds): 16 x 4096 x 14336 tensorwise
+# 0.80x -> 0.92x in 2 slices of 56 k-blocks (0.90x in 4), rowwise 1.22x -> 1.40x; but 16 and
+# 64 x 4096 x 4096 in 2 slices of 16 k-blocks 0.75x -> 0.38x and 0.85x -> 0.66x.
 SPLIT_TILE = Tiles(64, 64, 12, 128)
 SPLIT_FILL = 0.75           # below this many of the intrinsic's tiles per SM, K is split
-SPLIT_MIN_K_BLOCKS = 8      # each slice at least this many 128-deep k-blocks
+SPLIT_MIN_K_BLOCKS = 48     # each slice at least this many 128-deep k-blocks
 SPLIT_MOST = 4
 
 
