@@ -1,14 +1,15 @@
 """``python -m tilews.bench.compile_workers [--target T] [--rounds N] [--workers N]``: seconds to
-compile an autotuning space one configuration after the other and in ``--workers`` threads
-(default: the CPU count), as the autotuner compiles it (``tilews.jit.compile_each``).
+compile an autotuning space one configuration after the other, in ``--workers`` threads (default:
+the CPU count) and in that many forked processes (``TILEWS_COMPILE_PROCESSES``), as the autotuner
+compiles it (``tilews.jit.compile_each``).
 
 The space: six ``examples/gemm.py`` configurations (block sizes, stages, threads) of a
 1024x1024x1024 fp16 GEMM for ``--target`` (default ``hopper``: compile-only without a GPU; nothing
-is launched). Each round compiles the space serially and in threads, in alternating order, each
-from cold caches: a new jit function (its memo empty), tilews's disk cache off
-(``tilews.env.disable_cache()``) and Triton's cache folder emptied. Both must give the same
-kernels (their generated sources and, where built, PTX): else exit code 1. Prints each mode's
-median over the rounds and the speed-up serial / threads.
+is launched). Each round compiles the space in each mode, in rotating order, each
+from cold caches: a new jit function (its memo empty), a new empty tilews cache folder (the
+processes hand their builds over through it) and Triton's cache folder emptied. All must give the
+same kernels (their generated sources and, where built, PTX): else exit code 1. Prints each
+mode's median over the rounds and its speed-up over serial.
 """
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ SPACE = [dict(block_M=128, block_N=bn, block_K=bk, num_stages=stages, threads=th
                                          (64, 32, 4, 128), (128, 64, 4, 256), (256, 32, 2, 256)]]
 
 
-def compile_space(target: str, workers: int, triton_cache: str) -> tuple[float, list]:
+def compile_space(target: str, workers: int, processes: bool, caches: tuple[str, str]) -> tuple[float, list]:
+    """(seconds, the kernels) of one cold compile of the space; ``caches``: Triton's and tilews's
+    cache folders (emptied first: the same paths each time, as the PTX names the source file)."""
     import tilews
     from examples.gemm import matmul
     from tilews.jit import compile_each
-    for entry in os.listdir(triton_cache):
-        shutil.rmtree(os.path.join(triton_cache, entry), ignore_errors=True)
+    for folder in caches:
+        for entry in os.listdir(folder):
+            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+    os.environ.update(TILEWS_CACHE_DIR=caches[1], TILEWS_COMPILE_PROCESSES="1" if processes else "0")
     fn = tilews.jit(out_idx=[-1], target=target)(matmul.fn)
     start = time.perf_counter()
     kernels = compile_each(SPACE, lambda config: fn.compile(1024, 1024, 1024, **config), workers)
@@ -45,32 +50,34 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     # Triton reads its cache folder when first imported: set it before anything imports Triton
-    triton_cache = tempfile.mkdtemp(prefix="tilews-bench-triton-")
-    os.environ["TRITON_CACHE_DIR"] = triton_cache
-    from tilews.env import env
+    caches = (tempfile.mkdtemp(prefix="tilews-bench-triton-"),
+              tempfile.mkdtemp(prefix="tilews-bench-cache-"))
+    os.environ["TRITON_CACHE_DIR"] = caches[0]
     from tilews.jit import ast_is_thread_safe
-    env.disable_cache()
     if not ast_is_thread_safe():
-        print(f"Python {sys.version.split()[0]}: ast is not thread-safe, so compile_each compiles "
-              f"one after the other whatever the worker count")
-    compile_space(args.target, 1, triton_cache)       # imports and first compiles, not timed
-    times: dict[int, list[float]] = {1: [], args.workers: []}
+        print(f"Python {sys.version.split()[0]}: ast is not thread-safe, so compile_each's threads "
+              f"compile one after the other whatever the worker count")
+    compile_space(args.target, 1, False, caches)     # imports and first compiles, not timed
+    modes = {"serial": (1, False), f"{args.workers} threads": (args.workers, False),
+             f"{args.workers} processes": (args.workers, True)}
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
     kernels = {}
     for round_ in range(args.rounds):
-        order = [1, args.workers] if round_ % 2 == 0 else [args.workers, 1]
-        for workers in order:
-            seconds, kernels[workers] = compile_space(args.target, workers, triton_cache)
-            times[workers].append(seconds)
-        if kernels[1] != kernels[args.workers]:
-            print("serial and threaded compiles gave different kernels", file=sys.stderr)
+        names = list(modes)[round_ % len(modes):] + list(modes)[:round_ % len(modes)]
+        for mode in names:
+            seconds, kernels[mode] = compile_space(args.target, *modes[mode], caches)
+            times[mode].append(seconds)
+        differ = [mode for mode, k in kernels.items() if k != kernels["serial"]]
+        if differ:
+            print(f"{', '.join(differ)}: other kernels than serial", file=sys.stderr)
             return 1
-    serial, threads = (statistics.median(times[w]) for w in (1, args.workers))
-    print(f"{len(SPACE)} gemm configurations for '{args.target}' ({kernels[1][0][0]}), "
+    serial = statistics.median(times["serial"])
+    print(f"{len(SPACE)} gemm configurations for '{args.target}' ({kernels['serial'][0][0]}), "
           f"{args.rounds} rounds, cold caches")
-    print(f"  serial:            median {serial:.2f} s  {['%.2f' % t for t in times[1]]}")
-    print(f"  {args.workers:>2} threads:        median {threads:.2f} s  "
-          f"{['%.2f' % t for t in times[args.workers]]}")
-    print(f"  speed-up: {serial / threads:.2f}x")
+    for mode, seconds in times.items():
+        median = statistics.median(seconds)
+        print(f"  {mode:>13}: median {median:.2f} s  {['%.2f' % t for t in seconds]}  "
+              f"speed-up {serial / median:.2f}x")
     return 0
 
 

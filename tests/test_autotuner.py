@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import threading
 
 import pytest
@@ -432,3 +433,43 @@ def test_hopper_space_compiles_in_threads_to_the_serial_kernels(monkeypatch, thr
     assert parallel == serial
     assert [kernel[0] if kernel else None for _, kernel in serial] == ["hopper", None, "hopper"]
     assert serial[1][0].startswith("compile failed: CompileError: ")
+
+
+def test_hopper_space_builds_in_forked_children_and_loads_their_builds(monkeypatch, tmp_path):
+    """``TILEWS_COMPILE_PROCESSES``: with 3 workers the configurations after the first are built
+    by forked children (each with its own compile server), and this process then loads their
+    builds from the artifact store: it runs Triton once (the first configuration), and gets the
+    PTX a serial compile gets."""
+    from examples.gemm import matmul as gemm
+    from tilews.triton_ext.gluon import launch
+    space = [dict(block_N=128, block_K=32), dict(block_N=64, block_K=64),
+             dict(block_N=256, block_K=64, threads=256)]
+    builds = []
+    build = launch._run_compile
+
+    def counted(source, spec, kernel, store):
+        builds.append(os.getpid())
+        return build(source, spec, kernel, store)
+    monkeypatch.setattr(launch, "_run_compile", counted)
+    compiled = {}
+    for workers, processes in ((1, "off"), (3, "on")):
+        monkeypatch.setenv("TILEWS_CACHE_DIR", str(tmp_path / f"cache{workers}"))
+        monkeypatch.setenv("TILEWS_COMPILE_WORKERS", str(workers))
+        monkeypatch.setenv("TILEWS_COMPILE_PROCESSES", processes)
+        builds.clear()
+        fn = tilews.jit(out_idx=[-1], target="hopper")(gemm.fn)    # its memo empty
+        trials = COMPILE_ALL(space, lambda config: fn.compile(256, 256, 256, **config))
+        assert all(t.failure is None for t in trials), [t.failure for t in trials]
+        compiled[workers] = ([t.kernel.asm["ptx"] for t in trials], list(builds))
+    (serial, serial_builds), (parallel, parallel_builds) = compiled[1], compiled[3]
+    assert parallel == serial and len(set(serial)) == 3
+    assert serial_builds == [os.getpid()] * 3 and parallel_builds == [os.getpid()]
+
+
+def test_compile_processes_need_the_artifact_store(monkeypatch):
+    """Without the on-disk cache a child's build would be lost: no child is forked."""
+    from tilews import compile_processes
+    from tilews.lowering.settings import Settings
+    assert compile_processes.usable(Settings()) == hasattr(os, "fork")
+    assert not compile_processes.usable(Settings(disable_cache=True))
+    assert not compile_processes.usable(Settings(compile_processes=False))

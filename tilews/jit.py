@@ -41,7 +41,7 @@ from tilews.lowering.errors import CompileError
 from tilews.lowering.frontend import KernelSource, eager, kernel_source, semantic
 from tilews.lowering.settings import Settings
 
-from . import backends, keys, targets
+from . import backends, compile_processes, keys, targets
 from .compiler import BuildRequest, CompileConfig, compile_kernel
 from .kernel import Kernel
 from .targets import TARGET_NAMES
@@ -193,8 +193,11 @@ def compile_each(items: Sequence, compile_one: Callable, max_workers: Optional[i
     this thread (Triton's first import is not safe from several threads at once), the others in
     up to ``max_workers`` threads (default: ``TILEWS_COMPILE_WORKERS``, else the CPU count); with
     one worker, or where this Python's ``ast`` is not thread-safe (``ast_is_thread_safe``), one
-    after the other on this thread. An exception of ``compile_one`` propagates (callers that go
-    on past a failing item catch it per item, as the autotuner and the ops do).
+    after the other on this thread. With more than one worker and ``compile_processes.usable``
+    (``TILEWS_COMPILE_PROCESSES``), the others are first built by that many forked children
+    (``compile_processes.prebuild``) and then compiled here, their builds loaded from the
+    artifact store. An exception of ``compile_one`` propagates (callers that go on past a failing
+    item catch it per item, as the autotuner and the ops do).
 
     Shared state of concurrent compiles, and how it is guarded: the artifact store builds each key
     under a file lock and writes atomically (``tilews.cache``); the frontend's state is per thread
@@ -204,9 +207,12 @@ def compile_each(items: Sequence, compile_one: Callable, max_workers: Optional[i
     threads: ``tilews.autotuner.search``."""
     if not items:
         return []
+    settings = Settings.from_env()
     if max_workers is None:
-        max_workers = Settings.from_env().compile_workers or os.cpu_count() or 1
+        max_workers = settings.compile_workers or os.cpu_count() or 1
     first = compile_one(items[0])
+    if max_workers > 1 and len(items) > 2 and compile_processes.usable(settings):
+        compile_processes.prebuild(items[1:], compile_one, max_workers)
     if max_workers == 1 or len(items) == 1 or not ast_is_thread_safe():
         return [first] + [compile_one(item) for item in items[1:]]
     with ThreadPoolExecutor(max_workers=min(max_workers, len(items) - 1)) as pool:

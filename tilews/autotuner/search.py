@@ -3,7 +3,8 @@
 Contract of ``search(configs, compile_one, profile, plan, inputs)``:
 * Every configuration is compiled by ``compile_one(config)`` before any is timed, the first on
   the calling thread, the others in up to ``TILEWS_COMPILE_WORKERS`` threads (default: the CPU
-  count; 1: one after the other on the calling thread; ``tilews.jit.compile_each``). A compile
+  count; 1: one after the other on the calling thread), built first by as many forked processes
+  where the on-disk cache is on (``tilews.jit.compile_each``). A compile
   that raises is that configuration's failure (``"compile failed: <error>"``); the search goes on
   without it. The trials, their kernels and failures, are the same whatever the worker count.
 * The compiled kernels are then measured one at a time, in the configurations' order, on the
@@ -29,15 +30,14 @@ Contract of ``search(configs, compile_one, profile, plan, inputs)``:
   ``None`` without ``ref_prog``) and is returned with its configuration's index. If no
   configuration survives: ``RuntimeError`` listing each configuration's failure.
 
-Why threads for the compiles, not processes: a compiled kernel (its IR, artifacts and the user's
-closures) need not be picklable, and imports are paid once. Threads overlap only what runs outside
-the GIL: a Gluon build in the compile-server child (under ``TRITON_INTERPRET=1``; one child per
-process, so one build at a time) or a subprocess. Gluon's in-process build, most of a Hopper
-compile (an ``examples/gemm.py`` configuration: ~0.14 s of ~0.16 s here), runs one at a time under
-``passes.checking``'s lock. Measured on a 2-core CPU busy with other work: six such configurations
-for ``hopper``, cold caches, medians of 5 interleaved rounds: serial 1.36 s, 2 threads 1.52 s, and
-a prototype building each in a forked child 1.44 s; no speed-up. ``python -m
-tilews.bench.compile_workers`` measures it where cores are free.
+Why threads and processes for the compiles: threads need nothing to pickle and pay imports
+once, but overlap only what runs outside the GIL and outside ``passes.checking``'s lock: Gluon's
+in-process build, most of a Hopper compile, runs one at a time per process. So, with the on-disk
+cache on, ``compile_each`` first has the configurations after the first built by forked children
+(``tilews.compile_processes``; ``TILEWS_COMPILE_PROCESSES``) and then compiles each here,
+loading the children's builds. On the 2-core development CPU, busy with other work, neither gives
+a speed-up (six ``examples/gemm.py`` configurations for ``hopper``, cold caches); ``python -m
+tilews.bench.compile_workers`` measures serial, threads and processes where cores are free.
 """
 from __future__ import annotations
 

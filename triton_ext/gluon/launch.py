@@ -116,13 +116,18 @@ def _compiles_here() -> bool:
 
 class CompileServer:
     """The compile child (``compile.py --serve``) of this process: started at the first build,
-    kept for the next, replaced when it has died. One build at a time."""
+    kept for the next, replaced when it has died. One build at a time. A process forked from this
+    one starts its own (``forget``): the parent's pipes are the parent's."""
 
     def __init__(self):
+        self.forget()
+        self.started = 0          # children started (tests)
+
+    def forget(self) -> None:
+        """No server yet (a forked process's state: its parent's server serves only its parent)."""
         self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None
         self._log = None          # the child's stderr, a file (a pipe nobody reads would fill)
-        self.started = 0          # children started (tests)
 
     def build(self, spec: dict, kernel: ir.Kernel, path: Path) -> bytes:
         """The JSON result of ``compile.build(spec)`` in the child, or an ``InternalError``
@@ -175,6 +180,8 @@ def _child_environment() -> dict:
 
 
 _SERVER = CompileServer()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SERVER.forget)
 
 
 class GluonProgram:
