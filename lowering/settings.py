@@ -42,7 +42,7 @@ SWITCHES = (
                                "autotuner, `par_compile`, the ops' tuning; default: the CPU "
                                "count; `1`: one after the other on the calling thread)"),
     ("TILEWS_COMPILE_PROCESSES", "those workers build in forked child processes whose builds the "
-                                 "parent loads from the on-disk cache (on unless set to an off "
+                                 "parent loads from the on-disk cache (off unless set to an on "
                                  "value; needs the cache and `os.fork`)"),
     ("TILEWS_CXX", "the C++17 compiler of the Metal CPU harness (default: `g++`, else `clang++`)"),
 )
@@ -105,7 +105,7 @@ class Settings:
     overlap_gemms: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
-    compile_processes: bool = True        # TILEWS_COMPILE_PROCESSES: workers compile in forked children
+    compile_processes: bool = False       # TILEWS_COMPILE_PROCESSES: workers compile in forked children
     cxx: Optional[str] = None             # TILEWS_CXX: the Metal CPU harness's C++ compiler
 
     @classmethod
@@ -121,7 +121,7 @@ class Settings:
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),
-                   compile_processes=flag("TILEWS_COMPILE_PROCESSES", environ, default=True),
+                   compile_processes=flag("TILEWS_COMPILE_PROCESSES", environ),
                    cxx=_text("TILEWS_CXX", environ))
 
     def ready_dump_folder(self) -> Optional[Path]:

@@ -470,6 +470,7 @@ def test_compile_processes_need_the_artifact_store(monkeypatch):
     """Without the on-disk cache a child's build would be lost: no child is forked."""
     from tilews import compile_processes
     from tilews.lowering.settings import Settings
-    assert compile_processes.usable(Settings()) == hasattr(os, "fork")
-    assert not compile_processes.usable(Settings(disable_cache=True))
+    assert not compile_processes.usable(Settings())                # off by default
+    assert compile_processes.usable(Settings(compile_processes=True)) == hasattr(os, "fork")
+    assert not compile_processes.usable(Settings(disable_cache=True, compile_processes=True))
     assert not compile_processes.usable(Settings(compile_processes=False))
