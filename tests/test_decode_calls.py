@@ -151,3 +151,62 @@ def test_mla_bad_input_after_a_kept_call(fresh):
         with pytest.raises(TypeError, match="'kv_cache' is torch.bfloat16"):
             mla_decode(q, q_pe, kv.bfloat16(), k_pe)
     assert len(dec._calls) == 1
+
+
+def test_counters_are_fetched_per_call_only_where_the_kernel_counts(fresh, monkeypatch):
+    """A kept call fetches the stream's arrival counters at each call only where its kernel reads
+    them (a fused combine of several splits); with one split the kernel never reads them and the
+    call passes those found when it was kept."""
+    fetched = []
+    real = dec.arrival_counters
+    monkeypatch.setattr(dec, "arrival_counters",
+                        lambda device, count: fetched.append(count) or real(device, count))
+    q, k, v = gqa_inputs(1, 1, 8, 2, 64, 64)
+    lengths = torch.tensor([50], dtype=torch.int32)
+    want = decode_reference(q, k, v, lengths)
+    for splits, per_call in ((1, 0), (2, 1)):
+        decode_attention(q, k, v, lengths, num_splits=splits, target="interpret")   # kept here
+        fetched.clear()
+        for _ in range(3):
+            out = decode_attention(q, k, v, lengths, num_splits=splits, target="interpret")
+            torch.testing.assert_close(out.double(), want, **TOL)
+        assert len(fetched) == 3 * per_call, (splits, fetched)
+
+
+def test_a_kept_call_counts_in_the_current_streams_counters(fresh, monkeypatch):
+    """The counters a kept call's fused combine counts in are the current stream's at each call
+    (a call after a stream switch, or under a CUDA graph's capture stream, gets that stream's),
+    not those of the call that kept it. Streams mocked on the CPU (``arrivals.stream_key``)."""
+    from tilews.ops import arrivals
+    stream = ["first"]
+    monkeypatch.setattr(arrivals, "_counters", {})
+    monkeypatch.setattr(arrivals, "stream_key", lambda device: (device, stream[0]))
+    passed = []
+    real = dec.arrival_counters
+    monkeypatch.setattr(dec, "arrival_counters",
+                        lambda device, count: passed.append(real(device, count)) or passed[-1])
+    q, k, v = gqa_inputs(1, 1, 8, 2, 64, 64)
+    lengths = torch.tensor([60], dtype=torch.int32)
+    want = decode_reference(q, k, v, lengths)
+    for name in ("first", "second", "first"):
+        stream[0] = name
+        out = decode_attention(q, k, v, lengths, num_splits=2, target="interpret")
+        torch.testing.assert_close(out.double(), want, **TOL)
+        assert int(passed[-1].abs().sum()) == 0          # left at zero for the stream's next launch
+    first, second, again = passed
+    assert first is again and second is not first
+    assert len(dec._calls) == 1
+
+
+def test_hopper_arguments_query_each_pointers_strides_once():
+    """The Gluon kernel's host argument function passes a pointer's strides with one query
+    (``X, *X.stride()``; 13 ``stride(d)`` calls for this kernel before, ~2 us on this CPU),
+    compile-only: the GQA decode benchmark's batch-1 split kernel."""
+    kernel = dec._jit(dec.decode_program, "hopper")(1, 32, 8, 128, 8192, 16, T.bfloat16, None, True,
+                                                    None, **dec.blocks(128, gpu=True))
+    source = kernel.get_kernel_source()
+    args = source[source.index("def decode_ragged_args("):]
+    args = args[:args.index("\n\n")]
+    for pointer in ("cache_seqlens", "Arrivals", "Out", "O_part", "LSE"):
+        assert f"{pointer}, *{pointer}.stride()" in args
+    assert ".stride(" not in args.replace(".stride()", ""), args

@@ -14,9 +14,10 @@ device. A workspace starts uninitialized (as NaN where outputs are poisoned) and
 last call left in it.
 
 The full check runs once per call signature (each tensor's dtype, shape, strides and device;
-each scalar's type) and leaves a ``BoundSignature``: the runtime dims, the outputs' shapes and
-where each launch value comes from. A call with a known signature only re-checks what the
-signature does not fix: bulk-copy operands' 16-byte alignment, memory overlap of an input the
+each scalar's type) and leaves a ``BoundSignature`` (the runtime dims, the outputs' shapes, the
+tensors' spans) and that signature's own bind function, generated with what the signature fixes
+spelled as constants. A call with a known signature only re-checks what the signature does not
+fix: bulk-copy operands' 16-byte alignment, memory overlap of an input the
 kernel writes with the other tensor arguments (their addresses against spans the signature fixes;
 the full check, to name them, only when two overlap), and the scalars' values. Signatures are
 kept per binder, at most ``SIGNATURES``. A caller that already keys its own cache on (at least)
@@ -24,7 +25,6 @@ the signature takes ``bound(args)``: the same binding with the signature's key a
 once, not per call."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
@@ -33,7 +33,7 @@ SIGNATURES = 256      # call signatures a binder remembers (then it starts over)
 import torch
 
 from tilews.lowering import ir
-from tilews.lowering.arguments import ArgumentChecker, ArgumentRules, check_scalar, span, spans_overlap
+from tilews.lowering.arguments import ArgumentChecker, ArgumentRules, check_scalar, span
 from tilews.testing import poison_
 
 
@@ -80,9 +80,12 @@ class Binder:
         # allocated) start as NaN, so an element the kernel never writes cannot pass a check.
         self.poison = poison
         self._check_allocations_resolvable()
-        self.signatures: dict[tuple, BoundSignature] = {}
+        # the runtime dims no argument passes, in parameter order
+        where = {p.param.name for p in self.inputs} | {b.name for b in self.allocated + self.scratch}
+        self._dims = [q for q in function.params if q.name not in where]
+        self.signatures: dict[tuple, Callable] = {}   # key -> the signature's bind (_bind_of)
         self.workspaces: dict[tuple, list[torch.Tensor]] = {}   # (stream_key, shapes) -> tensors
-        self._fast, self._signature, self._bind_known = self._compile_fast_bind()
+        self._fast, self._signature = self._compile_fast_bind()
 
     def _check_allocations_resolvable(self) -> None:
         known = {d for p in self.inputs if isinstance(p.param, ir.Buffer) for d in p.param.shape
@@ -120,73 +123,81 @@ class Binder:
             raise TypeError(f"kernel '{self.function.name}' takes {len(self.inputs)} argument(s) "
                             f"({', '.join(self.input_names)}), got {len(args)}")
         try:
-            sig = self._signature(*args)
+            return self._signature(*args)
         except (AttributeError, TypeError):    # an argument of the wrong kind: say which
             self._check(args)
             raise
-        return functools.partial(self._bind_known, sig)
 
     def _check(self, args: Sequence) -> dict:
         """The full check of one call's inputs; the runtime dims they bind."""
         return self.checker.check([(p.param, a) for p, a in zip(self.inputs, args)])
 
     def _compile_fast_bind(self):
-        """The functions binding one call, spelled out for this kernel's parameters (no loops over
-        parameters per call): ``bind(*args)`` makes the signature's key and finds the signature
-        (a new one: the full check, ``_first_bind``), then runs the checks a signature leaves open
-        and makes the outputs and the values; ``signature(*args)`` only finds the signature;
-        ``bind_known(sig, *args)`` is ``bind`` after finding it."""
+        """The functions finding one call's signature, spelled out for this kernel's parameters
+        (no loops over parameters per call): ``bind(*args)`` makes the signature's key, finds
+        the signature's own bind function (a new signature: the full check, ``_first_bind``) and
+        calls it; ``signature(*args)`` only finds that function."""
         names = [f"a{i}" for i in range(len(self.inputs))]
-        key, recheck, lines = [], [], []
-        for i, p in enumerate(self.inputs):
-            a = names[i]
-            if isinstance(p.param, ir.Buffer):
-                key.append(f"{a}.dtype, {a}.shape, {a}.stride(), {a}.device")
-                if p.name in self.checker.rules.bulk_copy:
-                    recheck.append(f"{a}.data_ptr() % 16")
-            else:
-                key.append(f"type({a})")
-                lines.append(f"    check_scalar(inputs[{i}].param, {a})")
-        # an input the kernel writes may alias another tensor argument (outputs are fresh): its
-        # span against theirs, the spans' offsets from data_ptr() fixed by the signature
-        tensors = [i for i, p in enumerate(self.inputs) if isinstance(p.param, ir.Buffer)]
-        written = [i for i in tensors if self.inputs[i].param in self.checker.written]
-        recheck += [f"overlap({names[i]}.data_ptr(), sig.spans[{i}], {names[j]}.data_ptr(), sig.spans[{j}])"
-                    for i in written for j in tensors if j != i and not (j in written and j < i)]
+        key = [f"{a}.dtype, {a}.shape, {a}.stride(), {a}.device" if isinstance(p.param, ir.Buffer)
+               else f"type({a})" for a, p in zip(names, self.inputs)]
         params = ", ".join(names)
         call = f"({params}{',' if len(names) == 1 else ''})"
         find = [f"    key = ({', '.join(key)}{',' if len(key) == 1 else ''})",
-                "    sig = signatures.get(key)",
-                "    if sig is None:",
-                f"        sig = first_bind(key, {call})"]
-        known = [f"    if {' or '.join(recheck)}:", f"        check({call})"] if recheck else []
-        known += lines
+                "    known = signatures.get(key)",
+                "    if known is None:",
+                f"        known = first_bind(key, {call})"]
+        source = [f"def bind({params}):", *find, f"    return known({params})",
+                  f"def signature({params}):", *find, "    return known"]
+        scope = {"signatures": self.signatures, "first_bind": self._first_bind}
+        exec("\n".join(source), scope)
+        return scope["bind"], scope["signature"]
+
+    def _bind_of(self, sig: BoundSignature) -> Callable[..., tuple[list, list[torch.Tensor]]]:
+        """The bind function of the arguments of signature ``sig``, what it fixes spelled as
+        constants: it runs the checks a signature leaves open (each address read once; the
+        overlap of a written input with another tensor as two comparisons of addresses, the
+        spans' offsets constants; the full check, to name them, only when one fails), then makes
+        the outputs and the values."""
+        names = [f"a{i}" for i in range(len(self.inputs))]
+        tensors = [i for i, p in enumerate(self.inputs) if isinstance(p.param, ir.Buffer)]
+        written = [i for i in tensors if self.inputs[i].param in self.checker.written]
+        pairs = [(i, j) for i in written for j in tensors
+                 if j != i and not (j in written and j < i) and sig.spans[i] and sig.spans[j]]
+        aligned = [i for i in tensors if self.inputs[i].name in self.checker.rules.bulk_copy]
+        read = sorted({*aligned, *(k for pair in pairs for k in pair)})
+        lines = [f"    p{i} = {names[i]}.data_ptr()" for i in read]
+        # spans (first, end) at offsets from the address: a and b overlap iff each starts before
+        # the other ends
+        recheck = [f"p{i} % 16" for i in aligned]
+        recheck += [f"(p{i} + {sig.spans[i][0]} < p{j} + {sig.spans[j][1]} and "
+                    f"p{j} + {sig.spans[j][0]} < p{i} + {sig.spans[i][1]})" for i, j in pairs]
+        params = ", ".join(names)
+        if recheck:
+            lines += [f"    if {' or '.join(recheck)}:",
+                      f"        check(({params}{',' if len(names) == 1 else ''}))"]
+        lines += [f"    check_scalar(inputs[{i}].param, {names[i]})" for i, p in enumerate(self.inputs)
+                  if not isinstance(p.param, ir.Buffer)]
         for j in range(len(self.allocated)):
-            known.append(f"    o{j} = empty(sig.outputs[{j}], dtype=sig.dtypes[{j}], device=sig.device)")
+            lines.append(f"    o{j} = empty({sig.outputs[j]}, dtype=dtypes[{j}], device=device)")
             if self.poison:
-                known.append(f"    poison_(o{j})")
+                lines.append(f"    poison_(o{j})")
         if self.scratch:
-            known.append("    w = workspaces(sig)")
+            lines.append("    w = workspaces(sig)")
         where = {p.param.name: names[i] for i, p in enumerate(self.inputs)}
         where.update({b.name: f"o{j}" for j, b in enumerate(self.allocated)})
         where.update({b.name: f"w[{j}]" for j, b in enumerate(self.scratch)})
-        dims = [q for q in self.function.params if q.name not in where]
-        where.update({q.name: f"sig.dims[{k}]" for k, q in enumerate(dims)})
+        where.update({q.name: repr(d) for q, d in zip(self._dims, sig.dims)})
         outs = ", ".join(f"o{j}" for j in range(len(self.out_positions)))
-        known.append(f"    return [{', '.join(where[q.name] for q in self.function.params)}], [{outs}]")
-        source = [f"def bind({params}):", *find, *known,
-                  f"def signature({params}):", *find, "    return sig",
-                  f"def bind_known(sig{', ' if names else ''}{params}):", *known]
-        scope = {"signatures": self.signatures, "first_bind": self._first_bind, "empty": torch.empty,
+        lines.append(f"    return [{', '.join(where[q.name] for q in self.function.params)}], [{outs}]")
+        scope = {"sig": sig, "empty": torch.empty, "dtypes": sig.dtypes, "device": sig.device,
                  "poison_": poison_, "check_scalar": check_scalar, "inputs": self.inputs,
-                 "check": self._check, "overlap": _overlap, "workspaces": self._workspaces}
-        exec("\n".join(source), scope)
-        self._dims = dims
-        return scope["bind"], scope["signature"], scope["bind_known"]
+                 "check": self._check, "workspaces": self._workspaces}
+        exec("\n".join([f"def bind({params}):", *lines]), scope)
+        return scope["bind"]
 
-    def _first_bind(self, key: tuple, args: tuple) -> BoundSignature:
+    def _first_bind(self, key: tuple, args: tuple) -> Callable:
         """A call with a new signature (``key``, made by the bind function): the full check, then
-        the signature is remembered and returned."""
+        the signature's bind function (``_bind_of``) is remembered and returned."""
         dims = self._check(args)
         sizes = {v.name: size for v, size in dims.items()}
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.device("cpu")
@@ -194,10 +205,11 @@ class Binder:
         def shape(b: ir.Buffer) -> tuple[int, ...]:
             return tuple(ir.as_int(d) if ir.as_int(d) is not None else sizes[d.name] for d in b.shape)
         spans = tuple(_offsets(a) for a in args)
-        return remember(self.signatures, key, BoundSignature(
+        sig = BoundSignature(
             tuple(shape(b) for b in self.allocated), tuple(b.dtype.torch_dtype for b in self.allocated),
             device, tuple(sizes[q.name] for q in self._dims), spans,
-            tuple(shape(b) for b in self.scratch)))
+            tuple(shape(b) for b in self.scratch))
+        return remember(self.signatures, key, self._bind_of(sig))
 
     def _workspaces(self, sig: BoundSignature) -> list[torch.Tensor]:
         """The workspaces of a call of signature ``sig`` on the current stream (the module
@@ -231,11 +243,6 @@ def _offsets(a) -> Optional[tuple[int, int]]:
     ptr = a.data_ptr()
     lo, hi = span(a)
     return lo - ptr, hi - ptr
-
-
-def _overlap(p: int, s: Optional[tuple[int, int]], q: int, t: Optional[tuple[int, int]]) -> bool:
-    """Whether tensors at ``p`` and ``q`` with span offsets ``s`` and ``t`` share a byte."""
-    return s is not None and t is not None and spans_overlap((p + s[0], p + s[1]), (q + t[0], q + t[1]))
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from tilews.binding import stream_key
+
 MIN_COUNTERS = 1024
 _counters: dict[tuple, torch.Tensor] = {}
 
 
 def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
+    key = stream_key(device)     # the stream's raw handle: no torch.cuda.Stream object per call
     counters = _counters.get(key)
     if counters is None or counters.numel() < count:
         size = max(count, MIN_COUNTERS, 2 * (0 if counters is None else counters.numel()))

@@ -451,8 +451,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     the whole cache). heads = kv_heads x group (GQA). fp16 / bf16; scale 1/sqrt(D) by default.
     Returns [batch, seqlen_q, heads, D]. Calls of a kind seen before take its kept call (module
     docstring)."""
-    return _call("decode_attention", (q, k_cache, v_cache, cache_seqlens, block_table),
-                 _plan_decode, (num_splits, softmax_scale, target))
+    return _call(_decode_key, (q, k_cache, v_cache, cache_seqlens, block_table), _plan_decode,
+                 (num_splits, softmax_scale, target))
 
 
 def _plan_decode(tensors: tuple, num_splits, softmax_scale, target) -> tuple[torch.Tensor, Call]:
@@ -491,9 +491,11 @@ def _plan_decode(tensors: tuple, num_splits, softmax_scale, target) -> tuple[tor
 
         def unpack(out):
             return out.view(batch, kv_heads, seqlen_q, group, dim).transpose(1, 2).reshape(batch, seqlen_q, heads, dim)
-    tail = _tail(cache_seqlens, block_table, batch, keys, page, q.device, row_tiles, "decode_attention")
-    return _bound(kernel, lambda q, k, v, lengths, table: (pack(q), k.contiguous(), v.contiguous(),
-                                                          *tail(lengths, table)), unpack, tensors)
+    fused = fuses_combine(target) and splits > 1
+    tail = _tail(cache_seqlens, block_table, batch, keys, page, q.device, row_tiles, fused, "decode_attention")
+    as_k, as_v = _contiguous_of(k_cache), _contiguous_of(v_cache)
+    return _bound(kernel, lambda q, k, v, lengths, table: (pack(q), as_k(k), as_v(v), *tail(lengths, table)),
+                  unpack, tensors)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
@@ -506,8 +508,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     scores (q_nope kv^T + q_pe k_pe^T) * scale, scale 1/sqrt(dim + pe_dim) by default. heads a
     multiple of 64. Returns [batch, heads, dim]. Calls of a kind seen before take its kept call
     (module docstring)."""
-    return _call("mla_decode", (q_nope, q_pe, kv_cache, k_pe_cache, cache_seqlens, block_table),
-                 _plan_mla, (num_splits, softmax_scale, target))
+    return _call(_mla_key, (q_nope, q_pe, kv_cache, k_pe_cache, cache_seqlens, block_table), _plan_mla,
+                 (num_splits, softmax_scale, target))
 
 
 def _plan_mla(tensors: tuple, num_splits, softmax_scale, target) -> tuple[torch.Tensor, Call]:
@@ -541,32 +543,48 @@ def _plan_mla(tensors: tuple, num_splits, softmax_scale, target) -> tuple[torch.
                                               dtypes.from_torch(q_nope.dtype), page,
                                               cache_seqlens is not None or paged, softmax_scale,
                                               fuses_combine(target))
-    tail = _tail(cache_seqlens, block_table, batch, keys, page, q_nope.device, row_tiles, name)
+    tail = _tail(cache_seqlens, block_table, batch, keys, page, q_nope.device, row_tiles,
+                 fuses_combine(target) and splits > 1, name)
+    as_q, as_q_pe, as_kv, as_k_pe = map(_contiguous_of, (q_nope, q_pe, kv_cache, k_pe_cache))
     return _bound(kernel, lambda q, q_pe, kv, k_pe, lengths, table: (
-        q.contiguous(), q_pe.contiguous(), kv.contiguous(), k_pe.contiguous(), *tail(lengths, table)),
-        _same, tensors)
+        as_q(q), as_q_pe(q_pe), as_kv(kv), as_k_pe(k_pe), *tail(lengths, table)), _same, tensors)
 
 
 # --- calling ---------------------------------------------------------------------------------------
 Call = Callable[..., torch.Tensor]
-# the ops' one lookup: (the op, each tensor argument's shape, strides, dtype and device (None
-# where not given), num_splits and softmax_scale each with its type, target) -> the call for
-# that kind of arguments; only checked kinds are stored
+# the ops' one lookup: (the op's key function, each tensor argument's shape, strides, dtype and
+# device (None where an optional one is not given), num_splits, softmax_scale and target each
+# with its type) -> the call for that kind of arguments; only checked kinds are stored
 _calls: dict[tuple, Call] = {}
 
 
 def _kind(t: Optional[torch.Tensor]) -> Optional[tuple]:
-    """A tensor argument's part of a call's key (None where not given)."""
+    """An optional tensor argument's part of a call's key (None where not given)."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _call(op: str, tensors: tuple, plan: Callable, options: tuple) -> torch.Tensor:
-    """The result of ``op`` on ``tensors``: by the call kept for their kind (``_kind`` of each;
-    each option with its type, so that ``num_splits=True`` is not the kind of 1), else by
-    ``plan(tensors, *options)`` (the checks, the first call, and its call, kept for the kind;
-    arguments that are not tensors, or an option with no hash: never kept)."""
+def _decode_key(q, k, v, lengths, table, num_splits, softmax_scale, target) -> tuple:
+    """``decode_attention``'s key, flat (spelled out: no loop or tuple per argument)."""
+    return (_decode_key, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+            v.shape, v.stride(), v.dtype, v.device, _kind(lengths), _kind(table), type(num_splits),
+            num_splits, type(softmax_scale), softmax_scale, type(target), target)
+
+
+def _mla_key(q, q_pe, kv, k_pe, lengths, table, num_splits, softmax_scale, target) -> tuple:
+    """``mla_decode``'s key, as ``_decode_key``."""
+    return (_mla_key, q.shape, q.stride(), q.dtype, q.device, q_pe.shape, q_pe.stride(), q_pe.dtype,
+            q_pe.device, kv.shape, kv.stride(), kv.dtype, kv.device, k_pe.shape, k_pe.stride(),
+            k_pe.dtype, k_pe.device, _kind(lengths), _kind(table), type(num_splits), num_splits,
+            type(softmax_scale), softmax_scale, type(target), target)
+
+
+def _call(key_of: Callable, tensors: tuple, plan: Callable, options: tuple) -> torch.Tensor:
+    """The result of an op on ``tensors``: by the call kept for their kind (``key_of(*tensors,
+    *options)``; each option with its type, so that ``num_splits=True`` is not the kind of 1),
+    else by ``plan(tensors, *options)`` (the checks, the first call, and its call, kept for the
+    kind; arguments that are not tensors, or an option with no hash: never kept)."""
     try:
-        key = (op, *map(_kind, tensors), *((type(o), o) for o in options))
+        key = key_of(*tensors, *options)
         call = _calls[key]
     except KeyError:
         result, call = plan(tensors, *options)
@@ -682,39 +700,55 @@ def _splits(num_splits, tiles: int, keys: int, block_N: int, gpu: bool, op: str)
 
 
 def _tail(cache_seqlens, block_table, batch: int, keys: int, page, device, row_tiles: int,
-          op: str) -> Callable:
+          counted: bool, op: str) -> Callable:
     """The kernel's last inputs of a call, ``tail(cache_seqlens, block_table)``: the lengths (the
     given ones; for a paged cache without them, the whole cache's: the paged program always reads
-    lengths), then the block table where paged, then the current stream's arrival counters, at
-    least ``row_tiles`` (``arrivals.arrival_counters``: zero at launch; a fused combine's kernel
-    leaves them so). The whole cache's lengths and the counters are found per call, not kept:
-    made while a CUDA graph is captured they hold nothing until it is replayed (the capture's
-    stream has its own counters), and kept from before they could be freed (the kept calls
-    starting over) while a graph still reads them. On the CPU each call's lengths (at most
-    ``keys``) and pages (below the cache's) are checked, as ``attention_varlen`` checks its
-    offsets there; on a GPU they are trusted (reading them back would stall the stream)."""
+    lengths), then the block table where paged, then arrival counters, at least ``row_tiles``.
+    Where the kernel counts its splits (``counted``: a fused combine of several splits), they
+    are the current stream's (``arrivals.arrival_counters``: zero at launch; the kernel leaves
+    them so), found per call, not kept: made while a CUDA graph is captured they hold nothing
+    until it is replayed (the capture's stream has its own counters), and kept from before they
+    could be freed (the kept calls starting over) while a graph still reads them. Where it does
+    not (one split, or the combine a second kernel), the kernel never reads them: this stream's
+    counters now, kept. The whole cache's lengths are made per call, as counted counters are found.
+    Lengths and tables of a contiguous kind are passed as they are (the call's key fixes their
+    strides). On the CPU each call's lengths (at most ``keys``) and pages (below the cache's)
+    are checked, as ``attention_varlen`` checks its offsets there; on a GPU they are trusted
+    (reading them back would stall the stream)."""
+    contiguous_lengths, contiguous_table = _contiguous_of(cache_seqlens), _contiguous_of(block_table)
+
+    def checked_lengths(lengths):
+        _within(lengths, keys, op, "cache_seqlens", f"the cache's {keys} keys per sequence")
+        return contiguous_lengths(lengths)
+
+    def checked_table(table):
+        _within(table, page[0] - 1, op, "block_table", f"the last of the cache's {page[0]} pages")
+        return contiguous_table(table)
     on_cpu = device.type == "cpu"
+    as_lengths = checked_lengths if on_cpu else contiguous_lengths
+    as_table = checked_table if on_cpu else contiguous_table
+    if counted:
+        def counters():
+            return arrival_counters(device, row_tiles)
+    else:
+        unread = arrival_counters(device, row_tiles)
 
-    def lengths_of(lengths):
-        if on_cpu:
-            _within(lengths, keys, op, "cache_seqlens", f"the cache's {keys} keys per sequence")
-        return lengths.contiguous()
-
-    def table_of(table):
-        if on_cpu:
-            _within(table, page[0] - 1, op, "block_table", f"the last of the cache's {page[0]} pages")
-        return table.contiguous()
-
-    def counters():
-        return arrival_counters(device, row_tiles)
+        def counters():
+            return unread
     if block_table is None:
         if cache_seqlens is None:
             return lambda lengths, table: (counters(),)
-        return lambda lengths, table: (lengths_of(lengths), counters())
+        return lambda lengths, table: (as_lengths(lengths), counters())
     if cache_seqlens is None:
         return lambda lengths, table: (torch.full((batch,), keys, dtype=torch.int32, device=device),
-                                       table_of(table), counters())
-    return lambda lengths, table: (lengths_of(lengths), table_of(table), counters())
+                                       as_table(table), counters())
+    return lambda lengths, table: (as_lengths(lengths), as_table(table), counters())
+
+
+def _contiguous_of(t: Optional[torch.Tensor]) -> Callable:
+    """What makes a tensor of ``t``'s kind (its strides fixed by a kept call's key) contiguous:
+    nothing where ``t`` is (or is absent), else ``.contiguous()``."""
+    return _same if t is None or t.is_contiguous() else torch.Tensor.contiguous
 
 
 def _within(t: torch.Tensor, most: int, op: str, arg: str, what: str) -> None:

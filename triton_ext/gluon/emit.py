@@ -146,7 +146,7 @@ def _jit_def(ctx: Ctx, loc: ir.Loc, name: str, params: list[str]) -> None:
 
 
 def _kernel_fn(ctx: Ctx, kernel: ir.Kernel, roles, fns, params) -> None:
-    _jit_def(ctx, kernel.loc, ctx.fn, [name for name, _ in _kernel_params(ctx, kernel)])
+    _jit_def(ctx, kernel.loc, ctx.fn, [n for names, _ in _kernel_params(ctx, kernel) for n in names])
     with ctx.indent():
         for s in kernel.body.stmts:
             rule = _TOP.get(type(s))
@@ -160,23 +160,24 @@ def _kernel_fn(ctx: Ctx, kernel: ir.Kernel, roles, fns, params) -> None:
                     ctx.line(f"mbarrier.invalidate({ctx.name(s.buffer.name)}.index({i}))")
 
 
-def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[str, str]]:
-    """The kernel's parameters in order, each with its host expression: per global buffer its
-    TMA descriptors, then its pointer and strides if roles read it element by element; each
-    scalar parameter as itself."""
+def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[list[str], str]]:
+    """The kernel's parameters in order, in groups with each group's host expression: per global
+    buffer its TMA descriptors (one each), then its pointer and strides (one group: ``B,
+    *B.stride()``, one stride query per buffer) if roles read it element by element; each scalar
+    parameter as itself."""
     targets = _descriptor_buffers(ctx)
     out = []
     for p in kernel.params:
         name = ctx.name(p.name)
         if isinstance(p, ir.Var):
-            out.append((name, name))
+            out.append(([name], name))
             continue
         for (g, block), desc in ctx.descriptors.items():
             if g == p.name:
                 layout = ctx.layout(targets[(g, block)], kernel.loc)
-                out.append((desc, f"{DESCRIPTOR_FN}({name}, {list(block)}, {layout}.value)"))
+                out.append(([desc], f"{DESCRIPTOR_FN}({name}, {list(block)}, {layout}.value)"))
         if p.name in ctx.pointers:
-            out += zip(_pointer(ctx, p), [name] + [f"{name}.stride({d})" for d in range(len(p.shape))])
+            out.append((_pointer(ctx, p), f"{name}, *{name}.stride()"))
     return out
 
 
