@@ -22,6 +22,8 @@ class SchedulePolicy:
     overlap_gemms: bool = True      # overlap_gemms: a block's independent wgmmas in flight
                                     # together, each waited where first needed
                                     # (TILEWS_OVERLAP_GEMMS)
+    merge_releases: bool = True     # merge_releases: ring slots released together share one
+                                    # barrier (TILEWS_MERGE_RELEASES)
     overlap_promotion: bool = False  # overlap_softmax's form for loops whose fragment math holds
                                      # no gemm (FP8 promotion; opt-in)
     pingpong: bool = False          # split consumer warp groups take turns issuing their gemms

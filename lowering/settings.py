@@ -35,6 +35,9 @@ SWITCHES = (
     ("TILEWS_OVERLAP_GEMMS", "Hopper: issue a block's independent wgmmas together and wait for "
                              "each where its result is first needed (overlap_gemms; on unless "
                              "set to an off value)"),
+    ("TILEWS_MERGE_RELEASES", "Hopper: ring slots a role releases at the same point share one "
+                              "barrier, one arrival per release (merge_releases; on unless set "
+                              "to an off value)"),
     ("TILEWS_TUNE", "`tilews.ops.matmul` and `tilews.ops.fp8_scaled_mm` tune each new shape "
                     "bucket at its first call (winners kept on disk) instead of using their "
                     "heuristics"),
@@ -103,6 +106,7 @@ class Settings:
     debug_frontend: bool = False
     overlap_softmax: bool = True
     overlap_gemms: bool = True
+    merge_releases: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
     compile_processes: bool = False       # TILEWS_COMPILE_PROCESSES: workers compile in forked children
@@ -119,6 +123,7 @@ class Settings:
                    debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
+                   merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),
                    compile_processes=flag("TILEWS_COMPILE_PROCESSES", environ),

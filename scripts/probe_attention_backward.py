@@ -27,19 +27,27 @@ import peer_compare as pc  # noqa: E402
 SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 16, 4096, 64, False),
           (8, 16, 16, 4096, 64, True), (4, 32, 8, 4096, 128, True), (2, 16, 16, 8192, 128, True)]
 # the main kernel timed alone beside the op: at the op's blocks (``blocks``), and changed by each
-# of these ("overlap_gemms": compiled with TILEWS_OVERLAP_GEMMS=off, each wgmma waited at once;
-# "dq_tile_add": None flips the op's choice)
-MAIN_CHANGES = {64: [dict(num_stages=3), dict(block_N=128), dict(block_M=64, threads=128)],
-                128: [dict(overlap_gemms=False), dict(dq_tile_add=None)]}
+# of these ("overlap_gemms" / "merge_releases": compiled with TILEWS_OVERLAP_GEMMS /
+# TILEWS_MERGE_RELEASES=off; "dq_tile_add": None flips the op's choice; "defer_dq": the previous
+# query block's dQ added under this one's first gemms; D128 spills 224-396 B that way).
+# Compile-only (sm_90a, D64): 128 x 128 spills 160 B and serializes its wgmmas (ptxas C7512),
+# 64 x 128 spills 96 B: not timed.
+MAIN_CHANGES = {64: [dict(merge_releases=False), dict(defer_dq=True), dict(num_stages=3),
+                     dict(defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
+                128: [dict(merge_releases=False), dict(defer_dq=True), dict(overlap_gemms=False),
+                      dict(dq_tile_add=None)]}
+# --quick: the changes timed (the op's rival schedules), by head dim
+QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:1]}
 # the preprocess's and postprocess's (rows per block, threads); the op's first
 PREPOST_BLOCKS = ((64, 128), (128, 128), (128, 256))
 FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
                   (8, 16, 4096, 64, True)]
 
 
-def overlap_gemms(on: bool):
-    """Compiles inside use TILEWS_OVERLAP_GEMMS=on/off."""
-    return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS="on" if on else "off")
+def schedule_switches(overlap_gemms: bool, merge_releases: bool):
+    """Compiles inside use TILEWS_OVERLAP_GEMMS and TILEWS_MERGE_RELEASES on/off."""
+    return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS="on" if overlap_gemms else "off",
+                           TILEWS_MERGE_RELEASES="on" if merge_releases else "off")
 
 
 def rel(a, b) -> float:
@@ -109,34 +117,43 @@ def run_shape(shape, rounds, results, quick=False):
     # the main kernel alone, at the blocks the op uses and the others
     _, lse = _forward(q.detach(), k.detach(), v.detach(), causal, "bhsd", store_lse=True)
     rows = lse.shape[-1]
-    delta = torch.randn(lse.shape, device="cuda")
-    dq_acc = torch.zeros((B, H, rows, D), device="cuda")
+    delta = torch.empty(lse.shape, device="cuda")
+    dq_acc = torch.empty((B, H, rows, D), device="cuda")
     dk, dv = torch.empty_like(k), torch.empty_like(v)
+    kernels()[0](B, H, S, D, rows, dtype=T.float16)(out.detach(), do, delta, dq_acc)
     op = blocks(D, True)
-    for change in [{}] + ([] if quick else MAIN_CHANGES.get(D, [])):
+    for change in [{}] + (QUICK_CHANGES if quick else MAIN_CHANGES).get(D, []):
         cfg = dict(op, **change)
         if "dq_tile_add" in change:
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
-        on = cfg.pop("overlap_gemms", True)
+        on, merge = cfg.pop("overlap_gemms", True), cfg.pop("merge_releases", True)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
-            + (" dQ tile" if cfg.get("dq_tile_add") else "") + ("" if on else " gemms off")
+            + (" dQ tile" if cfg.get("dq_tile_add") else "") \
+            + (" deferred" if cfg.get("defer_dq") else "") + ("" if on else " gemms off") \
+            + ("" if merge else " unmerged")
         try:
-            with overlap_gemms(on):
+            with schedule_switches(on, merge):
                 kern = kernels()[1](B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
             args = (q.detach(), k.detach(), v.detach(), do, lse, delta, dq_acc, dk, dv)
+            dq_acc.zero_()
             kern(*args)
-            torch.cuda.synchronize()
+            # each variant's gradients against the op's (dQ from its zeroed accumulator)
+            errs = [rel(a, b) for a, b in zip((dq_acc[:, :, :S], dk, dv), grads["tilews"])]
+            if max(errs) > 1e-2:
+                print(f"{label}: disagrees with the op (dq, dk, dv {['%.1e' % e for e in errs]}): "
+                      f"not timed")
+                continue
             impls[label] = lambda kern=kern, args=args: kern(*args)
             print(f"{label}: {kern.kernels[0].report.backend if hasattr(kern, 'kernels') else ''}")
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
 
     # the preprocess and postprocess alone (--quick too: with the main kernel they account for
-    # the op's time), at the op's blocks (64 x 128 threads) and larger ones, beside a memset of
-    # dQ's float32 accumulator (what the preprocess's zeroing alone would cost at bandwidth)
+    # the op's time), at the op's blocks (64 x 128 threads) and, not --quick, larger ones, beside
+    # a memset of dQ's float32 accumulator (what the preprocess's zeroing alone would cost)
     pre, _, post = kernels()
     out_d, dq = out.detach(), torch.empty_like(q)
-    for block, threads in PREPOST_BLOCKS:
+    for block, threads in PREPOST_BLOCKS[:1] if quick else PREPOST_BLOCKS:
         try:
             p = pre(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
             o = post(B, H, S, D, rows, block=block, threads=threads, dtype=T.float16)
@@ -170,7 +187,7 @@ def run_forward(shape, rounds, results):
             torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     impls["SDPA cuDNN"] = cudnn
     for on in (True, False):
-        with overlap_gemms(on):
+        with schedule_switches(on, True):
             kern = tilews.jit(out_idx=[3])(mha_fwd_program)(B, H, S, D, causal, dtype=T.float16,
                                                             **blocks(D, True))
         out = kern(q, k, v)
@@ -200,8 +217,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true",
-                        help="the op, its main kernel at the op's blocks, its preprocess and "
-                             "postprocess")
+                        help="the op, its main kernel at the op's blocks and QUICK_CHANGES, its "
+                             "preprocess and postprocess at the op's blocks")
     parser.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
     parser.add_argument("--forward", type=int, nargs="*", default=[],
                         help="indices into FORWARD_SHAPES: the forward with overlap_gemms on and off")

@@ -101,3 +101,65 @@ def test_causal_query_blocks_need_no_runtime_remainder(causal):
     loop = re.search(r"\n( +)for it in range\(.*?\n(.*?)\n\1\S", source, re.S).group(2)
     assert not re.findall(r"(?://|%) *\(*[A-Za-z_]", loop)
     assert bool(re.search(r"\(it \+ \w+\) (?://|%) 8\b", loop)) != causal
+
+
+def _main_kernel_grads(target, D, causal, group=1, **change):
+    """dq, dk, dv of the main kernel compiled for ``target`` with ``change`` (the preprocess and
+    postprocess as the op runs them), and the float64 reference."""
+    import tilews.language as T
+    from tilews.ops.attention_backward import blocks, kernels
+    B, H, S = 1, 2 * group, 160
+    q, do = (randn(B, H, S, D, dtype=torch.float16, seed=s) for s in (1, 4))
+    k, v = (randn(B, H // group, S, D, dtype=torch.float16, seed=s) for s in (2, 3))
+    o, lse = torch.ops.tilews.attention(q, k, v, causal, "bhsd")
+    rows = lse.shape[-1]
+    pre, main, post = kernels(target)
+    delta, dq_acc = torch.empty_like(lse), torch.full((B, H, rows, D), float("nan"))
+    pre(B, H, S, D, rows, dtype=T.float16)(o, do, delta, dq_acc)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    main(B, H, H // group, S, D, causal, rows, dtype=T.float16,
+         **dict(blocks(D, False), **change))(q, k, v, do, lse, delta, dq_acc, dk, dv)
+    post(B, H, S, D, rows, dtype=T.float16)(dq_acc, dq)
+    return (dq, dk, dv), _reference(q, k, v, do, causal, "bhsd")
+
+
+@pytest.mark.parametrize("target, dq_tile_add", [("interpret", True), ("interpret", False),
+                                                 ("triton", False)])
+@pytest.mark.parametrize("causal, group", [(False, 1), (True, 2)])
+def test_deferred_dq_gives_the_float64_gradients(target, dq_tile_add, causal, group):
+    """``defer_dq``: each query block's dQ is added during the next one (its first gemms), the
+    last after the loop; GQA's head changes between the two."""
+    got, want = _main_kernel_grads(target, 64, causal, group, defer_dq=True, dq_tile_add=dq_tile_add)
+    for name, a, w in zip("qkv", got, want):
+        assert _rel(a, w) < 2e-3, name
+
+
+def test_deferred_dq_keeps_wgmmas_in_flight_on_hopper():
+    """Compile-only (sm_90a): the kept dQ is a register copy (an inline ``mov``) that ptxas does
+    not fold into the dQ wgmma's accumulator, so reading it under the next block's gemms
+    injects no wait for them (ptxas C7517 without the copy); no spills at D64."""
+    import tilews.language as T
+    from tilews.lowering.frontend import build_kernel
+    from tilews.lowering.pipeline import lower
+    from tilews.ops.attention_backward import blocks, bwd_program
+    from tilews.triton_ext.gluon import emit
+    from tilews.triton_ext.gluon.backend import HOPPER
+    from tilews.triton_ext.toolchain import ptxas_report
+
+    from .helpers import gluon_program
+
+    program = bwd_program(1, 2, 2, 4096, 64, False, 4096, dtype=T.float16,
+                          **dict(blocks(64, True), defer_dq=True))
+    lowered = lower(build_kernel(program), HOPPER.replace(num_sms=132))
+    assert 'inline_asm_elementwise("mov.b32' in emit(lowered)
+    report = ptxas_report(gluon_program(lowered).asm["ptx"])
+    if report is None:
+        pytest.skip("this Triton bundles no ptxas")
+    assert "C7517" not in report and "0 bytes spill stores" in report, report
+
+
+def test_deferred_dq_refuses_varlen():
+    import tilews.language as T
+    from tilews.ops.attention_backward import backward_block
+    with pytest.raises(ValueError, match="defer_dq"):
+        backward_block(64, 1, False, 64, 32, 2, "varlen", T.float16, defer_dq=True)

@@ -66,7 +66,7 @@ def _backward(dim=64, seq=256):
 
 
 def test_backward_gemms_issue_together_and_wait_where_needed():
-    kernel = lower(_backward(), HOPPER)
+    kernel = lower(_backward(), HOPPER, upto="overlap_gemms")
     assert kernel.find_plan(AsyncPlan) is not None, kernel.notes
     assert _kinds(_consumer_loop(kernel)) == [
         "gemm->sT", "gemm->dpT", "wait1", "parallel sT",
@@ -77,7 +77,7 @@ def test_backward_gemms_issue_together_and_wait_where_needed():
 
 def test_bulk_store_wait_follows_the_final_wait_and_arrivals():
     kernel = lower(build_kernel(bwd_program(1, 2, 2, 512, 64, False, 512, dq_tile_add=True)),
-                   HOPPER.replace(num_sms=132))
+                   HOPPER.replace(num_sms=132), upto="overlap_gemms")
     kinds = _kinds(_consumer_loop(kernel))
     assert kinds[kinds.index("gemm->dq"):] == [
         "gemm->dq", "wait0", "arrive empty_dO_s", "arrive empty_Q_s", "store wait0", "copy ->dq_s"], kinds
@@ -91,8 +91,13 @@ def test_off_waits_for_each_gemm_at_once():
 
 
 def test_backward_lowered_program_matches_float64_on_the_interpreter():
-    B, H, S, D = 1, 2, 256, 64
-    kernel = lower(_backward(D, S), HOPPER)
+    backward_matches_float64(lower(_backward(64, 256), HOPPER), 64, 256)
+
+
+def backward_matches_float64(kernel: ir.Kernel, D: int, S: int, seed=None) -> None:
+    """The lowered non-causal backward ``kernel`` (B 1, H 2) gives float64 SDPA's gradients on
+    the interpreter (``seed``: its schedule of the roles)."""
+    B, H = 1, 2
     q, k, v, do = (randn(B, H, S, D, dtype=torch.float16, seed=i) for i in range(4))
     qq, kk, vv = (t.double().requires_grad_() for t in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv)
@@ -101,7 +106,7 @@ def test_backward_lowered_program_matches_float64_on_the_interpreter():
     want = torch.autograd.grad(out, (qq, kk, vv), do.double())
     dq = torch.zeros(B, H, S, D)
     dk, dv = (torch.full((B, H, S, D), float("nan"), dtype=torch.float16) for _ in range(2))
-    interpreter.run(kernel, [q, k, v, do, lse.float(), delta.float(), dq, dk, dv])
+    interpreter.run(kernel, [q, k, v, do, lse.float(), delta.float(), dq, dk, dv], seed=seed)
     for got, ref in zip((dq, dk, dv), want):
         torch.testing.assert_close(got.double(), ref, rtol=2e-2, atol=2e-2)
 

@@ -13,7 +13,8 @@ behind ``tilews.ops.attention``'s autograd.
    reduce-add; slower on an H200 so far, docs/performance.md). Each K/V block runs its query
    blocks starting from its own, so the blocks of a head do not add into the same dQ rows at the
    same time: rotated by ``bx``, or causal from the diagonal's (already its own; no remainder
-   by a run-time count per query block).
+   by a run-time count per query block). With ``defer_dq`` a query block's dQ is added during
+   the next block, under its first gemms (``backward_block``).
    Causal: query blocks before the K/V block's first key are skipped; a mask runs only on the
    blocks that cross the diagonal.
 3. ``postprocess``: dQ cast to the operands' dtype.
@@ -81,13 +82,14 @@ def preprocess_block(dim, block, layout, dtype):
 
 
 def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=128, block_N=64,
-                num_stages=2, threads=256, dtype=T.float16, dq_tile_add=False):
+                num_stages=2, threads=256, dtype=T.float16, dq_tile_add=False, defer_dq=False):
     """dK and dV of each K/V block (written), dQ added into its float32 accumulator (module
-    docstring; ``dq_tile_add``: dQ's tile added through shared memory, else element atomics)."""
+    docstring; ``dq_tile_add``: dQ's tile added through shared memory, else element atomics;
+    ``defer_dq``: as ``backward_block``'s)."""
     shape, kv_shape = [batch, heads, seq_len, dim], [batch, kv_heads, seq_len, dim]
     f32 = T.float32
     grads = backward_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages, "bhsd",
-                           dtype, dq_tile_add=dq_tile_add)
+                           dtype, dq_tile_add=dq_tile_add, defer_dq=defer_dq)
 
     @T.prim_func
     def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
@@ -100,7 +102,7 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
 
 
 def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, dtype,
-                   sm_scale=None, dq_tile_add=False):
+                   sm_scale=None, dq_tile_add=False, defer_dq=False):
     """The macro ``grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len,
     k_start, k_len)``: keys ``[bx * block_M, (bx + 1) * block_M)`` of KV head ``by`` of sequence
     ``bz`` (module docstring), its queries rows ``q_start + [0, q_len)`` and keys ``k_start + [0,
@@ -111,12 +113,22 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
     ``"varlen"``: the rows past a sequence's end belong to the next one, so a block that reaches
     past ``k_len`` or ``q_len`` masks those keys and queries out of P, dK and dV are stored only
     for keys below ``k_len``, and a block past the end (``bx * block_M >= k_len``) runs no query
-    block and stores nothing. ``sm_scale``: the forward's (default ``1 / sqrt(dim)``)."""
+    block and stores nothing. ``sm_scale``: the forward's (default ``1 / sqrt(dim)``).
+
+    ``defer_dq`` (not varlen, whose blocks may run no query block): each query block's dQ is
+    added during the next one, after that block's ``S^T`` and ``dP^T`` gemms are issued (a copy
+    of dQ's accumulator kept meanwhile), the last after the loop, so on Hopper dQ's shared store,
+    fence, barriers and reduce-add run under those gemms instead of between the blocks, where
+    no gemm is in flight (sm_90a D64: 20 more instructions per query block, a copy and the
+    branch; D128 spills 224-396 bytes that way)."""
+    if defer_dq and layout == "varlen":
+        raise ValueError("backward_block: defer_dq needs whole sequences (layout 'bhsd')")
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     scale = sm_scale * LOG2E
     f32 = T.float32
     varlen = layout == "varlen"
     rows = tile_rows(layout)
+    own_first = is_causal and not varlen and block_M >= block_N
 
     @T.macro
     def seen(key, query, offset, q_len, k_len):
@@ -149,6 +161,33 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             T.copy(staging, dst)
 
     @T.macro
+    def query_block(it, by, bx, first, per_head):
+        """(query head, query block) of iteration ``it``: each K/V block starts at its own query
+        block, so the blocks of one head do not all add into the same dQ rows at once: causal
+        (not varlen, whose first blocks may all be 0), the first query block already differs
+        (the diagonal's); else rotated by ``bx``."""
+        h = by * group + it // per_head if group > 1 else by
+        step = it % per_head if group > 1 else it
+        return h, first + (step if own_first else (step + bx) % per_head)
+
+    @T.macro
+    def dp_gemm(dO, Delta, dO_s, delta_s, delta, V_s, dpT, bz, h, q_start, kb):
+        """``dP^T = V dO^T`` of query block ``kb`` of head ``h``, its Delta loaded."""
+        T.copy(rows(dO, bz, h, q_start + kb * block_N, block_N), dO_s)
+        row_vector(Delta[bz, h, kb * block_N], delta_s, delta)
+        T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True)
+
+    @T.macro
+    def add_dq(dQ, dq, dq_s, bz, h, kb):
+        """dQ's rows of query block ``kb`` of head ``h`` += ``dq``."""
+        if dq_tile_add:
+            T.copy(dq, dq_s)
+            T.atomic_add(dQ[bz, h, kb * block_N, 0], dq_s)
+        else:
+            for i, j in T.Parallel(block_N, dim):
+                T.atomic_add(dQ[bz, h, kb * block_N + i, j], dq[i, j])
+
+    @T.macro
     def grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len, k_start, k_len):
         offset = k_len - q_len
         K_s = T.alloc_shared([block_M, dim], dtype)
@@ -171,6 +210,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         dk = T.alloc_fragment([block_M, dim], f32)
         dv = T.alloc_fragment([block_M, dim], f32)
         dq = T.alloc_fragment([block_N, dim], f32)
+        dq_prev = T.alloc_fragment([block_N, dim], f32) if defer_dq else None
 
         T.copy(rows(K, bz, by, k_start + bx * block_M, block_M), K_s)
         T.copy(rows(V, bz, by, k_start + bx * block_M, block_M), V_s)
@@ -183,7 +223,6 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         else:
             first = 0
         per_head = T.ceildiv(q_len, block_N) - first
-        own_first = is_causal and not varlen and block_M >= block_N
         if varlen:
             # the warp-specialized pipeline needs its loop at the kernel's top level: a block
             # past the sequence's end runs it zero times instead of returning
@@ -191,15 +230,16 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         else:
             trips = group * per_head
         for it in T.Pipelined(trips, num_stages=num_stages):
-            h = by * group + it // per_head if group > 1 else by
-            step = it % per_head if group > 1 else it
-            # each K/V block starts at its own query block, so the blocks of one head do not all
-            # add into the same dQ rows at once: causal (not varlen, whose first blocks may all
-            # be 0), the first query block already differs (the diagonal's); else rotated by bx
-            kb = first + (step if own_first else (step + bx) % per_head)
+            h, kb = query_block(it, by, bx, first, per_head)
             T.copy(rows(Q, bz, h, q_start + kb * block_N, block_N), Q_s)
             row_vector(LSE[bz, h, kb * block_N], lse_s, lse)
             T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True)
+            if defer_dq:
+                dp_gemm(dO, Delta, dO_s, delta_s, delta, V_s, dpT, bz, h, q_start, kb)
+                # the previous query block's dQ, under this block's first two gemms
+                if it > 0:
+                    h_prev, kb_prev = query_block(it - 1, by, bx, first, per_head)
+                    add_dq(dQ, dq_prev, dq_s, bz, h_prev, kb_prev)
             for i, j in T.Parallel(block_M, block_N):
                 sT[i, j] = T.exp2(sT[i, j] * scale - lse[j])
             if is_causal or varlen:
@@ -208,9 +248,8 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
                     for i, j in T.Parallel(block_M, block_N):
                         sT[i, j] = T.if_then_else(seen(bx * block_M + i, kb * block_N + j, offset,
                                                        q_len, k_len), sT[i, j], 0)
-            T.copy(rows(dO, bz, h, q_start + kb * block_N, block_N), dO_s)
-            row_vector(Delta[bz, h, kb * block_N], delta_s, delta)
-            T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True)
+            if not defer_dq:
+                dp_gemm(dO, Delta, dO_s, delta_s, delta, V_s, dpT, bz, h, q_start, kb)
             T.copy(sT, pT)
             T.gemm(pT, dO_s, dv)
             for i, j in T.Parallel(block_M, block_N):
@@ -218,12 +257,13 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             T.gemm(dsT, Q_s, dk)
             T.copy(dsT, dsT_s)
             T.gemm(dsT_s, K_s, dq, transpose_A=True, clear_accum=True)
-            if dq_tile_add:
-                T.copy(dq, dq_s)
-                T.atomic_add(dQ[bz, h, kb * block_N, 0], dq_s)
+            if defer_dq:
+                T.copy(dq, dq_prev)
             else:
-                for i, j in T.Parallel(block_N, dim):
-                    T.atomic_add(dQ[bz, h, kb * block_N + i, j], dq[i, j])
+                add_dq(dQ, dq, dq_s, bz, h, kb)
+        if defer_dq:
+            h_last, kb_last = query_block(trips - 1, by, bx, first, per_head)
+            add_dq(dQ, dq_prev, dq_s, bz, h_last, kb_last)
         if varlen:
             # the keys below k_len, from registers (a TMA store would write whole rows)
             for i, j in T.Parallel(block_M, dim):

@@ -331,6 +331,12 @@ def copy(ctx: Ctx, s: ir.Copy) -> None:
         return
     if ctx.layouts[src.name] != ctx.layouts[dst.name]:
         value = f"gl.convert_layout({value}, {ctx.layout(dst, s.loc)})"
+    elif src.dtype == dst.dtype and src.dtype.itemsize == 4 and src in ctx.accumulators:
+        # a copy of a wgmma accumulator, kept while the next wgmmas run (the attention
+        # backward's previous dQ): ptxas serializes wgmmas around any read of registers a wgmma
+        # defined (C7517, a wait for all in flight), so the copy is fresh registers, not folded
+        value = (f'gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [{value}], '
+                 f'dtype={GL_DTYPE[dst.dtype]}, is_pure=True, pack=1)')
     ctx.line(f"{ctx.name(dst.name)} = {value}")
     ctx.defined.add(dst.name)
 
