@@ -204,10 +204,13 @@ def attention_block(dim, group, is_causal, block_M, block_N, num_stages, layout,
                 if partial:
                     # read back from the staged tile (as TileLang's varlen example does): 16-byte
                     # runs of rows, where the accumulator's layout stored 2 or 4 bytes at a time
-                    # (ptxas spilled 88-92 bytes for their addresses at D 128; now 8)
+                    # (ptxas spilled 88-92 bytes for their addresses at D 128; now 8). The row
+                    # is q_start + (the mask's row): written q_start + bx * block_M + i, ptxas
+                    # gave the non-causal K/V loop 29-31 moves of P's registers before each P V
+                    # wgmma (sm_90a, D 128, no LSE: 488 instructions a loop; this form 459)
                     for i, j in T.Parallel(block_M, dim):
                         if bx * block_M + i < q_len:
-                            Output[q_start + bx * block_M + i, by, j] = O_shared[i, j]
+                            Output[q_start + (bx * block_M + i), by, j] = O_shared[i, j]
                 else:
                     T.copy(O_shared, rows(Output, bz, by, q_start + bx * block_M, block_M))
             if LSE is not None:
