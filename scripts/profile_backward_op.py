@@ -1,7 +1,8 @@
 """Where the GPU time of ``tilews.ops.attention``'s backward goes: every kernel the autograd
 backward launches, with its GPU time per call (``torch.profiler``, CUDA activity), beside the
-call's own time from CUDA events. The probe (``probe_attention_backward.py``) shows the whole
-backward above its main kernel + preprocess + postprocess timed alone; this lists what else runs.
+call's own time from CUDA events, and the same for SDPA's cuDNN backward. The probe
+(``probe_attention_backward.py``) times each call from its launch (a few calls per timing, so the
+host's latency to the first kernel counts); this gives the GPU's time alone.
 
     TILEWS_DEVICE_CMD='python scripts/profile_backward_op.py --shape 8,16,4096,64' bash scripts/device_run.sh
 """
@@ -10,9 +11,36 @@ from __future__ import annotations
 import argparse
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from tilews.ops import attention
+
+
+def report(name: str, backward, calls: int) -> float:
+    """Print ``backward``'s time per call (CUDA events, ``calls`` back to back) and each kernel's
+    GPU time per call (``torch.profiler``); returns the kernels' GPU time per call (ms)."""
+    for _ in range(3):
+        backward()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        backward()
+    end.record()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            backward()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]   # kernels, memsets
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in rows) / calls / 1000
+    print(f"{name}: {start.elapsed_time(end) / calls:.3f} ms per backward (CUDA events), "
+          f"kernels' GPU time {total:.3f} ms")
+    for e in rows:
+        print(f"    {e.key[:70]:70} {e.count // calls:3d} x {e.self_device_time_total / e.count:9.1f} us")
+    return total
 
 
 def main() -> None:
@@ -25,35 +53,19 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", generator=g).half().requires_grad_()
                for _ in range(3))
+    do = torch.randn(B, H, S, D, device="cuda", generator=g).half()
     out = attention(q, k, v, is_causal=args.causal, layout="bhsd")
-    do = torch.randn_like(out)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+    print(f"B{B} H{H} S{S} D{D} {'causal' if args.causal else 'full'}")
+    ours = report("tilews", lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
+                  args.calls)
 
-    def backward():
-        return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
-    for _ in range(3):
-        backward()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.calls):
-        backward()
-    end.record()
-    torch.cuda.synchronize()
-    print(f"B{B} H{H} S{S} D{D} {'causal' if args.causal else 'full'}: "
-          f"{start.elapsed_time(end) / args.calls:.3f} ms per backward (CUDA events)")
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(args.calls):
-            backward()
-        torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]   # kernels, memsets
-    rows.sort(key=lambda e: -e.self_device_time_total)
-    print(f"{'kernel':70} {'calls':>6} {'us per call':>12}")
-    total = 0.0
-    for e in rows:
-        per = e.self_device_time_total / max(e.count, 1)
-        total += e.self_device_time_total
-        print(f"{e.key[:70]:70} {e.count:6d} {per:12.1f}")
-    print(f"sum of GPU time: {total / args.calls / 1000:.3f} ms per backward")
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.autograd.grad(ref, (q, k, v), do, retain_graph=True)
+    theirs = report("SDPA cuDNN", cudnn, args.calls)
+    print(f"GPU time, tilews / cuDNN: {ours / theirs:.3f}")
 
 
 if __name__ == "__main__":
