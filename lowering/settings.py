@@ -35,6 +35,9 @@ SWITCHES = (
     ("TILEWS_OVERLAP_GEMMS", "Hopper: issue a block's independent wgmmas together and wait for "
                              "each where its result is first needed (overlap_gemms; on unless "
                              "set to an off value)"),
+    ("TILEWS_OVERLAP_PROMOTION", "Hopper: issue an FP8 k-block's wgmma before the previous "
+                                 "k-block's product is promoted, the products in two fragments "
+                                 "by turns (overlap_promotion; on unless set to an off value)"),
     ("TILEWS_TUNE", "`tilews.ops.matmul` and `tilews.ops.fp8_scaled_mm` tune each new shape "
                     "bucket at its first call (winners kept on disk) instead of using their "
                     "heuristics"),
@@ -100,6 +103,7 @@ class Settings:
     debug_frontend: bool = False
     overlap_softmax: bool = True
     overlap_gemms: bool = True
+    overlap_promotion: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
     cxx: Optional[str] = None             # TILEWS_CXX: the Metal CPU harness's C++ compiler
@@ -115,6 +119,7 @@ class Settings:
                    debug_frontend=flag("TILEWS_DEBUG_FRONTEND", environ),
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
+                   overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),
                    cxx=_text("TILEWS_CXX", environ))

@@ -47,7 +47,8 @@ def configure(cls: type[Backend], services: Services, passes: PassOptions = Pass
     settings and the pass configs become capabilities, a schedule policy and code options."""
     return BackendConfig(cls.capabilities(services.machine), cls.pipeline,
                          SchedulePolicy(overlap_softmax=services.settings.overlap_softmax,
-                                        overlap_gemms=services.settings.overlap_gemms),
+                                        overlap_gemms=services.settings.overlap_gemms,
+                                        overlap_promotion=services.settings.overlap_promotion),
                          CodegenOptions(fast_math=passes.fast_math,
                                         register_copies=passes.register_copies))
 
