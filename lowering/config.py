@@ -24,8 +24,9 @@ class SchedulePolicy:
                                     # (TILEWS_OVERLAP_GEMMS)
     merge_releases: bool = True     # merge_releases: ring slots released together share one
                                     # barrier (TILEWS_MERGE_RELEASES)
-    overlap_promotion: bool = False  # overlap_softmax's form for loops whose fragment math holds
-                                     # no gemm (FP8 promotion; opt-in)
+    overlap_promotion: bool = True  # overlap_promotion: an FP8 k-loop's wgmma in flight while
+                                    # the previous k-block's product is promoted
+                                    # (TILEWS_OVERLAP_PROMOTION)
     pingpong: bool = False          # split consumer warp groups take turns issuing their gemms
                                     # (opt-in: 1-5% slower for attention on an H100,
                                     # scripts/tune_attention.py)

@@ -5,6 +5,8 @@ written once.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from . import ir
 from .simplify import fold
 from .traverse import transform
@@ -35,6 +37,35 @@ def trip_count(loop: ir.For, loc: ir.Loc) -> ir.Expr:
     span = _op(ir.BinOpKind.SUB, loop.stop, loop.start, loc)
     up = _op(ir.BinOpKind.SUB, _op(ir.BinOpKind.ADD, span, loop.step, loc), _c(1, loc), loc)
     return fold(_op(ir.BinOpKind.FLOORDIV, up, loop.step, loc))
+
+
+def substitute(stmts, var: ir.Var, value: ir.Expr, counter: Optional[ir.Buffer] = None) -> tuple:
+    """``stmts`` with ``var`` replaced by ``value`` (and the scalar ``counter``'s value by one
+    more, if given), folded; an ``if`` whose condition folds to a constant becomes the branch
+    it takes. (Passes that peel or unroll iterations of a loop.)"""
+    def place(n):
+        if n == var:
+            return value
+        if counter is not None and isinstance(n, ir.Load) and n.buffer == counter:
+            return ir.BinOp(ir.BinOpKind.ADD, n, ir.Const(1, ir.DType.I32, n.loc), ir.DType.I32, n.loc)
+        return None
+    out: list[ir.Stmt] = []
+    for t in stmts:
+        t = transform(transform(t, place), lambda n: fold(n) if isinstance(n, ir.Expr) else None)
+        if isinstance(t, ir.If) and isinstance(t.cond, ir.Const):
+            out += (t.then if t.cond.value else t.orelse).stmts
+        else:
+            out.append(t)
+    return tuple(out)
+
+
+def guarded(loop: ir.For, stmts) -> list:
+    """``stmts`` under ``if start < stop`` unless ``loop`` is known to run."""
+    loc = loop.loc
+    ran = fold(ir.Cmp(ir.CmpKind.LT, loop.start, loop.stop, loc))
+    if ran == ir.Const(True, ir.DType.BOOL):
+        return list(stmts)
+    return [ir.If(ran, ir.Seq(tuple(stmts), loc), ir.Seq((), loc), loc)]
 
 
 def last_index(loop: ir.For, loc: ir.Loc) -> ir.Expr:

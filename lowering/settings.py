@@ -38,6 +38,9 @@ SWITCHES = (
     ("TILEWS_MERGE_RELEASES", "Hopper: ring slots a role releases at the same point share one "
                               "barrier, one arrival per release (merge_releases; on unless set "
                               "to an off value)"),
+    ("TILEWS_OVERLAP_PROMOTION", "Hopper: issue an FP8 k-block's wgmma before the previous "
+                                 "k-block's product is promoted, the products in two fragments "
+                                 "by turns (overlap_promotion; on unless set to an off value)"),
     ("TILEWS_TUNE", "`tilews.ops.matmul` and `tilews.ops.fp8_scaled_mm` tune each new shape "
                     "bucket at its first call (winners kept on disk) instead of using their "
                     "heuristics"),
@@ -107,6 +110,7 @@ class Settings:
     overlap_softmax: bool = True
     overlap_gemms: bool = True
     merge_releases: bool = True
+    overlap_promotion: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
     compile_processes: bool = False       # TILEWS_COMPILE_PROCESSES: workers compile in forked children
@@ -124,6 +128,7 @@ class Settings:
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
+                   overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),
                    compile_processes=flag("TILEWS_COMPILE_PROCESSES", environ),

@@ -4,11 +4,15 @@ median ratio per row with its spread. Writes JSON to $OUT/fp8.json when $OUT is 
 
     python scripts/tune_fp8.py [--rounds N] [--quick] [--modes row,row-fast,tensor,block]
                                [--shapes MxNxK,...] [--panels P,...] [--tiles BMxBNsSTtT,...]
+                               [--serial-promotion]
 
 Rows: per granularity (tensor, row, block) and accumulation (fast: one accumulator over all of K;
 promoted: FP8 partial sums added into fp32 every 128 of K), the op as users call it and variants
 (tile widths and stages, one merged consumer role; ``--panels``: the tile order's panels of P
-tile rows; ``--tiles``: tile shapes, e.g. ``64x128s8t128``; each instead of the other variants).
+tile rows; ``--tiles``: tile shapes, e.g. ``64x128s8t128``; each instead of the other variants;
+``--serial-promotion``: each unsplit ``--tiles`` tiling of a promoting mode also launched directly
+with ``overlap_promotion`` on ("overlapped") and off ("serial": each k-block's promotion after its
+wgmma, before the next is issued), timed in the same rounds).
 Tile-hint variants run the op's own kernel (``scaled_mm_kernel`` with ``tiles``), so they time
 what a call costs; the merged-role variant needs a Target field and is launched directly (its
 host overhead shows at short kernels). References: the
@@ -101,7 +105,7 @@ def torch_block_wise(a, w, sa, sa_m, sb):
     return None
 
 
-def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
+def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=False):
     a, w, sa, sb = inputs(M, N, K, gran)
     ref = exact(a, w.t(), sa, sb)
     if gran == "block":     # b's scales in torch's layout (the transpose of a contiguous tensor)
@@ -130,13 +134,21 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=()):
             cands[name] = with_tiles(a, w, sa_m if gran == "block" else sa, sb, fast, hints)
         except Exception as e:  # a variant that does not compile is reported, not fatal
             print(f"variant {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else \
+        (sa, sb.t() if gran == "block" else sb)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     if not quick and not panels and not tiles and (gran == "block" or not fast):   # roles split
-        isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else \
-            (sa, sb.t() if gran == "block" else sb)                           # the promotion
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
         target = HOPPER.replace(num_sms=sms, split_consumers=False)
         run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast), target)
         cands["merged"] = lambda: run(a, isa, w, isb)
+    for t in (tiles if serial and (gran == "block" or not fast) else ()):     # the promotion
+        if Tiles.from_text(t).splits > 1:
+            continue
+        for name, on in (("overlapped", True), ("serial", False)):
+            run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast,
+                                 **dict(Tiles.from_text(t).hints())),
+                         HOPPER.replace(num_sms=sms, overlap_promotion=on))
+            cands[f"{t} {name}"] = lambda run=run: run(a, isa, w, isb)
     out = {}
     for name, fn in cands.items():
         got, again = fn(), fn()
@@ -172,11 +184,12 @@ def main(argv) -> int:
     chosen = argv[argv.index("--modes") + 1].split(",") if "--modes" in argv else list(modes)
     panels = [int(p) for p in argv[argv.index("--panels") + 1].split(",")] if "--panels" in argv else []
     tiles = argv[argv.index("--tiles") + 1].split(",") if "--tiles" in argv else []
+    serial = "--serial-promotion" in argv
     shapes = [tuple(int(d) for d in s.split("x")) for s in argv[argv.index("--shapes") + 1].split(",")] \
         if "--shapes" in argv else SHAPES[:2] if quick else SHAPES
     cases = [(s, *modes[m]) for s in shapes for m in chosen]
     for (M, N, K), gran, fast in cases:
-        rows += rows_for(M, N, K, gran, fast, rounds, quick, panels, tiles)
+        rows += rows_for(M, N, K, gran, fast, rounds, quick, panels, tiles, serial)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "fp8.json"), "w") as f:
             json.dump(rows, f, indent=1)

@@ -1797,3 +1797,80 @@ def test_hopper_split_k_sums_in_the_kernel():
     if report is None:
         pytest.skip("this triton has no bundled ptxas")
     assert "C7514" not in report and "0 bytes spill stores" in report, report
+
+
+# ----------------------------------------------------------------------------------------------
+# 11. the promotion under the next k-block's wgmma (overlap_promotion, issue 41 item 4)
+
+
+def _decode_kernel(kind, M, N, K, tiles, config):
+    a = torch.empty(M, K, dtype=E4M3, device="meta")
+    w = torch.empty(N, K, dtype=E4M3, device="meta")
+    sa, sb = ((torch.empty((), device="meta"),) * 2 if kind == "tensor" else
+              (torch.empty(M, 1, device="meta"), torch.empty(1, N, device="meta")))
+    args, _ = fp8_ops.kernel_mapping(a, w.t(), sa, sb)
+    before = build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, tiles.hints()), target="hopper")
+    return before, lower(before, config)
+
+
+@pytest.mark.parametrize("kind, K, tiles", [
+    ("tensor", 1024, fp8_ops.Tiles(64, 64, 12, 128)),      # 8 k-blocks: 1 + 3 x 2 + 1
+    ("row", 896, fp8_ops.Tiles(64, 64, 12, 128)),         # 7: 1 + 3 x 2
+    ("tensor", 1152, fp8_ops.Tiles(128, 128, 5, 256)),    # 9, one role per warp group
+    ("row", 1280, fp8_ops.Tiles(64, 64, 12, 128, 2)),     # split: slices of 5
+])
+def test_promotion_runs_under_the_next_wgmma(kind, K, tiles):
+    """Per-tensor / per-row promotion: each role's k-loop issues k-block k's wgmma into one of
+    two partial fragments, waits with one wgmma in flight (the previous k-block's complete) and
+    adds that one into the sum; nothing is in flight at the loop's back edge. The lowered kernel
+    gives the before-passes result in the interpreter (20 schedules), and that one float64's."""
+    M, N = 64, 256
+    config = HOPPER.replace(num_sms=132)
+    before, after = _decode_kernel(kind, M, N, K, tiles, config)
+    _, serial = _decode_kernel(kind, M, N, K, tiles, config.replace(overlap_promotion=False))
+    consumers = [r for ws in walk(after.body) if isinstance(ws, ir.WarpSpecialize)
+                 for r in ws.roles if r.warpgroups != (0,)]
+    assert len(consumers) == tiles.block_M // 64
+    for role in consumers:
+        waits = [s.outstanding for s in walk(role.body) if isinstance(s, ir.GemmWait)]
+        gemms = {s.c.buffer.name for s in walk(role.body) if isinstance(s, ir.Gemm)}
+        assert len(gemms) == 2 and 1 in waits, (gemms, waits)
+        loop = next(s for s in role.body.stmts if isinstance(s, ir.For))
+        assert isinstance(loop.body.stmts[-1], ir.GemmWait) and loop.body.stmts[-1].outstanding == 0
+    for ws in (s for s in walk(serial.body) if isinstance(s, ir.WarpSpecialize)):
+        assert all(s.outstanding == 0 for s in walk(ws) if isinstance(s, ir.GemmWait))
+    a, w = fp8((M, K), E4M3, 7), fp8((N, K), E4M3, 8)
+    sa, sb = ops_scales(kind, M, N, K, 9)
+    _, operands = kernel_inputs(a, w.t(), sa, sb)
+    counters = torch.zeros(cdiv(M, tiles.block_M) * cdiv(N, tiles.block_N), dtype=torch.int32)
+    scratch = [] if tiles.splits == 1 else [  # arrival_slots, arrivals, a NaN workspace
+        counters.numel(), counters,
+        torch.full(fp8_language.split_workspace_shape(M, N, tiles.block_N, tiles.splits), float("nan"))]
+    args = [*operands, *scratch, torch.empty(M, N, dtype=torch.bfloat16)]
+    want = run_interp(before, args, len(args) - 1)
+    assert rel_err(want, ops_reference(a, w.t(), sa, sb, kind, None)) < TOL[torch.bfloat16]
+    assert not counters.any()
+    for seed in range(20):
+        assert torch.equal(run_interp(after, args, len(args) - 1, seed), want), seed
+
+
+@pytest.mark.parametrize("kind, tiles", [
+    ("tensor", fp8_ops.Tiles(64, 64, 12, 128)), ("row", fp8_ops.Tiles(64, 128, 8, 128)),
+    ("tensor", fp8_ops.Tiles(128, 128, 5, 256)), ("row", fp8_ops.Tiles(128, 256, 3, 256))])
+def test_compiled_promotion_keeps_a_wgmma_in_flight(kind, tiles):
+    """sm_90a, 64 / 128 x 4096 x 4096: a k-block's wgmma waited for with the next one in flight
+    (``wgmma.wait_group 1``); ptxas neither serializes the
+    wgmmas (C7514) nor spills. 128 x 256 tiles promote two 128-column parts per k-block through
+    one partial (a second would not fit the registers): left as written, every wait a wait 0."""
+    _, k = _decode_kernel(kind, 64 if tiles.block_M == 64 else 128, 4096, 4096, tiles,
+                          HOPPER.replace(num_sms=132))
+    ptx = gluon_program(k).asm["ptx"]
+    waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d)", ptx)
+    if tiles.block_N == 256:
+        assert set(waits) == {"0"}, waits
+    else:
+        assert "1" in waits, waits
+    report = ptxas_report(ptx)
+    if report is None:
+        pytest.skip("this triton has no bundled ptxas")
+    assert "C7514" not in report and "0 bytes spill stores" in report, report

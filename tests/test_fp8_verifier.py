@@ -87,9 +87,11 @@ KERNELS = {"per_tensor": fp8_gemm, "block_scaled": block_scaled_gemm}
 
 
 @functools.lru_cache(maxsize=None)
-def program(name: str):
-    # one consumer role: one FP8 wgmma per module, the text the edits below expect
-    return gluon_program(lower(build_kernel(KERNELS[name]()), HOPPER.replace(split_consumers=False)))
+def program(name: str, overlap_promotion: bool = False):
+    # one consumer role, the promotion after its wgmma: one FP8 wgmma per module, the text the
+    # edits below expect
+    return gluon_program(lower(build_kernel(KERNELS[name]()), HOPPER.replace(
+        split_consumers=False, overlap_promotion=overlap_promotion)))
 
 
 def ttgir(name: str) -> str:
@@ -116,6 +118,15 @@ def test_real_modules_pass(name, promote_every):
     text = ttgir(name)
     assert A_ALIAS in text and B_ALIAS in text and passes.fp8_verifier.has_fp8_dot(text)
     passes.verify_fp8(text, "main", promote_every)
+
+
+def test_promotion_under_the_next_wgmma_passes():
+    """overlap_promotion's loop: the k-blocks' wgmmas into two partials by turns, each product
+    fresh (``use_acc`` false), so every chain covers one k-block."""
+    text = program("block_scaled", True).asm["ttgir"]
+    dots = FP8_DOT.findall(text)
+    assert len(dots) > 1 and all(", %false {" in d for d in dots), dots
+    passes.verify_fp8(text, "main", 128)
 
 
 def test_accumulator_carried_across_the_k_loop_fails_promotion():

@@ -48,7 +48,8 @@ def configure(cls: type[Backend], services: Services, passes: PassOptions = Pass
     return BackendConfig(cls.capabilities(services.machine), cls.pipeline,
                          SchedulePolicy(overlap_softmax=services.settings.overlap_softmax,
                                         overlap_gemms=services.settings.overlap_gemms,
-                                        merge_releases=services.settings.merge_releases),
+                                        merge_releases=services.settings.merge_releases,
+                                        overlap_promotion=services.settings.overlap_promotion),
                          CodegenOptions(fast_math=passes.fast_math,
                                         register_copies=passes.register_copies))
 

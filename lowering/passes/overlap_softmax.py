@@ -4,8 +4,8 @@ math — FlashAttention-3's intra-warp-group overlap.
 Requires:  legalize_wgmma made an ``AsyncPlan``; warp_specialize gave each group of ring buffers
            its own full/empty pair, waited right before its first reader and released right after
            its last (attention: K before Q K^T, V before P V).
-Ensures:   (1) the *deferred* form, when ``config.policy.overlap_softmax`` (on for Hopper; the
-           ``TILEWS_OVERLAP_SOFTMAX=off`` switch turns it off). A role loop
+Ensures:   when ``config.policy.overlap_softmax`` (on for Hopper; the
+           ``TILEWS_OVERLAP_SOFTMAX=off`` switch turns it off), a role loop
            ``for k in serial(start, stop, step)`` (step a positive constant) whose body is
 
                H(k); barrier_wait R[k]; gemm -> X [wgmma]; gemm_wait 0; barrier_arrive E[k];
@@ -51,20 +51,6 @@ Ensures:   (1) the *deferred* form, when ``config.policy.overlap_softmax`` (on f
            ``gemm_wait 1`` completes the first gemm. Every gemm issued in an iteration is waited
            for in it (Gluon carries only completed accumulators through loops); the loop carries
            the scores X (P's source) and the output.
-           (2) the *promotion* form, when ``config.policy.overlap_promotion`` (opt-in: on an H100 it
-           measured 10-20% slower for block-scaled FP8 GEMMs, scripts/tune_fp8.py): a loop
-           ``barrier_wait R[i(k)] p(k); H(k); gemm A, B -> X [wgmma]; gemm_wait 0; T(k);
-           barrier_arrive E[i(k)]`` whose tail ``T`` holds no gemm, ``R`` holding >= 2
-           barriers, H writing only X, T writing nothing H or the gemm read other than X, and X
-           touched nowhere else in the role, issues the next block's gemm before this block's
-           tail, which reads a copy X_cur (a new fragment with X's layout):
-
-               [if start < stop:] barrier_wait R[i(start)] ...; H(start); gemm -> X; gemm_wait 0
-               for k in serial(start, stop - step, step):
-                   copy X -> X_cur
-                   barrier_wait R[i(k + step)] ...; H(k + step); gemm -> X
-                   T(k) with X read and written as X_cur; barrier_arrive E[i(k)]; gemm_wait 0
-               [if start < stop:] copy X -> X_cur; T(last); barrier_arrive E[i(last)]
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -73,65 +59,41 @@ import dataclasses
 from typing import Optional
 
 from .. import ir, schedule
-from ..plans import AsyncPlan, LayoutPlan
+from ..plans import AsyncPlan
 from ..simplify import fold
 from ..config import BackendConfig
-from ..traverse import footprint, touched, transform, walk
+from ..traverse import footprint, touched, walk
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
-    if not (config.policy.overlap_softmax or config.policy.overlap_promotion) or kernel.find_plan(AsyncPlan) is None:
+    if not config.policy.overlap_softmax or kernel.find_plan(AsyncPlan) is None:
         return kernel
-    layouts = dict(kernel.plan(LayoutPlan).layouts)
-    allocs: list[ir.Alloc] = []
     deferred: list[ir.For] = []
     stmts = []
     for s in kernel.body.stmts:
         if isinstance(s, ir.WarpSpecialize):
-            s = dataclasses.replace(s, roles=tuple(_role(r, layouts, allocs, deferred, config)
+            s = dataclasses.replace(s, roles=tuple(dataclasses.replace(r, body=_body(r.body, deferred))
                                                    for r in s.roles))
         stmts.append(s)
-    if not allocs and not deferred:
+    if not deferred:
         return kernel
-    plan = kernel.plan(LayoutPlan)
-    out = dataclasses.replace(kernel, body=ir.Seq(tuple(allocs) + tuple(stmts), kernel.body.loc)).with_plan(
-        LayoutPlan(tuple(sorted(layouts.items())), plan.frames))
-    if deferred:
-        out = out.with_note(f"overlap_softmax: in the loop at line {deferred[0].loc.line}, block k's "
-                            f"first gemm and block k - 1's second are issued together; block k's "
-                            f"fragment math runs while the second is in flight")
-    if allocs:
-        names = ", ".join(a.buffer.name.removesuffix("_cur") for a in allocs)
-        out = out.with_note(f"overlap_softmax: the next block's gemm into {names} is issued before "
-                            f"this block's fragment math, which reads a copy")
-    return out
+    return dataclasses.replace(kernel, body=ir.Seq(tuple(stmts), kernel.body.loc)).with_note(
+        f"overlap_softmax: in the loop at line {deferred[0].loc.line}, block k's first gemm and "
+        f"block k - 1's second are issued together; block k's fragment math runs while the "
+        f"second is in flight")
 
 
-def _role(role: ir.Role, layouts: dict, allocs: list, deferred: list, config: BackendConfig) -> ir.Role:
-    return dataclasses.replace(role, body=_body(role.body, (), layouts, allocs, deferred, config))
-
-
-def _body(body: ir.Seq, outer: tuple, layouts: dict, allocs: list, deferred: list,
-          config: BackendConfig) -> ir.Seq:
-    """``body`` with its loops rewritten, those inside a persistent tile loop included;
-    ``outer``: the role's statements around ``body``."""
+def _body(body: ir.Seq, deferred: list) -> ir.Seq:
+    """``body`` with its loops rewritten, those inside a persistent tile loop included."""
     out = []
     for s in body.stmts:
-        others = outer + tuple(t for t in body.stmts if t is not s)
         if isinstance(s, ir.For) and s.kind is ir.ForKind.PERSISTENT:
-            out.append(dataclasses.replace(s, body=_body(s.body, others, layouts, allocs, deferred, config)))
+            out.append(dataclasses.replace(s, body=_body(s.body, deferred)))
             continue
-        if not isinstance(s, ir.For):
-            out.append(s)
-            continue
-        parts = _match_deferred(s) if config.policy.overlap_softmax else None
-        promoted = _match_promotion(s, others) \
-            if config.policy.overlap_promotion and parts is None else None
+        parts = _match_deferred(s) if isinstance(s, ir.For) else None
         if parts is not None:
             out += _defer(s, *parts)
             deferred.append(s)
-        elif promoted is not None:
-            out += _overlap(s, *promoted, layouts, allocs)
         else:
             out.append(s)
     return dataclasses.replace(body, stmts=tuple(out))
@@ -209,97 +171,11 @@ def _defer(loop: ir.For, head, first, middle1, operands, rest, second, counter) 
     bump = loop.body.stmts[-1:] if counter is not None else ()
     wait_s, gemms_s, arrive_s = first[0], first[1:-2], first[-1]
     wait_p, gemms_p, arrive_p = second[0], second[1:-2], second[-1]
-    body = (*operands, *_at(head + (wait_s, *gemms_s), k, nxt, counter), wait_p, *gemms_p,
-            ir.GemmWait(len(gemms_p), gemms_s[0].loc), *_at((arrive_s, *middle1), k, nxt, counter),
-            ir.GemmWait(0, gemms_p[0].loc), arrive_p, *_at(rest, k, nxt, counter), *bump)
+    body = (*operands, *schedule.substitute(head + (wait_s, *gemms_s), k, nxt, counter), wait_p, *gemms_p,
+            ir.GemmWait(len(gemms_p), gemms_s[0].loc), *schedule.substitute((arrive_s, *middle1), k, nxt, counter),
+            ir.GemmWait(0, gemms_p[0].loc), arrive_p, *schedule.substitute(rest, k, nxt, counter), *bump)
     stop = fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc))
     last = fold(schedule.last_index(loop, loc))
-    return [*_guarded(loop, _at(head + first + middle1 + rest, k, loop.start)),
+    return [*schedule.guarded(loop, schedule.substitute(head + first + middle1 + rest, k, loop.start)),
             dataclasses.replace(loop, stop=stop, body=ir.Seq(body, loop.body.loc)),
-            *_guarded(loop, _at(operands + second, k, last) + tuple(bump))]
-
-
-def _at(stmts, var: ir.Var, value: ir.Expr, counter: Optional[ir.Buffer] = None) -> tuple:
-    """``stmts`` with ``var`` replaced by ``value`` (and the scalar ``counter``'s value by one
-    more, if given), folded; an ``if`` whose condition folds to a constant becomes the branch
-    it takes."""
-    def place(n):
-        if n == var:
-            return value
-        if counter is not None and isinstance(n, ir.Load) and n.buffer == counter:
-            return ir.BinOp(ir.BinOpKind.ADD, n, ir.Const(1, ir.DType.I32, n.loc), ir.DType.I32, n.loc)
-        return None
-    out: list[ir.Stmt] = []
-    for t in stmts:
-        t = transform(transform(t, place), lambda n: fold(n) if isinstance(n, ir.Expr) else None)
-        if isinstance(t, ir.If) and isinstance(t.cond, ir.Const):
-            out += (t.then if t.cond.value else t.orelse).stmts
-        else:
-            out.append(t)
-    return tuple(out)
-
-
-def _guarded(loop: ir.For, stmts) -> list:
-    """``stmts`` under ``if start < stop`` unless the loop is known to run."""
-    loc = loop.loc
-    ran = fold(ir.Cmp(ir.CmpKind.LT, loop.start, loop.stop, loc))
-    if ran == ir.Const(True, ir.DType.BOOL):
-        return list(stmts)
-    return [ir.If(ran, ir.Seq(tuple(stmts), loc), ir.Seq((), loc), loc)]
-
-
-def _match_promotion(loop: ir.For, others) -> Optional[tuple]:
-    """(head, gemm, tail) of a loop of the promotion form (module docstring), else None."""
-    b = loop.body.stmts
-    if (ir.as_int(loop.step) or 0) <= 0 or len(b) < 5:
-        return None
-    wait, arrive = b[0], b[-1]
-    if not (isinstance(wait, ir.BarrierWait) and isinstance(arrive, ir.BarrierArrive)
-            and len(wait.barrier.buffer.arrive_counts) >= 2):
-        return None
-    g = next((k for k, s in enumerate(b) if isinstance(s, ir.Gemm)), None)
-    if g is None or g + 1 >= len(b) - 1:
-        return None
-    gemm, gwait = b[g], b[g + 1]
-    if not (gemm.instr is ir.GemmInstr.WGMMA and gemm.a.buffer.scope is ir.Scope.SHARED
-            and isinstance(gwait, ir.GemmWait) and gwait.outstanding == 0):
-        return None
-    x = gemm.c.buffer
-    head, tail = b[1:g], b[g + 2:-1]
-    if not tail or any(isinstance(t, ir.Gemm) for s in tail for t in walk(s)):
-        return None
-    head_writes = footprint(*head)[1]
-    if head_writes - {x} or any(isinstance(t, (ir.BarrierWait, ir.BarrierArrive, ir.Gemm, ir.GemmWait))
-                                for s in head for t in walk(s)):
-        return None
-    needs = footprint(*head, gemm)[0] - {x}
-    tail_writes = footprint(*tail)[1]
-    if needs & tail_writes:
-        return None
-    if x in touched(*others):
-        return None
-    return head, gemm, tail
-
-
-def _overlap(loop: ir.For, head, gemm: ir.Gemm, tail, layouts: dict, allocs: list) -> list:
-    loc = loop.loc
-    k, step = loop.var, loop.step
-    x = gemm.c.buffer
-    cur = dataclasses.replace(x, name=f"{x.name}_cur")
-    allocs.append(ir.Alloc(cur, x.loc))
-    layouts[cur.name] = layouts[x.name]
-    wait, arrive = loop.body.stmts[0], loop.body.stmts[-1]
-
-    def region(b):
-        return ir.Region(b, tuple(ir.Const(0, ir.DType.I32, loc) for _ in b.shape), b.static_shape, loc)
-
-    take = ir.Copy(region(x), region(cur), mechanism=ir.CopyMechanism.DIRECT, loc=gemm.loc)
-    issue = (wait, *head, gemm)
-    finish = (*(transform(s, lambda n: cur if n == x else None) for s in tail), arrive)
-    nxt = ir.BinOp(ir.BinOpKind.ADD, k, step, ir.DType.I32, loc)
-    body = (take, *_at(issue, k, nxt), *finish, ir.GemmWait(0, gemm.loc))
-    last = fold(schedule.last_index(loop, loc))
-    return [*_guarded(loop, _at(issue, k, loop.start) + (ir.GemmWait(0, gemm.loc),)),
-            dataclasses.replace(loop, stop=fold(ir.BinOp(ir.BinOpKind.SUB, loop.stop, step, ir.DType.I32, loc)),
-                                body=ir.Seq(body, loop.body.loc)),
-            *_guarded(loop, (take,) + _at(finish, k, last))]
+            *schedule.guarded(loop, schedule.substitute(operands + second, k, last) + tuple(bump))]

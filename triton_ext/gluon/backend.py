@@ -17,9 +17,9 @@ from tilews.lowering.capabilities import SM90, Capabilities
 from tilews.lowering.config import BackendConfig
 from tilews.lowering.passes import (check_barriers, coarsen_handshakes, infer_layouts, legalize,
                                     legalize_wgmma, longest_first, mask_after_gemm, merge_releases,
-                                    overlap_gemms, overlap_mma, overlap_softmax, overlap_store,
-                                    panel_grid, persist, pingpong, plan_buffers, plan_pipeline,
-                                    registerize, ring_handshakes, runtime_clear, split_consumers,
+                                    overlap_gemms, overlap_mma, overlap_promotion, overlap_softmax,
+                                    overlap_store, panel_grid, persist, pingpong, plan_buffers,
+                                    plan_pipeline, registerize, ring_handshakes, runtime_clear, split_consumers,
                                     split_extents, swizzle_grid, uniform_selects, warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
 from tilews.lowering.plans import AsyncRefusal
@@ -62,13 +62,15 @@ PIPELINE = Pipeline((
     Phase("legalize", (Pass.of(legalize), Pass.of(legalize_wgmma))),
     # After the instruction choice: the next block's first gemm under this block's fragment math
     # (attention's Q K^T under the softmax), the split consumer warp groups taking turns to issue
-    # those gemms, one wgmma in flight across iterations of a GEMM main loop, and a tile's
-    # result store in flight under the next tile's main loop (persistent kernels).
+    # those gemms, an FP8 k-loop's wgmma in flight under the previous k-block's promotion, one
+    # wgmma in flight across iterations of a GEMM main loop, and a tile's result store in flight
+    # under the next tile's main loop (persistent kernels).
     # Then, in what those left as written, each block's independent wgmmas in flight together
     # under its fragment math (the attention backward's five gemms); then ring slots those
     # release together share one barrier (the backward's Q and dO slots).
-    Phase("overlap", (Pass.of(overlap_softmax), Pass.of(pingpong), Pass.of(overlap_mma),
-                      Pass.of(overlap_store), Pass.of(overlap_gemms), Pass.of(merge_releases))),
+    Phase("overlap", (Pass.of(overlap_softmax), Pass.of(pingpong), Pass.of(overlap_promotion),
+                      Pass.of(overlap_mma), Pass.of(overlap_store), Pass.of(overlap_gemms),
+                      Pass.of(merge_releases))),
     # Last: persist made its own panels, and legalize read block ranges from the 2-d grid. A
     # grid of GEMM tiles left in launch order by the program gets panels as T.use_swizzle's.
     Phase("grid", (Pass.of(panel_grid), Pass.of(swizzle_grid))),
