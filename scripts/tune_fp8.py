@@ -173,8 +173,11 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
             run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast,
                                  **dict(Tiles.from_text(t).hints())),
                          HOPPER.replace(num_sms=sms, overlap_promotion=on))
-            cands[f"{t} {name} (graph)"] = graphed(lambda run=run: run(a, isa, w, isb))
-            per_call[f"{t} {name} (graph)"] = GRAPH_CALLS
+            try:
+                cands[f"{t} {name} (graph)"] = graphed(lambda run=run: run(a, isa, w, isb))
+                per_call[f"{t} {name} (graph)"] = GRAPH_CALLS
+            except Exception as e:  # noqa: BLE001 - a launch that cannot be captured is reported
+                print(f"variant {t} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     out = {}
     for name, fn in cands.items():
         got, again = fn(), fn()
