@@ -7,6 +7,7 @@ FLOPs with ragged lengths (sum of len^2 < B * S^2), so the table gives both time
 
     TILEWS_DEVICE_CMD='python scripts/probe_attention_varlen.py --rounds 7' bash scripts/device_run.sh
     python scripts/probe_attention_varlen.py --equal --rounds 7
+    python scripts/probe_attention_varlen.py --equal --graphs --passes fwd   # GPU time alone
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--equal", action="store_true", help="every sequence S long")
     p.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
+    p.add_argument("--graphs", action="store_true",
+                   help="time from CUDA graphs (the GPU's time alone) instead of launches")
     p.add_argument("--passes", nargs="*", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     args = p.parse_args()
     print(f"{'B':>3} {'H':>3} {'S':>5} {'D':>4} {'causal':>6} {'pass':>8} {'dense ms':>9} "
@@ -61,9 +64,10 @@ def main():
                 var = lambda: attention_varlen(qv2, kv2, vv2, cu, cu, max(lens), max(lens),  # noqa: E731
                                                causal=causal).backward(do.reshape(B * S, H, D))
             times = {"dense": [], "varlen": []}
+            timer = pc.graph_ms if args.graphs else pc.launches_ms
             for _ in range(args.rounds):
-                times["dense"].append(pc.launches_ms(dense))
-                times["varlen"].append(pc.launches_ms(var))
+                times["dense"].append(timer(dense))
+                times["varlen"].append(timer(var))
             d, vt = (statistics.median(times[n]) for n in ("dense", "varlen"))
             mult = 1 if pass_ == "fwd" else 3.5
             print(f"{B:>3} {H:>3} {S:>5} {D:>4} {str(causal):>6} {pass_:>8} {d:>9.3f} {vt:>10.3f} "
