@@ -37,7 +37,7 @@ from .elementwise import min as min_
 from .gemm import gemm
 from .kernel import Kernel, use_swizzle
 from .loops import Parallel, Pipelined, serial
-from .memory import alloc_fragment, alloc_shared
+from .memory import alloc_shared
 
 _OUT_DTYPES = (ir.DType.BF16, ir.DType.F16, ir.DType.F32)
 _BOX_MOST = 256             # elements along one dimension of a bulk copy's box

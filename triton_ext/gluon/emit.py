@@ -38,7 +38,7 @@ from typing import Callable
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 from tilews.lowering.roles import describe
-from tilews.lowering.traverse import buffers_read, buffers_written, bulk_reduce, bulk_tiles, walk
+from tilews.lowering.traverse import bulk_reduce, bulk_tiles, walk
 
 from ..pysource import GRID_SUFFIX, host_expr
 from .context import GL_DTYPE, Ctx

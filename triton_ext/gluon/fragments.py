@@ -197,7 +197,8 @@ def _into_column(ctx: Ctx, s: ir.Store, column: ir.Expr, value: str) -> None:
     (``gathers.per_thread_column``): the thread's value merged into its row there (and where
     the loop's masks hold)."""
     f, b = ctx.par, s.buffer
-    x, own = ctx.name(b.name), ctx.layout(b, s.loc)
+    x = ctx.name(b.name)
+    ctx.layout(b, s.loc)            # its layout declared (checked) as before
     along = ctx.layout_const(RowSlice(1, ctx.layouts[b.name]), "axis_layout")
     cols = ctx.layout_const(RowSlice(0, ctx.layouts[b.name]), "axis_layout")
     where = [f"(gl.expand_dims(gl.arange(0, {b.static_shape[1]}, layout={cols}), 0) == "
