@@ -1764,7 +1764,7 @@ def test_split_tiles_text_and_default_off_the_gpu():
 def test_ops_runs_a_split_tiling_with_its_scratch(fresh_fp8_calls, monkeypatch, with_bias):
     """The op's cached call gives a split kernel its counters and a workspace, first and later
     calls, with and without a bias (which goes before them)."""
-    monkeypatch.setattr(fp8_ops, "default_tiles", lambda args, device: fp8_ops.Tiles(16, 32, 2, 128, 3))
+    monkeypatch.setattr(fp8_ops, "default_tiles", lambda args, device, bias: fp8_ops.Tiles(16, 32, 2, 128, 3))
     M, N, K = 20, 72, 600
     for seed in (1, 2):
         a, w = fp8((M, K), E4M3, seed), fp8((N, K), E4M3, seed + 10)
@@ -1773,6 +1773,81 @@ def test_ops_runs_a_split_tiling_with_its_scratch(fresh_fp8_calls, monkeypatch, 
         c = fp8_scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=torch.float32)
         assert rel_err(c, ops_reference(a, w.t(), sa, sb, "row", bias)) < TOL[torch.float32]
     assert len(fp8_ops._calls) == 1
+
+
+# ---- 11. swapped product of a few rows (swap_ab / transpose_C) ---------------------------------
+@pytest.mark.parametrize("M, N, kinds, want", [
+    (16, 4096, ("tensor", "tensor"), "64x16 s12 t128 swap"),
+    (1, 64, ("tensor", "tensor"), "64x16 s12 t128 swap"),
+    (32, 14336, ("tensor", "tensor"), "64x32 s12 t128 swap"),
+    (33, 4096, ("tensor", "tensor"), None),            # past SWAP_MOST_ROWS
+    (16, 32, ("tensor", "tensor"), None),              # N fills no 64-row tile
+    (16, 4096, ("row", "row"), None),                  # per-row scales would trade shapes too
+])
+def test_swap_tiles_rule(M, N, kinds, want):
+    gran = Granularity(*(Scaling(k) for k in kinds))
+    got = fp8_ops.swap_tiles(M, N, gran)
+    assert (None if got is None else str(got)) == want
+    if got is not None:
+        assert fp8_ops.Tiles.from_text(str(got).replace(" ", "")) == got
+        assert dict(got.hints())["transpose_C"] is True and "swap_ab" not in dict(got.hints())
+
+
+@pytest.mark.parametrize("M, N, K, out_dtype", [(16, 96, 384, torch.bfloat16), (5, 64, 200, torch.float32),
+                                                (20, 136, 256, torch.float16)])
+def test_ops_runs_the_swapped_product(fresh_fp8_calls, monkeypatch, M, N, K, out_dtype):
+    """A swapped tiling: the kernel computes C^T = B A^T with the scales traded and stores C
+    (contiguous, [M, N]) transposed; first and later calls, ragged M, N and K."""
+    monkeypatch.setattr(fp8_ops, "default_tiles",
+                        lambda args, device, bias: fp8_ops.Tiles(64, 16, 2, 128, swap_ab=True))
+    for seed in (3, 4):
+        a, w = fp8((M, K), E4M3, seed), fp8((N, K), E4M3, seed + 10)
+        sa, sb = ops_scales("tensor", M, N, K, seed)
+        c = fp8_scaled_mm(a, w.t(), sa, sb, out_dtype=out_dtype)
+        assert c.shape == (M, N) and c.is_contiguous() and c.dtype == out_dtype
+        assert rel_err(c, ops_reference(a, w.t(), sa, sb, "tensor", None)) < TOL[out_dtype]
+    assert len(fp8_ops._calls) == 1
+
+
+def transposed_c_program(c_shape, flag):
+    @T.prim_func
+    def main(A: T.Tensor((64, 128), T.float8_e4m3), SA: T.Tensor((1,), T.float32),
+             B: T.Tensor((16, 128), T.float8_e4m3), SB: T.Tensor((1,), T.float32),
+             C: T.Tensor(c_shape, T.bfloat16)):
+        T.fp8_scaled_matmul(A, SA, B, SB, C, transpose_B=True, transpose_C=flag)  # <- the call
+    return main
+
+
+@pytest.mark.parametrize("c_shape, flag, error, message", [
+    ((64, 16), True, CompileValueError, r"C is \[64, 16\], not \[N, M\] = \[16, 64\] \(transpose_C=True\)"),
+    ((16, 64), 1, CompileTypeError, "transpose_C must be a bool, got 1"),
+])
+def test_transpose_c_errors_name_the_users_line(c_shape, flag, error, message):
+    with pytest.raises(error, match=message) as info:
+        tilews.compile(transposed_c_program(c_shape, flag), target="interpret")
+    assert info.value.loc.line == marked_line(transposed_c_program, "# <- the call")
+
+
+def test_hopper_swapped_product_stays_warp_specialized():
+    """sm_90a: the swapped 16-row product is the warp-specialized FP8 kernel (TMA ring, wgmma
+    with the promotion overlapped) storing C by element, transposed; no spills."""
+    a = torch.empty(16, 4096, dtype=E4M3, device="meta")
+    w = torch.empty(4096, 4096, dtype=E4M3, device="meta")
+    tiles = fp8_ops.swap_tiles(16, 4096, fp8_ops._granularity(fp8_ops.kernel_mapping(
+        a, w.t(), torch.empty((), device="meta"), torch.empty((), device="meta"))[0]))
+    args, _ = fp8_ops.mapping(tiles, a, w.t(), torch.empty((), device="meta"),
+                              torch.empty((), device="meta"))
+    assert args[:3] == (4096, 16, 4096)
+    k = lower(build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, tiles.hints()), target="hopper"),
+              HOPPER.replace(num_sms=132))
+    assert any(n.startswith("warp_specialize:") for n in k.notes)
+    p = gluon_program(k)
+    ptx = p.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx
+    report = ptxas_report(ptx)
+    if report is None:
+        pytest.skip("this triton has no bundled ptxas")
+    assert "C7514" not in report and "0 bytes spill stores" in report, report
 
 
 def test_hopper_split_k_sums_in_the_kernel():

@@ -42,7 +42,7 @@ from .memory import alloc_shared
 _OUT_DTYPES = (ir.DType.BF16, ir.DType.F16, ir.DType.F32)
 _BOX_MOST = 256             # elements along one dimension of a bulk copy's box
 _ROW_LEAST = 32             # B scales in a shared row: 128 bytes, as bulk copies write
-_HINTS = ("block_M", "block_N", "num_stages", "threads", "panel", "splits")
+_HINTS = ("block_M", "block_N", "num_stages", "threads", "panel", "splits", "transpose_C")
 
 
 def determine_fp8_type(fp8_format: str = "e4m3") -> ir.DType:
@@ -158,8 +158,15 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
     if KB != K:
         raise _value_error(f"A is [{M}, {K}] but B is {list(b_shape)}: K differs"
                            f"{'' if transpose_B else ' (B is [K, N]; transpose_B=True takes [N, K])'}")
-    if tuple(c_shape) != (M, N):
-        raise _value_error(f"C is {list(c_shape)}, not [M, N] = [{M}, {N}]")
+    transpose_C = hints.get("transpose_C", False)
+    if not isinstance(transpose_C, bool):
+        raise _type_error(f"transpose_C must be a bool, got {transpose_C!r}")
+    if tuple(c_shape) != ((N, M) if transpose_C else (M, N)):
+        raise _value_error(f"C is {list(c_shape)}, not " +
+                           (f"[N, M] = [{N}, {M}] (transpose_C=True)" if transpose_C
+                            else f"[M, N] = [{M}, {N}]"))
+    if transpose_C and (bias is not None or hints.get("splits", 1) != 1):
+        raise _value_error("transpose_C=True takes no bias and no splits")
     if bias is not None and tuple(_global_shape("bias", bias, _check_bias)) != (N,):
         raise _value_error(f"bias is {list(bias.shape)}, not [N] = [{N}]")
     if transpose_A_scale:
@@ -182,7 +189,7 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
                            f"{', '.join(_HINTS)}")
     promote = gran.block_wise or not fast
     tiles = {**_tiles(builder().target, C.dtype, promote, transpose_B, M, N), "panel": 0,
-             "splits": 1, **hints}
+             "splits": 1, "transpose_C": False, **hints}
     split = _split_buffers(gran, M, N, tiles, workspace, arrivals)
     _scaled_gemm(A, A_scale, B, B_scale, C, bias, gran, transpose_B, transpose_A_scale, promote,
                  M, N, K, split, **tiles)
@@ -329,12 +336,12 @@ def _part_width(block_N: int, promote: bool, wgmma_path: bool) -> int:
 
 @_library_macro
 def _scaled_gemm(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, split, block_M,
-                 block_N, num_stages, threads, panel, splits):
+                 block_N, num_stages, threads, panel, splits, transpose_C):
     wgmma_path = _wgmma_path(transpose_B, N, K, C.dtype)
     part_N = _part_width(block_N, promote, wgmma_path)
     parts = _indices(block_N // part_N)
     tile = (A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, split, block_M,
-            block_N, num_stages, panel, splits, wgmma_path, part_N, parts)
+            block_N, num_stages, panel, splits, transpose_C, wgmma_path, part_N, parts)
     if split:
         with Kernel(ceildiv(N, block_N), ceildiv(M, block_M), splits, threads=threads) as (bx, by, bz):
             _gemm_tile(*tile, bx, by, bz)
@@ -345,8 +352,10 @@ def _scaled_gemm(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, 
 
 @_library_macro
 def _gemm_tile(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K, split, block_M,
-               block_N, num_stages, panel, splits, wgmma_path, part_N, parts, bx, by, bz):
-    """One output tile of ``_scaled_gemm`` (of K slice ``bz`` when ``split``)."""
+               block_N, num_stages, panel, splits, transpose_C, wgmma_path, part_N, parts, bx, by,
+               bz):
+    """One output tile of ``_scaled_gemm`` (of K slice ``bz`` when ``split``; stored transposed
+    into C [N, M] with ``transpose_C``)."""
     block_K = scales.SCALE_BLOCK
     per = ceildiv(scales.scale_blocks(K), splits)      # k-blocks of one K slice
     if panel:
@@ -403,7 +412,10 @@ def _gemm_tile(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K,
             outer_scales.apply(accs, _column_reader(Bias, bx * block_N))
         else:
             _add_bias(accs, _column_reader(Bias, bx * block_N))
-        _store_parts(accs, C, by * block_M, bx * block_N)
+        if transpose_C:
+            _store_transposed(accs, C, by * block_M, bx * block_N, M, N)
+        else:
+            _store_parts(accs, C, by * block_M, bx * block_N)
 
 
 def _store_parts(accs: list, dst, row0, col0) -> None:
@@ -412,6 +424,20 @@ def _store_parts(accs: list, dst, row0, col0) -> None:
     width = accs[0].shape[1]
     for p in _indices(len(accs)):
         tile_copy(accs[p], dst[row0, col0 + p * width])
+
+
+@_library_macro
+def _store_transposed(accs, C, row0, col0, M, N):
+    """The tile held as ``accs`` stored transposed: its element (i, j) at C[col0 + j, row0 + i]
+    of C [N, M], elements past M or N left out. The swapped product of a few rows (``fp8_scaled_mm``
+    at M <= 32 computes C^T = B A^T, so the tokens are the tile's narrow N side) writes its
+    result where the caller wants it, without a transposing copy."""
+    block_M, part_N = accs[0].shape
+    for i, j in Parallel(block_M, part_N):
+        for q in _indices(len(accs)):
+            if row0 + i < M:
+                if col0 + q * part_N + j < N:
+                    C[col0 + q * part_N + j, row0 + i] = cast(accs[q][i, j], C.dtype)
 
 
 @_library_macro

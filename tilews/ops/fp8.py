@@ -22,7 +22,7 @@ from tilews.jit import compile_each
 from tilews.language.fp8 import split_workspace_shape, tile_candidates
 from tilews.lowering import dtypes
 from tilews.lowering.capabilities import bulk_copy_rows
-from tilews.lowering.fp8 import SCALE_BLOCK, granularity, scale_blocks
+from tilews.lowering.fp8 import SCALE_BLOCK, Scaling, granularity, scale_blocks
 from tilews.lowering.settings import Settings
 
 from .arrivals import arrival_counters
@@ -44,10 +44,11 @@ def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fas
     tile hints (none: the target's default tiles); with ``bias_dtype``, a ``bias`` [N] parameter
     before ``out``, added in the epilogue; with a ``splits`` hint above 1, ``arrivals`` (int32
     counters, ``split_counters``) and ``workspace`` (float32, ``split_workspace_shape``)
-    parameters before ``out``. The parameters are named as ``fp8_scaled_mm``'s."""
+    parameters before ``out``; with a ``transpose_C`` hint, ``out`` is C transposed, [N, M]. The
+    parameters are named as ``fp8_scaled_mm``'s."""
     a_t, b_t = T.Tensor((M, K), a_dtype), T.Tensor((N, K) if transpose_B else (K, N), b_dtype)
     sa_t, sb_t = T.Tensor(a_scale_shape, T.float32), T.Tensor(b_scale_shape, T.float32)
-    c_t = T.Tensor((M, N), out_dtype)
+    c_t = T.Tensor((N, M) if dict(tiles).get("transpose_C") else (M, N), out_dtype)
     options = dict(transpose_B=transpose_B, use_fast_accum=use_fast_accum,
                    transpose_A_scale=transpose_A_scale, **dict(tiles))
     bias_t = T.Tensor((N,), bias_dtype or T.float32)
@@ -227,7 +228,8 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
             out = torch.zeros(M, N, dtype=out_dtype, device=a.device)
             return out if bias is None else out.add_(bias.to(out_dtype))
     else:
-        tiles = _tiles_for(args, a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+        tiles = _tiles_for(args, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+        args, operands = mapping(tiles, a, b, scale_a, scale_b, out_dtype, use_fast_accum)
         scratch = split_scratch(tiles, M, N)
         if scratch is not None:
             mapped = operands
@@ -272,24 +274,28 @@ class Tiles:
     num_stages: int
     threads: int
     splits: int = 1
+    swap_ab: bool = False
 
     def __str__(self) -> str:
         text = f"{self.block_M}x{self.block_N} s{self.num_stages} t{self.threads}"
-        return text + (f" x{self.splits}" if self.splits > 1 else "")
+        return text + (f" x{self.splits}" if self.splits > 1 else "") + (" swap" if self.swap_ab else "")
 
     @classmethod
     def from_text(cls, text: str) -> "Tiles":
-        match = re.fullmatch(r"(\d+)x(\d+) ?s(\d+) ?t(\d+)(?: ?x(\d+))?", text.strip()) \
+        match = re.fullmatch(r"(\d+)x(\d+) ?s(\d+) ?t(\d+)(?: ?x(\d+))?( ?swap)?", text.strip()) \
             if isinstance(text, str) else None
         if match is None:
-            raise ValueError(f"Tiles.from_text: {text!r} is not a tiling (expected e.g. '64x128 s8 t128' "
-                             f"or '64x64 s12 t128 x2')")
-        *sizes, splits = match.groups()
-        return cls(*map(int, sizes), int(splits or 1))
+            raise ValueError(f"Tiles.from_text: {text!r} is not a tiling (expected e.g. '64x128 s8 t128', "
+                             f"'64x64 s12 t128 x2' or '64x16 s12 t128 swap')")
+        *sizes, splits, swap = match.groups()
+        return cls(*map(int, sizes), int(splits or 1), bool(swap))
 
     def hints(self) -> tuple:
-        """As ``scaled_mm_kernel``'s ``tiles``: (name, value) pairs (``splits`` only above 1)."""
-        return tuple((k, v) for k, v in vars(self).items() if k != "splits" or v > 1)
+        """As ``scaled_mm_kernel``'s ``tiles``: (name, value) pairs (``splits`` only above 1;
+        ``swap_ab`` as ``transpose_C``: the swapped product's kernel stores C transposed)."""
+        sizes = tuple((k, v) for k, v in vars(self).items() if k not in ("splits", "swap_ab"))
+        return sizes + ((("splits", self.splits),) if self.splits > 1 else ()) + \
+            ((("transpose_C", True),) if self.swap_ab else ())
 
 
 # the tuned tilings per tuning key (see _tuning_key): this process's, and the disk's
@@ -310,25 +316,59 @@ def _tuning_key(args: tuple, device: torch.device) -> tuple:
             k_major, fast, sa_t, N, K, bucket(M))
 
 
-def _tiles_for(args, a, b, scale_a, scale_b, out_dtype, use_fast_accum) -> Optional[Tiles]:
+def _tiles_for(args, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) -> Optional[Tiles]:
     """The tiling of a new kind of call: the tuned one of its key, else (``TILEWS_TUNE=1``) one
     tuned now on these inputs, else ``default_tiles``."""
     settings = Settings.from_env()
     tiles = _winners.get(_tuning_key(args, a.device), settings)
     if tiles is None and settings.tune:
         tiles = tune_fp8(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
-    return tiles or default_tiles(args, a.device)
+    return tiles or default_tiles(args, a.device, bias is not None)
 
 
-def default_tiles(args: tuple, device: torch.device) -> Optional[Tiles]:
-    """The untuned tiling of ``scaled_mm_kernel``'s ``args`` on ``device``: ``split_tiles`` on
-    a CUDA device where the kernel compiles for Hopper's wgmma path, else None (the
-    intrinsic's choice per shape, ``tilews.language.fp8._tiles``)."""
+def default_tiles(args: tuple, device: torch.device, bias: bool = False) -> Optional[Tiles]:
+    """The untuned tiling of ``scaled_mm_kernel``'s ``args`` on ``device`` (``bias``: the call
+    adds one): on a CUDA device where the kernel compiles for Hopper's wgmma path,
+    ``swap_tiles``, else ``split_tiles``; elsewhere None (the intrinsic's choice per shape,
+    ``tilews.language.fp8._tiles``)."""
     M, N, K, _, _, k_major, fast, _, _, out = args[:10]
     if device.type != "cuda" or targets.resolve(scaled_mm_kernel.target)[0] != "hopper" \
             or not (k_major and bulk_copy_rows(K) and bulk_copy_rows(N * out.itemsize)):
         return None
-    return split_tiles(M, N, K, _granularity(args).block_wise, tilews.num_sms())
+    gran = _granularity(args)
+    return (None if bias else swap_tiles(M, N, gran)) or \
+        split_tiles(M, N, K, gran.block_wise, tilews.num_sms())
+
+
+# The product of a few rows swapped (C^T = B A^T, C stored transposed by the kernel) where the
+# scales are per tensor: the rows become the narrow N side of 64 x 16 / 64 x 32 tiles, so each
+# k-step's wgmma and promotion cover 16 or 32 columns instead of a 64-row tile three quarters
+# empty. H200, tensorwise, against `_scaled_mm` (L2 flushed per call): M = 16 at N x K = 4096 x
+# 4096 / 4096 x 14336 / 14336 x 4096: 0.93 / 1.00 / 0.94x swapped against 0.79 / 0.92 / 0.92x;
+# M = 32: 0.97 / 0.94 / 0.94x against 0.91 / 0.58 / 0.95x; M = 64 swapped in 64 x 64 tiles: no
+# better (0.92 / 0.93 / 0.96x). cuBLAS runs the same form there (its kernels' tiles: 64 x 8 at
+# M = 16, 48 x 64 at M = 64).
+SWAP_MOST_ROWS = 32
+
+
+def swap_tiles(M: int, N: int, gran) -> Optional[Tiles]:
+    """The swapped tiling (``swap_ab``) where M <= ``SWAP_MOST_ROWS``, N fills at least one
+    64-row tile and both scales are per tensor; else None."""
+    if M > SWAP_MOST_ROWS or N < 64 or gran.a is not Scaling.TENSOR or gran.b is not Scaling.TENSOR:
+        return None
+    return Tiles(64, 16 if M <= 16 else 32, 12, 128, swap_ab=True)
+
+
+def mapping(tiles: Optional[Tiles], a, b, scale_a, scale_b, out_dtype=torch.bfloat16,
+            use_fast_accum: bool = False):
+    """``kernel_mapping`` of the product ``tiles`` computes: as given, or swapped (``swap_ab``:
+    the kernel's A is b's [N, K] rows, its B is a, their per-tensor scales trade places, and its
+    C [N', M'] is the caller's [M, N]); the operand function still takes the caller's (a, b,
+    scale_a, scale_b)."""
+    if tiles is None or not tiles.swap_ab:
+        return kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    args, operands = kernel_mapping(b.t(), a.t(), scale_b, scale_a, out_dtype, use_fast_accum)
+    return args, lambda a, b, sa, sb: operands(b.t(), a.t(), sb, sa)
 
 
 # Split K (``T.fp8_scaled_matmul``'s ``splits``) where the whole GEMM's tiles leave SMs idle: at
