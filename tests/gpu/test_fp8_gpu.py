@@ -13,7 +13,7 @@ import torch
 
 from tilews.bench.fp8 import TORCH_REFUSES, exact, fp8_operand, scales, torch_blockwise
 from tilews.ops import fp8_scaled_mm
-from tilews.ops.fp8 import kernel_inputs, scaled_mm_kernel
+from tilews.ops.fp8 import default_tiles, kernel_inputs, scaled_mm_kernel
 from tilews.testing import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -98,6 +98,26 @@ def test_fp8_scaled_mm(granularity, pair, layout, shape, out, fast):
     if layout == "col":     # the op's kernel (the factory's cache), on the Hopper path, not a fallback
         kernel = scaled_mm_kernel(*kernel_inputs(a, b, scale_a, scale_b, OUT[out], fast)[0])
         assert (kernel.target, kernel.report.backend) == ("hopper", "gluon"), kernel.report.notes
+
+
+@pytest.mark.parametrize("M, N, K, out", [(16, 4096, 4096, "bf16"), (7, 1000, 640, "fp16"),
+                                     (32, 2048, 14336, "fp32"), (1, 64, 128, "bf16")])
+def test_few_rows_run_swapped(M, N, K, out):
+    """Per-tensor scales at M <= 32: the op's default tiling is the swapped product (C^T = B A^T,
+    C stored transposed by the kernel); its result is C [M, N], contiguous, torch's to rounding."""
+    _hopper()
+    a, b, scale_a, scale_b = inputs("tensor", "e4m3", "col", M, N, K, seed=M + N)
+    args = kernel_inputs(a, b, scale_a, scale_b, OUT[out])[0]
+    assert default_tiles(args, a.device).swap_ab
+    c = fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype=OUT[out])
+    again = fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype=OUT[out])
+    torch.cuda.synchronize()
+    assert c.shape == (M, N) and c.is_contiguous() and not c.isnan().any()
+    assert rel_err(c, exact(a, b, scale_a, scale_b)) < tolerance(OUT[out], False)
+    assert torch.equal(c, again)
+    theirs = torch_result("tensor", a, b, scale_a, scale_b, OUT[out], False)
+    if theirs is not None:
+        assert rel_err(c, theirs) < tolerance(OUT[out], False)
 
 
 def test_0_dim_per_tensor_scales_mean_the_same_as_scales_of_shape_1():
