@@ -78,7 +78,10 @@ def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
     scales): K cut into that many slices, one block per (tile, slice), summed in the same kernel
     (``_split_sum``); it needs ``workspace``, float32 [M, splits * N'] (N' = N in whole tiles of
     ``block_N``: ``split_workspace_shape``), and ``arrivals``, int32 counters, one per output tile,
-    zero at launch and left zero (``gemm_programs.split_k_fused``'s contract)."""
+    zero at launch and left zero (``gemm_programs.split_k_fused``'s contract). ``transpose_C``
+    (whole GEMM, no bias, unsplit): C is given as [N, M] and receives the product transposed,
+    stored by element (``tilews.ops.fp8_scaled_mm`` computes a few-row product as C^T = B A^T
+    this way, the rows on the tiles' narrow N side)."""
     if builder().kernel is None:
         _whole_gemm(A, A_scale, B, B_scale, C, bool(transpose_B), bool(use_fast_accum),
                     bool(transpose_A_scale), bias, hints, workspace, arrivals)
