@@ -1713,6 +1713,9 @@ def test_split_k_errors():
                  marked_line(split_without_workspace, "# MARK"), "splits=2 needs workspace=", "[16, 128]")
     expect_error(CompileValueError, split_with_workspace((16, 64)),
                  marked_line(split_with_workspace, "# MARK"), "workspace is [16, 64]", "[16, 128]")
+    expect_error(CompileTypeError, split_with_workspace((16, 128), T.float16),
+                 marked_line(split_with_workspace, "# MARK"), "workspace is f16",
+                 "a split's workspace must be float32")
 
 
 def split_without_workspace():
@@ -1724,11 +1727,11 @@ def split_without_workspace():
     return main
 
 
-def split_with_workspace(w_shape):
+def split_with_workspace(w_shape, w_dtype=T.float32):
     @T.prim_func
     def main(A: T.Tensor((16, 256), T.float8_e4m3), SA: T.Tensor((1,), T.float32),
              B: T.Tensor((64, 256), T.float8_e4m3), SB: T.Tensor((1,), T.float32),
-             Arr: T.Tensor((8,), T.int32), W: T.Tensor(w_shape, T.float32),
+             Arr: T.Tensor((8,), T.int32), W: T.Tensor(w_shape, w_dtype),
              C: T.Tensor((16, 64), T.bfloat16)):
         T.fp8_scaled_matmul(A, SA, B, SB, C, transpose_B=True, splits=2, block_N=64,  # MARK
                             workspace=W, arrivals=Arr)
