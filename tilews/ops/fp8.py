@@ -245,8 +245,8 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
             to_bias = _same if as_is else lambda t: t.to(out_dtype).contiguous()
             first = to_bias(bias)
             kernel = scaled_mm_kernel(*args, hints, bias_dtype=dtypes.from_torch(first.dtype))
-            launch = kernel.bound((*operands(a, b, scale_a, scale_b)[:4], first,
-                                   *operands(a, b, scale_a, scale_b)[4:]))
+            ops = operands(a, b, scale_a, scale_b)
+            launch = kernel.bound((*ops[:4], first, *ops[4:]))
 
             def call(a, b, sa, sb, bias):
                 ops = operands(a, b, sa, sb)
