@@ -1705,9 +1705,11 @@ def test_split_k_errors():
         build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, split))
     sa, sb = ops_scales("tensor", 16, 64, 256, 3)
     args, _ = kernel_inputs(a, w.t(), sa, sb)
-    kernel = fp8_ops.scaled_mm_kernel.fn(*args)         # no workspace / arrivals parameters
-    prim = build_kernel(kernel)                          # unsplit: builds
-    assert prim is not None
+    unsplit = build_kernel(fp8_ops.scaled_mm_kernel.fn(*args))
+    assert [p.name for p in unsplit.params] == ["a", "scale_a", "b", "scale_b", "out"]
+    split = build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, split))
+    assert [p.name for p in split.params] == ["a", "scale_a", "b", "scale_b", "arrival_slots",
+                                              "arrivals", "workspace", "out"]
 
     expect_error(CompileValueError, split_without_workspace(),
                  marked_line(split_without_workspace, "# MARK"), "splits=2 needs workspace=", "[16, 128]")
