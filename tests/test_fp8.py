@@ -1840,8 +1840,8 @@ def test_hopper_swapped_product_stays_warp_specialized():
     w = torch.empty(4096, 4096, dtype=E4M3, device="meta")
     tiles = fp8_ops.swap_tiles(16, 4096, fp8_ops._granularity(fp8_ops.kernel_mapping(
         a, w.t(), torch.empty((), device="meta"), torch.empty((), device="meta"))[0]))
-    args, _ = fp8_ops.mapping(tiles, a, w.t(), torch.empty((), device="meta"),
-                              torch.empty((), device="meta"))
+    args, _ = fp8_ops.tiled_kernel_mapping(tiles, a, w.t(), torch.empty((), device="meta"),
+                                           torch.empty((), device="meta"))
     assert args[:3] == (4096, 16, 4096)
     k = lower(build_kernel(fp8_ops.scaled_mm_kernel.fn(*args, tiles.hints()), target="hopper"),
               HOPPER.replace(num_sms=132))
