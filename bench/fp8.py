@@ -181,7 +181,8 @@ def _build_tilews(case: Case, target: str):
     """``tilews.ops.fp8_scaled_mm``'s kernel for ``target``, given what the op gives it
     (``kernel_mapping``, and on a GPU the op's untuned tiling, ``default_tiles``, with a split
     tiling's scratch operands) and writing into a caller-given C (no out_idx)."""
-    from tilews.ops.fp8 import default_tiles, kernel_mapping, mapping, scaled_mm_kernel, split_scratch
+    from tilews.ops.fp8 import (default_tiles, kernel_mapping, scaled_mm_kernel, split_scratch,
+                                tiled_kernel_mapping)
     M, N, K, _ = case.shape
     gran = _granularity(case.shape)
     like = [_scale_like(shape, gran) for shape in scale_shapes(gran, M, N, K)]
@@ -189,8 +190,8 @@ def _build_tilews(case: Case, target: str):
     args, operands = kernel_mapping(a, w.t(), *like, out_dtype=case.dtype,
                                     use_fast_accum=_fast(case.shape))
     tiles = default_tiles(args, case.machine.device) if target == "hopper" else None
-    args, operands = mapping(tiles, a, w.t(), *like, out_dtype=case.dtype,
-                             use_fast_accum=_fast(case.shape))
+    args, operands = tiled_kernel_mapping(tiles, a, w.t(), *like, out_dtype=case.dtype,
+                                          use_fast_accum=_fast(case.shape))
     kernel = for_target(scaled_mm_kernel.fn, target)(*args, tiles.hints() if tiles else ())
     scratch = split_scratch(tiles, M, N) or (lambda device: ())
 

@@ -2,8 +2,10 @@
 the CPU targets: dq, dk and dv against float64 SDPA's gradients (relative Frobenius error below
 2e-3 for fp16 operands), MHA and GQA, causal or not, BHSD and BSHD, a ragged sequence length;
 the op records a backward only where an operand requires grad, and its gradients do not depend
-on what the outputs held before (poisoned buffers are the op's own: every call allocates). Compile-only
-(Hopper): the causal main kernel's loop divides by no run-time value."""
+on what the outputs held before (poisoned buffers are the op's own: every call allocates). The
+main kernel with ``defer_dq`` (each query block's dQ added during the next) gives the same
+gradients, and refuses varlen. Compile-only (Hopper): the causal main kernel's loop divides by
+no run-time value; the deferred dQ's copy keeps the wgmmas in flight (no C7517)."""
 from __future__ import annotations
 
 import pytest

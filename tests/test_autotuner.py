@@ -466,11 +466,11 @@ def test_hopper_space_builds_in_forked_children_and_loads_their_builds(monkeypat
     assert serial_builds == [os.getpid()] * 3 and parallel_builds == [os.getpid()]
 
 
-def test_compile_processes_need_the_artifact_store(monkeypatch):
-    """Without the on-disk cache a child's build would be lost: no child is forked."""
+def test_compile_processes_need_the_switch_and_the_artifact_store():
+    """Children are forked only where ``TILEWS_COMPILE_PROCESSES`` is on (off by default) and
+    the on-disk cache is on (without it a child's build would be lost)."""
     from tilews import compile_processes
     from tilews.lowering.settings import Settings
     assert not compile_processes.usable(Settings())                # off by default
     assert compile_processes.usable(Settings(compile_processes=True)) == hasattr(os, "fork")
     assert not compile_processes.usable(Settings(disable_cache=True, compile_processes=True))
-    assert not compile_processes.usable(Settings(compile_processes=False))

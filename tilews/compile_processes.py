@@ -19,7 +19,7 @@ compile server where one is needed (``triton_ext.gluon.launch`` forgets the pare
 Forking copies the user's closures, so nothing needs to pickle.
 
 ``usable(settings)``: where this applies: ``os.fork`` exists, the artifact store is on (else a
-child's build is lost) and ``TILEWS_COMPILE_PROCESSES`` is not off.
+child's build is lost) and ``TILEWS_COMPILE_PROCESSES`` is on (it is off by default).
 """
 from __future__ import annotations
 

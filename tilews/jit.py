@@ -193,10 +193,10 @@ def compile_each(items: Sequence, compile_one: Callable, max_workers: Optional[i
     this thread (Triton's first import is not safe from several threads at once), the others in
     up to ``max_workers`` threads (default: ``TILEWS_COMPILE_WORKERS``, else the CPU count); with
     one worker, or where this Python's ``ast`` is not thread-safe (``ast_is_thread_safe``), one
-    after the other on this thread. With more than one worker and ``compile_processes.usable``
-    (``TILEWS_COMPILE_PROCESSES``), the others are first built by that many forked children
-    (``compile_processes.prebuild``) and then compiled here, their builds loaded from the
-    artifact store. An exception of ``compile_one`` propagates (callers that go on past a failing
+    after the other on this thread. With more than one worker, at least two items after the first
+    and ``compile_processes.usable`` (``TILEWS_COMPILE_PROCESSES``), those are first built by
+    that many forked children (``compile_processes.prebuild``) and then compiled here, their
+    builds loaded from the artifact store. An exception of ``compile_one`` propagates (callers that go on past a failing
     item catch it per item, as the autotuner and the ops do).
 
     Shared state of concurrent compiles, and how it is guarded: the artifact store builds each key

@@ -39,8 +39,8 @@ def seed_gemm(coarsen: bool = True) -> ir.Kernel:
 
 
 def wgmmas_per_iteration(ptx: str) -> int:
-    """The wgmma instructions of the consumer's main loop (the kernel's only ones but the
-    epilogue's none)."""
+    """The wgmma instructions in ``ptx``: those of one iteration of the consumer's main loop
+    (the loop is not unrolled, and nothing else in the kernel issues a wgmma)."""
     return len(re.findall(r"wgmma\.mma_async", ptx))
 
 

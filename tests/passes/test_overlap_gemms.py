@@ -6,9 +6,9 @@
   the ring slots are released after the final wait. With dQ's tile added by a bulk reduce-add
   (``dq_tile_add``), overlap_store's wait for the previous add stays just before dQ's shared
   store, after the final wait and the arrivals (before them, the arrival needed a barrier of its
-  own: sm_90a SASS of the D64 loop, 6 ``BAR.SYNC`` instead of 5). The lowered program gives the float64
-  gradients on the interpreter (gemms there are synchronous, so a statement moved past one it
-  depends on would show), and its sm_90a PTX waits with ``wgmma.wait_group 1``.
+  own: sm_90a SASS of the D64 loop, 6 ``BAR.SYNC`` instead of 5). The lowered program gives the
+  float64 gradients on the interpreter (gemms there are synchronous, so a statement moved past
+  one it depends on would show), and its sm_90a PTX waits with ``wgmma.wait_group 1``.
 * With the policy off (``TILEWS_OVERLAP_GEMMS=off``) every gemm is waited at once, as
   legalize_wgmma writes it.
 * A statement that writes a gemm's register operand, or reads its accumulator, waits for it;

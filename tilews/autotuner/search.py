@@ -4,8 +4,8 @@ Contract of ``search(configs, compile_one, profile, plan, inputs)``:
 * Every configuration is compiled by ``compile_one(config)`` before any is timed, the first on
   the calling thread, the others in up to ``TILEWS_COMPILE_WORKERS`` threads (default: the CPU
   count; 1: one after the other on the calling thread), built first by as many forked processes
-  where the on-disk cache is on (``tilews.jit.compile_each``). A compile
-  that raises is that configuration's failure (``"compile failed: <error>"``); the search goes on
+  where ``TILEWS_COMPILE_PROCESSES`` is on (off by default) and the on-disk cache is on
+  (``tilews.jit.compile_each``). A compile that raises is that configuration's failure (``"compile failed: <error>"``); the search goes on
   without it. The trials, their kernels and failures, are the same whatever the worker count.
 * The compiled kernels are then measured one at a time, in the configurations' order, on the
   calling thread's device, each within ``plan.timeout`` seconds (0 or less: no limit):
@@ -32,10 +32,10 @@ Contract of ``search(configs, compile_one, profile, plan, inputs)``:
 
 Why threads and processes for the compiles: threads need nothing to pickle and pay imports
 once, but overlap only what runs outside the GIL and outside ``passes.checking``'s lock: Gluon's
-in-process build, most of a Hopper compile, runs one at a time per process. So, with the on-disk
-cache on, ``compile_each`` first has the configurations after the first built by forked children
-(``tilews.compile_processes``; ``TILEWS_COMPILE_PROCESSES``) and then compiles each here,
-loading the children's builds. On the 2-core development CPU, busy with other work, neither gives
+in-process build, most of a Hopper compile, runs one at a time per process. So, with
+``TILEWS_COMPILE_PROCESSES`` (off by default) and the on-disk cache on, ``compile_each`` first
+has the configurations after the first built by forked children (``tilews.compile_processes``)
+and then compiles each here, loading the children's builds. On the 2-core development CPU, busy with other work, neither gives
 a speed-up (six ``examples/gemm.py`` configurations for ``hopper``, cold caches); ``python -m
 tilews.bench.compile_workers`` measures serial, threads and processes where cores are free.
 """

@@ -129,6 +129,11 @@ def _check_scale(name: str, dtype: ir.DType) -> None:
         raise _type_error(f"{name} is {dtype.value}; scales must be float32")
 
 
+def _check_workspace(name: str, dtype: ir.DType) -> None:
+    if dtype is not ir.DType.F32:
+        raise _type_error(f"{name} is {dtype.value}; a split's workspace must be float32")
+
+
 def _check_counter(name: str, dtype: ir.DType) -> None:
     if dtype is not ir.DType.I32:
         raise _type_error(f"{name} is {dtype.value}; it must be int32")
@@ -222,7 +227,7 @@ def _split_buffers(gran, M: int, N: int, tiles: dict, workspace, arrivals):
                            f"{list(split_workspace_shape(M, N, tiles['block_N'], splits))}) and "
                            f"arrivals= (int32 counters, one per output tile)")
     want = split_workspace_shape(M, N, tiles["block_N"], splits)
-    w_shape = _global_shape("workspace", workspace, _check_scale)
+    w_shape = _global_shape("workspace", workspace, _check_workspace)
     if tuple(w_shape) != want:
         raise _value_error(f"workspace is {list(w_shape)}; splits={splits} with block_N="
                            f"{tiles['block_N']} takes {list(want)}")

@@ -164,8 +164,9 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
     def query_block(it, by, bx, first, per_head):
         """(query head, query block) of iteration ``it``: each K/V block starts at its own query
         block, so the blocks of one head do not all add into the same dQ rows at once: causal
-        (not varlen, whose first blocks may all be 0), the first query block already differs
-        (the diagonal's); else rotated by ``bx``."""
+        (not varlen, whose first blocks may all be 0) with ``block_M >= block_N`` (no two K/V
+        blocks share a diagonal query block), the first query block already differs (the
+        diagonal's); else rotated by ``bx``."""
         h = by * group + it // per_head if group > 1 else by
         step = it % per_head if group > 1 else it
         return h, first + (step if own_first else (step + bx) % per_head)

@@ -229,7 +229,8 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
             return out if bias is None else out.add_(bias.to(out_dtype))
     else:
         tiles = _tiles_for(args, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
-        args, operands = mapping(tiles, a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+        args, operands = tiled_kernel_mapping(tiles, a, b, scale_a, scale_b, out_dtype,
+                                              use_fast_accum)
         scratch = split_scratch(tiles, M, N)
         if scratch is not None:
             mapped = operands
@@ -245,8 +246,8 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
             to_bias = _same if as_is else lambda t: t.to(out_dtype).contiguous()
             first = to_bias(bias)
             kernel = scaled_mm_kernel(*args, hints, bias_dtype=dtypes.from_torch(first.dtype))
-            launch = kernel.bound((*operands(a, b, scale_a, scale_b)[:4], first,
-                                   *operands(a, b, scale_a, scale_b)[4:]))
+            ops = operands(a, b, scale_a, scale_b)
+            launch = kernel.bound((*ops[:4], first, *ops[4:]))
 
             def call(a, b, sa, sb, bias):
                 ops = operands(a, b, sa, sb)
@@ -359,8 +360,8 @@ def swap_tiles(M: int, N: int, gran) -> Optional[Tiles]:
     return Tiles(64, 16 if M <= 16 else 32, 12, 128, swap_ab=True)
 
 
-def mapping(tiles: Optional[Tiles], a, b, scale_a, scale_b, out_dtype=torch.bfloat16,
-            use_fast_accum: bool = False):
+def tiled_kernel_mapping(tiles: Optional[Tiles], a, b, scale_a, scale_b,
+                         out_dtype=torch.bfloat16, use_fast_accum: bool = False):
     """``kernel_mapping`` of the product ``tiles`` computes: as given, or swapped (``swap_ab``:
     the kernel's A is b's [N, K] rows, its B is a, their per-tensor scales trade places, and its
     C [N', M'] is the caller's [M, N]); the operand function still takes the caller's (a, b,
