@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 import torch
 
@@ -85,3 +86,17 @@ def gluon_program(lowered) -> CheckedProgram:
 def tuned_entries(root, op: str) -> list[dict]:
     """The tuned winners ``op`` has written to disk under the tilews cache folder ``root``."""
     return [json.loads(p.read_text()) for p in (root / "ops" / op).glob("*.json")]
+
+
+def innermost_loops(sass: str) -> list[list[str]]:
+    """The opcodes (predicates dropped) of each innermost loop of ``cuobjdump -sass`` text
+    (``toolchain.sass``): a backward branch and what it jumps over, holding no other loop."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)
+    at = {int(a, 16): n for n, (a, _) in enumerate(lines)}
+    spans = []
+    for n, (a, text) in enumerate(lines):
+        m = re.search(r"\bBRA\s+.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < int(a, 16) and int(m.group(1), 16) in at:
+            spans.append((at[int(m.group(1), 16)], n))
+    return [[t.split()[1] if t.startswith("@") else t.split()[0] for _, t in lines[s:e + 1]]
+            for s, e in spans if not any(s <= s2 and e2 < e for s2, e2 in spans)]

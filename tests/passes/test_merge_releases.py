@@ -12,9 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import subprocess
 
 import pytest
 
@@ -25,9 +22,10 @@ from tilews.lowering.pipeline import lower
 from tilews.lowering.traverse import walk
 from tilews.ops.attention import mha_fwd_program
 from tilews.ops.attention_backward import blocks, bwd_program
+from tilews.triton_ext import toolchain
 from tilews.triton_ext.gluon.backend import HOPPER
 
-from ..helpers import gluon_program
+from ..helpers import gluon_program, innermost_loops
 from .test_overlap_gemms import backward_matches_float64
 
 
@@ -77,32 +75,16 @@ def test_merged_backward_matches_float64_on_the_interpreter(seed):
 
 def _loop_barriers(sass: str) -> int:
     """``BAR.SYNC``s in the innermost sm_90a loop holding wgmmas (the consumer's)."""
-    labels, seq = {}, []
-    for line in sass.splitlines():
-        m = re.match(r"\s*\.L_x_(\d+):", line)
-        if m:
-            labels[m.group(1)] = len(seq)
-        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-        if m:
-            seq.append(m.group(1))
-    loops = [seq[labels[m.group(1)]:i + 1] for i, t in enumerate(seq)
-             for m in [re.search(r"BRA.*\.L_x_(\d+)", t)] if m and labels.get(m.group(1), i + 1) <= i]
-    body = min((b for b in loops if sum("HGMMA" in t for t in b) >= 20), key=len)
-    return sum(t.startswith("BAR.SYNC") for t in body)
+    body = min((b for b in innermost_loops(sass) if sum(op.startswith("HGMMA") for op in b) >= 20),
+               key=len)
+    return sum(op.startswith("BAR.SYNC") for op in body)
 
 
 @pytest.mark.parametrize("merge", [True, False])
-def test_sm90a_loop_has_one_barrier_fewer(merge, tmp_path):
-    import triton
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    if not all(os.path.exists(os.path.join(tools, t)) for t in ("ptxas", "nvdisasm")):
-        pytest.skip("this Triton bundles no ptxas / nvdisasm")
+def test_sm90a_loop_has_one_barrier_fewer(merge):
     config = HOPPER.replace(num_sms=132)
     config = dataclasses.replace(config, policy=dataclasses.replace(config.policy, merge_releases=merge))
-    ptx = gluon_program(lower(_backward(seq=4096), config)).asm["ptx"]
-    (tmp_path / "k.ptx").write_text(ptx)
-    subprocess.run([os.path.join(tools, "ptxas"), "--gpu-name", "sm_90a", str(tmp_path / "k.ptx"),
-                    "-o", str(tmp_path / "k.cubin")], check=True)
-    sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", "-g", str(tmp_path / "k.cubin")],
-                          capture_output=True, text=True, check=True).stdout
+    sass = toolchain.sass(gluon_program(lower(_backward(seq=4096), config)).asm["ptx"])
+    if sass is None:
+        pytest.skip("this Triton bundles no ptxas / cuobjdump")
     assert _loop_barriers(sass) == (4 if merge else 5)

@@ -37,9 +37,10 @@ from tilews.lowering.simplify import fold
 from tilews.lowering.traverse import exprs_of, subexprs, walk
 from tilews.ops.attention import lse_rows, mha_fwd_varlen_program
 from tilews.triton_ext.gluon.backend import HOPPER
+from tilews.triton_ext import toolchain
 from tilews.triton_ext.toolchain import ptxas_report
 
-from ..helpers import gluon_program, poisoned, roles
+from ..helpers import gluon_program, innermost_loops, poisoned, roles
 from ..test_attention_varlen import close, inputs, reference
 
 H, KV_H, D, BLOCK_M = 2, 1, 32, 128
@@ -154,39 +155,14 @@ def test_the_persistent_varlen_forward_compiles_for_sm90a_without_spills(causal,
         assert got <= spilled, report
 
 
-def _loops(sass: str) -> list[list[str]]:
-    """The opcodes of each innermost loop (a backward branch and what it jumps over, holding no
-    other backward branch) of ``cuobjdump -sass``."""
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)
-    at = {int(a, 16): n for n, (a, _) in enumerate(lines)}
-    spans = []
-    for n, (a, text) in enumerate(lines):
-        m = re.search(r"\bBRA\s+.*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < int(a, 16) and int(m.group(1), 16) in at:
-            spans.append((at[int(m.group(1), 16)], n))
-    return [[t.split()[1] if t.startswith("@") else t.split()[0] for _, t in lines[s:e + 1]]
-            for s, e in spans if not any(s <= s2 and e2 < e for s2, e2 in spans)]
-
-
 def _sass(prog) -> str:
     """``cuobjdump -sass`` of ``prog`` lowered for 132 SMs and compiled for sm_90a (skips where
-    this Triton bundles no cuobjdump)."""
-    import os
-    import subprocess
-    import tempfile
-    import triton
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    if not os.path.exists(os.path.join(bin_dir, "cuobjdump")):
-        pytest.skip("this Triton bundles no cuobjdump")
+    this Triton bundles no ptxas or cuobjdump)."""
     ptx = gluon_program(lower(build_kernel(prog), HOPPER.replace(num_sms=132))).asm["ptx"]
-    with tempfile.TemporaryDirectory() as work:
-        path = os.path.join(work, "k.ptx")
-        with open(path, "w") as fh:
-            fh.write(ptx)
-        subprocess.run([os.path.join(bin_dir, "ptxas"), "--gpu-name", "sm_90a", path, "-o",
-                        path + ".cubin"], check=True, capture_output=True)
-        return subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", path + ".cubin"],
-                              check=True, capture_output=True, text=True).stdout
+    text = toolchain.sass(ptx)
+    if text is None:
+        pytest.skip("this Triton bundles no ptxas / cuobjdump")
+    return text
 
 
 # non-causal varlen visits its ragged last K/V block first, so each consumer's K/V loop (16 wgmmas:
@@ -201,7 +177,7 @@ def test_the_non_causal_varlen_consumer_loop_has_no_mask(dtype, store_lse):
     import tilews.language as T
     prog = mha_fwd_varlen_program(16, 16, 128, False, block_M=128, block_N=128, num_stages=2,
                                   threads=256, dtype=getattr(T, dtype), store_lse=store_lse)
-    kv_loops = [body for body in _loops(_sass(prog))
+    kv_loops = [body for body in innermost_loops(_sass(prog))
                 if sum(op.startswith("HGMMA") for op in body) == 16]
     assert len(kv_loops) >= 2, [len(b) for b in kv_loops]          # one per consumer warp group
     for body in kv_loops:
