@@ -12,9 +12,10 @@ promoted: FP8 partial sums added into fp32 every 128 of K), the op as users call
 tile rows; ``--tiles``: tile shapes, e.g. ``64x128s8t128``; each instead of the other variants;
 ``--serial-promotion``: each unsplit ``--tiles`` tiling of a promoting mode also launched directly
 with ``overlap_promotion`` on ("overlapped") and off ("serial": each k-block's promotion after its
-wgmma, before the next is issued), timed in the same rounds from a CUDA graph of 20 calls (the
-direct launch's host path would dominate these short kernels; L2 is flushed once per 20 calls, so
-these rows compare with each other, not with the op's or torch's)).
+wgmma, before the next is issued), timed in the same rounds from a CUDA graph of 50 calls
+(``peer_compare.graph_ms``: the direct launch's host path would dominate these short kernels; L2
+is not flushed between the calls, so these rows compare with each other, not with the op's or
+torch's)).
 Tile-hint variants run the op's own kernel (``scaled_mm_kernel`` with ``tiles``), so they time
 what a call costs; the merged-role variant needs a Target field and is launched directly (its
 host overhead shows at short kernels). References: the
@@ -39,7 +40,9 @@ from tilews.bench.fp8 import exact
 from tilews.ops.fp8 import Tiles, kernel_inputs, scaled_mm_kernel, split_scratch
 from tilews.testing import rel_err, time_ms
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/ from any cwd
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from tests.helpers import load  # noqa: E402
+import peer_compare as pc  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (128, 4096, 4096),
           (1024, 14336, 4096)]
@@ -63,28 +66,6 @@ def direct(prim, target):
         p.launch([a, sa, w, sb, out])
         return out
     return run
-
-
-GRAPH_CALLS = 20
-
-
-def graphed(fn):
-    """``fn`` captured ``GRAPH_CALLS`` times in a CUDA graph: a call replays them (the directly
-    launched variants' host path is slow, so only the GPU's time compares); returns the last
-    output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = [fn() for _ in range(GRAPH_CALLS)]
-    torch.cuda.current_stream().wait_stream(side)
-
-    def replay():
-        graph.replay()
-        return outs[-1]
-    return replay
 
 
 def with_tiles(a, w, sa, sb, fast, tiles: tuple):
@@ -140,7 +121,7 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
     theirs = lambda: torch._scaled_mm(ta, tw.t(), tsa, tsb, out_dtype=torch.bfloat16,  # noqa: E731
                                       use_fast_accum=torch_fast)
     cands = {"op": lambda: fp8_scaled_mm(a, w.t(), sa, sb, use_fast_accum=fast)}
-    per_call = {}           # candidates whose call runs the kernel that many times
+    graphed = set()         # candidates timed from a CUDA graph (their host path is slow)
     sa_m = sa.t().contiguous().t()          # the same scales stored M-major (cuBLAS's layout)
     if gran == "block":
         cands["op, M-major scale_a"] = lambda: fp8_scaled_mm(a, w.t(), sa_m, sb)
@@ -173,11 +154,8 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
             run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast,
                                  **dict(Tiles.from_text(t).hints())),
                          HOPPER.replace(num_sms=sms, overlap_promotion=on))
-            try:
-                cands[f"{t} {name} (graph)"] = graphed(lambda run=run: run(a, isa, w, isb))
-                per_call[f"{t} {name} (graph)"] = GRAPH_CALLS
-            except Exception as e:  # noqa: BLE001 - a launch that cannot be captured is reported
-                print(f"variant {t} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            cands[f"{t} {name} (graph)"] = lambda run=run: run(a, isa, w, isb)
+            graphed.add(f"{t} {name} (graph)")
     out = {}
     for name, fn in cands.items():
         got, again = fn(), fn()
@@ -188,7 +166,10 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
     for r in range(rounds):
         order = ["torch", *cands] if r % 2 == 0 else [*cands, "torch"]
         for n in order:
-            times[n].append(time_ms(theirs if n == "torch" else cands[n], a.device) / per_call.get(n, 1))
+            if n in graphed:
+                times[n].append(pc.graph_ms(cands[n]))
+            else:
+                times[n].append(time_ms(theirs if n == "torch" else cands[n], a.device))
     flops = 2.0 * M * N * K
     rows = []
     for n in cands:
