@@ -37,7 +37,7 @@ from tilews.lowering.frontend import build_kernel
 from tilews.triton_ext.gluon.backend import HOPPER
 from tilews.ops import fp8_scaled_mm
 from tilews.bench.fp8 import exact
-from tilews.ops.fp8 import Tiles, kernel_inputs, scaled_mm_kernel, split_scratch
+from tilews.ops.fp8 import Tiles, scaled_mm_kernel, split_scratch, tiled_kernel_mapping
 from tilews.testing import rel_err, time_ms
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/ from any cwd
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -68,14 +68,14 @@ def direct(prim, target):
     return run
 
 
-def with_tiles(a, w, sa, sb, fast, tiles: tuple):
-    """The op's call with the intrinsic's tile hints ``tiles`` ((name, value) pairs; a ``Tiles``'
-    ``hints()`` are the ones the op itself compiles with; with ``splits``, the scratch operands
-    the op gives a split tiling)."""
-    args, operands = kernel_inputs(a, w.t(), sa, sb, use_fast_accum=fast)
-    kernel = scaled_mm_kernel(*args, tiles)
-    scratch = split_scratch(Tiles(**dict(tiles)), a.shape[0], w.shape[0]) \
-        if dict(tiles).get("splits", 1) > 1 else (lambda device: ())
+def with_tiles(a, w, sa, sb, fast, hints: tuple, tiles=None):
+    """The op's call with the intrinsic's tile hints ``hints`` ((name, value) pairs); ``tiles``:
+    the ``Tiles`` they are the ``hints()`` of, where they are (the op's own tilings: swapped ones
+    map the operands as the op does, split ones get the op's scratch operands)."""
+    args, mapping = tiled_kernel_mapping(tiles, a, w.t(), sa, sb, use_fast_accum=fast)
+    operands = mapping(a, w.t(), sa, sb)
+    kernel = scaled_mm_kernel(*args, hints)
+    scratch = split_scratch(tiles, *args[:2]) or (lambda device: ())
     return lambda: kernel(*operands, *scratch(a.device))
 
 
@@ -129,15 +129,15 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
         if theirs_block is not None:
             cands["torch block-wise"] = theirs_block
     # variants: the op's kernel with tile hints (block-wise: M-major A scales, the op's fast form)
-    hinted = {f"panel {p}": (("panel", p),) for p in panels}
-    hinted.update({t: Tiles.from_text(t).hints() for t in tiles})
+    hinted = {f"panel {p}": ((("panel", p),), None) for p in panels}
+    hinted.update({t: (Tiles.from_text(t).hints(), Tiles.from_text(t)) for t in tiles})
     if not quick and not panels and not tiles:
-        hinted["panel 8"] = (("panel", 8),)
+        hinted["panel 8"] = ((("panel", 8),), None)
         hinted["BN 128, 5 stages" if gran == "block" or not fast else "BN 128, 4 stages"] = \
-            (("block_N", 128), ("num_stages", 5 if gran == "block" or not fast else 4))
-    for name, hints in hinted.items():
+            ((("block_N", 128), ("num_stages", 5 if gran == "block" or not fast else 4)), None)
+    for name, (hints, tiling) in hinted.items():
         try:
-            cands[name] = with_tiles(a, w, sa_m if gran == "block" else sa, sb, fast, hints)
+            cands[name] = with_tiles(a, w, sa_m if gran == "block" else sa, sb, fast, hints, tiling)
         except Exception as e:  # a variant that does not compile is reported, not fatal
             print(f"variant {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     isa, isb = (sa.reshape(1), sb.reshape(1)) if gran == "tensor" else \
@@ -157,8 +157,13 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
             cands[f"{t} {name} (graph)"] = lambda run=run: run(a, isa, w, isb)
             graphed.add(f"{t} {name} (graph)")
     out = {}
-    for name, fn in cands.items():
-        got, again = fn(), fn()
+    for name, fn in list(cands.items()):
+        try:
+            got, again = fn(), fn()
+        except Exception as e:  # a variant that does not run is reported, not fatal
+            print(f"variant {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            del cands[name]
+            continue
         out[name] = dict(err=rel_err(got, ref), nan=bool(got.isnan().any()),
                          deterministic=bool(torch.equal(got, again)))
     err_torch = rel_err(theirs(), exact(ta, tw.t(), tsa, tsb))

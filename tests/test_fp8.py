@@ -1784,27 +1784,33 @@ def test_ops_runs_a_split_tiling_with_its_scratch(fresh_fp8_calls, monkeypatch, 
 @pytest.mark.parametrize("M, N, kinds, want", [
     (16, 4096, ("tensor", "tensor"), "64x16 s12 t128 swap"),
     (1, 64, ("tensor", "tensor"), "64x16 s12 t128 swap"),
-    (32, 14336, ("tensor", "tensor"), "64x32 s12 t128 swap"),
-    (33, 4096, ("tensor", "tensor"), None),            # past SWAP_MOST_ROWS
+    (32, 14336, ("tensor", "tensor"), "64x32 s16 t128 swap"),   # 224 tiles: kept up to 32 rows
+    (33, 4096, ("tensor", "tensor"), "64x64 s12 t128 swap"),
+    (128, 4096, ("tensor", "tensor"), "64x64 s12 t128 swap"),   # 128 tiles on 132 SMs
+    (128, 4288, ("tensor", "tensor"), None),           # 134 tiles: more than one wave
+    (64, 14336, ("tensor", "tensor"), None),
+    (129, 4096, ("tensor", "tensor"), None),           # past SWAP_MOST_ROWS
     (16, 32, ("tensor", "tensor"), None),              # N fills no 64-row tile
     (16, 4096, ("row", "row"), None),                  # per-row scales would trade shapes too
 ])
 def test_swap_tiles_rule(M, N, kinds, want):
     gran = Granularity(*(Scaling(k) for k in kinds))
-    got = fp8_ops.swap_tiles(M, N, gran)
+    got = fp8_ops.swap_tiles(M, N, gran, num_sms=132)
     assert (None if got is None else str(got)) == want
     if got is not None:
         assert fp8_ops.Tiles.from_text(str(got).replace(" ", "")) == got
         assert dict(got.hints())["transpose_C"] is True and "swap_ab" not in dict(got.hints())
 
 
-@pytest.mark.parametrize("M, N, K, out_dtype", [(16, 96, 384, torch.bfloat16), (5, 64, 200, torch.float32),
-                                                (20, 136, 256, torch.float16)])
-def test_ops_runs_the_swapped_product(fresh_fp8_calls, monkeypatch, M, N, K, out_dtype):
+@pytest.mark.parametrize("M, N, K, out_dtype, splits", [
+    (16, 96, 384, torch.bfloat16, 1), (5, 64, 200, torch.float32, 1), (20, 136, 256, torch.float16, 1),
+    (20, 136, 640, torch.bfloat16, 2), (7, 200, 520, torch.float32, 3)])
+def test_ops_runs_the_swapped_product(fresh_fp8_calls, monkeypatch, M, N, K, out_dtype, splits):
     """A swapped tiling: the kernel computes C^T = B A^T with the scales traded and stores C
-    (contiguous, [M, N]) transposed; first and later calls, ragged M, N and K."""
-    monkeypatch.setattr(fp8_ops, "default_tiles",
-                        lambda args, device, bias: fp8_ops.Tiles(64, 16, 2, 128, swap_ab=True))
+    (contiguous, [M, N]) transposed; first and later calls, ragged M, N and K; split in K slices
+    too (the workspace and counters are the kernel's, of the swapped shape)."""
+    monkeypatch.setattr(fp8_ops, "default_tiles", lambda args, device, bias: fp8_ops.Tiles(
+        64, 16, 2, 128, splits=splits, swap_ab=True))
     for seed in (3, 4):
         a, w = fp8((M, K), E4M3, seed), fp8((N, K), E4M3, seed + 10)
         sa, sb = ops_scales("tensor", M, N, K, seed)
@@ -1838,7 +1844,7 @@ def test_hopper_swapped_product_stays_warp_specialized():
     with the promotion overlapped) storing C by element, transposed; no spills."""
     a = torch.empty(16, 4096, dtype=E4M3, device="meta")
     w = torch.empty(4096, 4096, dtype=E4M3, device="meta")
-    tiles = fp8_ops.swap_tiles(16, 4096, fp8_ops._granularity(fp8_ops.kernel_mapping(
+    tiles = fp8_ops.swap_tiles(16, 4096, num_sms=132, gran=fp8_ops._granularity(fp8_ops.kernel_mapping(
         a, w.t(), torch.empty((), device="meta"), torch.empty((), device="meta"))[0]))
     args, _ = fp8_ops.tiled_kernel_mapping(tiles, a, w.t(), torch.empty((), device="meta"),
                                            torch.empty((), device="meta"))

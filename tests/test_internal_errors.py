@@ -19,7 +19,7 @@ import tilews
 import tilews.language as T
 from tilews import compiler
 from tilews.lowering import ir
-from tilews.lowering.errors import InternalError
+from tilews.lowering.errors import InternalError, ResourceLimitError
 
 from .helpers import marked_line
 
@@ -248,3 +248,23 @@ def _compile_planted_for_gpu() -> None:
 
 if __name__ == "__main__":
     _compile_planted_for_gpu()
+
+
+def test_a_program_the_gpu_cannot_hold_is_a_resource_limit_at_the_kernels_line(monkeypatch):
+    """Triton refusing to launch the tl program for want of shared memory (the program's tiles
+    times its stages; Triton's ``OutOfResources``) is the program's demand: a ResourceLimitError
+    at the kernel's line saying what it needs and what the GPU has, not a bug in tilews."""
+    from triton.runtime.errors import OutOfResources
+
+    from tilews.triton_ext.tl.launch import TlProgram
+
+    def too_big(self, values):
+        raise OutOfResources(245760, 232448, "shared memory")
+    monkeypatch.setattr(TlProgram, "launch", too_big)
+    kernel = tilews.jit(out_idx=[-1], target="triton")(doubler)(64)
+    with pytest.raises(tilews.CompileError) as e:
+        kernel(torch.randn(64))
+    assert isinstance(e.value, ResourceLimitError) and not isinstance(e.value, tilews.InternalError)
+    assert e.value.loc.line == marked_line(doubler, "with T.Kernel")
+    assert "the tl backend's program needs 245760 bytes of shared memory; the GPU has 232448" \
+           in str(e.value) and "bug in tilews" not in str(e.value)

@@ -192,7 +192,7 @@ def _compile_one(before: ir.Kernel, chain: Sequence[Backend], target: str, notes
     with attempt.guard("loading"):
         program = backend.load(lowered.ir_after, lowered.source, dict(config.options))
     # Triton compiles a tl program at its first launch (or interprets it at each)
-    program = attempt.guard_launch(program)
+    program = attempt.guard_launch(program, tuple(refusals))
     shared = lowered.ir_after.find_plan(SharedMemoryPlan)
     report = CompileReport(
         target=target if backend.config.name == target else f"{target} -> {backend.config.name}",

@@ -12,7 +12,10 @@
 * at launch, only failures of Triton's toolchain are wrapped (Triton compiles the ``tl`` program
   at its first launch per specialization; its CPU interpreter runs it at every launch): a
   ``triton.errors.TritonError``, or an exception raised from inside ``triton.compiler``. Anything
-  else a launch raises (a missing GPU, the interpreter's ``RaceError``) passes through.
+  else a launch raises (a missing GPU, the interpreter's ``RaceError``) passes through. Triton's
+  ``OutOfResources`` (the program needs more shared memory or registers than the GPU has: the
+  program's tiles and stages, not a bug) is a ``ResourceLimitError`` at the kernel's line, after
+  the reasons the earlier backends of the chain gave.
 
 The user's line: the line of the generated source Triton failed at (from a ``CompilationError``
 or a traceback frame in the generated file), mapped back through the ``# tilews: file.py:LINE``
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from tilews.lowering import ir, printer
-from tilews.lowering.errors import CompileError, CompileValueError, InternalError
+from tilews.lowering.errors import CompileError, CompileValueError, InternalError, ResourceLimitError
 from tilews.lowering.loc import Loc
 from tilews.lowering.settings import Settings
 from tilews.lowering.traverse import walk
@@ -78,9 +81,11 @@ class Attempt:
         except Exception as e:
             raise self.internal(e) from None
 
-    def guard_launch(self, program):
+    def guard_launch(self, program, refusals: tuple[str, ...] = ()):
         """``program`` with its ``launch`` reporting a failure of Triton's toolchain (on the code
-        tilews generated) as an ``InternalError``."""
+        tilews generated) as an ``InternalError``, but a program needing more of a resource than
+        the GPU has as a ``ResourceLimitError`` at the kernel's line (``refusals``: why the
+        backends before this one did not take the kernel, said first)."""
         launch = program.launch
 
         def guarded(values: list) -> None:
@@ -92,6 +97,10 @@ class Attempt:
                 overflow = _integer_overflow(e)
                 if overflow is not None:
                     raise CompileValueError(overflow, self._generated_line(e)) from None
+                limit = _out_of_resources(e)
+                if limit is not None:
+                    raise ResourceLimitError("; ".join((*refusals, f"the {self.backend} backend's "
+                                                        f"program {limit}")), self.before.loc) from None
                 self.stage = "launching (Triton compiling the generated code)"
                 raise self.internal(e) from None
         program.launch = guarded
@@ -210,6 +219,20 @@ def _from_toolchain(e: BaseException) -> bool:
         return True
     return any(f"{os.sep}triton{os.sep}compiler{os.sep}" in frame.f_code.co_filename
                for frame, _ in traceback.walk_tb(e.__traceback__))
+
+
+def _out_of_resources(e: BaseException) -> Optional[str]:
+    """Where ``e`` is Triton refusing to launch a compiled program that needs more of a resource
+    (shared memory, registers) than the GPU has, what the user reads; else None. The ``tl``
+    backend's shared memory is the tiles the program allocates times its loops' ``num_stages``
+    (Triton's pipelining), so it is the program's demand, not a fault of the code generated."""
+    errors = sys.modules.get("triton.runtime.errors")
+    for err in _chain(e):
+        if errors is not None and isinstance(err, errors.OutOfResources):
+            return (f"needs {err.required} {'bytes of ' if err.name == 'shared memory' else ''}"
+                    f"{err.name}; the GPU has {err.limit}: use smaller tiles or fewer "
+                    f"num_stages")
+    return None
 
 
 def _integer_overflow(e: BaseException) -> Optional[str]:

@@ -101,10 +101,13 @@ def test_fp8_scaled_mm(granularity, pair, layout, shape, out, fast):
 
 
 @pytest.mark.parametrize("M, N, K, out", [(16, 4096, 4096, "bf16"), (7, 1000, 640, "fp16"),
-                                     (32, 2048, 14336, "fp32"), (1, 64, 128, "bf16")])
+                                     (32, 2048, 14336, "fp32"), (1, 64, 128, "bf16"),
+                                     (64, 4096, 4096, "bf16"), (100, 2000, 1024, "fp16"),
+                                     (128, 4096, 1024, "fp32")])
 def test_few_rows_run_swapped(M, N, K, out):
-    """Per-tensor scales at M <= 32: the op's default tiling is the swapped product (C^T = B A^T,
-    C stored transposed by the kernel); its result is C [M, N], contiguous, torch's to rounding."""
+    """Per-tensor scales at M <= 128 where the swapped tiles fit one wave: the op's default
+    tiling is the swapped product (C^T = B A^T, C stored transposed by the kernel); its result is
+    C [M, N], contiguous, torch's to rounding."""
     _hopper()
     a, b, scale_a, scale_b = inputs("tensor", "e4m3", "col", M, N, K, seed=M + N)
     args = kernel_inputs(a, b, scale_a, scale_b, OUT[out])[0]

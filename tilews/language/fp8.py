@@ -79,7 +79,7 @@ def fp8_scaled_matmul(A, A_scale, B, B_scale, C, transpose_B: bool = False,
     (``_split_sum``); it needs ``workspace``, float32 [M, splits * N'] (N' = N in whole tiles of
     ``block_N``: ``split_workspace_shape``), and ``arrivals``, int32 counters, one per output tile,
     zero at launch and left zero (``gemm_programs.split_k_fused``'s contract). ``transpose_C``
-    (whole GEMM, no bias, unsplit): C is given as [N, M] and receives the product transposed,
+    (whole GEMM, no bias; split or not): C is given as [N, M] and receives the product transposed,
     stored by element (``tilews.ops.fp8_scaled_mm`` computes a few-row product as C^T = B A^T
     this way, the rows on the tiles' narrow N side)."""
     if builder().kernel is None:
@@ -173,8 +173,8 @@ def _whole_gemm(A, A_scale, B, B_scale, C, transpose_B: bool, fast: bool, transp
         raise _value_error(f"C is {list(c_shape)}, not " +
                            (f"[N, M] = [{N}, {M}] (transpose_C=True)" if transpose_C
                             else f"[M, N] = [{M}, {N}]"))
-    if transpose_C and (bias is not None or hints.get("splits", 1) != 1):
-        raise _value_error("transpose_C=True takes no bias and no splits")
+    if transpose_C and bias is not None:
+        raise _value_error("transpose_C=True takes no bias")
     if bias is not None and tuple(_global_shape("bias", bias, _check_bias)) != (N,):
         raise _value_error(f"bias is {list(bias.shape)}, not [N] = [{N}]")
     if transpose_A_scale:
@@ -413,17 +413,22 @@ def _gemm_tile(A, SA, B, SB, C, Bias, gran, transpose_B, sa_t, promote, M, N, K,
         if arrived == splits - 1:
             _sum_slices(accs, split[0], by * block_M, bx * block_N, width, splits)
             outer_scales.apply(accs, _column_reader(Bias, bx * block_N))
-            _store_parts(accs, C, by * block_M, bx * block_N)
+            _store_result(accs, C, by * block_M, bx * block_N, M, N, transpose_C)
             atomic_add(split[1][tile], -splits)
     else:
         if not gran.block_wise:
             outer_scales.apply(accs, _column_reader(Bias, bx * block_N))
         else:
             _add_bias(accs, _column_reader(Bias, bx * block_N))
-        if transpose_C:
-            _store_transposed(accs, C, by * block_M, bx * block_N, M, N)
-        else:
-            _store_parts(accs, C, by * block_M, bx * block_N)
+        _store_result(accs, C, by * block_M, bx * block_N, M, N, transpose_C)
+
+
+def _store_result(accs: list, C, row0, col0, M: int, N: int, transpose_C: bool) -> None:
+    """The finished tile stored at (row0, col0) of C [M, N], or of C^T with ``transpose_C``."""
+    if transpose_C:
+        _store_transposed(accs, C, row0, col0, M, N)
+    else:
+        _store_parts(accs, C, row0, col0)
 
 
 def _store_parts(accs: list, dst, row0, col0) -> None:

@@ -231,7 +231,7 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
         tiles = _tiles_for(args, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
         args, operands = tiled_kernel_mapping(tiles, a, b, scale_a, scale_b, out_dtype,
                                               use_fast_accum)
-        scratch = split_scratch(tiles, M, N)
+        scratch = split_scratch(tiles, *args[:2])     # the kernel's M, N (swapped or not)
         if scratch is not None:
             mapped = operands
             operands = lambda a, b, sa, sb: (*mapped(a, b, sa, sb), *scratch(a.device))  # noqa: E731
@@ -337,27 +337,37 @@ def default_tiles(args: tuple, device: torch.device, bias: bool = False) -> Opti
             or not (k_major and bulk_copy_rows(K) and bulk_copy_rows(N * out.itemsize)):
         return None
     gran = _granularity(args)
-    return (None if bias else swap_tiles(M, N, gran)) or \
-        split_tiles(M, N, K, gran.block_wise, tilews.num_sms())
+    sms = tilews.num_sms()
+    return (None if bias else swap_tiles(M, N, gran, sms)) or split_tiles(M, N, K, gran.block_wise, sms)
 
 
 # The product of a few rows swapped (C^T = B A^T, C stored transposed by the kernel) where the
-# scales are per tensor: the rows become the narrow N side of 64 x 16 / 64 x 32 tiles, so each
-# k-step's wgmma and promotion cover 16 or 32 columns instead of a 64-row tile three quarters
-# empty. H200, tensorwise, against `_scaled_mm` (L2 flushed per call): M = 16 at N x K = 4096 x
-# 4096 / 4096 x 14336 / 14336 x 4096: 0.93 / 1.00 / 0.94x swapped against 0.79 / 0.92 / 0.92x;
-# M = 32: 0.97 / 0.94 / 0.94x against 0.91 / 0.58 / 0.95x; M = 64 swapped in 64 x 64 tiles: no
-# better (0.92 / 0.93 / 0.96x). cuBLAS runs the same form there (its kernels' tiles: 64 x 8 at
-# M = 16, 48 x 64 at M = 64).
-SWAP_MOST_ROWS = 32
+# scales are per tensor: the rows become the narrow N side of the tiles, so each k-step's wgmma
+# and promotion cover 16, 32 or 64 columns instead of a 64-row tile mostly empty, and the blocks
+# that share a weight tile are neighbours in launch order. H200, tensorwise, against
+# `_scaled_mm` (L2 flushed per call, `scripts/tune_fp8.py`, 5 rounds): M = 16 at N x K = 4096 x
+# 4096 / 4096 x 14336 / 14336 x 4096: 0.93 / 1.00 / 0.94x swapped against 0.79 / 0.92 / 0.92x.
+# At N x K = 4096 x 4096 / 4096 x 14336: M = 32 in 64 x 32 tiles, 16 stages, 0.93 / 0.94x (12
+# stages: 0.91x at 4096 x 14336); M = 64 in 64 x 64 tiles 0.98 / 0.93x against 0.93 / 0.90x
+# (split in 2); M = 128 in 64 x 64 tiles (as many blocks as the unswapped 64 x 64 ones) 0.96 /
+# 0.98x against 0.82 / 0.83x. Where the swapped tiles outnumber the SMs the unswapped ones win
+# (128 x 14336 x 4096: 0.70x swapped, 0.95x in 128 x 128 tiles). cuBLAS runs the same form
+# (its kernels' tiles: 64 x 8 at M = 16, 48 x 64 at M = 64, 64 x 64 at M = 128).
+SWAP_MOST_ROWS = 128
+_SWAP_TILES = ((16, Tiles(64, 16, 12, 128, swap_ab=True)), (32, Tiles(64, 32, 16, 128, swap_ab=True)),
+               (SWAP_MOST_ROWS, Tiles(64, 64, 12, 128, swap_ab=True)))
 
 
-def swap_tiles(M: int, N: int, gran) -> Optional[Tiles]:
-    """The swapped tiling (``swap_ab``) where M <= ``SWAP_MOST_ROWS``, N fills at least one
-    64-row tile and both scales are per tensor; else None."""
+def swap_tiles(M: int, N: int, gran, num_sms: int) -> Optional[Tiles]:
+    """The swapped tiling (``swap_ab``) where both scales are per tensor, N fills at least one
+    64-row tile and M <= ``SWAP_MOST_ROWS``: the first of ``_SWAP_TILES`` whose width holds M,
+    kept above 32 rows only where its tiles fit one wave of ``num_sms``; else None."""
     if M > SWAP_MOST_ROWS or N < 64 or gran.a is not Scaling.TENSOR or gran.b is not Scaling.TENSOR:
         return None
-    return Tiles(64, 16 if M <= 16 else 32, 12, 128, swap_ab=True)
+    rows, tiles = next((rows, t) for rows, t in _SWAP_TILES if M <= rows)
+    if rows > 32 and -(-N // tiles.block_M) * -(-M // tiles.block_N) > num_sms:
+        return None
+    return tiles
 
 
 def tiled_kernel_mapping(tiles: Optional[Tiles], a, b, scale_a, scale_b,
