@@ -50,9 +50,13 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_compare as pc  # noqa: E402
 
 B, H, S = 8, 16, 4096
 GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
@@ -75,23 +79,6 @@ def ops(D: int, causal: bool) -> dict:
         raise SystemExit(f"varlen differs from dense by {err:.3g} (D{D} causal={causal})")
     torch.cuda.synchronize()
     return calls
-
-
-def capture(fn, calls: int):
-    """A CUDA graph of ``calls`` calls of ``fn`` (warmed on a side stream first)."""
-    import torch
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    return graph
 
 
 def gpu_ops(trace: Path) -> list[tuple[str, str, float, float]]:
@@ -203,7 +190,7 @@ def main() -> None:
     prepared = {}
     for D, causal in shapes:
         calls = ops(D, causal)
-        prepared[(D, causal)] = {n: (fn, capture(fn, args.calls)) for n, fn in calls.items()}
+        prepared[(D, causal)] = {n: (fn, pc.capture_graph(fn, args.calls)) for n, fn in calls.items()}
     smi = Smi()
     time.sleep(0.2)
     phases = []
