@@ -455,6 +455,11 @@ def launches_ms(fn, target_ms=25.0) -> float:
 def graph_ms(fn, per_graph=50, target_ms=25.0) -> float:
     """The mean time of one launch (ms) replayed from a CUDA graph of ``per_graph`` launches: the
     GPU's time without the host's launch cost (what decode loops captured in graphs see)."""
+    return launches_ms(capture_graph(fn, per_graph).replay, target_ms) / per_graph
+
+
+def capture_graph(fn, calls: int):
+    """A CUDA graph of ``calls`` calls of ``fn``, warmed up on a side stream first."""
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -464,9 +469,9 @@ def graph_ms(fn, per_graph=50, target_ms=25.0) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(per_graph):
+        for _ in range(calls):
             fn()
-    return launches_ms(graph.replay, target_ms) / per_graph
+    return graph
 
 
 def as_list(x):

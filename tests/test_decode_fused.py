@@ -151,3 +151,25 @@ def test_fused_split_kernel_stays_warp_specialized_without_spills(program):
     if report is None:
         pytest.skip("this Triton bundles no ptxas")
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+
+
+def test_merge_issues_every_load_before_its_arithmetic():
+    """GQA B1 x16 on sm_90a (compile-only SASS): after the arrival's atomic the last split block
+    loads every split's log-sum-exp and partial before its first max, and no barrier steps through
+    the splits. Its row vectors (weights, sums) used to default to a layout of their own, so each
+    split converted its weights through shared memory (two barriers, 41 after the atomic) and
+    waited for its own loads first: 16 loads before the first max of 95, one L2 round trip per split."""
+    from tilews.triton_ext.toolchain import sass
+    kernel = lower(build_function(dec.decode_program(1, 32, 8, 128, 8192, 16,
+                                                     **dec.blocks(128, gpu=True))).kernels[0], HOPPER)
+    text = sass(gluon_program(kernel).asm["ptx"])
+    if text is None:
+        pytest.skip("this Triton bundles no ptxas or cuobjdump")
+    ops = [op for _, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?(\S+)", text)]
+    merge = ops[next(i for i, op in enumerate(ops) if op.startswith("ATOMG")):]
+    merge = merge[:merge.index("EXIT")] if "EXIT" in merge else merge
+    first_max = next(i for i, op in enumerate(merge) if op.startswith("FMNMX"))
+    loads = [op for op in merge if op.startswith("LDG")]
+    assert len(loads) >= 2 * 16
+    assert sum(op.startswith("LDG") for op in merge[:first_max]) == len(loads)
+    assert sum(op.startswith("BAR.SYNC") for op in merge) <= 8

@@ -24,7 +24,11 @@ Ensures:   a ``LayoutPlan`` whose ``layouts`` hold, by buffer name:
              the role's threads, then at most one vector dim) runs in a ``Blocked`` layout of one
              thread per element of its thread dim and the vector dim in the thread's registers,
              and so do its 2-d per-thread locals (a thread's row of a ``(threads, n)``
-             fragment). Fragments nothing constrains are ``Blocked``.
+             fragment). Fragments nothing constrains are ``Blocked``: 2-d ones first, one at
+             a time in program order, each followed by what it implies, so a vector that a 2-d
+             loop reads becomes a slice of that loop's layout rather than a ``Blocked`` vector
+             converted at every use (the decode merge's row weights, converted per split
+             through shared memory between two barriers); then the vectors left.
              The first layout a fragment gets is kept: a use that wants another one converts
              (the emitter spells ``convert_layout`` where a value's layout and the layout its
              use needs differ; for 16-bit P the accumulator -> operand conversion moves no data,
@@ -81,6 +85,23 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
                 if b.scope is ir.Scope.FRAGMENT and len(b.shape) == 2 and idx[0] == p.vars[0] \
                         and b.static_shape[0] == p.extents[0]:
                     chosen.setdefault(b.name, _per_thread(b.static_shape, warps))
+    _propagate(stmts, loops, chosen, frames)
+    # what nothing constrains: tiles first, each followed by what it implies, so a vector a 2-d
+    # loop reads becomes a slice of that loop's layout (no conversion per use: a merge's row
+    # weights, converted per split, put two barriers and an L2 round trip in each step), then
+    # the vectors left
+    for rank in (2, 1):
+        for b in [b for s in stmts for b in _fragments(s) if (len(b.shape) >= 2) == (rank == 2)]:
+            if b.name not in chosen:
+                chosen[b.name] = layouts.Blocked(len(b.shape), warps)
+                _propagate(stmts, loops, chosen, frames)
+    for p in loops:               # a loop touching no fragment runs in a plain layout
+        frame = _frame(p, chosen) or _plain(p, warps)
+        frames.setdefault(p.vars[0].name, frame)
+
+
+def _propagate(stmts: list, loops: list, chosen: dict, frames: dict) -> None:
+    """Layouts implied by those chosen, and loops' frames, to a fixed point."""
     changed = True
     while changed:
         changed = False
@@ -94,12 +115,6 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
             if frame is not None and p.vars[0].name not in frames:
                 frames[p.vars[0].name] = frame
                 changed = True
-    for s in stmts:
-        for b in _fragments(s):
-            chosen.setdefault(b.name, layouts.Blocked(len(b.shape), warps))
-    for p in loops:               # a loop touching no fragment runs in a plain layout
-        frame = _frame(p, chosen) or _plain(p, warps)
-        frames.setdefault(p.vars[0].name, frame)
 
 
 def _plain(p: ir.Parallel, warps: int) -> layouts.Blocked:
