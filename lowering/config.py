@@ -38,6 +38,9 @@ class SchedulePolicy:
                                     # (overlap_store keeps them in flight together), else one per
                                     # shape, each store waited for
     split_consumers: bool = True    # split_consumers applies (measurements turn it off to compare)
+    split_partials: bool = False    # split_consumers also splits a consumer whose gemm sums over
+                                    # the rows (attention backward's dQ): each role adds its own
+                                    # partial (opt-in, untimed; TILEWS_SPLIT_PARTIALS)
 
 
 @dataclass(frozen=True)

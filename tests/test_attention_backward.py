@@ -165,3 +165,54 @@ def test_deferred_dq_refuses_varlen():
     from tilews.ops.attention_backward import backward_block
     with pytest.raises(ValueError, match="defer_dq"):
         backward_block(64, 1, False, 64, 32, 2, "varlen", T.float16, defer_dq=True)
+
+
+def _lowered_main(D, causal, group, split_partials, S=256, **change):
+    """The main kernel at the op's GPU blocks, lowered for Hopper (``split_partials`` on or off),
+    and its arguments (the preprocess run as the op runs it; dQ's accumulator zeroed there)."""
+    import tilews.language as T
+    from tilews.lowering.frontend import build_kernel
+    from tilews.lowering.pipeline import lower
+    from tilews.ops.attention_backward import blocks, bwd_program, kernels
+    from tilews.triton_ext.gluon.backend import HOPPER
+    B, H = 1, 2 * group
+    q, do = (randn(B, H, S, D, dtype=torch.float16, seed=s) for s in (1, 4))
+    k, v = (randn(B, H // group, S, D, dtype=torch.float16, seed=s) for s in (2, 3))
+    o, lse = torch.ops.tilews.attention(q, k, v, causal, "bhsd")
+    rows = lse.shape[-1]
+    delta, dq_acc = torch.empty_like(lse), torch.full((B, H, rows, D), float("nan"))
+    kernels("interpret")[0](B, H, S, D, rows, dtype=T.float16)(o, do, delta, dq_acc)
+    program = bwd_program(B, H, H // group, S, D, causal, rows, dtype=T.float16,
+                          **dict(blocks(D, True), **change))
+    lowered = lower(build_kernel(program), HOPPER.replace(num_sms=2, split_partials=split_partials))
+    dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
+    return lowered, [q, k, v, do, lse, delta, dq_acc, dk, dv], _reference(q, k, v, do, causal, "bhsd")
+
+
+@pytest.mark.parametrize("causal, group", [(False, 1), (True, 2)])
+def test_split_partials_give_the_float64_gradients(causal, group):
+    """``split_partials`` (Hopper, D64): each consumer warp group is its own role over its 64 of
+    the block's 128 keys, with its own dS^T rows and its own dQ partial (64 queries x D over its
+    keys), each reduce-added into dQ's accumulator; the lowered program on the interpreter gives
+    the float64 gradients (GQA's query heads in turn, causal's diagonal blocks)."""
+    from tilews.lowering import interpreter
+    from tilews.lowering.plans import ConsumerSplit
+    lowered, args, want = _lowered_main(64, causal, group, True)
+    assert lowered.find_plan(ConsumerSplit) is not None, lowered.notes
+    assert any("each adds its own partial dq" in n for n in lowered.notes), lowered.notes
+    interpreter.run(lowered, args, seed=1)
+    S = args[0].shape[2]
+    for name, got, w in zip("qkv", (args[6][:, :, :S], args[7], args[8]), want):
+        assert _rel(got, w) < 2e-3, name
+
+
+def test_split_partials_stay_off_unless_asked_and_refuse_what_would_spill():
+    """Off (the op's default) the backward's consumer stays one role; on, D128's accumulators
+    with a whole dQ partial per role (256 registers per thread) keep it one role, said why."""
+    from tilews.lowering.plans import ConsumerSplit
+    off, _, _ = _lowered_main(64, False, 1, False, S=128)
+    assert off.find_plan(ConsumerSplit) is None
+    assert any("the atomic at line" in n for n in off.notes), off.notes
+    d128, _, _ = _lowered_main(128, False, 1, True, S=128)
+    assert d128.find_plan(ConsumerSplit) is None
+    assert any("would take 256 registers per thread" in n for n in d128.notes), d128.notes
