@@ -5,7 +5,9 @@ the op records a backward only where an operand requires grad, and its gradients
 on what the outputs held before (poisoned buffers are the op's own: every call allocates). The
 main kernel with ``defer_dq`` (each query block's dQ added during the next) gives the same
 gradients, and refuses varlen. Compile-only (Hopper): the causal main kernel's loop divides by
-no run-time value; the deferred dQ's copy keeps the wgmmas in flight (no C7517)."""
+no run-time value; the deferred dQ's copy keeps the wgmmas in flight (no C7517). With
+``split_partials`` the Hopper-lowered main kernel (one role per consumer warp group, each with
+its own dQ partial) gives the float64 gradients on the interpreter; off, or at D128, one role."""
 from __future__ import annotations
 
 import pytest

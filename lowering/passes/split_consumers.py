@@ -185,10 +185,12 @@ def _row_shared(role: ir.Role, rows: Optional[int] = None) -> dict[ir.Buffer, in
     return out
 
 
-def _row_sum(s: ir.Stmt, shared: dict) -> bool:
+def _row_sum(s: ir.Stmt, shared: dict, rows: int) -> bool:
     """Whether ``s`` is a gemm summing over the row-split rows: ``C = A^T B`` with A's rows
-    and B's rows (each's dim -2) the row-split rows of shared tiles, C cleared by it."""
+    and B's rows (each's dim -2) the row-split rows of shared tiles, C cleared by it and not of
+    ``rows`` rows (a whole partial per role)."""
     return (isinstance(s, ir.Gemm) and s.transpose_a and not s.transpose_b and s.clear_accum
+            and ir.as_int(s.c.buffer.shape[0]) != rows
             and s.a.buffer in shared and s.b.buffer in shared
             and shared[s.a.buffer] == len(s.a.buffer.shape) - 2
             and shared[s.b.buffer] == len(s.b.buffer.shape) - 2)
@@ -211,7 +213,7 @@ def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict) -> Opt
     """Why the role's fragments of other than ``rows`` rows cannot each be the roles' own
     whole copies (``_whole``), or None."""
     whole = _whole(role, rows)
-    sums = {s.c.buffer for s in walk(role.body) if _row_sum(s, shared)}
+    sums = {s.c.buffer for s in walk(role.body) if _row_sum(s, shared, rows)}
     accumulators = {s.c.buffer for s in walk(role.body) if isinstance(s, ir.Gemm)}
     regs = sum(ir.as_int(b.shape[0]) // (1 if b in whole else parts) * ir.as_int(b.shape[1])
                for b in accumulators) // 128
@@ -224,7 +226,7 @@ def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict) -> Opt
         mine &= whole
         if not mine:
             continue
-        if _row_sum(s, shared):
+        if _row_sum(s, shared, rows):
             continue
         if isinstance(s, ir.Copy) and s.src.buffer in sums and s.dst.buffer in whole \
                 and s.src.is_whole and s.dst.is_whole:
@@ -268,7 +270,7 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool) -> tuple
         if isinstance(s, ir.AtomicAdd) and not (isinstance(s.value, ir.Region) and s.value.buffer in whole):
             return None, f"the atomic at line {s.loc.line} is one per block; {parts} roles would each add"
     for s in walk(role.body):
-        if isinstance(s, ir.Gemm) and not (partials and _row_sum(s, shared)):
+        if isinstance(s, ir.Gemm) and not (partials and _row_sum(s, shared, rows)):
             if s.transpose_a or s.b.buffer in shared:
                 return None, f"the gemm at line {s.loc.line} reads a row-split buffer as B or transposed"
         for b in buffers_read(s) + buffers_written(s):
