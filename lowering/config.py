@@ -41,6 +41,8 @@ class SchedulePolicy:
     split_partials: bool = False    # split_consumers also splits a consumer whose gemm sums over
                                     # the rows (attention backward's dQ): each role adds its own
                                     # partial (opt-in, untimed; TILEWS_SPLIT_PARTIALS)
+    sum_partials: bool = False      # sum_partials: those roles' partials summed in shared memory,
+                                    # one atomic add (opt-in, untimed; TILEWS_SUM_PARTIALS)
 
 
 @dataclass(frozen=True)

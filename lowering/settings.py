@@ -42,6 +42,9 @@ SWITCHES = (
                               "whose gemm sums over its rows (attention backward's dQ) its own "
                               "role, each adding its own partial product (off unless set to an "
                               "on value)"),
+    ("TILEWS_SUM_PARTIALS", "Hopper: with TILEWS_SPLIT_PARTIALS, the roles hand their partial "
+                            "products to the first, which adds their sum once (sum_partials; "
+                            "off unless set to an on value)"),
     ("TILEWS_OVERLAP_PROMOTION", "Hopper: issue an FP8 k-block's wgmma before the previous "
                                  "k-block's product is promoted, the products in two fragments "
                                  "by turns (overlap_promotion; on unless set to an off value)"),
@@ -115,6 +118,7 @@ class Settings:
     overlap_gemms: bool = True
     merge_releases: bool = True
     split_partials: bool = False
+    sum_partials: bool = False
     overlap_promotion: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
@@ -134,6 +138,7 @@ class Settings:
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
                    split_partials=flag("TILEWS_SPLIT_PARTIALS", environ),
+                   sum_partials=flag("TILEWS_SUM_PARTIALS", environ),
                    overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),

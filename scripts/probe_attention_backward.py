@@ -5,7 +5,8 @@ rounds, median times and ratios (min-max).
     TILEWS_DEVICE_CMD='python scripts/probe_attention_backward.py --rounds 7' bash scripts/device_run.sh
 
 The D64 consumer split into one role per warp group with its own dQ partial (``split_partials``,
-off in the op), GPU time (``--gpu-time``: each call's kernels under ``torch.profiler``), about 3 minutes:
+off in the op; with ``sum_partials`` the partials summed before one reduce-add), GPU time
+(``--gpu-time``: each call's kernels under ``torch.profiler``), about 3 minutes:
 
     TILEWS_DEVICE_CMD='python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
 
@@ -32,31 +33,40 @@ import peer_compare as pc  # noqa: E402
 SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 16, 4096, 64, False),
           (8, 16, 16, 4096, 64, True), (4, 32, 8, 4096, 128, True), (2, 16, 16, 8192, 128, True)]
 # the main kernel timed alone beside the op: at the op's blocks (``blocks``), and changed by each
-# of these ("overlap_gemms" / "merge_releases": compiled with TILEWS_OVERLAP_GEMMS /
-# TILEWS_MERGE_RELEASES=off; "dq_tile_add": None flips the op's choice; "defer_dq": the previous
-# query block's dQ added under this one's first gemms; D128 spills 224-396 B that way).
+# of these ("overlap_gemms" / "merge_releases" / "split_partials" / "sum_partials": compiled with
+# TILEWS_OVERLAP_GEMMS / TILEWS_MERGE_RELEASES=off, TILEWS_SPLIT_PARTIALS / TILEWS_SUM_PARTIALS=on,
+# each variant by a factory of its own, whose memo of calls does not hold the op's kernel;
+# "dq_tile_add": None flips the op's choice; "defer_dq": the previous query block's dQ added under
+# this one's first gemms; D128 spills 224-396 B that way; "split_partials": one role per consumer
+# warp group, each with its own 64 keys and dQ partial, reduce-added twice (D128 keeps one role:
+# its partial would not fit the registers); "sum_partials": the second role hands its partial to
+# the first through shared memory, one reduce-add of the sum).
 # Compile-only (sm_90a, D64): 128 x 128 spills 160 B and serializes its wgmmas (ptxas C7512),
 # 64 x 128 spills 96 B: not timed.
 SPLIT = dict(split_partials=True)
-MAIN_CHANGES = {64: [SPLIT, dict(SPLIT, num_stages=3), dict(num_stages=3), dict(merge_releases=False),
+SUMMED = dict(SPLIT, sum_partials=True)
+MAIN_CHANGES = {64: [SPLIT, SUMMED, dict(SPLIT, num_stages=3), dict(num_stages=3), dict(merge_releases=False),
                      dict(defer_dq=True), dict(defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
                 128: [dict(merge_releases=False), dict(defer_dq=True), dict(overlap_gemms=False),
                       dict(dq_tile_add=None)]}
 # --quick: the changes timed (the op's rival schedules), by head dim
-QUICK_CHANGES = {64: MAIN_CHANGES[64][:3], 128: MAIN_CHANGES[128][:1]}
+QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:1]}
 # the preprocess's and postprocess's (rows per block, threads); the op's first
 PREPOST_BLOCKS = ((64, 128), (128, 128), (128, 256))
 FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
                   (8, 16, 4096, 64, True)]
 
 
-def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = False):
-    """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES and TILEWS_SPLIT_PARTIALS
-    on/off (a factory's memo of calls does not see them: compile with a fresh one)."""
+def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = False,
+                      sum_partials: bool = False):
+    """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS and
+    TILEWS_SUM_PARTIALS on/off (a factory's memo of calls does not see them: compile with a
+    fresh one)."""
     onoff = lambda flag: "on" if flag else "off"  # noqa: E731
     return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS=onoff(overlap_gemms),
                            TILEWS_MERGE_RELEASES=onoff(merge_releases),
-                           TILEWS_SPLIT_PARTIALS=onoff(split_partials))
+                           TILEWS_SPLIT_PARTIALS=onoff(split_partials),
+                           TILEWS_SUM_PARTIALS=onoff(sum_partials))
 
 
 def rel(a, b) -> float:
@@ -132,23 +142,24 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     kernels()[0](B, H, S, D, rows, dtype=T.float16)(out.detach(), do, delta, dq_acc)
     op = blocks(D, True)
-    split_main = None
+    split_mains = {}
     for change in [{}] + (QUICK_CHANGES if quick else MAIN_CHANGES).get(D, []):
         cfg = dict(op, **change)
         if "dq_tile_add" in change:
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
         on, merge = cfg.pop("overlap_gemms", True), cfg.pop("merge_releases", True)
-        split = cfg.pop("split_partials", False)
+        split, summed = cfg.pop("split_partials", False), cfg.pop("sum_partials", False)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
             + (" dQ tile" if cfg.get("dq_tile_add") else "") \
             + (" deferred" if cfg.get("defer_dq") else "") + ("" if on else " gemms off") \
-            + ("" if merge else " unmerged") + (" split" if split else "")
+            + ("" if merge else " unmerged") + (" split" if split else "") + (" summed" if summed else "")
         try:
-            with schedule_switches(on, merge, split):
+            with schedule_switches(on, merge, split, summed):
                 kern = tilews.jit()(bwd_program)(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
-            if split and not any("each adds its own partial" in n for n in kern.report.notes):
-                print(f"{label}: the consumer stayed one role: "
-                      f"{[n for n in kern.report.notes if n.startswith('split_consumers')]}")
+            wanted = ["each adds its own partial"] * split + ["sum_partials: T.ws(2) hand"] * summed
+            if not all(any(w in n for n in kern.report.notes) for w in wanted):
+                print(f"{label}: not built as asked: "
+                      f"{[n for n in kern.report.notes if n.startswith(('split_consumers', 'sum_partials'))]}")
                 continue
             args = (q.detach(), k.detach(), v.detach(), do, lse, delta, dq_acc, dk, dv)
             dq_acc.zero_()
@@ -162,14 +173,14 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
             impls[label] = lambda kern=kern, args=args: kern(*args)
             print(f"{label}: {kern.kernels[0].report.backend if hasattr(kern, 'kernels') else ''}")
             if split and "num_stages" not in change:
-                split_main = kern
+                split_mains[f"tilews split{' summed' if summed else ''} (3 kernels)"] = kern
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
 
-    if split_main is not None:
-        # the whole backward as the op would run it with the split main kernel, beside the op's
+    if split_mains:
+        # the whole backward as the op would run it with each split main kernel, beside the op's
         mains = {"tilews (3 kernels)": kernels()[1](B, H, KV, S, D, causal, rows, dtype=T.float16, **op),
-                 "tilews split (3 kernels)": split_main}
+                 **split_mains}
         three_kernels(torch, T, kernels(), mains, (B, H, S, D, rows),
                       (q.detach(), k.detach(), v.detach(), do, out.detach(), lse), grads["tilews"], impls)
 

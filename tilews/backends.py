@@ -50,6 +50,7 @@ def configure(cls: type[Backend], services: Services, passes: PassOptions = Pass
                                         overlap_gemms=services.settings.overlap_gemms,
                                         merge_releases=services.settings.merge_releases,
                                         split_partials=services.settings.split_partials,
+                                        sum_partials=services.settings.sum_partials,
                                         overlap_promotion=services.settings.overlap_promotion),
                          CodegenOptions(fast_math=passes.fast_math,
                                         register_copies=passes.register_copies))
