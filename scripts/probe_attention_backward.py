@@ -321,8 +321,25 @@ def main():
                           gpu_time if args.gpu_time else pc.launches_ms)
             except Exception as e:      # noqa: BLE001
                 print(f"{shape}: {type(e).__name__}: {str(e)[:500]}")
+    summary(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def summary(results: dict) -> None:
+    """Last: each timed row's median time over SDPA cuDNN's (per round) for every shape."""
+    names = [n for n in results if "SDPA cuDNN" in results[n]]
+    if not names:
+        return
+    rows = list(dict.fromkeys(r for n in names for r in results[n]))
+    print("\nmedian time / SDPA cuDNN's (rows x shapes):")
+    print(f"  {'':34}" + "".join(f"{' '.join(n.split()[1:]):>26}" for n in names))
+    for r in rows:
+        cells = []
+        for n in names:
+            ts, base = results[n].get(r), results[n]["SDPA cuDNN"]
+            cells.append(f"{statistics.median(a / b for a, b in zip(ts, base)):26.3f}" if ts else f"{'-':>26}")
+        print(f"  {r:34}" + "".join(cells))
 
 
 if __name__ == "__main__":
