@@ -8,7 +8,7 @@ The D64 consumer split into one role per warp group with its own dQ partial (``s
 off in the op; with ``sum_partials`` the partials summed before one reduce-add), GPU time
 (``--gpu-time``: each call's kernels under ``torch.profiler``), about 3 minutes:
 
-    TILEWS_DEVICE_CMD='python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
+    TILEWS_DEVICE_CMD='timeout 300 python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
 
 Each shape's gradients are checked first: tilews's against cuDNN's on the same inputs (relative
 Frobenius error of dq, dk, dv), and, on a reduced shape, against a float64 reference. A variant
