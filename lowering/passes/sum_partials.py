@@ -23,8 +23,8 @@ Ensures:   each S_h (h >= 1) gets ``S`` slots and two barrier buffers of ``S`` m
            R; barrier_arrive free_h[s] after_role_barrier; C_0 += R`` (R a fragment of C_0's
            shape, ``recv``), then its own copy and atomic as before. Role h writes slot s again
            only after role 0 has read it (its wait on ``free_h[s]`` one phase later), and role 0
-           reads it only after role h wrote it. A kernel without that form: unchanged, with a
-           note where the policy asked for the sum.
+           reads it only after role h wrote it. Split roles without that form: unchanged, with a
+           note; a kernel without a ``ConsumerSplit``: unchanged.
 Preserves: program meaning: the atomic adds sum_h C_h where it added each C_h (floating-point
            order aside); locations.
 """
