@@ -38,6 +38,11 @@ class SchedulePolicy:
                                     # (overlap_store keeps them in flight together), else one per
                                     # shape, each store waited for
     split_consumers: bool = True    # split_consumers applies (measurements turn it off to compare)
+    split_partials: bool = False    # split_consumers also splits a consumer whose gemm sums over
+                                    # the rows (attention backward's dQ): each role adds its own
+                                    # partial (opt-in, untimed; TILEWS_SPLIT_PARTIALS)
+    sum_partials: bool = False      # sum_partials: those roles' partials summed in shared memory,
+                                    # one atomic add (opt-in, untimed; TILEWS_SUM_PARTIALS)
 
 
 @dataclass(frozen=True)

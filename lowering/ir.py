@@ -527,8 +527,13 @@ class WarpSpecialize(Stmt):
 
 @dataclass(frozen=True)
 class BarrierArrive(Stmt):
+    """One arrival of the role on ``barrier``. ``after_role_barrier``: the role's threads first
+    wait for each other (a barrier of the role's threads), so the arrival hands over shared memory
+    every one of them wrote or read, not only what the arriving thread did (a role's own wgmma
+    waits and TMA copies need none)."""
     barrier: BarrierRef
     loc: Loc = _loc()
+    after_role_barrier: bool = False
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ def _stmt_line(s: ir.Stmt) -> str:
     if isinstance(s, ir.BulkStoreWait):
         return f"bulk_store_wait outstanding={s.outstanding}"
     if isinstance(s, ir.BarrierArrive):
-        return f"barrier_arrive {barrier(s.barrier)}"
+        return f"barrier_arrive {barrier(s.barrier)}" + (" after_role_barrier" if s.after_role_barrier else "")
     if isinstance(s, ir.BarrierWait):
         return f"barrier_wait {barrier(s.barrier)} parity={expr(s.parity)}"
     raise TypeError(f"printer: no rule for statement {type(s).__name__}")

@@ -38,6 +38,13 @@ SWITCHES = (
     ("TILEWS_MERGE_RELEASES", "Hopper: ring slots a role releases at the same point share one "
                               "barrier, one arrival per release (merge_releases; on unless set "
                               "to an off value)"),
+    ("TILEWS_SPLIT_PARTIALS", "Hopper: split_consumers also gives each warp group of a consumer "
+                              "whose gemm sums over its rows (attention backward's dQ) its own "
+                              "role, each adding its own partial product (off unless set to an "
+                              "on value)"),
+    ("TILEWS_SUM_PARTIALS", "Hopper: with TILEWS_SPLIT_PARTIALS, the roles hand their partial "
+                            "products to the first, which adds their sum once (sum_partials; "
+                            "off unless set to an on value)"),
     ("TILEWS_OVERLAP_PROMOTION", "Hopper: issue an FP8 k-block's wgmma before the previous "
                                  "k-block's product is promoted, the products in two fragments "
                                  "by turns (overlap_promotion; on unless set to an off value)"),
@@ -110,6 +117,8 @@ class Settings:
     overlap_softmax: bool = True
     overlap_gemms: bool = True
     merge_releases: bool = True
+    split_partials: bool = False
+    sum_partials: bool = False
     overlap_promotion: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
@@ -128,6 +137,8 @@ class Settings:
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
+                   split_partials=flag("TILEWS_SPLIT_PARTIALS", environ),
+                   sum_partials=flag("TILEWS_SUM_PARTIALS", environ),
                    overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),

@@ -4,6 +4,12 @@ rounds, median times and ratios (min-max).
 
     TILEWS_DEVICE_CMD='python scripts/probe_attention_backward.py --rounds 7' bash scripts/device_run.sh
 
+The D64 consumer split into one role per warp group with its own dQ partial (``split_partials``,
+off in the op; with ``sum_partials`` the partials summed before one reduce-add), GPU time
+(``--gpu-time``: each call's kernels under ``torch.profiler``), about 3 minutes:
+
+    TILEWS_DEVICE_CMD='timeout 300 python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
+
 Each shape's gradients are checked first: tilews's against cuDNN's on the same inputs (relative
 Frobenius error of dq, dk, dv), and, on a reduced shape, against a float64 reference. A variant
 that fails to build or to agree is reported and left out of the timing. ``--json PATH`` writes
@@ -27,13 +33,20 @@ import peer_compare as pc  # noqa: E402
 SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 16, 4096, 64, False),
           (8, 16, 16, 4096, 64, True), (4, 32, 8, 4096, 128, True), (2, 16, 16, 8192, 128, True)]
 # the main kernel timed alone beside the op: at the op's blocks (``blocks``), and changed by each
-# of these ("overlap_gemms" / "merge_releases": compiled with TILEWS_OVERLAP_GEMMS /
-# TILEWS_MERGE_RELEASES=off; "dq_tile_add": None flips the op's choice; "defer_dq": the previous
-# query block's dQ added under this one's first gemms; D128 spills 224-396 B that way).
+# of these ("overlap_gemms" / "merge_releases" / "split_partials" / "sum_partials": compiled with
+# TILEWS_OVERLAP_GEMMS / TILEWS_MERGE_RELEASES=off, TILEWS_SPLIT_PARTIALS / TILEWS_SUM_PARTIALS=on,
+# each variant by a factory of its own, whose memo of calls does not hold the op's kernel;
+# "dq_tile_add": None flips the op's choice; "defer_dq": the previous query block's dQ added under
+# this one's first gemms; D128 spills 224-396 B that way; "split_partials": one role per consumer
+# warp group, each with its own 64 keys and dQ partial, reduce-added twice (D128 keeps one role:
+# its partial would not fit the registers); "sum_partials": the second role hands its partial to
+# the first through shared memory, one reduce-add of the sum).
 # Compile-only (sm_90a, D64): 128 x 128 spills 160 B and serializes its wgmmas (ptxas C7512),
 # 64 x 128 spills 96 B: not timed.
-MAIN_CHANGES = {64: [dict(merge_releases=False), dict(defer_dq=True), dict(num_stages=3),
-                     dict(defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
+SPLIT = dict(split_partials=True)
+SUMMED = dict(SPLIT, sum_partials=True)
+MAIN_CHANGES = {64: [SPLIT, SUMMED, dict(SPLIT, num_stages=3), dict(num_stages=3), dict(merge_releases=False),
+                     dict(defer_dq=True), dict(defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
                 128: [dict(merge_releases=False), dict(defer_dq=True), dict(overlap_gemms=False),
                       dict(dq_tile_add=None)]}
 # --quick: the changes timed (the op's rival schedules), by head dim
@@ -44,10 +57,16 @@ FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4
                   (8, 16, 4096, 64, True)]
 
 
-def schedule_switches(overlap_gemms: bool, merge_releases: bool):
-    """Compiles inside use TILEWS_OVERLAP_GEMMS and TILEWS_MERGE_RELEASES on/off."""
-    return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS="on" if overlap_gemms else "off",
-                           TILEWS_MERGE_RELEASES="on" if merge_releases else "off")
+def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = False,
+                      sum_partials: bool = False):
+    """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS and
+    TILEWS_SUM_PARTIALS on/off (a factory's memo of calls does not see them: compile with a
+    fresh one)."""
+    onoff = lambda flag: "on" if flag else "off"  # noqa: E731
+    return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS=onoff(overlap_gemms),
+                           TILEWS_MERGE_RELEASES=onoff(merge_releases),
+                           TILEWS_SPLIT_PARTIALS=onoff(split_partials),
+                           TILEWS_SUM_PARTIALS=onoff(sum_partials))
 
 
 def rel(a, b) -> float:
@@ -72,12 +91,13 @@ def check_small(torch, attention, D, causal, group):
     return [rel(a, b) for a, b in zip(got, want)]
 
 
-def run_shape(shape, rounds, results, quick=False):
+def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    import tilews
     import tilews.language as T
     from tilews.ops import attention
-    from tilews.ops.attention_backward import blocks, kernels
+    from tilews.ops.attention_backward import blocks, bwd_program, kernels
     from tilews.ops.attention import _forward
     B, H, KV, S, D, causal = shape
     name = f"B{B} H{H}/{KV} S{S} D{D} {'causal' if causal else 'full'}"
@@ -122,18 +142,25 @@ def run_shape(shape, rounds, results, quick=False):
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     kernels()[0](B, H, S, D, rows, dtype=T.float16)(out.detach(), do, delta, dq_acc)
     op = blocks(D, True)
+    split_mains = {}
     for change in [{}] + (QUICK_CHANGES if quick else MAIN_CHANGES).get(D, []):
         cfg = dict(op, **change)
         if "dq_tile_add" in change:
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
         on, merge = cfg.pop("overlap_gemms", True), cfg.pop("merge_releases", True)
+        split, summed = cfg.pop("split_partials", False), cfg.pop("sum_partials", False)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
             + (" dQ tile" if cfg.get("dq_tile_add") else "") \
             + (" deferred" if cfg.get("defer_dq") else "") + ("" if on else " gemms off") \
-            + ("" if merge else " unmerged")
+            + ("" if merge else " unmerged") + (" split" if split else "") + (" summed" if summed else "")
         try:
-            with schedule_switches(on, merge):
-                kern = kernels()[1](B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
+            with schedule_switches(on, merge, split, summed):
+                kern = tilews.jit()(bwd_program)(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
+            wanted = ["each adds its own partial"] * split + ["sum_partials: T.ws(2) hand"] * summed
+            if not all(any(w in n for n in kern.report.notes) for w in wanted):
+                print(f"{label}: not built as asked: "
+                      f"{[n for n in kern.report.notes if n.startswith(('split_consumers', 'sum_partials'))]}")
+                continue
             args = (q.detach(), k.detach(), v.detach(), do, lse, delta, dq_acc, dk, dv)
             dq_acc.zero_()
             kern(*args)
@@ -145,8 +172,17 @@ def run_shape(shape, rounds, results, quick=False):
                 continue
             impls[label] = lambda kern=kern, args=args: kern(*args)
             print(f"{label}: {kern.kernels[0].report.backend if hasattr(kern, 'kernels') else ''}")
+            if split and "num_stages" not in change:
+                split_mains[f"tilews split{' summed' if summed else ''} (3 kernels)"] = kern
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
+
+    if split_mains:
+        # the whole backward as the op would run it with each split main kernel, beside the op's
+        mains = {"tilews (3 kernels)": kernels()[1](B, H, KV, S, D, causal, rows, dtype=T.float16, **op),
+                 **split_mains}
+        three_kernels(torch, T, kernels(), mains, (B, H, S, D, rows),
+                      (q.detach(), k.detach(), v.detach(), do, out.detach(), lse), grads["tilews"], impls)
 
     # the preprocess and postprocess alone (--quick too: with the main kernel they account for
     # the op's time), at the op's blocks (64 x 128 threads) and, not --quick, larger ones, beside
@@ -163,7 +199,34 @@ def run_shape(shape, rounds, results, quick=False):
             print(f"pre/post {block}x{threads}: {type(e).__name__}: {str(e)[:300]}")
     impls["dQ acc memset"] = dq_acc.zero_
 
-    _time(torch, name, impls, rounds, flops, results)
+    _time(torch, name, impls, rounds, flops, results, timer)
+
+
+def three_kernels(torch, T, factories, mains, sizes, tensors, want, impls):
+    """The op's three kernels called directly (no autograd), with each of ``mains`` (label ->
+    main kernel) in the middle: each one's dq, dk, dv checked against the op's (``want``), then
+    added to ``impls`` under its label (the op's own main first: the row to compare with);
+    ``factories``: the op's (preprocess, main, postprocess)."""
+    B, H, S, D, rows = sizes
+    q, k, v, do, out, lse = tensors
+    pre, _, post = factories
+    pre, post = pre(B, H, S, D, rows, dtype=T.float16), post(B, H, S, D, rows, dtype=T.float16)
+    delta = torch.empty(lse.shape, device="cuda")
+    dq_acc = torch.empty((B, H, rows, D), device="cuda")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for label, main in mains.items():
+        def run(main=main):
+            pre(out, do, delta, dq_acc)
+            main(q, k, v, do, lse, delta, dq_acc, dk, dv)
+            post(dq_acc, dq)
+        for t in (dq, dk, dv):
+            t.fill_(float("nan"))
+        run()
+        errs = [rel(a, b) for a, b in zip((dq, dk, dv), want)]
+        if max(errs) > 1e-2:
+            print(f"{label}: disagrees with the op (dq, dk, dv {['%.1e' % e for e in errs]}): not timed")
+            continue
+        impls[label] = run
 
 
 def run_forward(shape, rounds, results):
@@ -196,20 +259,40 @@ def run_forward(shape, rounds, results):
     _time(torch, name, impls, rounds, flops, results)
 
 
-def _time(torch, name, impls, rounds, flops, results):
-    """Interleaved rounds of every implementation; median times and ratios to cuDNN's."""
+def _time(torch, name, impls, rounds, flops, results, timer=pc.launches_ms):
+    """Interleaved rounds of every implementation; median times and ratios to cuDNN's. ``timer``:
+    ``pc.launches_ms`` (from the launches: the host's latency to the first kernel counts) or
+    ``gpu_time`` (the kernels' GPU time, ``torch.profiler``)."""
     times = {lb: [] for lb in impls}
     for _ in range(rounds):
         for lb, fn in impls.items():
-            times[lb].append(pc.launches_ms(fn))
+            times[lb].append(timer(fn))
     base = "SDPA cuDNN" if "SDPA cuDNN" in times else next(iter(times))
-    print(f"{name}: {torch.cuda.get_device_name()}, {rounds} rounds; ratio = time / {base}'s")
+    how = "kernels' GPU time" if timer is gpu_time else "from launches"
+    print(f"{name}: {torch.cuda.get_device_name()}, {rounds} rounds ({how}); ratio = time / {base}'s")
     for lb, ts in times.items():
         rs = [a / b for a, b in zip(ts, times[base])]
         med = statistics.median(ts)
         print(f"  {lb:28} {med:8.3f} ms {flops / med / 1e9:7.1f} TFLOP/s  "
               f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})", flush=True)
     results[name] = times
+
+
+def gpu_time(fn, calls: int = 10) -> float:
+    """``fn``'s GPU time (ms per call): its kernels' time under ``torch.profiler`` (CUDA activity,
+    ``calls`` calls after two warm-up ones), without the host's launch latency or the gaps
+    between kernels (``profile_backward_op.py`` reads the same counters)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()
+               if e.device_type.name == "CUDA") / calls / 1000
 
 
 def main():
@@ -220,6 +303,8 @@ def main():
                         help="the op, its main kernel at the op's blocks and QUICK_CHANGES, its "
                              "preprocess and postprocess at the op's blocks")
     parser.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
+    parser.add_argument("--gpu-time", action="store_true",
+                        help="each call's kernels' GPU time (torch.profiler; else timed from its launches)")
     parser.add_argument("--forward", type=int, nargs="*", default=[],
                         help="indices into FORWARD_SHAPES: the forward with overlap_gemms on and off")
     args = parser.parse_args()
@@ -232,11 +317,29 @@ def main():
     for i, shape in enumerate(SHAPES):
         if args.only is None or i in args.only:
             try:
-                run_shape(shape, args.rounds, results, args.quick)
+                run_shape(shape, args.rounds, results, args.quick,
+                          gpu_time if args.gpu_time else pc.launches_ms)
             except Exception as e:      # noqa: BLE001
                 print(f"{shape}: {type(e).__name__}: {str(e)[:500]}")
+    summary(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def summary(results: dict) -> None:
+    """Last: each timed row's median time over SDPA cuDNN's (per round) for every shape."""
+    names = [n for n in results if "SDPA cuDNN" in results[n]]
+    if not names:
+        return
+    rows = list(dict.fromkeys(r for n in names for r in results[n]))
+    print("\nmedian time / SDPA cuDNN's (rows x shapes):")
+    print(f"  {'':34}" + "".join(f"{' '.join(n.split()[1:]):>26}" for n in names))
+    for r in rows:
+        cells = []
+        for n in names:
+            ts, base = results[n].get(r), results[n]["SDPA cuDNN"]
+            cells.append(f"{statistics.median(a / b for a, b in zip(ts, base)):26.3f}" if ts else f"{'-':>26}")
+        print(f"  {r:34}" + "".join(cells))
 
 
 if __name__ == "__main__":

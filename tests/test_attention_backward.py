@@ -5,7 +5,9 @@ the op records a backward only where an operand requires grad, and its gradients
 on what the outputs held before (poisoned buffers are the op's own: every call allocates). The
 main kernel with ``defer_dq`` (each query block's dQ added during the next) gives the same
 gradients, and refuses varlen. Compile-only (Hopper): the causal main kernel's loop divides by
-no run-time value; the deferred dQ's copy keeps the wgmmas in flight (no C7517)."""
+no run-time value; the deferred dQ's copy keeps the wgmmas in flight (no C7517). With
+``split_partials`` the Hopper-lowered main kernel (one role per consumer warp group, each with
+its own dQ partial) gives the float64 gradients on the interpreter; off, or at D128, one role."""
 from __future__ import annotations
 
 import pytest
@@ -165,3 +167,90 @@ def test_deferred_dq_refuses_varlen():
     from tilews.ops.attention_backward import backward_block
     with pytest.raises(ValueError, match="defer_dq"):
         backward_block(64, 1, False, 64, 32, 2, "varlen", T.float16, defer_dq=True)
+
+
+def _lowered_main(D, causal, group, split_partials, S=256, sum_partials=False, **change):
+    """The main kernel at the op's GPU blocks, lowered for Hopper (``split_partials`` and
+    ``sum_partials`` on or off), and its arguments (the preprocess run as the op runs it; dQ's
+    accumulator zeroed there)."""
+    import tilews.language as T
+    from tilews.lowering.frontend import build_kernel
+    from tilews.lowering.pipeline import lower
+    from tilews.ops.attention_backward import blocks, bwd_program, kernels
+    from tilews.triton_ext.gluon.backend import HOPPER
+    B, H = 1, 2 * group
+    q, do = (randn(B, H, S, D, dtype=torch.float16, seed=s) for s in (1, 4))
+    k, v = (randn(B, H // group, S, D, dtype=torch.float16, seed=s) for s in (2, 3))
+    o, lse = torch.ops.tilews.attention(q, k, v, causal, "bhsd")
+    rows = lse.shape[-1]
+    delta, dq_acc = torch.empty_like(lse), torch.full((B, H, rows, D), float("nan"))
+    kernels("interpret")[0](B, H, S, D, rows, dtype=T.float16)(o, do, delta, dq_acc)
+    program = bwd_program(B, H, H // group, S, D, causal, rows, dtype=T.float16,
+                          **dict(blocks(D, True), **change))
+    lowered = lower(build_kernel(program), HOPPER.replace(num_sms=2, split_partials=split_partials,
+                                                          sum_partials=sum_partials))
+    dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
+    return lowered, [q, k, v, do, lse, delta, dq_acc, dk, dv], _reference(q, k, v, do, causal, "bhsd")
+
+
+@pytest.mark.parametrize("summed", [False, True])
+@pytest.mark.parametrize("causal, group", [(False, 1), (True, 2)])
+def test_split_partials_give_the_float64_gradients(causal, group, summed):
+    """``split_partials`` (Hopper, D64): each consumer warp group is its own role over its 64 of
+    the block's 128 keys, with its own dS^T rows and its own dQ partial (64 queries x D over its
+    keys), each reduce-added into dQ's accumulator, or (``sum_partials``) the second role's
+    handed to the first through a 2-slot shared ring and the sum added once; the lowered program
+    on the interpreter (its race checks on) gives the float64 gradients (GQA's query heads in
+    turn, causal's diagonal blocks)."""
+    from tilews.lowering import interpreter
+    from tilews.lowering.plans import ConsumerSplit
+    lowered, args, want = _lowered_main(64, causal, group, True, sum_partials=summed)
+    assert lowered.find_plan(ConsumerSplit) is not None, lowered.notes
+    assert any("each adds its own partial dq" in n for n in lowered.notes), lowered.notes
+    assert any("sum_partials: T.ws(2) hand their partials (dq_1)" in n for n in lowered.notes) == summed
+    interpreter.run(lowered, args, seed=1)
+    S = args[0].shape[2]
+    for name, got, w in zip("qkv", (args[6][:, :, :S], args[7], args[8]), want):
+        assert _rel(got, w) < 2e-3, name
+
+
+def test_split_partials_stay_off_unless_asked_and_refuse_what_would_spill():
+    """Off (the op's default) the backward's consumer stays one role; on, D128's accumulators
+    with a whole dQ partial per role (256 registers per thread) keep it one role, said why."""
+    from tilews.lowering.plans import ConsumerSplit
+    off, _, _ = _lowered_main(64, False, 1, False, S=128)
+    assert off.find_plan(ConsumerSplit) is None
+    assert any("the atomic at line" in n for n in off.notes), off.notes
+    d128, _, _ = _lowered_main(128, False, 1, True, S=128)
+    assert d128.find_plan(ConsumerSplit) is None
+    assert any("would take 256 registers per thread" in n for n in d128.notes), d128.notes
+
+
+@pytest.mark.parametrize("summed", [False, True])
+def test_split_partials_compile_without_spills_on_hopper(summed):
+    """Compile-only (sm_90a, D64, B8 H16 S4096): the split roles (one of 256 registers, one of
+    232) do not spill; summed, the hand-over's arrivals each follow a barrier of the role's
+    warps (every warp's stores or loads of the partial's slot before the one arriving thread)."""
+    import re
+
+    import tilews.language as T
+    from tilews.lowering.frontend import build_kernel
+    from tilews.lowering.pipeline import lower
+    from tilews.ops.attention_backward import blocks, bwd_program
+    from tilews.triton_ext.gluon import emit
+    from tilews.triton_ext.gluon.backend import HOPPER
+    from tilews.triton_ext.toolchain import ptxas_report
+
+    from .helpers import gluon_program
+
+    program = bwd_program(8, 16, 16, 4096, 64, False, 4096, dtype=T.float16, **blocks(64, True))
+    lowered = lower(build_kernel(program), HOPPER.replace(num_sms=132, split_partials=True,
+                                                          sum_partials=summed))
+    source = emit(lowered)
+    assert "gl.warp_specialize([(main_ws1, args), (main_ws0, main_ws0_args), (main_ws2, " in source
+    handed = re.findall(r"\n( *)(.*)\n\1mbarrier\.arrive\(dq_s_1_(?:full|free)\.", source)
+    assert [line for _, line in handed] == (["gl.thread_barrier()"] * 2 if summed else [])
+    report = ptxas_report(gluon_program(lowered).asm["ptx"])
+    if report is None:
+        pytest.skip("this Triton bundles no ptxas")
+    assert "0 bytes spill stores" in report and "C75" not in report, report

@@ -33,8 +33,19 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            rows per role, ``<name>_h``, which role h uses whole, and another role's copy from
            global memory into the buffer becomes one copy per part, in row order, on the same
            barrier. A ``ConsumerSplit`` plan names the roles. A consumer with a block-level
-           atomic (one add per block) stays one role. Barrier arrivals are counted in
-           threads, so the roles together arrive as the one did. Anything else is unchanged, with a note.
+           atomic (one add per block) stays one role, except under
+           ``config.policy.split_partials``: a gemm summing over the rows (``transpose_a``, A a
+           row-split shared tile, B's rows the row-split rows of a shared tile, its accumulator
+           C cleared by it and of other than BM rows) becomes one partial product per role over
+           its own rows (role h's ``C_h``, C's whole shape), which may only be copied whole
+           into a shared staging tile that only block-level atomic adds into global read (role
+           h's own copy ``<staging>_h``, whole): each role adds its partial, so the sum is
+           added as before (twice the atomic traffic for two roles); and a 1-d fragment of
+           other than BM elements, filled only whole from a shared vector and read only
+           inside ``T.Parallel`` (a row vector over the tile's columns: attention backward's
+           LSE / Delta), is each role's own whole copy read from the whole vector. Barrier
+           arrivals are counted in threads, so the roles together arrive as the one did.
+           Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
 """
 from __future__ import annotations
@@ -48,6 +59,12 @@ from ..config import BackendConfig
 from ..traverse import buffers_read, buffers_written, element_accesses, touched, transform, walk
 
 
+# split_partials: a role's gemm accumulators, its partials whole, in at most this many registers
+# per thread (a worker role holding gemms has 232: the rest for operands, addresses and fragment
+# math); attention's backward takes 160 at D64, 256 at D128 (which would spill)
+ACCUMULATOR_REGS = 168
+
+
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     plan = kernel.find_plan(PipelinePlan)
     if not config.policy.split_consumers or plan is None:
@@ -58,7 +75,8 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if consumer is None:
         return kernel
     parts = len(consumer.warpgroups)
-    rows, why = _rows(kernel, consumer, parts)
+    partials = config.policy.split_partials
+    rows, why = _rows(kernel, consumer, parts, partials)
     if rows is None:
         return kernel.with_note(f"split_consumers: the consumer keeps its {parts} warp groups in one "
                                 f"role: {why}")
@@ -67,23 +85,28 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     used = touched(consumer.body)
     owned = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc)       # in allocation
              and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and s.buffer in used]  # order
-    shared = _row_shared(consumer)
+    shared = _row_shared(consumer, rows)
+    whole = _whole(consumer, rows) if partials else set()       # each role's own, whole
     # a shared tile of rows no power of two (Triton allocates none) becomes one tile per role
     own = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc) and s.buffer in shared
            and not ir.is_power_of_two(rows)]
+    staging = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc) and s.buffer in whole
+               and s.buffer.scope is ir.Scope.SHARED]
     split, allocs, parts_of = [], [], {b: [] for b in own}
     share = rows // parts
     for h in range(parts):
-        renamed = {b: _rows_renamed(b, h, share, shared[b] if b.scope is ir.Scope.SHARED else 0)
-                   for b in owned + own}
+        renamed = {b: _rows_renamed(b, h, share if b not in whole else None,
+                                    shared[b] if b.scope is ir.Scope.SHARED and b in shared else 0)
+                   for b in owned + own + staging}
         allocs += [ir.Alloc(b, b.loc) for b in renamed.values()]
         for b in own:
             parts_of[b].append((renamed[b], shared[b]))
-        body = _part(consumer.body, h * share, share, renamed, shared)
+        body = _part(consumer.body, h * share, share, renamed, shared,
+                     whole | {renamed[b] for b in whole if b in renamed})
         split.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body))
     top = []
     for s in kernel.body.stmts:
-        if isinstance(s, ir.Alloc) and (s.buffer in owned or s.buffer in own):
+        if isinstance(s, ir.Alloc) and (s.buffer in owned or s.buffer in own or s.buffer in staging):
             continue
         if isinstance(s, ir.WarpSpecialize):
             roles = tuple(r for c in s.roles for r in (
@@ -93,18 +116,20 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     allocs_end = max(k for k, s in enumerate(top) if isinstance(s, ir.Alloc)) + 1
     body = ir.Seq(tuple(top[:allocs_end] + allocs + top[allocs_end:]), kernel.body.loc)
     names = [f"ws({h + 1})" for h in range(parts)]
+    sums = sorted(b.name for b in whole if b.scope is ir.Scope.FRAGMENT and len(b.shape) > 1)
     return dataclasses.replace(kernel, body=body).with_plan(
         ConsumerSplit(tuple(r.warpgroups for r in split))).with_note(
         f"split_consumers: the consumer's {rows} rows are split between roles "
         f"{', '.join(names[:-1])} and {names[-1]}, {share} each, so one warp group's fragment math "
-        f"runs under another's gemms")
+        f"runs under another's gemms" + (f"; each adds its own partial {', '.join(sums)} over its "
+                                         f"rows" if sums else ""))
 
 
-def _rows_renamed(b: ir.Buffer, h: int, rows: int, dim: int) -> ir.Buffer:
-    """Role h's own copy of ``b``: ``<name>_h``, ``rows`` rows in ``dim`` (scalar locals keep
-    their shape)."""
+def _rows_renamed(b: ir.Buffer, h: int, rows: Optional[int], dim: int) -> ir.Buffer:
+    """Role h's own copy of ``b``: ``<name>_h``, ``rows`` rows in ``dim`` (scalar locals, and
+    with ``rows`` None a whole copy, keep their shape)."""
     shape = b.shape
-    if b.scope is not ir.Scope.LOCAL:
+    if b.scope is not ir.Scope.LOCAL and rows is not None:
         shape = shape[:dim] + (ir.Const(rows, ir.DType.I32, b.loc),) + shape[dim + 1:]
     return dataclasses.replace(b, name=f"{b.name}_{h}", shape=shape)
 
@@ -140,25 +165,90 @@ def _global_rows(s: ir.Copy, offset: int, rows: int) -> ir.Copy:
     return dataclasses.replace(s, dst=g2) if g is s.dst else dataclasses.replace(s, src=g2)
 
 
-def _row_shared(role: ir.Role) -> dict[ir.Buffer, int]:
-    """Shared buffers the role reads as gemm A operands or writes from fragments (rows: dim 0 of
-    a tile or of a vector, dim 1 of a ring of them, whose dim 0 is the slot), and shared vectors
-    it reads into 1-d fragments (rows: the last dim), each with the dim of its rows."""
+def _row_shared(role: ir.Role, rows: Optional[int] = None) -> dict[ir.Buffer, int]:
+    """Shared buffers the role reads as gemm A operands or writes from fragments of ``rows``
+    rows (rows: dim 0 of a tile or of a vector, dim 1 of a ring of them, whose dim 0 is the
+    slot), and shared vectors it reads into 1-d fragments of ``rows`` elements (rows: the last
+    dim), each with the dim of its rows (``rows`` None: fragments of any size)."""
     out = {}
+    ours = lambda b: rows is None or ir.as_int(b.shape[0]) == rows  # noqa: E731
     for s in walk(role.body):
         if isinstance(s, ir.Gemm) and s.a.buffer.scope is ir.Scope.SHARED:
             out[s.a.buffer] = len(s.a.buffer.shape) - 2
         if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.FRAGMENT \
-                and s.dst.buffer.scope is ir.Scope.SHARED:     # a tile, or a vector (lse)
+                and s.dst.buffer.scope is ir.Scope.SHARED and ours(s.src.buffer):  # a tile, or lse
             out[s.dst.buffer] = len(s.dst.buffer.shape) - len(s.src.buffer.shape)
         if isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.SHARED \
-                and s.dst.buffer.scope is ir.Scope.FRAGMENT and len(s.dst.buffer.shape) == 1:
+                and s.dst.buffer.scope is ir.Scope.FRAGMENT and len(s.dst.buffer.shape) == 1 \
+                and ours(s.dst.buffer):
             out[s.src.buffer] = len(s.src.buffer.shape) - 1
     return out
 
 
-def _rows(kernel: ir.Kernel, role: ir.Role, parts: int) -> tuple[Optional[int], str]:
-    """BM, or None and why the role cannot be split in ``parts``."""
+def _row_sum(s: ir.Stmt, shared: dict, rows: int) -> bool:
+    """Whether ``s`` is a gemm summing over the row-split rows: ``C = A^T B`` with A's rows
+    and B's rows (each's dim -2) the row-split rows of shared tiles, C cleared by it and not of
+    ``rows`` rows (a whole partial per role)."""
+    return (isinstance(s, ir.Gemm) and s.transpose_a and not s.transpose_b and s.clear_accum
+            and ir.as_int(s.c.buffer.shape[0]) != rows
+            and s.a.buffer in shared and s.b.buffer in shared
+            and shared[s.a.buffer] == len(s.a.buffer.shape) - 2
+            and shared[s.b.buffer] == len(s.b.buffer.shape) - 2)
+
+
+def _whole(role: ir.Role, rows: int) -> set:
+    """The buffers each role keeps whole under ``split_partials`` (``_rows`` has checked their
+    uses): fragments of other than ``rows`` rows in dim 0 (row-sum partials, row vectors over
+    the columns) and the shared staging tiles the partials are copied into."""
+    frags = {b for s in walk(role.body) for b in buffers_read(s) + buffers_written(s)
+             if b.scope is ir.Scope.FRAGMENT and ir.as_int(b.shape[0]) != rows}
+    frags |= {b for s in walk(role.body) if isinstance(s, ir.Parallel) for t in walk(s.body)
+              for b, _ in element_accesses(t) if b.scope is ir.Scope.FRAGMENT
+              and ir.as_int(b.shape[0]) != rows}
+    return frags | {s.dst.buffer for s in walk(role.body) if isinstance(s, ir.Copy)
+                    and s.src.buffer in frags and s.dst.buffer.scope is ir.Scope.SHARED}
+
+
+def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict) -> Optional[str]:
+    """Why the role's fragments of other than ``rows`` rows cannot each be the roles' own
+    whole copies (``_whole``), or None."""
+    whole = _whole(role, rows)
+    sums = {s.c.buffer for s in walk(role.body) if _row_sum(s, shared, rows)}
+    accumulators = {s.c.buffer for s in walk(role.body) if isinstance(s, ir.Gemm)}
+    regs = sum(ir.as_int(b.shape[0]) // (1 if b in whole else parts) * ir.as_int(b.shape[1])
+               for b in accumulators) // 128
+    if sums and regs > ACCUMULATOR_REGS:
+        return (f"each role's gemm accumulators, its partial {sorted(b.name for b in sums)[0]} "
+                f"whole, would take {regs} registers per thread (at most {ACCUMULATOR_REGS})")
+    for s in walk(role.body, opaque=(ir.Parallel,)):
+        mine = {b for t in walk(s.body) for b, _ in element_accesses(t)} if isinstance(s, ir.Parallel) \
+            else set(buffers_read(s) + buffers_written(s))
+        mine &= whole
+        if not mine:
+            continue
+        if _row_sum(s, shared, rows):
+            continue
+        if isinstance(s, ir.Copy) and s.src.buffer in sums and s.dst.buffer in whole \
+                and s.src.is_whole and s.dst.is_whole:
+            continue            # a partial staged whole
+        if isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region) and s.value.buffer in whole \
+                and s.value.buffer.scope is ir.Scope.SHARED and s.dst.buffer.scope is ir.Scope.GLOBAL:
+            continue            # a staged partial added
+        if isinstance(s, ir.Copy) and s.dst.buffer in whole and s.dst.buffer not in sums \
+                and len(s.dst.buffer.shape) == 1 and s.src.buffer.scope is ir.Scope.SHARED \
+                and s.dst.is_whole:
+            continue            # a row vector over the columns, read whole
+        if isinstance(s, ir.Parallel) and not (mine & sums) and not any(
+                b in whole for t in walk(s.body) for b in buffers_written(t)):
+            continue            # read in fragment math
+        return (f"line {s.loc.line} uses '{sorted(b.name for b in mine)[0]}', which has no "
+                f"{rows} rows, other than as a row-sum partial or a row vector")
+    return None
+
+
+def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool) -> tuple[Optional[int], str]:
+    """BM, or None and why the role cannot be split in ``parts`` (``partials``: row-sum gemms
+    and row vectors over the columns allowed, ``split_partials``)."""
     gemms = [s for s in walk(role.body) if isinstance(s, ir.Gemm)]
     if not gemms:
         return None, "it computes no gemm"
@@ -169,15 +259,23 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int) -> tuple[Optional[int], 
     rows = gemms[0].c.tile_shape[0]
     if rows % (64 * parts):
         return None, f"its {rows}-row tile does not split into {parts} parts of a multiple of 64 rows"
-    shared = _row_shared(role)
+    shared = _row_shared(role, rows if partials else None)
+    whole = set()
+    if partials:
+        why = _partials_refused(role, rows, parts, shared)
+        if why:
+            return None, why
+        whole = _whole(role, rows)
     for s in walk(role.body, opaque=(ir.Parallel,)):
-        if isinstance(s, ir.AtomicAdd):
+        if isinstance(s, ir.AtomicAdd) and not (isinstance(s.value, ir.Region) and s.value.buffer in whole):
             return None, f"the atomic at line {s.loc.line} is one per block; {parts} roles would each add"
     for s in walk(role.body):
-        if isinstance(s, ir.Gemm):
+        if isinstance(s, ir.Gemm) and not (partials and _row_sum(s, shared, rows)):
             if s.transpose_a or s.b.buffer in shared:
                 return None, f"the gemm at line {s.loc.line} reads a row-split buffer as B or transposed"
         for b in buffers_read(s) + buffers_written(s):
+            if b in whole:
+                continue
             if b.scope is ir.Scope.FRAGMENT and ir.as_int(b.shape[0]) != rows:
                 return None, f"fragment '{b.name}' does not have {rows} rows in dim 0"
             if b in shared and ir.as_int(b.shape[shared[b]]) != rows:
@@ -192,7 +290,7 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int) -> tuple[Optional[int], 
         if isinstance(s, ir.Parallel):
             for t in walk(s.body):
                 for b, idx in element_accesses(t):
-                    if b.scope is ir.Scope.FRAGMENT and (not idx or idx[0] != s.vars[0]):
+                    if b.scope is ir.Scope.FRAGMENT and b not in whole and (not idx or idx[0] != s.vars[0]):
                         return None, (f"the T.Parallel at line {s.loc.line} indexes a fragment's "
                                       f"rows with something other than its first variable")
                     if b in shared and (shared[b] or idx[0] != s.vars[0]):
@@ -215,10 +313,10 @@ def _all_rows(r: ir.Region, dim: int) -> bool:
                           and r.extents[1:] == r.buffer.static_shape[1:])
 
 
-def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict) -> ir.Seq:
+def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict, whole: set) -> ir.Seq:
     """The role's body restricted to rows [offset, offset + size): of its fragments and of the
     row-split shared buffers ``shared`` (each with the dim of its rows), or all rows of its own
-    copies (``renamed``) of them."""
+    copies (``renamed``) of them; the buffers of ``whole`` (and their copies) stay whole."""
     c = lambda v, loc: ir.Const(v, ir.DType.I32, loc)  # noqa: E731
     mine = {v: shared[b] for b, v in renamed.items() if b in shared}
     row_dims = {**shared, **mine}          # every row-split buffer (shared or a role's own)
@@ -244,14 +342,14 @@ def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict) -> 
             return renamed.get(n)
         if isinstance(n, ir.Parallel):
             return shift_parallel(n)
-        if isinstance(n, ir.Region) and n.buffer.scope is ir.Scope.FRAGMENT:
+        if isinstance(n, ir.Region) and n.buffer.scope is ir.Scope.FRAGMENT and n.buffer not in whole:
             return dataclasses.replace(n, extents=(size,) + tuple(n.extents[1:]))
         if isinstance(n, ir.Region) and n.buffer in row_dims:
             d, first = row_dims[n.buffer], 0 if n.buffer in mine else offset
             return dataclasses.replace(n, starts=n.starts[:d] + (c(first, n.loc),) + n.starts[d + 1:],
                                        extents=n.extents[:d] + (size,) + n.extents[d + 1:])
-        if isinstance(n, ir.Copy) and (n.src.buffer in row_dims or n.src.buffer.scope is ir.Scope.FRAGMENT) \
-                and n.dst.buffer.scope is ir.Scope.GLOBAL:     # a tile stored staged or from registers
+        if isinstance(n, ir.Copy) and n.src.buffer not in whole and n.dst.buffer.scope is ir.Scope.GLOBAL \
+                and (n.src.buffer in row_dims or n.src.buffer.scope is ir.Scope.FRAGMENT):  # stored tile
             return _global_rows(n, offset, size)
         return None
     return transform(body, fn)

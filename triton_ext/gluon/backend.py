@@ -20,7 +20,8 @@ from tilews.lowering.passes import (check_barriers, coarsen_handshakes, infer_la
                                     overlap_gemms, overlap_mma, overlap_promotion, overlap_softmax,
                                     overlap_store, panel_grid, persist, pingpong, plan_buffers,
                                     plan_pipeline, registerize, ring_handshakes, runtime_clear, split_consumers,
-                                    split_extents, swizzle_grid, uniform_selects, warp_specialize)
+                                    split_extents, sum_partials, swizzle_grid, uniform_selects,
+                                    warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
 from tilews.lowering.plans import AsyncRefusal
 
@@ -50,11 +51,13 @@ PIPELINE = Pipeline((
     # An explicit program's one-slot handshake steps through K in 128-byte rows, then becomes a
     # ring, before its roles are split (both rewrite the loop the roles share, and the ring's
     # buffers are what the later passes plan);
-    # then one consumer role per warp group where their rows are independent.
+    # then one consumer role per warp group where their rows are independent (or, opted in, each
+    # with its own partial of a gemm over the rows, which the roles then sum before one add).
     # Shared buffers left as one role's scratch then become register tiles.
     Phase("specialize", (Pass.of(persist), Pass.of(longest_first), Pass.of(plan_pipeline),
                          Pass.of(coarsen_handshakes), Pass.of(ring_handshakes),
-                         Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(registerize))),
+                         Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(sum_partials),
+                         Pass.of(registerize))),
     # Rings and roles are final: place shared buffers and check the budget, then layouts.
     Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
     # The copy mechanisms, then Hopper's choices (TMA, wgmma, register budgets) or the reason to

@@ -283,8 +283,10 @@ def _barrier_arrive(ctx: Ctx, s: ir.BarrierArrive) -> None:
     """One thread arrives. In a role of several warp groups the arrival first waits for all of
     the role's threads: each warp group waits for its own wgmmas, so one group's wait says
     nothing of another's still reading the slot the arrival hands back (Triton places a barrier
-    of the role's warps before an arrival only where its shared-memory analysis wants one)."""
-    if len(ctx.role) > 1:
+    of the role's warps before an arrival only where its shared-memory analysis wants one); so
+    does an arrival ``after_role_barrier`` (it hands over what all of the role's threads stored
+    to or read from shared memory)."""
+    if len(ctx.role) > 1 or s.after_role_barrier:
         ctx.line("gl.thread_barrier()")
     ctx.line(f"mbarrier.arrive({_bar(ctx, s.barrier)}, count=1)")
 
