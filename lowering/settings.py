@@ -40,8 +40,8 @@ SWITCHES = (
                               "to an off value)"),
     ("TILEWS_SPLIT_PARTIALS", "Hopper: split_consumers also gives each warp group of a consumer "
                               "whose gemm sums over its rows (attention backward's dQ) its own "
-                              "role, each adding its own partial product (off unless set to an "
-                              "on value)"),
+                              "role, each adding its own partial product (on unless set to an "
+                              "off value)"),
     ("TILEWS_SUM_PARTIALS", "Hopper: with TILEWS_SPLIT_PARTIALS, the roles hand their partial "
                             "products to the first, which adds their sum once (sum_partials; "
                             "off unless set to an on value)"),
@@ -117,7 +117,7 @@ class Settings:
     overlap_softmax: bool = True
     overlap_gemms: bool = True
     merge_releases: bool = True
-    split_partials: bool = False
+    split_partials: bool = True
     sum_partials: bool = False
     overlap_promotion: bool = True
     tune: bool = False
@@ -137,7 +137,7 @@ class Settings:
                    overlap_softmax=flag("TILEWS_OVERLAP_SOFTMAX", environ, default=True),
                    overlap_gemms=flag("TILEWS_OVERLAP_GEMMS", environ, default=True),
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
-                   split_partials=flag("TILEWS_SPLIT_PARTIALS", environ),
+                   split_partials=flag("TILEWS_SPLIT_PARTIALS", environ, default=True),
                    sum_partials=flag("TILEWS_SUM_PARTIALS", environ),
                    overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),

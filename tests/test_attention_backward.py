@@ -6,8 +6,9 @@ on what the outputs held before (poisoned buffers are the op's own: every call a
 main kernel with ``defer_dq`` (each query block's dQ added during the next) gives the same
 gradients, and refuses varlen. Compile-only (Hopper): the causal main kernel's loop divides by
 no run-time value; the deferred dQ's copy keeps the wgmmas in flight (no C7517). With
-``split_partials`` the Hopper-lowered main kernel (one role per consumer warp group, each with
-its own dQ partial) gives the float64 gradients on the interpreter; off, or at D128, one role."""
+``split_partials`` (the default) the Hopper-lowered main kernel (one role per consumer warp group,
+each with its own dQ partial) gives the float64 gradients on the interpreter; off, or at D128,
+one role."""
 from __future__ import annotations
 
 import pytest
@@ -214,9 +215,13 @@ def test_split_partials_give_the_float64_gradients(causal, group, summed):
         assert _rel(got, w) < 2e-3, name
 
 
-def test_split_partials_stay_off_unless_asked_and_refuse_what_would_spill():
-    """Off (the op's default) the backward's consumer stays one role; on, D128's accumulators
-    with a whole dQ partial per role (256 registers per thread) keep it one role, said why."""
+def test_split_partials_off_keep_one_role_and_refuse_what_would_spill():
+    """Off (``TILEWS_SPLIT_PARTIALS=off``) the backward's consumer stays one role; on (the
+    default), D128's accumulators with a whole dQ partial per role (256 registers per thread)
+    keep it one role, said why."""
+    from tilews.lowering.config import SchedulePolicy
+    from tilews.lowering.settings import Settings
+    assert SchedulePolicy().split_partials and Settings().split_partials     # on by default
     from tilews.lowering.plans import ConsumerSplit
     off, _, _ = _lowered_main(64, False, 1, False, S=128)
     assert off.find_plan(ConsumerSplit) is None

@@ -26,9 +26,9 @@ a mask for them, and their dQ rows are never read back. Every program takes BHSD
 
 On Hopper the main kernel is warp-specialized by the compiler: a TMA producer fills a ring of
 Q / dO / LSE / Delta slots, one merged consumer role of two warp groups splits the K/V block's
-rows (dK, dV and the S^T / dP^T tiles), and the dQ product splits its columns. With the policy
-``split_partials`` (``TILEWS_SPLIT_PARTIALS``, off; untimed) each warp group is a role of its
-own over its 64 keys, with its own dQ partial reduce-added (D64; D128's would not fit).
+rows (dK, dV and the S^T / dP^T tiles), and the dQ product splits its columns; at D64 (policy
+``split_partials``, ``TILEWS_SPLIT_PARTIALS``, on) each warp group is a role of its own over its
+64 keys, with its own dQ partial reduce-added (D128's would not fit: one merged role there).
 """
 from __future__ import annotations
 
