@@ -8,6 +8,11 @@
   the interpreter under several role schedules.
 * With the policy off (``TILEWS_MERGE_RELEASES=off``) the two arrivals stay; the forward's K and
   V releases, at different points, are never merged.
+* D64's consumer split in one role per warp group (``split_partials``, the default): each role
+  releases the merged slots by its one arrival.
+
+The merged-role tests lower with ``split_partials`` off (``MERGED``): the one consumer role of two
+warp groups that D128 (and ``TILEWS_SPLIT_PARTIALS=off``) keep.
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ from ..helpers import gluon_program, innermost_loops
 from .test_overlap_gemms import backward_matches_float64
 
 
+MERGED = HOPPER.replace(split_partials=False)
+
+
 def _backward(dim=64, seq=256, **change):
     return build_kernel(bwd_program(1, 2, 2, seq, dim, False, seq, dtype=T.float16,
                                     **dict(blocks(dim, True), **change)))
@@ -43,7 +51,7 @@ def _barrier_ops(kernel: ir.Kernel) -> dict:
 
 
 def test_backward_releases_q_and_do_slots_by_one_arrival():
-    kernel = lower(_backward(), HOPPER.replace(num_sms=132))
+    kernel = lower(_backward(), MERGED.replace(num_sms=132))
     ops = _barrier_ops(kernel)
     consumer = ops[(1, 2)]
     assert [b for op, b in consumer if op == "BarrierArrive" and b.startswith("empty")] == ["empty_dO_s"]
@@ -55,10 +63,18 @@ def test_backward_releases_q_and_do_slots_by_one_arrival():
 
 
 def test_off_keeps_one_barrier_per_slot_group():
-    config = dataclasses.replace(HOPPER, policy=dataclasses.replace(HOPPER.policy, merge_releases=False))
+    config = dataclasses.replace(MERGED, policy=dataclasses.replace(MERGED.policy, merge_releases=False))
     consumer = _barrier_ops(lower(_backward(), config))[(1, 2)]
     assert [b for op, b in consumer if op == "BarrierArrive" and b.startswith("empty")] == \
         ["empty_dO_s", "empty_Q_s"]
+
+
+def test_split_roles_each_release_the_merged_slots_once():
+    ops = _barrier_ops(lower(_backward(), HOPPER.replace(num_sms=132)))
+    for role in ((1,), (2,)):
+        assert [b for op, b in ops[role] if op == "BarrierArrive"] == ["empty_dO_s"]
+    assert [b for op, b in ops[(0,)] if op == "BarrierWait" and b.startswith("empty")] == \
+        ["empty_dO_s", "empty_dO_s"]
 
 
 def test_forward_releases_at_different_points_stay_apart():
