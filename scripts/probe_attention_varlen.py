@@ -2,7 +2,8 @@
 ``tilews.ops.attention`` on [B, H, S, D] (BSHD) and ``tilews.ops.attention_varlen`` on the same
 B * S tokens cut into B sequences of random lengths (fixed seed, mean S; ``--equal`` makes them all
 S: the varlen kernel's own overhead), forward and forward + backward, interleaved rounds, median
-times and the varlen / dense ratio (issue 40's target: the forward within 5%). Varlen does fewer
+times and the varlen / dense ratio (issue 40's target: the forward within 5%); dense and varlen
+take turns at going first in a round. Varlen does fewer
 FLOPs with ragged lengths (sum of len^2 < B * S^2), so the table gives both times and TFLOP/s.
 
     TILEWS_DEVICE_CMD='python scripts/probe_attention_varlen.py --rounds 7' bash scripts/device_run.sh
@@ -65,10 +66,12 @@ def main():
                                                causal=causal).backward(do.reshape(B * S, H, D))
             times = {"dense": [], "varlen": []}
             timer = pc.graph_ms if args.graphs else pc.launches_ms
-            for _ in range(args.rounds):
-                times["dense"].append(timer(dense))
-                times["varlen"].append(timer(var))
+            for r in range(args.rounds):     # each first in every other round
+                for name in (("dense", "varlen") if r % 2 == 0 else ("varlen", "dense")):
+                    times[name].append(timer(dense if name == "dense" else var))
             d, vt = (statistics.median(times[n]) for n in ("dense", "varlen"))
+            print("   per round (dense, varlen ms; dense first in even rounds):",
+                  [(round(a, 3), round(b, 3)) for a, b in zip(times["dense"], times["varlen"])])
             mult = 1 if pass_ == "fwd" else 3.5
             print(f"{B:>3} {H:>3} {S:>5} {D:>4} {str(causal):>6} {pass_:>8} {d:>9.3f} {vt:>10.3f} "
                   f"{vt / d:>6.2f} {mult * flops_dense / d / 1e9:>9.1f} {mult * flops_var / vt / 1e9:>10.1f}")
