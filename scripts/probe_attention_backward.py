@@ -4,9 +4,10 @@ rounds, median times and ratios (min-max).
 
     TILEWS_DEVICE_CMD='python scripts/probe_attention_backward.py --rounds 7' bash scripts/device_run.sh
 
-The D64 consumer split into one role per warp group with its own dQ partial (``split_partials``,
-off in the op; with ``sum_partials`` the partials summed before one reduce-add), GPU time
-(``--gpu-time``: each call's kernels under ``torch.profiler``), about 3 minutes:
+The op's D64 consumer is split into one role per warp group with its own dQ partial
+(``split_partials``, on); ``--quick`` times it beside the one-role consumer, the summed partials
+(``sum_partials``) and 3 stages (D128: unmerged releases and 3 stages), GPU time (``--gpu-time``:
+each call's kernels under ``torch.profiler``), about 3 minutes:
 
     TILEWS_DEVICE_CMD='timeout 300 python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
 
@@ -43,21 +44,23 @@ SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 1
 # the first through shared memory, one reduce-add of the sum).
 # Compile-only (sm_90a, D64): 128 x 128 spills 160 B and serializes its wgmmas (ptxas C7512),
 # 64 x 128 spills 96 B: not timed.
-SPLIT = dict(split_partials=True)
-SUMMED = dict(SPLIT, sum_partials=True)
-MAIN_CHANGES = {64: [SPLIT, SUMMED, dict(SPLIT, num_stages=3), dict(num_stages=3), dict(merge_releases=False),
-                     dict(defer_dq=True), dict(defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
-                128: [dict(merge_releases=False), dict(defer_dq=True), dict(overlap_gemms=False),
-                      dict(dq_tile_add=None)]}
+# The op's main kernel is the first row (split_partials on: D64 split, D128 one role).
+ONE_ROLE = dict(split_partials=False)
+SUMMED = dict(sum_partials=True)
+MAIN_CHANGES = {64: [ONE_ROLE, SUMMED, dict(num_stages=3), dict(ONE_ROLE, num_stages=3),
+                     dict(merge_releases=False), dict(ONE_ROLE, defer_dq=True),
+                     dict(ONE_ROLE, defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
+                128: [dict(merge_releases=False), dict(num_stages=3), dict(defer_dq=True),
+                      dict(overlap_gemms=False), dict(dq_tile_add=None)]}
 # --quick: the changes timed (the op's rival schedules), by head dim
-QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:1]}
+QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:2]}
 # the preprocess's and postprocess's (rows per block, threads); the op's first
 PREPOST_BLOCKS = ((64, 128), (128, 128), (128, 256))
 FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
                   (8, 16, 4096, 64, True)]
 
 
-def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = False,
+def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = True,
                       sum_partials: bool = False):
     """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS and
     TILEWS_SUM_PARTIALS on/off (a factory's memo of calls does not see them: compile with a
@@ -148,15 +151,16 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
         if "dq_tile_add" in change:
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
         on, merge = cfg.pop("overlap_gemms", True), cfg.pop("merge_releases", True)
-        split, summed = cfg.pop("split_partials", False), cfg.pop("sum_partials", False)
+        split, summed = cfg.pop("split_partials", True), cfg.pop("sum_partials", False)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
             + (" dQ tile" if cfg.get("dq_tile_add") else "") \
             + (" deferred" if cfg.get("defer_dq") else "") + ("" if on else " gemms off") \
-            + ("" if merge else " unmerged") + (" split" if split else "") + (" summed" if summed else "")
+            + ("" if merge else " unmerged") + ("" if split else " one role") + (" summed" if summed else "")
         try:
             with schedule_switches(on, merge, split, summed):
                 kern = tilews.jit()(bwd_program)(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
-            wanted = ["each adds its own partial"] * split + ["sum_partials: T.ws(2) hand"] * summed
+            wanted = ["each adds its own partial"] * (split and D == 64) + \
+                ["sum_partials: T.ws(2) hand"] * summed
             if not all(any(w in n for n in kern.report.notes) for w in wanted):
                 print(f"{label}: not built as asked: "
                       f"{[n for n in kern.report.notes if n.startswith(('split_consumers', 'sum_partials'))]}")
@@ -172,8 +176,8 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
                 continue
             impls[label] = lambda kern=kern, args=args: kern(*args)
             print(f"{label}: {kern.kernels[0].report.backend if hasattr(kern, 'kernels') else ''}")
-            if split and "num_stages" not in change:
-                split_mains[f"tilews split{' summed' if summed else ''} (3 kernels)"] = kern
+            if ("split_partials" in change or summed) and "num_stages" not in change and "defer_dq" not in change:
+                split_mains[f"tilews{'' if split else ' one role'}{' summed' if summed else ''} (3 kernels)"] = kern
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
 
