@@ -14,7 +14,7 @@ import tilews
 import tilews.language as T
 from tilews.tvm import DataType
 
-from .helpers import marked_line, poisoned, randn
+from .helpers import marked_line, randn
 
 TARGETS = ["interpret", "triton", "metal"]
 # ----------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 import tilews.language as T
-from tilews import CompileError
 from tilews.lowering import ir
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.pipeline import lower
@@ -258,7 +257,6 @@ def _run(kernel, args, device):
 
 
 def _close(out, ref, atol, rtol):
-    import torch
     err = (out.double() - ref).abs()
     bad = ~(err <= atol + rtol * ref.abs())
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} elements off; max |err| {err.max():.3g}"

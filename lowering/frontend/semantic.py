@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .. import dtypes, ir, schedule
+from .. import ir, schedule
 from ..errors import CompileError
 from ..roles import describe
 from ..traverse import walk
