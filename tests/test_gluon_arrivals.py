@@ -38,11 +38,13 @@ def roles(source: str) -> dict[str, tuple[int, list[str]]]:
 
 
 @pytest.mark.parametrize("program, several", [
-    (lambda: bwd_program(2, 4, 4, 512, 64, False, 512, dtype=T.float16, **blocks(64, True)), True),
+    (lambda: bwd_program(2, 4, 4, 512, 128, False, 512, dtype=T.float16, **blocks(128, True)), True),
+    (lambda: bwd_program(2, 4, 4, 512, 64, False, 512, dtype=T.float16, **blocks(64, True)), False),
     (lambda: gemm.matmul.fn(512, 512, 512, block_M=128, block_N=256, block_K=64, num_stages=3,
                             threads=256, dtype=T.float16), True),
     (lambda: mha_fwd_program(1, 2, 512, 128, True, **attention_blocks(128, True)), False),
-], ids=["attention backward D64", "GEMM 128x256, merged consumers", "attention forward, split consumers"])
+], ids=["attention backward D128, one role", "attention backward D64, a role per warp group",
+        "GEMM 128x256, merged consumers", "attention forward, split consumers"])
 def test_a_merged_roles_arrivals_follow_a_barrier_of_its_threads(program, several):
     """``several``: the program's arriving roles have several warp groups (else one each: its
     own wgmma wait covers the slot, and no barrier is added)."""
