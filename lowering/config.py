@@ -44,10 +44,6 @@ class SchedulePolicy:
                                     # 1.12 -> 0.96x cuDNN's backward time, H200)
     sum_partials: bool = False      # sum_partials: those roles' partials summed in shared memory,
                                     # one atomic add (opt-in, measured slower; TILEWS_SUM_PARTIALS)
-    partial_columns: bool = False   # split_consumers under split_partials: a role's partial whose
-                                    # whole accumulator would not fit the registers (attention
-                                    # backward's D128 dQ) computed and added in column halves
-                                    # (opt-in until timed; TILEWS_PARTIAL_COLUMNS)
 
 
 @dataclass(frozen=True)

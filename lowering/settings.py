@@ -45,10 +45,6 @@ SWITCHES = (
     ("TILEWS_SUM_PARTIALS", "Hopper: with TILEWS_SPLIT_PARTIALS, the roles hand their partial "
                             "products to the first, which adds their sum once (sum_partials; "
                             "off unless set to an on value)"),
-    ("TILEWS_PARTIAL_COLUMNS", "Hopper: with TILEWS_SPLIT_PARTIALS, a role's partial product that "
-                               "would not fit the registers whole (attention backward's D128 dQ) "
-                               "is computed and added in column halves (partial_columns; off "
-                               "unless set to an on value)"),
     ("TILEWS_OVERLAP_PROMOTION", "Hopper: issue an FP8 k-block's wgmma before the previous "
                                  "k-block's product is promoted, the products in two fragments "
                                  "by turns (overlap_promotion; on unless set to an off value)"),
@@ -123,7 +119,6 @@ class Settings:
     merge_releases: bool = True
     split_partials: bool = True
     sum_partials: bool = False
-    partial_columns: bool = False
     overlap_promotion: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
@@ -144,7 +139,6 @@ class Settings:
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
                    split_partials=flag("TILEWS_SPLIT_PARTIALS", environ, default=True),
                    sum_partials=flag("TILEWS_SUM_PARTIALS", environ),
-                   partial_columns=flag("TILEWS_PARTIAL_COLUMNS", environ),
                    overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),

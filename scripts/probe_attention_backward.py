@@ -6,8 +6,7 @@ rounds, median times and ratios (min-max).
 
 The op's D64 consumer is split into one role per warp group with its own dQ partial
 (``split_partials``, on); ``--quick`` times it beside the one-role consumer, the summed partials
-(``sum_partials``) and 3 stages (D128: the split with its dQ partials in column halves,
-``partial_columns``, unmerged releases and 3 stages), GPU time (``--gpu-time``:
+(``sum_partials``) and 3 stages (D128: unmerged releases and 3 stages), GPU time (``--gpu-time``:
 each call's kernels under ``torch.profiler``), about 3 minutes:
 
     TILEWS_DEVICE_CMD='timeout 300 python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
@@ -42,22 +41,19 @@ SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 1
 # this one's first gemms; D128 spills 224-396 B that way; "split_partials": one role per consumer
 # warp group, each with its own 64 keys and dQ partial, reduce-added twice (D128 keeps one role:
 # its partial would not fit the registers); "sum_partials": the second role hands its partial to
-# the first through shared memory, one reduce-add of the sum; "partial_columns":
-# TILEWS_PARTIAL_COLUMNS=on, D128 split too, each role's dQ partial in two column halves, each
-# staged and reduce-added in turn: sm_90a 48 / 44 B spilled non-causal, 128 / 164 B causal).
+# the first through shared memory, one reduce-add of the sum).
 # Compile-only (sm_90a, D64): 128 x 128 spills 160 B and serializes its wgmmas (ptxas C7512),
 # 64 x 128 spills 96 B: not timed.
 # The op's main kernel is the first row (split_partials on: D64 split, D128 one role).
 ONE_ROLE = dict(split_partials=False)
 SUMMED = dict(sum_partials=True)
-COLUMNS = dict(partial_columns=True)
 MAIN_CHANGES = {64: [ONE_ROLE, SUMMED, dict(num_stages=3), dict(ONE_ROLE, num_stages=3),
                      dict(merge_releases=False), dict(ONE_ROLE, defer_dq=True),
                      dict(ONE_ROLE, defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
-                128: [COLUMNS, dict(merge_releases=False), dict(num_stages=3), dict(defer_dq=True),
+                128: [dict(merge_releases=False), dict(num_stages=3), dict(defer_dq=True),
                       dict(overlap_gemms=False), dict(dq_tile_add=None)]}
 # --quick: the changes timed (the op's rival schedules), by head dim
-QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:3]}
+QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:2]}
 # the preprocess's and postprocess's (rows per block, threads); the op's first
 PREPOST_BLOCKS = ((64, 128), (128, 128), (128, 256))
 FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
@@ -65,16 +61,15 @@ FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4
 
 
 def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = True,
-                      sum_partials: bool = False, partial_columns: bool = False):
-    """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS,
-    TILEWS_SUM_PARTIALS and TILEWS_PARTIAL_COLUMNS on/off (a factory's memo of calls does not see
-    them: compile with a fresh one)."""
+                      sum_partials: bool = False):
+    """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS and
+    TILEWS_SUM_PARTIALS on/off (a factory's memo of calls does not see them: compile with a
+    fresh one)."""
     onoff = lambda flag: "on" if flag else "off"  # noqa: E731
     return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS=onoff(overlap_gemms),
                            TILEWS_MERGE_RELEASES=onoff(merge_releases),
                            TILEWS_SPLIT_PARTIALS=onoff(split_partials),
-                           TILEWS_SUM_PARTIALS=onoff(sum_partials),
-                           TILEWS_PARTIAL_COLUMNS=onoff(partial_columns))
+                           TILEWS_SUM_PARTIALS=onoff(sum_partials))
 
 
 def rel(a, b) -> float:
@@ -157,17 +152,15 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
         on, merge = cfg.pop("overlap_gemms", True), cfg.pop("merge_releases", True)
         split, summed = cfg.pop("split_partials", True), cfg.pop("sum_partials", False)
-        columns = cfg.pop("partial_columns", False)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
             + (" dQ tile" if cfg.get("dq_tile_add") else "") \
             + (" deferred" if cfg.get("defer_dq") else "") + ("" if on else " gemms off") \
-            + ("" if merge else " unmerged") + ("" if split else " one role") + (" summed" if summed else "") \
-            + (" column halves" if columns else "")
+            + ("" if merge else " unmerged") + ("" if split else " one role") + (" summed" if summed else "")
         try:
-            with schedule_switches(on, merge, split, summed, columns):
+            with schedule_switches(on, merge, split, summed):
                 kern = tilews.jit()(bwd_program)(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
-            wanted = ["each adds its own partial"] * (split and (D == 64 or columns)) + \
-                ["sum_partials: T.ws(2) hand"] * summed + ["in 2 column parts"] * columns
+            wanted = ["each adds its own partial"] * (split and D == 64) + \
+                ["sum_partials: T.ws(2) hand"] * summed
             if not all(any(w in n for n in kern.report.notes) for w in wanted):
                 print(f"{label}: not built as asked: "
                       f"{[n for n in kern.report.notes if n.startswith(('split_consumers', 'sum_partials'))]}")
@@ -183,10 +176,8 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
                 continue
             impls[label] = lambda kern=kern, args=args: kern(*args)
             print(f"{label}: {kern.kernels[0].report.backend if hasattr(kern, 'kernels') else ''}")
-            if ("split_partials" in change or summed or columns) and "num_stages" not in change \
-                    and "defer_dq" not in change:
-                split_mains[f"tilews{'' if split else ' one role'}{' summed' if summed else ''}"
-                            f"{' column halves' if columns else ''} (3 kernels)"] = kern
+            if ("split_partials" in change or summed) and "num_stages" not in change and "defer_dq" not in change:
+                split_mains[f"tilews{'' if split else ' one role'}{' summed' if summed else ''} (3 kernels)"] = kern
         except Exception as e:          # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
 

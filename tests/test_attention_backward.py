@@ -170,10 +170,9 @@ def test_deferred_dq_refuses_varlen():
         backward_block(64, 1, False, 64, 32, 2, "varlen", T.float16, defer_dq=True)
 
 
-def _lowered_main(D, causal, group, split_partials, S=256, sum_partials=False, partial_columns=False,
-                  **change):
-    """The main kernel at the op's GPU blocks, lowered for Hopper (``split_partials``,
-    ``sum_partials`` and ``partial_columns`` on or off), and its arguments (the preprocess run as the op runs it; dQ's
+def _lowered_main(D, causal, group, split_partials, S=256, sum_partials=False, **change):
+    """The main kernel at the op's GPU blocks, lowered for Hopper (``split_partials`` and
+    ``sum_partials`` on or off), and its arguments (the preprocess run as the op runs it; dQ's
     accumulator zeroed there)."""
     import tilews.language as T
     from tilews.lowering.frontend import build_kernel
@@ -190,8 +189,7 @@ def _lowered_main(D, causal, group, split_partials, S=256, sum_partials=False, p
     program = bwd_program(B, H, H // group, S, D, causal, rows, dtype=T.float16,
                           **dict(blocks(D, True), **change))
     lowered = lower(build_kernel(program), HOPPER.replace(num_sms=2, split_partials=split_partials,
-                                                          sum_partials=sum_partials,
-                                                          partial_columns=partial_columns))
+                                                          sum_partials=sum_partials))
     dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
     return lowered, [q, k, v, do, lse, delta, dq_acc, dk, dv], _reference(q, k, v, do, causal, "bhsd")
 
@@ -261,58 +259,3 @@ def test_split_partials_compile_without_spills_on_hopper(summed):
     if report is None:
         pytest.skip("this Triton bundles no ptxas")
     assert "0 bytes spill stores" in report and "C75" not in report, report
-
-
-@pytest.mark.parametrize("causal, group", [(False, 1), (True, 2)])
-def test_partial_columns_give_the_float64_gradients(causal, group):
-    """``partial_columns`` (Hopper, D128, opt-in): the split that a whole dQ partial per role
-    would not fit (256 registers) runs with each role's partial in two column halves, each
-    computed from its 64 columns of K's rows, staged and reduce-added in turn; the lowered
-    program on the interpreter gives the float64 gradients."""
-    from tilews.lowering import interpreter
-    from tilews.lowering.plans import ConsumerSplit
-    lowered, args, want = _lowered_main(128, causal, group, True, S=128 * (1 + causal), partial_columns=True)
-    assert lowered.find_plan(ConsumerSplit) is not None, lowered.notes
-    assert any("each adds its own partial dq over its rows in 2 column parts" in n for n in lowered.notes)
-    interpreter.run(lowered, args, seed=1)
-    S = args[0].shape[2]
-    for name, got, w in zip("qkv", (args[6][:, :, :S], args[7], args[8]), want):
-        assert _rel(got, w) < 2e-3, name
-
-
-def test_partial_columns_leave_what_fits_whole():
-    """D64's whole partials fit (160 registers): ``partial_columns`` changes nothing there."""
-    on, _, _ = _lowered_main(64, False, 1, True, S=128, partial_columns=True)
-    off, _, _ = _lowered_main(64, False, 1, True, S=128)
-    assert on == off
-
-
-def test_partial_columns_compile_on_hopper():
-    """Compile-only (sm_90a, D128, B8 H16 S4096, non-causal): each role's dQ gemm reads the
-    64-column halves of its K rows as views of the swizzled tile (``.slice`` of the role's rows,
-    then of the columns), the second role asks for 240 registers, and the wgmmas are not
-    serialized (no ptxas C75xx) with at most 64 bytes spilled (48 / 44 with this Triton)."""
-    import re
-
-    import tilews.language as T
-    from tilews.lowering.frontend import build_kernel
-    from tilews.lowering.pipeline import lower
-    from tilews.ops.attention_backward import blocks, bwd_program
-    from tilews.triton_ext.gluon import emit
-    from tilews.triton_ext.gluon.backend import HOPPER
-    from tilews.triton_ext.toolchain import ptxas_report
-
-    from .helpers import gluon_program
-
-    program = bwd_program(8, 16, 16, 4096, 128, False, 4096, dtype=T.float16, **blocks(128, True))
-    lowered = lower(build_kernel(program), HOPPER.replace(num_sms=132, partial_columns=True))
-    source = emit(lowered)
-    for h in (0, 1):
-        halves = [f"K_s.slice({64 * h}, 64).slice({c}, 64, 1), dq_{h}_c" for c in (0, 64)]
-        assert all(x in source for x in halves), halves
-    assert "(main_ws2, args)], [1, 4], [24, 240])" in source
-    report = ptxas_report(gluon_program(lowered).asm["ptx"])
-    if report is None:
-        pytest.skip("this Triton bundles no ptxas")
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
-    assert "C75" not in report and max(spills) <= 64, report

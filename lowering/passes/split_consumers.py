@@ -43,16 +43,7 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            added as before (twice the atomic traffic for two roles); and a 1-d fragment of
            other than BM elements, filled only whole from a shared vector and read only
            inside ``T.Parallel`` (a row vector over the tile's columns: attention backward's
-           LSE / Delta), is each role's own whole copy read from the whole vector. Where the
-           accumulators with the partials whole would not fit the registers (``ACCUMULATOR_REGS``)
-           and ``config.policy.partial_columns`` is on, each partial that is staged right after
-           its gemm (the gemm, the copy into the staging tile and the add, consecutive) is
-           computed in column halves instead, if those fit (``COLUMN_REGS``): role h's gemm,
-           staging copy and add become one each per half k, in turn, through the role's
-           ``C_h_c`` and ``<staging>_h_c`` of half C's columns (B's columns and the added
-           global columns of half k), and each role but the first asks for
-           ``COLUMN_WORKER_REGS`` registers (``num_regs``; the first, Triton's default
-           partition, gets what the others leave). Barrier
+           LSE / Delta), is each role's own whole copy read from the whole vector. Barrier
            arrivals are counted in threads, so the roles together arrive as the one did.
            Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
@@ -65,23 +56,13 @@ from typing import Optional
 from .. import ir
 from ..plans import ConsumerSplit, PipelinePlan
 from ..config import BackendConfig
-from ..simplify import fold
-from ..traverse import buffers_read, buffers_written, element_accesses, substmts, touched, transform, walk
+from ..traverse import buffers_read, buffers_written, element_accesses, touched, transform, walk
 
 
 # split_partials: a role's gemm accumulators, its partials whole, in at most this many registers
 # per thread (a worker role holding gemms has 232: the rest for operands, addresses and fragment
 # math); attention's backward takes 160 at D64, 256 at D128 (which would spill)
 ACCUMULATOR_REGS = 168
-# partial_columns: the same with each partial in column halves (one half's accumulator, reused
-# by each half in turn): 224 at D128 (dK, dV 128, S^T and dP^T 64, half a dQ partial 32), which
-# with the role's operands and addresses needs COLUMN_WORKER_REGS
-COLUMN_REGS = 224
-COLUMN_PARTS = 2
-# partial_columns: registers each split role but the first (Triton's default partition, which
-# gets what the others leave: 256 in the D128 backward) asks for; at legalize_wgmma's 232 for a
-# gemm worker the D128 backward's wgmmas serialize (ptxas C7512), at 240 they do not
-COLUMN_WORKER_REGS = 240
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -95,8 +76,7 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         return kernel
     parts = len(consumer.warpgroups)
     partials = config.policy.split_partials
-    halves = COLUMN_PARTS if partials and config.policy.partial_columns else 1
-    rows, why = _rows(kernel, consumer, parts, partials, halves)
+    rows, why = _rows(kernel, consumer, parts, partials)
     if rows is None:
         return kernel.with_note(f"split_consumers: the consumer keeps its {parts} warp groups in one "
                                 f"role: {why}")
@@ -114,21 +94,16 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                and s.buffer.scope is ir.Scope.SHARED]
     split, allocs, parts_of = [], [], {b: [] for b in own}
     share = rows // parts
-    halved = _staged_sums(consumer.body, shared, rows) \
-        if halves > 1 and _accumulator_regs(consumer, rows, parts, shared, 1) > ACCUMULATOR_REGS else {}
     for h in range(parts):
         renamed = {b: _rows_renamed(b, h, share if b not in whole else None,
                                     shared[b] if b.scope is ir.Scope.SHARED and b in shared else 0)
                    for b in owned + own + staging}
+        allocs += [ir.Alloc(b, b.loc) for b in renamed.values()]
         for b in own:
             parts_of[b].append((renamed[b], shared[b]))
         body = _part(consumer.body, h * share, share, renamed, shared,
                      whole | {renamed[b] for b in whole if b in renamed})
-        columns = {renamed[b]: _column_part(renamed[b], halves) for b in halved.keys() | halved.values()}
-        allocs += [ir.Alloc(columns.get(b, b), b.loc) for b in renamed.values()]
-        body = _in_columns(body, columns, halves) if columns else body
-        regs = COLUMN_WORKER_REGS if halved and h and not consumer.num_regs else consumer.num_regs
-        split.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body, num_regs=regs))
+        split.append(dataclasses.replace(consumer, warpgroups=(h + 1,), body=body))
     top = []
     for s in kernel.body.stmts:
         if isinstance(s, ir.Alloc) and (s.buffer in owned or s.buffer in own or s.buffer in staging):
@@ -142,13 +117,12 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     body = ir.Seq(tuple(top[:allocs_end] + allocs + top[allocs_end:]), kernel.body.loc)
     names = [f"ws({h + 1})" for h in range(parts)]
     sums = sorted(b.name for b in whole if b.scope is ir.Scope.FRAGMENT and len(b.shape) > 1)
-    in_halves = f" in {halves} column parts" if halved else ""
     return dataclasses.replace(kernel, body=body).with_plan(
         ConsumerSplit(tuple(r.warpgroups for r in split))).with_note(
         f"split_consumers: the consumer's {rows} rows are split between roles "
         f"{', '.join(names[:-1])} and {names[-1]}, {share} each, so one warp group's fragment math "
         f"runs under another's gemms" + (f"; each adds its own partial {', '.join(sums)} over its "
-                                         f"rows{in_halves}" if sums else ""))
+                                         f"rows" if sums else ""))
 
 
 def _rows_renamed(b: ir.Buffer, h: int, rows: Optional[int], dim: int) -> ir.Buffer:
@@ -235,51 +209,17 @@ def _whole(role: ir.Role, rows: int) -> set:
                     and s.src.buffer in frags and s.dst.buffer.scope is ir.Scope.SHARED}
 
 
-def _accumulator_regs(role: ir.Role, rows: int, parts: int, shared: dict, halves: int) -> int:
-    """Registers per thread of a role's gemm accumulators, its partials (``_row_sum``) whole
-    or (``halves`` > 1) one column part of each."""
+def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict) -> Optional[str]:
+    """Why the role's fragments of other than ``rows`` rows cannot each be the roles' own
+    whole copies (``_whole``), or None."""
     whole = _whole(role, rows)
     sums = {s.c.buffer for s in walk(role.body) if _row_sum(s, shared, rows)}
     accumulators = {s.c.buffer for s in walk(role.body) if isinstance(s, ir.Gemm)}
-    return sum(ir.as_int(b.shape[0]) // (1 if b in whole else parts) * ir.as_int(b.shape[1])
-               // (halves if b in sums else 1) for b in accumulators) // 128
-
-
-def _staged_sums(body: ir.Seq, shared: dict, rows: int) -> dict[ir.Buffer, ir.Buffer]:
-    """Each row-sum partial staged right after its gemm: the gemm, a whole copy of it into a
-    shared tile and that tile's whole block-level add into global memory, consecutive in one
-    sequence, the partial used nowhere else: {partial: staging tile}."""
-    staged = {}
-    for seq in (body, *(b for s in walk(body) for b in substmts(s))):
-        for g, cp, add in zip(seq.stmts, seq.stmts[1:], seq.stmts[2:]):
-            if _row_sum(g, shared, rows) and isinstance(cp, ir.Copy) and isinstance(add, ir.AtomicAdd) \
-                    and cp.src.buffer == g.c.buffer and cp.src.is_whole and cp.dst.is_whole \
-                    and isinstance(add.value, ir.Region) and add.value.buffer == cp.dst.buffer:
-                staged[g.c.buffer] = cp.dst.buffer
-    uses = [b for s in walk(body) for b in buffers_read(s) + buffers_written(s)
-            if b in staged.keys() | staged.values()]
-    return staged if all(uses.count(b) == 2 for b in uses) else {}    # written once, read once
-
-
-def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict, halves: int) -> Optional[str]:
-    """Why the role's fragments of other than ``rows`` rows cannot each be the roles' own
-    whole copies (``_whole``), or each partial in ``halves`` column parts where whole ones
-    would not fit, or None."""
-    whole = _whole(role, rows)
-    sums = {s.c.buffer for s in walk(role.body) if _row_sum(s, shared, rows)}
-    regs = _accumulator_regs(role, rows, parts, shared, 1)
+    regs = sum(ir.as_int(b.shape[0]) // (1 if b in whole else parts) * ir.as_int(b.shape[1])
+               for b in accumulators) // 128
     if sums and regs > ACCUMULATOR_REGS:
-        why = (f"each role's gemm accumulators, its partial {sorted(b.name for b in sums)[0]} "
-               f"whole, would take {regs} registers per thread (at most {ACCUMULATOR_REGS})")
-        if halves == 1:
-            return why
-        cols = _accumulator_regs(role, rows, parts, shared, halves)
-        if cols > COLUMN_REGS:
-            return f"{why}, in {halves} column parts {cols} (at most {COLUMN_REGS})"
-        if _staged_sums(role.body, shared, rows).keys() != sums:
-            return f"{why}, and not every partial is staged and added right after its gemm"
-        if any(ir.as_int(b.shape[1]) % (halves * 16) for b in sums):
-            return f"{why}, and its columns do not split in {halves} parts of a multiple of 16"
+        return (f"each role's gemm accumulators, its partial {sorted(b.name for b in sums)[0]} "
+                f"whole, would take {regs} registers per thread (at most {ACCUMULATOR_REGS})")
     for s in walk(role.body, opaque=(ir.Parallel,)):
         mine = {b for t in walk(s.body) for b, _ in element_accesses(t)} if isinstance(s, ir.Parallel) \
             else set(buffers_read(s) + buffers_written(s))
@@ -306,11 +246,9 @@ def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict, halves
     return None
 
 
-def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool,
-          halves: int) -> tuple[Optional[int], str]:
+def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool) -> tuple[Optional[int], str]:
     """BM, or None and why the role cannot be split in ``parts`` (``partials``: row-sum gemms
-    and row vectors over the columns allowed, ``split_partials``; ``halves``: the column parts
-    a partial may take where whole ones would not fit, ``partial_columns``)."""
+    and row vectors over the columns allowed, ``split_partials``)."""
     gemms = [s for s in walk(role.body) if isinstance(s, ir.Gemm)]
     if not gemms:
         return None, "it computes no gemm"
@@ -324,7 +262,7 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool,
     shared = _row_shared(role, rows if partials else None)
     whole = set()
     if partials:
-        why = _partials_refused(role, rows, parts, shared, halves)
+        why = _partials_refused(role, rows, parts, shared)
         if why:
             return None, why
         whole = _whole(role, rows)
@@ -414,50 +352,4 @@ def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict, who
                 and (n.src.buffer in row_dims or n.src.buffer.scope is ir.Scope.FRAGMENT):  # stored tile
             return _global_rows(n, offset, size)
         return None
-    return transform(body, fn)
-
-
-def _column_part(b: ir.Buffer, halves: int) -> ir.Buffer:
-    """A buffer for one column part of ``halves`` of the 2-d tile ``b``: ``<name>_c``."""
-    width = ir.as_int(b.shape[1]) // halves
-    return dataclasses.replace(b, name=f"{b.name}_c", shape=(b.shape[0], ir.Const(width, ir.DType.I32, b.loc)))
-
-
-def _columns_of(r: ir.Region, k: int, width: int, own: Optional[ir.Buffer] = None) -> ir.Region:
-    """Region ``r`` cut to its last dim's columns [k width, (k + 1) width), or (``own``) that
-    part's own buffer whole."""
-    if own is not None:
-        return ir.Region(own, (ir.Const(0, ir.DType.I32, r.loc),) * 2, own.static_shape, r.loc)
-    start = fold(ir.BinOp(ir.BinOpKind.ADD, r.starts[-1], ir.Const(k * width, ir.DType.I32, r.loc),
-                          ir.DType.I32, r.loc))      # a constant for a shared tile's view
-    return dataclasses.replace(r, starts=r.starts[:-1] + (start,), extents=r.extents[:-1] + (width,))
-
-
-def _in_columns(body: ir.Seq, columns: dict, halves: int) -> ir.Seq:
-    """A role's body with each staged partial's gemm, staging copy and add (``_staged_sums``)
-    made one of each per column part, in turn: ``columns`` maps the partial and its staging
-    tile to the buffers every part uses (one part's registers and shared bytes).  Part k's gemm
-    reads B's columns of part k, its copy stages it, and its add goes to the global columns of
-    part k."""
-    def fn(n):
-        if not isinstance(n, ir.Seq):
-            return None
-        out, stmts, i = [], n.stmts, 0
-        while i < len(stmts):
-            g = stmts[i]
-            if not (isinstance(g, ir.Gemm) and g.c.buffer in columns):
-                out.append(g)
-                i += 1
-                continue
-            cp, add = stmts[i + 1], stmts[i + 2]
-            c, st = columns[g.c.buffer], columns[cp.dst.buffer]
-            width = c.static_shape[1]
-            for k in range(halves):
-                out += [dataclasses.replace(g, b=_columns_of(g.b, k, width), c=_columns_of(g.c, k, width, c)),
-                        dataclasses.replace(cp, src=_columns_of(cp.src, k, width, c),
-                                            dst=_columns_of(cp.dst, k, width, st)),
-                        dataclasses.replace(add, dst=_columns_of(add.dst, k, width),
-                                            value=_columns_of(add.value, k, width, st))]
-            i += 3
-        return dataclasses.replace(n, stmts=tuple(out))
     return transform(body, fn)
