@@ -130,7 +130,8 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
             cands["torch block-wise"] = theirs_block
     # variants: the op's kernel with tile hints (block-wise: M-major A scales, the op's fast form)
     hinted = {f"panel {p}": ((("panel", p),), None) for p in panels}
-    hinted.update({t: (Tiles.from_text(t).hints(), Tiles.from_text(t)) for t in tiles})
+    tilings = {t: Tiles.from_text(t) for t in tiles}
+    hinted.update({t: (tiling.hints(), tiling) for t, tiling in tilings.items()})
     if not quick and not panels and not tiles:
         hinted["panel 8"] = ((("panel", 8),), None)
         hinted["BN 128, 5 stages" if gran == "block" or not fast else "BN 128, 4 stages"] = \
@@ -147,12 +148,12 @@ def rows_for(M, N, K, gran, fast, rounds, quick, panels=(), tiles=(), serial=Fal
         target = HOPPER.replace(num_sms=sms, split_consumers=False)
         run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast), target)
         cands["merged"] = lambda: run(a, isa, w, isb)
-    for t in (tiles if serial and (gran == "block" or not fast) else ()):     # the promotion
-        if Tiles.from_text(t).splits > 1:
+    for t, tiling in (tilings.items() if serial and (gran == "block" or not fast) else ()):
+        if tiling.splits > 1:                                                   # the promotion
             continue
         for name, on in (("overlapped", True), ("serial", False)):
             run = direct(program(M, N, K, tuple(isa.shape), tuple(isb.shape), fast,
-                                 **dict(Tiles.from_text(t).hints())),
+                                 **dict(tiling.hints())),
                          HOPPER.replace(num_sms=sms, overlap_promotion=on))
             cands[f"{t} {name} (graph)"] = lambda run=run: run(a, isa, w, isb)
             graphed.add(f"{t} {name} (graph)")

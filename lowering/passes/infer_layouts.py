@@ -90,11 +90,11 @@ def _role_layouts(role: ir.Role, warps: int, chosen: dict, frames: dict) -> None
     # loop reads becomes a slice of that loop's layout (no conversion per use: a merge's row
     # weights, converted per split, put two barriers and an L2 round trip in each step), then
     # the vectors left
-    for rank in (2, 1):
-        for b in [b for s in stmts for b in _fragments(s) if (len(b.shape) >= 2) == (rank == 2)]:
-            if b.name not in chosen:
-                chosen[b.name] = layouts.Blocked(len(b.shape), warps)
-                _propagate(stmts, loops, chosen, frames)
+    frags = [b for s in stmts for b in _fragments(s)]
+    for b in [b for b in frags if len(b.shape) >= 2] + [b for b in frags if len(b.shape) < 2]:
+        if b.name not in chosen:
+            chosen[b.name] = layouts.Blocked(len(b.shape), warps)
+            _propagate(stmts, loops, chosen, frames)
     for p in loops:               # a loop touching no fragment runs in a plain layout
         frame = _frame(p, chosen) or _plain(p, warps)
         frames.setdefault(p.vars[0].name, frame)

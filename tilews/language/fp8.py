@@ -443,8 +443,8 @@ def _store_parts(accs: list, dst, row0, col0) -> None:
 def _store_transposed(accs, C, row0, col0, M, N):
     """The tile held as ``accs`` stored transposed: its element (i, j) at C[col0 + j, row0 + i]
     of C [N, M], elements past M or N left out. The swapped product of a few rows (``fp8_scaled_mm``
-    at M <= 32 computes C^T = B A^T, so the tokens are the tile's narrow N side) writes its
-    result where the caller wants it, without a transposing copy."""
+    at M <= 128, ``swap_tiles``, computes C^T = B A^T, so the tokens are the tile's narrow N side)
+    writes its result where the caller wants it, without a transposing copy."""
     block_M, part_N = accs[0].shape
     for i, j in Parallel(block_M, part_N):
         for q in _indices(len(accs)):
