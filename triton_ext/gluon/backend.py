@@ -51,8 +51,9 @@ PIPELINE = Pipeline((
     # An explicit program's one-slot handshake steps through K in 128-byte rows, then becomes a
     # ring, before its roles are split (both rewrite the loop the roles share, and the ring's
     # buffers are what the later passes plan);
-    # then one consumer role per warp group where their rows are independent (or, opted in, each
-    # with its own partial of a gemm over the rows, which the roles then sum before one add).
+    # then one consumer role per warp group where their rows are independent, or each with its
+    # own partial of a gemm over the rows (attention backward's dQ; opted in, the roles sum
+    # their partials before one add).
     # Shared buffers left as one role's scratch then become register tiles.
     Phase("specialize", (Pass.of(persist), Pass.of(longest_first), Pass.of(plan_pipeline),
                          Pass.of(coarsen_handshakes), Pass.of(ring_handshakes),
