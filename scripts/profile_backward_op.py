@@ -33,13 +33,17 @@ def report(name: str, backward, calls: int) -> float:
         for _ in range(calls):
             backward()
         torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]   # kernels, memsets
-    rows.sort(key=lambda e: -e.self_device_time_total)
-    total = sum(e.self_device_time_total for e in rows) / calls / 1000
+    # every kernel and memset in launch order: the backward's kernels share the name ``main``
+    # (TileLang's convention), so each is told apart by its place in the call
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                     key=lambda e: e.time_range.start)
+    per_call = len(kernels) // calls
+    total = sum(e.device_time_total for e in kernels) / calls / 1000
     print(f"{name}: {start.elapsed_time(end) / calls:.3f} ms per backward (CUDA events), "
           f"kernels' GPU time {total:.3f} ms")
-    for e in rows:
-        print(f"    {e.key[:70]:70} {e.count // calls:3d} x {e.self_device_time_total / e.count:9.1f} us")
+    for place in range(per_call):
+        same = kernels[place::per_call]
+        print(f"    {place}. {same[0].name[:66]:66} {sum(e.device_time_total for e in same) / len(same):9.1f} us")
     return total
 
 

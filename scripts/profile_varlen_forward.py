@@ -18,23 +18,13 @@ profiles the second kernel named ``main``).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
+from ncu_compare import print_table, profile
+
 B, H, S, D = 8, 16, 4096, 128
-SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "Occupancy", "LaunchStats",
-            "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "SourceCounters")
-# the raw metrics the table shows (regular expressions over ncu's raw page names)
-ROWS = (r"gpu__time_duration\.sum", r"smsp__issue_active\.avg\.pct_of_peak_sustained_active",
-        r"smsp__inst_executed\.sum$", r"sm__warps_active\.avg\.pct_of_peak_sustained_active",
-        r"lts__t_sector_hit_rate\.pct", r"dram__bytes_read\.sum$",
-        r"sm__throughput\.avg\.pct_of_peak_sustained_elapsed",
-        r"sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_(active|elapsed)",
-        r"smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
 
 
 def launch(kind: str, causal: bool):
@@ -51,31 +41,6 @@ def launch(kind: str, causal: bool):
     torch.cuda.synchronize()
 
 
-def profile(kind: str, causal: bool, out: Path, ncu: str) -> dict:
-    """{metric: (unit, value)} of the ``kind`` kernel's raw page; writes its report and CSVs."""
-    rep = out / kind
-    cmd = [ncu, "--clock-control", "none", "--kernel-name", "main", "--launch-skip", "1",
-           "--launch-count", "1", *[a for s in SECTIONS for a in ("--section", s)], "-f", "-o",
-           str(rep), sys.executable, os.path.abspath(__file__), "--launch", kind,
-           *(["--causal"] if causal else [])]
-    subprocess.run(cmd, check=True)
-    raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "raw", "--csv"],
-                         check=True, capture_output=True, text=True).stdout
-    (out / f"{kind}_raw.csv").write_text(raw)
-    with open(out / f"{kind}_sass.csv", "w") as fh:
-        subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "source", "--csv",
-                        "--print-source", "sass"], check=True, stdout=fh)
-    names, units, values = list(csv.reader(raw.splitlines()))[:3]
-    return {n: (u, v) for n, u, v in zip(names, units, values)}
-
-
-def number(text: str) -> float | None:
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return None
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--causal", action="store_true")
@@ -87,18 +52,11 @@ def main():
         return launch(args.launch, args.causal)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    got = {kind: profile(kind, args.causal, out, args.ncu) for kind in ("dense", "varlen")}
+    command = [sys.executable, os.path.abspath(__file__), *(["--causal"] if args.causal else [])]
+    got = {kind: profile(kind, "main", [*command, "--launch", kind], out, args.ncu)
+           for kind in ("dense", "varlen")}
     print(f"\nB{B} H{H} S{S} D{D} bf16 {'causal' if args.causal else 'non-causal'} forward")
-    print(f"{'metric':<78} {'unit':<8} {'dense':>12} {'varlen':>12} {'v/d':>6}")
-    for pattern in ROWS:
-        for name in sorted(n for n in got["dense"] if re.search(pattern, n)):
-            unit, d = got["dense"][name]
-            v = got["varlen"].get(name, ("", ""))[1]
-            dn, vn = number(d), number(v)
-            if "issue_stalled" in name and max(dn or 0, vn or 0) < 0.05:
-                continue                                 # a stall reason neither kernel has
-            ratio = f"{vn / dn:6.2f}" if dn and vn is not None else ""
-            print(f"{name:<78} {unit:<8} {d:>12} {v:>12} {ratio}")
+    print_table("dense", "varlen", got)
 
 
 if __name__ == "__main__":
