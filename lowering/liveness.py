@@ -8,8 +8,9 @@ roles' statements, each role numbered after the previous one) and gives every sh
   the loop's first access of it is not a write of the whole buffer, or one of its accesses there
   lasts past the statement (a gemm operand, whose wgmma later passes may keep in flight into the
   next iteration; an asynchronous copy's destination, a pipelined ring slot among them);
-* a shared -> global copy's source stays live until the next ``BulkStoreWait`` of its stream
-  (else the stream's end): the store may be a bulk copy still reading it;
+* a shared -> global copy's source, and a tile ``atomic_add``'s shared tile, stay live until the
+  next ``BulkStoreWait`` of its stream (else the stream's end): the store may be a bulk copy, the
+  add a bulk reduce-add, still reading it;
 * roles run concurrently: a buffer accessed by one role lives in that role's order, and only
   buffers of the same role can be ordered against it. A buffer accessed by several roles is live
   over the whole ``WarpSpecialize``, unless the other roles only hand it over: they access it
@@ -27,7 +28,7 @@ from typing import Optional
 
 from . import ir
 from .roles import split
-from .traverse import buffers_read, buffers_written, exprs_of, subexprs
+from .traverse import buffers_read, buffers_written, bulk_reduce, exprs_of, subexprs
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class _Access:
     write: bool
     whole: bool           # a synchronous write of the whole buffer
     lasting: bool         # outlives its statement (gemm operand, asynchronous copy destination)
-    store_source: bool    # read by a shared -> global copy
+    store_source: bool    # read by a shared -> global copy or a tile reduce-add
 
 
 @dataclass
@@ -145,9 +146,10 @@ def _shared_accesses(s: ir.Stmt):
             yield s.c.buffer, True, False, True, False
         return
     written = {b.name: b for b in buffers_written(s) if b.scope is ir.Scope.SHARED}
+    added = s.value.buffer.name if bulk_reduce(s) else None   # read as a bulk store reads
     for b in buffers_read(s):
         if b.scope is ir.Scope.SHARED and b.name not in written:
-            yield b, False, False, False, False
+            yield b, False, False, False, b.name == added
     whole = isinstance(s, ir.Fill) and s.dst.is_whole
     for b in written.values():
         yield b, True, whole, False, False

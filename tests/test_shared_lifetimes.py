@@ -125,6 +125,32 @@ def carried(M=32, N=64, steps=3):
     return main
 
 
+def reduced_then_staged(M=64, N=64, K=64, steps=4):
+    """Each step adds its product into ``Acc`` through the shared tile ``red`` (on Hopper a bulk
+    reduce-add, still reading ``red`` after the statement) and then stages the same product in
+    ``tmp`` for its store."""
+    @T.prim_func
+    def main(A: T.Tensor([steps * M, K], F16), B: T.Tensor([K, N], F16), Acc: T.Tensor([M, N], F32),
+             Out: T.Tensor([steps * M, N], F16)):
+        with T.Kernel(1, threads=256) as bx:
+            A_s = T.alloc_shared([M, K], F16)
+            B_s = T.alloc_shared([K, N], F16)
+            red = T.alloc_shared([M, N], F32)
+            tmp = T.alloc_shared([M, N], F16)
+            acc = T.alloc_fragment([M, N], F32)
+            half = T.alloc_fragment([M, N], F16)
+            T.copy(B[0, 0], B_s)
+            for k in T.Pipelined(steps, num_stages=2):
+                T.copy(A[k * M, 0], A_s)
+                T.gemm(A_s, B_s, acc, clear_accum=True)
+                T.copy(acc, red)
+                T.atomic_add(Acc[0, 0], red)
+                T.copy(acc, half)
+                T.copy(half, tmp)
+                T.copy(tmp, Out[k * M, 0])
+    return main
+
+
 def lower_for(prim, config):
     return lower(build_kernel(prim), config)
 
@@ -145,6 +171,18 @@ def test_a_buffer_live_around_the_back_edge_keeps_its_bytes():
     assert lives["acc"].overlaps(lives["tmp"])
     assert kernel.plan(SharedMemoryPlan).reuses == ()
     assert kernel.plan(SharedMemoryPlan).total_bytes == 2 * 32 * 64 * 4
+
+
+def test_a_reduce_added_tile_keeps_its_bytes_until_the_add_has_read_it():
+    """A bulk reduce-add reads its shared tile asynchronously, like a bulk store: the tile stays
+    live until the next bulk wait (here after the loop: overlap_store defers it), so ``tmp``,
+    written while the add may still be reading, must not take ``red``'s bytes (it did: the add's
+    tile ended its life at the add)."""
+    kernel = lower_for(reduced_then_staged(), HOPPER)
+    plan = kernel.plan(SharedMemoryPlan)
+    assert not {("tmp", "red"), ("red", "tmp")} & set(plan.reuses)
+    ranges = {name: (offset, offset + size) for name, offset, size in plan.ranges}
+    assert ranges["tmp"][1] <= ranges["red"][0] or ranges["red"][1] <= ranges["tmp"][0]
 
 
 def test_rings_and_roles_never_share():
