@@ -9,8 +9,12 @@ the caching allocator, the C launcher, the driver).
 
 Rows (thread CPU time, best of 5 rounds of 10,000 calls, microseconds per call):
 ``decode`` (``decode_attention`` B1 H32/8 S8192 D128 bf16 ragged, 16 fused splits: the GPU
-blocks and split count) and its parts; ``ops.matmul`` 64x64x64 bf16. Run it under two checkouts
-to compare (each with its own installed tilews: ``pip install -e``).
+blocks and split count) and its parts; ``ops.matmul`` 64x64x64 bf16; ``fp8_scaled_mm`` with b
+column-major (``w.t()``) and the tiling the op picks on an H100/H200 (132 SMs): per-tensor
+scales at 16x4096x4096 (swapped, C^T = B A^T), per-row / per-column ones at 64x4096x4096 and at
+``tilews-bench launch``'s 64x64x64. Run it under two checkouts to compare (each with its own
+installed tilews: ``pip install -e``; run the script by its path from outside the checkout, so
+each imports its own).
 
     python scripts/probe_hopper_host_cost.py [label]
 """
@@ -136,10 +140,38 @@ def matmul_rows() -> dict:
             "torch.empty 64x64": per_call_us(lambda: torch.empty((64, 64), dtype=a.dtype, device=a.device))}
 
 
+def fp8_rows() -> dict:
+    """The op's kernels compiled for Hopper, taking CPU tensors; its tiling the default one on a
+    CUDA device of 132 SMs."""
+    fp8 = importlib.import_module("tilews.ops.fp8")
+    jit = fp8.scaled_mm_kernel
+    jit.target = "hopper"
+
+    def kernels(*args, **kwargs):
+        return on_cpu(jit(*args, **kwargs))
+    kernels.target = jit.target
+    fp8.scaled_mm_kernel = kernels
+    fp8.tilews.num_sms = lambda *a: 132
+    fp8._tiles_for = lambda args, a, b, sa, sb, bias, out, fast: fp8.default_tiles(
+        args, torch.device("cuda"), bias is not None)
+    g = torch.Generator().manual_seed(0)
+    rows = {}
+    for name, M, N, K, per_row in (("fp8 tensorwise 16x4096x4096 (swapped)", 16, 4096, 4096, False),
+                                   ("fp8 rowwise 64x4096x4096", 64, 4096, 4096, True),
+                                   ("fp8 rowwise 64^3 (launch bench)", 64, 64, 64, True)):
+        a = torch.randn(M, K, generator=g).to(torch.float8_e4m3fn)
+        b = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn).t()
+        sa, sb = (torch.rand(M, 1) + 0.5, torch.rand(1, N) + 0.5) if per_row else \
+            (torch.tensor(0.5), torch.tensor(2.0))
+        fp8.fp8_scaled_mm(a, b, sa, sb)
+        rows[name] = per_call_us(lambda: fp8.fp8_scaled_mm(a, b, sa, sb))
+    return rows
+
+
 def main() -> None:
     stub_gpu()
     label = sys.argv[1] if len(sys.argv) > 1 else ""
-    print(label, {**decode_rows(), **matmul_rows()})
+    print(label, {**decode_rows(), **matmul_rows(), **fp8_rows()})
 
 
 if __name__ == "__main__":

@@ -1820,6 +1820,67 @@ def test_ops_runs_the_swapped_product(fresh_fp8_calls, monkeypatch, M, N, K, out
     assert len(fp8_ops._calls) == 1
 
 
+@pytest.mark.parametrize("b_layout, a_layout, want", [
+    ("col-major", "row-major", ["b.t()", "sb[None]", "a", "sa[None]"]),      # torch's weight: one view
+    ("row-major", "row-major", ["b.t().contiguous()", "sb[None]", "a", "sa[None]"]),
+    ("col-major", "col-major", ["b.t()", "sb[None]", "a.t()", "sa[None]"]),
+])
+def test_swapped_operands_make_only_the_views_they_need(b_layout, a_layout, want):
+    """The swapped product's operands, from the caller's inputs: the transposes of the swap
+    composed with the kernel's own (a K-major a is passed as it is, not as ``a.t().t()``); the
+    same tensors as mapping the swapped inputs (b.t(), a.t(), sb, sa) step by step."""
+    M, N, K = 20, 136, 256
+    a = fp8((M, K), E4M3, 1)
+    a = a if a_layout == "row-major" else a.t().contiguous().t()
+    w = fp8((N, K), E4M3, 2)
+    b = w.t() if b_layout == "col-major" else w.t().contiguous()
+    sa, sb = ops_scales("tensor", M, N, K, 3)
+    tiles = fp8_ops.Tiles(64, 16, 2, 128, swap_ab=True)
+    args, operands = fp8_ops.tiled_kernel_mapping(tiles, a, b, sa, sb)
+    assert operands.exprs() == want
+    unswapped_args, step_by_step = fp8_ops.kernel_mapping(b.t(), a.t(), sb, sa)
+    assert args == unswapped_args
+    for got, ref in zip(operands(a, b, sa, sb), step_by_step(b.t(), a.t(), sb, sa), strict=True):
+        assert (got.shape, got.stride(), got.dtype) == (ref.shape, ref.stride(), ref.dtype)
+        assert torch.equal(got.float(), ref.float())
+        assert (got.data_ptr() == ref.data_ptr()) == (ref.data_ptr() in (a.data_ptr(), b.data_ptr(),
+                                                                         sa.data_ptr(), sb.data_ptr()))
+
+
+def test_ops_cached_calls_of_several_kinds_each_take_their_own_path(fresh_fp8_calls, monkeypatch):
+    """Calls of different kinds, interleaved, each kept once and found again: a bias or none, a
+    bias converted per call (float64) or taken as it is, b row-major or column-major, b in
+    float8_e5m2, a float32 result, 0-d or [1] scales; swapped and not (a swapped tiling where
+    the scales are per tensor, as on Hopper). Each call's result is its own kind's."""
+    M, N, K = 20, 136, 256
+    swapped = fp8_ops.Tiles(64, 16, 2, 128, swap_ab=True)
+    chosen = []
+
+    def tiles_of(args, device, bias):               # as on Hopper: swapped where per tensor
+        chosen.append(None if bias or args[3:5] != ((1,), (1,)) else swapped)
+        return chosen[-1]
+    monkeypatch.setattr(fp8_ops, "default_tiles", tiles_of)
+    g = torch.Generator().manual_seed(9)
+    bias = torch.randn(N, generator=g, dtype=torch.float64) * 10
+    kinds = [dict(), dict(bias=bias.bfloat16()), dict(bias=bias), dict(b="row-major"),
+             dict(b_dtype=E5M2), dict(out_dtype=torch.float32), dict(scales="[1]"),
+             dict(scales="row"), dict(scales="row", bias=bias.float(), out_dtype=torch.float32)]
+    for seed in (0, 1):
+        for n, kind in enumerate(kinds):
+            a, w = fp8((M, K), E4M3, 10 * seed + n), fp8((N, K), kind.get("b_dtype", E4M3), 50 + n)
+            b = w.t().contiguous() if kind.get("b") == "row-major" else w.t()
+            sa, sb = ops_scales("row" if kind.get("scales") == "row" else "tensor", M, N, K, seed + n)
+            if kind.get("scales") == "[1]":
+                sa, sb = sa.reshape(1), sb.reshape(1)
+            out_dtype = kind.get("out_dtype", torch.bfloat16)
+            c = fp8_scaled_mm(a, b, sa, sb, bias=kind.get("bias"), out_dtype=out_dtype)
+            assert c.shape == (M, N) and c.dtype == out_dtype
+            want = ops_reference(a, b, sa, sb, "row" if kind.get("scales") == "row" else "tensor",
+                                 kind.get("bias"))
+            assert rel_err(c, want) < TOL[out_dtype], kind
+    assert len(fp8_ops._calls) == len(kinds) and chosen.count(swapped) == 5
+
+
 def transposed_c_program(c_shape, flag):
     @T.prim_func
     def main(A: T.Tensor((64, 128), T.float8_e4m3), SA: T.Tensor((1,), T.float32),

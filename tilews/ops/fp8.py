@@ -8,6 +8,7 @@ w.t()`` with w [N, K] contiguous, i.e. K-major); a row-major b is read as it is,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -82,24 +83,47 @@ def scaled_mm_kernel(M, N, K, a_scale_shape, b_scale_shape, transpose_B, use_fas
     return main
 
 
-def _same(t: torch.Tensor) -> torch.Tensor:
-    return t
+# How an input of ``fp8_scaled_mm`` becomes an operand of its kernel: the source of the views or
+# copies applied to it, in order (``Operands`` spells them into one function per kind of call:
+# views cost ~0.5-0.7 us each, so a cached call makes only those it needs, no function per step)
+_SAME: tuple[str, ...] = ()
+_FLAT = ("[None]",)           # a 0-d per-tensor scale as the [1] the kernel takes (cheaper than reshape)
+_TRANSPOSED = (".t()",)
+_TRANSPOSED_COPY = (".t()", ".contiguous()")
+_CONTIGUOUS = (".contiguous()",)
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(1)
+def _after_transpose(steps: tuple[str, ...]) -> tuple[str, ...]:
+    """The steps of ``x.t()`` followed by ``steps``, from x (two transposes are x itself)."""
+    return steps[1:] if steps[:1] == _TRANSPOSED else _TRANSPOSED + steps
 
 
-def _transposed(t: torch.Tensor) -> torch.Tensor:
-    return t.t()
+@dataclass(frozen=True)
+class Operands:
+    """The operands ``scaled_mm_kernel`` takes before C, from ``fp8_scaled_mm``'s (a, b, sa, sb):
+    per operand, in the kernel's order, the input it is made from (``sources``, one of those
+    names) and the steps applied to it (source: ``.t()``, ``.contiguous()``, ``[None]``).
+    Called, it maps the inputs; ``exprs`` spells each operand for a generated call."""
+    sources: tuple[str, ...]
+    steps: tuple[tuple[str, ...], ...]
 
+    def exprs(self) -> list[str]:
+        return [source + "".join(steps) for source, steps in zip(self.sources, self.steps)]
 
-def _transposed_copy(t: torch.Tensor) -> torch.Tensor:
-    return t.t().contiguous()
+    def __call__(self, a, b, sa, sb) -> tuple:
+        return self._function(a, b, sa, sb)
 
+    @functools.cached_property
+    def _function(self):
+        return eval(f"lambda a, b, sa, sb: ({''.join(e + ', ' for e in self.exprs())})")  # noqa: S307
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous()
+    def swapped(self) -> "Operands":
+        """These operands, made for the swapped inputs (b.t(), a.t(), sb, sa), from the caller's:
+        a transpose before each of the first two, the trading of names undone."""
+        trade = {"a": "b", "b": "a", "sa": "sb", "sb": "sa"}
+        return Operands(tuple(trade[s] for s in self.sources),
+                        tuple(_after_transpose(st) if s in ("a", "b") else st
+                              for s, st in zip(self.sources, self.steps)))
 
 
 def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor):
@@ -111,17 +135,17 @@ def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor
     them to the other layout cost more than it saved: H100, 4096^3 and 1024 x 14336 x 4096, 2.5%
     and 3.5% below the M-major call). With k-block-major a scales the b scales are bulk-copied
     too, as a contiguous [N / 128, K / 128] tensor: torch's layout for them (the transpose of
-    one) is a view, any other a copy. Returns (the a scales' map, the b scales' map, whether the
-    a scales are k-block-major): each map takes a tensor of this shape and strides to the
-    kernel's operand."""
+    one) is a view, any other a copy. Returns (the a scales' steps, the b scales' steps, whether
+    the a scales are k-block-major): each takes a tensor of this shape and strides to the
+    kernel's operand (``Operands``)."""
     kb, nb = scale_blocks(K), scale_blocks(N)
-    to_a = _flat if scale_a.dim() == 0 else _same
-    to_b = _flat if scale_b.dim() == 0 else _same
+    to_a = _FLAT if scale_a.dim() == 0 else _SAME
+    to_b = _FLAT if scale_b.dim() == 0 else _SAME
     sa, sb = tuple(scale_a.shape) or (1,), tuple(scale_b.shape) or (1,)
     if sa == (M, kb) and sb == (kb, nb) and sb != (1, N):
         if not scale_a.t().is_contiguous():
-            return _same, _transposed, False
-        return _transposed, _transposed if scale_b.t().is_contiguous() else _transposed_copy, True
+            return _SAME, _TRANSPOSED, False
+        return _TRANSPOSED, _TRANSPOSED if scale_b.t().is_contiguous() else _TRANSPOSED_COPY, True
     try:            # per tensor / row / column; block-wise b scales only in torch's orientation
         if not granularity(M, N, K, sa, sb).block_wise:
             return to_a, to_b, False
@@ -137,9 +161,9 @@ def _scales(M: int, N: int, K: int, scale_a: torch.Tensor, scale_b: torch.Tensor
 def kernel_mapping(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                    out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = False):
     """``fp8_scaled_mm``'s inputs checked and mapped onto its kernel: (the arguments of
-    ``scaled_mm_kernel``, a function (a, b, scale_a, scale_b) -> the operands its kernel takes
-    before C, for inputs of these shapes, strides and dtypes). A column-major b is passed as the
-    [N, K] tensor it is a view of (the K-major Hopper path); block-wise b scales as the
+    ``scaled_mm_kernel``, the ``Operands`` (a, b, scale_a, scale_b) -> the operands its kernel
+    takes before C, for inputs of these shapes, strides and dtypes). A column-major b is passed
+    as the [N, K] tensor it is a view of (the K-major Hopper path); block-wise b scales as the
     intrinsic's [N / 128, K / 128] view. Reads only shapes, strides and dtypes (meta tensors
     do)."""
     for name, t in (("a", a), ("b", b)):
@@ -160,12 +184,18 @@ def kernel_mapping(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
         raise ValueError(f"fp8_scaled_mm(): a is [{M}, {K}] but b is [{K2}, {N}]: K differs")
     to_sa, to_sb, sa_t = _scales(M, N, K, scale_a, scale_b)
     k_major = b.stride(0) == 1 and b.stride(1) == K          # b = w.t(), w [N, K] row-major
-    to_a = _same if a.is_contiguous() else _contiguous
-    to_b = _transposed if k_major else _same if b.is_contiguous() else _contiguous
-    args = (M, N, K, tuple(to_sa(scale_a).shape), tuple(to_sb(scale_b).shape), k_major,
+    to_a = _SAME if a.is_contiguous() else _CONTIGUOUS
+    to_b = _TRANSPOSED if k_major else _SAME if b.is_contiguous() else _CONTIGUOUS
+    args = (M, N, K, _shape_after(scale_a, to_sa), _shape_after(scale_b, to_sb), k_major,
             bool(use_fast_accum), dtypes.from_torch(a.dtype), dtypes.from_torch(b.dtype),
             dtypes.from_torch(out_dtype), sa_t)
-    return args, lambda a, b, sa, sb: (to_a(a), to_sa(sa), to_b(b), to_sb(sb))
+    return args, Operands(("a", "sa", "b", "sb"), (to_a, to_sa, to_b, to_sb))
+
+
+def _shape_after(scale: torch.Tensor, steps: tuple[str, ...]) -> tuple[int, ...]:
+    """The shape of the operand ``steps`` make of a scale tensor (``_scales``'s steps)."""
+    shape = tuple(scale.shape) or (1,)
+    return shape[::-1] if steps[:1] == _TRANSPOSED else shape
 
 
 def kernel_inputs(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -220,7 +250,7 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
     """A new kind of call (``key``): checked, run, and its call kept for the kind. A bias goes
     into the kernel's epilogue, as it is where its dtype is one a result may have and it is
     contiguous, else converted to ``out_dtype`` (contiguous) per call."""
-    args, operands = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    args, _ = kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
     M, N, K = args[:3]
     _check_bias(bias, N, a.device)
     if M == 0 or N == 0 or K == 0:
@@ -231,30 +261,31 @@ def _first_call(key, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum) ->
         tiles = _tiles_for(args, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
         args, operands = tiled_kernel_mapping(tiles, a, b, scale_a, scale_b, out_dtype,
                                               use_fast_accum)
+        exprs, with_bias = operands.exprs(), {}
+        if bias is not None:
+            as_is = bias.dtype in _OUT and bias.is_contiguous()
+            exprs.append("bias" if as_is else "bias.to(out_dtype).contiguous()")
+            with_bias["bias_dtype"] = dtypes.from_torch(bias.dtype if as_is else out_dtype)
         scratch = split_scratch(tiles, *args[:2])     # the kernel's M, N (swapped or not)
         if scratch is not None:
-            mapped = operands
-            operands = lambda a, b, sa, sb: (*mapped(a, b, sa, sb), *scratch(a.device))  # noqa: E731
-        hints = tiles.hints() if tiles else ()
-        if bias is None:
-            launch = scaled_mm_kernel(*args, hints).bound(operands(a, b, scale_a, scale_b))
-
-            def call(a, b, sa, sb, bias):
-                return launch(*operands(a, b, sa, sb))
-        else:
-            as_is = bias.dtype in _OUT and bias.is_contiguous()
-            to_bias = _same if as_is else lambda t: t.to(out_dtype).contiguous()
-            first = to_bias(bias)
-            kernel = scaled_mm_kernel(*args, hints, bias_dtype=dtypes.from_torch(first.dtype))
-            ops = operands(a, b, scale_a, scale_b)
-            launch = kernel.bound((*ops[:4], first, *ops[4:]))
-
-            def call(a, b, sa, sb, bias):
-                ops = operands(a, b, sa, sb)
-                return launch(*ops[:4], to_bias(bias), *ops[4:])
+            exprs.append("*scratch(a.device)")
+        kernel = scaled_mm_kernel(*args, tiles.hints() if tiles else (), **with_bias)
+        call = _kept_call(kernel, exprs, a, b, scale_a, scale_b, bias,
+                          {"out_dtype": out_dtype, "scratch": scratch})
     result = call(a, b, scale_a, scale_b, bias)
     remember(_calls, key, call)
     return result
+
+
+def _kept_call(kernel, exprs: list[str], a, b, scale_a, scale_b, bias, scope: dict) -> Call:
+    """The kept call of a kind: ``kernel`` launched on its operands ``exprs`` (source, of a, b,
+    sa, sb, bias and the names in ``scope``), bound to the signature these inputs give them, in
+    one generated function (no call per operand or step)."""
+    listed = "".join(e + ", " for e in exprs)
+    exec(f"def operands(a, b, sa, sb, bias):\n    return ({listed})\n"     # noqa: S102
+         f"def call(a, b, sa, sb, bias):\n    return launch({listed})", scope)
+    scope["launch"] = kernel.bound(scope["operands"](a, b, scale_a, scale_b, bias))
+    return scope["call"]
 
 
 def _check_bias(bias, N: int, device: torch.device) -> None:
@@ -379,7 +410,7 @@ def tiled_kernel_mapping(tiles: Optional[Tiles], a, b, scale_a, scale_b,
     if tiles is None or not tiles.swap_ab:
         return kernel_mapping(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
     args, operands = kernel_mapping(b.t(), a.t(), scale_b, scale_a, out_dtype, use_fast_accum)
-    return args, lambda a, b, sa, sb: operands(b.t(), a.t(), sb, sa)
+    return args, operands.swapped()
 
 
 # Split K (``T.fp8_scaled_matmul``'s ``splits``) where the whole GEMM's tiles leave SMs idle: at
