@@ -5,8 +5,9 @@ target and the kernel's parameters (buffers: shape and torch dtype; scalars: Tri
 argument function is called on meta tensors, so the signature of each TMA descriptor comes from
 Gluon's own ``TensorDescriptor`` and ``mangle_type``; then ``triton.compile`` builds for the
 target, specialized as Triton's JIT specializes contiguous, 16-byte aligned tensors at launch,
-with ``OPTIONS`` (the launcher launches with the same), with our TTGIR passes (``passes.checking``), and the result holds the text stages (``ttgir``,
-``llir``, ``ptx``, ...) and some metadata. SPEC's optional ``fp8_promote_every`` (int, default 0)
+with ``OPTIONS`` (the launcher's first launch passes the same) and our TTGIR passes
+(``passes.checking``), and the result holds the text stages (``ttgir``, ``llir``, ``ptx``, ...)
+and some metadata (``launch_pdl`` among it). SPEC's optional ``fp8_promote_every`` (int, default 0)
 is the K a block-scaled FP8 kernel covers between promotions, checked by the FP8 verifier; a
 verifier finding is the result's ``verifier_error`` (and ``notes``) instead of the stages.
 
