@@ -132,9 +132,9 @@ def main() -> None:
         r = results[f"{m}x{n}x{k}{kind}"] = measure(m, n, k, args.rounds)
         print(f"{args.tag} {m}x{n}x{k}{kind}: ours {r['ours_us']:.2f} us, cuBLAS {r['cublas_us']:.2f} us, "
               f"speed {r['ratio']:.3f}x ({r['lo']:.3f}..{r['hi']:.3f})", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        if args.json:                      # after each row: a later failure keeps the rows before
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
