@@ -100,3 +100,90 @@ def innermost_loops(sass: str) -> list[list[str]]:
             spans.append((at[int(m.group(1), 16)], n))
     return [[t.split()[1] if t.startswith("@") else t.split()[0] for _, t in lines[s:e + 1]]
             for s, e in spans if not any(s <= s2 and e2 < e for s2, e2 in spans)]
+
+
+GRID_WAIT = "griddepcontrol.wait"
+_LOCAL_SPACES = ("shared", "param", "local", "const")
+
+
+def touches_global(opcode: str) -> bool:
+    """Whether a PTX instruction reads or writes global memory: a load, store, reduction or
+    atomic not in another state space (generic ones may be global), or an asynchronous (TMA /
+    bulk) copy or reduction with a global side."""
+    parts = opcode.split(".")
+    if parts[0] in ("ld", "ldu", "st", "red", "atom", "multimem"):
+        return not any(p.startswith(_LOCAL_SPACES) for p in parts[1:])
+    return parts[0] == "cp" and "global" in parts
+
+
+def unwaited_global_accesses(ptx: str) -> list[str]:
+    """The global memory accesses of the kernel entry of ``ptx`` reachable from its start along
+    some path that passes no ``griddepcontrol.wait`` (what may run before the previous grid of a
+    programmatic dependent launch completes), in text order. Follows branches, ``brx.idx`` tables
+    and the scopes of labels local to ``{ }`` blocks (inline asm's ``waitLoop``)."""
+    body = ptx[ptx.index(".entry"):]
+    body = body[body.index("\n{") + 2:]
+    instrs: list[tuple[str, tuple]] = []          # (statement, its scope path)
+    labels: dict = {}                              # (scope path, name) -> index of the next instruction
+    tables: dict = {}                              # branch table name -> target labels
+    scopes, fresh, table = [0], 1, None
+    for line in body.splitlines():
+        line = line.split("//")[0].strip()
+        if table is not None:                      # a .branchtargets list, ended by ';'
+            tables[table] += [t for t in re.split(r"[,;\s]+", line) if t]
+            table = None if line.endswith(";") else table
+            continue
+        if line == "{":
+            scopes.append(fresh)
+            fresh += 1
+            continue
+        if line == "}":
+            scopes.pop()
+            if not scopes:
+                break                              # the end of the entry function
+            continue
+        m = re.match(r"([$\w]+):\s*(\.branchtargets)?(.*)", line)
+        if m:
+            if m.group(2):
+                table = m.group(1)
+                tables[table] = [t for t in re.split(r"[,;\s]+", m.group(3)) if t]
+                table = None if m.group(3).strip().endswith(";") else table
+            else:
+                labels[(tuple(scopes), m.group(1))] = len(instrs)
+            continue
+        if not line or line.startswith("."):
+            continue
+        instrs += [(s.strip(), tuple(scopes)) for s in line.split(";") if s.strip()]
+
+    def target(name: str, path: tuple) -> int:
+        for n in range(len(path), 0, -1):          # the innermost scope defining it
+            if (path[:n], name) in labels:
+                return labels[(path[:n], name)]
+        raise AssertionError(f"PTX label {name} not found")
+
+    def successors(i: int) -> list[int]:
+        text, path = instrs[i]
+        predicated = text.startswith("@")
+        words = text.split()[1:] if predicated else text.split()
+        op = words[0].split(".")[0]
+        nxt = [i + 1] if (predicated or op not in ("bra", "brx", "ret", "exit", "trap")) else []
+        if op == "bra":
+            return nxt + [target(words[-1], path)]
+        if op == "brx":
+            return nxt + [target(t, path) for t in tables[words[-1]]]
+        return nxt
+
+    seen, todo, found = set(), [0], set()
+    while todo:
+        i = todo.pop()
+        if i in seen or i >= len(instrs):
+            continue
+        seen.add(i)
+        text = instrs[i][0]
+        opcode = (text.split()[1] if text.startswith("@") else text.split()[0])
+        if opcode == GRID_WAIT:
+            continue                               # what follows runs after the previous grid
+        if touches_global(opcode):
+            found.add(i)
+        todo += successors(i)
+    return [instrs[i][0] for i in sorted(found)]

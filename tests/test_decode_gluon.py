@@ -26,7 +26,7 @@ from tilews.lowering.plans import AsyncPlan
 from tilews.lowering.traverse import walk
 from tilews.triton_ext.gluon.backend import HOPPER
 
-from .helpers import poisoned, randn
+from .helpers import poisoned, randn, unwaited_global_accesses
 
 LOG2E = 1.44269504
 
@@ -184,6 +184,7 @@ def test_hopper_stays_warp_specialized(sizes, block_N, dim):
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
     assert shapes == {f"m64n{block_N}k16", f"m64n{dim}k16"}
     assert "cp.async.bulk.tensor" in ptx                 # Q, K and V through TMA
+    assert unwaited_global_accesses(ptx) == []           # ... after the previous grid's end
     assert not re.search(r"\b(ld|st)\.local\b", ptx), "the kernel spills registers"
 
 

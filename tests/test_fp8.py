@@ -72,7 +72,8 @@ from tilews.triton_ext.gluon import emit as gluon_emit
 from tilews.triton_ext.passes.fp8_verifier import verify_fp8
 from tilews.triton_ext.toolchain import ptxas_report
 
-from .helpers import gluon_program, load, marked_line, poisoned, rel_err, roles, tuned_entries
+from .helpers import (gluon_program, load, marked_line, poisoned, rel_err, roles, tuned_entries,
+                      unwaited_global_accesses)
 from .test_ws_oracle import run_interp
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -1916,6 +1917,7 @@ def test_hopper_swapped_product_stays_warp_specialized():
     p = gluon_program(k)
     ptx = p.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx
+    assert unwaited_global_accesses(ptx) == []      # TMA loads, scale loads, C's stores: all after the wait
     report = ptxas_report(ptx)
     if report is None:
         pytest.skip("this triton has no bundled ptxas")
@@ -1939,6 +1941,7 @@ def test_hopper_split_k_sums_in_the_kernel():
     assert src.count("sem='acq_rel'") == 1 and src.count("scale_a +") == 1
     ptx = p.asm["ptx"]
     assert re.search(r"atom\.[a-z_.]*acq_rel", ptx), "no acq_rel atomic in the PTX"
+    assert unwaited_global_accesses(ptx) == []      # the atomic and the partials' sum as well
     report = ptxas_report(ptx)
     if report is None:
         pytest.skip("this triton has no bundled ptxas")

@@ -24,7 +24,7 @@ from tilews.lowering.plans import AsyncPlan, AsyncRefusal
 from tilews.lowering.traverse import walk
 from tilews.triton_ext.gluon.backend import HOPPER
 
-from .helpers import gluon_program, randn
+from .helpers import gluon_program, randn, unwaited_global_accesses
 
 
 def split_k_add(M, N, K, bm=64, bn=64, bk=32, splits=2, through_shared=True):
@@ -71,6 +71,7 @@ def test_a_shared_tile_is_added_by_one_bulk_reduce():
     before = "\n".join(ptx.split("\n")[:reduce[0]])
     assert before.rfind("fence.proxy.async") > before.rfind("st.shared")
     assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0", ptx)
+    assert unwaited_global_accesses(ptx) == []       # the reduce-add waits for the previous grid
 
 
 @pytest.mark.parametrize("sms", [0, 4], ids=["grid", "persistent"])

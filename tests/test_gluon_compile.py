@@ -41,7 +41,7 @@ from tilews.triton_ext.gluon import launch as gluon_launch
 from examples.gemm import matmul
 from examples.ws_gemm import ws_matmul_program, ws_ring_matmul_program
 
-from .helpers import gluon_program, poisoned, randn, rel_err, services
+from .helpers import GRID_WAIT, gluon_program, poisoned, randn, rel_err, services, unwaited_global_accesses
 from .test_tl_backend import gemm as tl_gemm
 from .test_ws_oracle import block_sparse_gemm
 
@@ -241,6 +241,68 @@ def test_shared_memory_fits_the_plan(name):
     assert tiles + barriers - sum(b for n, _, b in plan.ranges if n in {r for r, _ in plan.reuses}) \
         <= p.metadata["shared"] <= HOPPER.caps.smem_bytes
     assert plan.total_bytes <= HOPPER.caps.smem_bytes
+
+
+# the TTGIR operations that read or write global memory
+GLOBAL_OPS = re.compile(r"\b(tt\.(load|store|atomic_\w+|descriptor_\w+)|ttng\.async_tma_\w+|"
+                        r"ttg\.async_copy_global_to_local)\b")
+
+
+def warp_specialize_regions(ttgir: str) -> tuple[str, list[str]]:
+    """(the kernel's TTGIR before its ``ttg.warp_specialize``, the text of each of its regions:
+    the default one, then each partition)."""
+    head, rest = ttgir.split("ttg.warp_specialize(", 1)
+    regions: list[list[str]] = []
+    for line in rest.splitlines()[1:]:
+        if re.match(r"\s*(default \{|partition\d+\(.*\{)$", line):
+            regions.append([])
+        elif re.match(r"\s*\} : \(", line):
+            break
+        elif regions:
+            regions[-1].append(line)
+    return head[head.index("tt.func public"):], ["\n".join(r) for r in regions]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_role_waits_for_the_previous_grid_first(name):
+    """Programmatic dependent launch (``emit._grid_dependency``): compiled with ``launch_pdl``; in
+    the TTGIR each region of the ``warp_specialize`` (one per role) waits for the previous grid
+    before any global access, the default one then lets the next grid launch, and what runs
+    before (barrier inits) touches no global memory; in the PTX one wait per role, one
+    ``launch_dependents``, and no global access reachable from the kernel's start without
+    passing a wait (every role's TMA loads and stores, pointer loads and stores)."""
+    kernel, p = lowered(name), program(name)
+    assert p.metadata["launch_pdl"] is True
+    prologue, regions = warp_specialize_regions(p.asm["ttgir"])
+    assert not GLOBAL_OPS.search(prologue) and "griddepcontrol" not in prologue
+    assert len(regions) == len(roles(kernel))
+    for i, region in enumerate(regions):
+        events = [line for line in region.splitlines() if "griddepcontrol" in line or GLOBAL_OPS.search(line)]
+        assert GRID_WAIT in events[0] and region.count(GRID_WAIT) == 1, events[:3]
+        assert any(GLOBAL_OPS.search(e) for e in events)        # the check is not vacuous
+        if i == 0:
+            assert "griddepcontrol.launch_dependents" in events[1], events[:3]
+    ptx = p.asm["ptx"]
+    assert count(r"griddepcontrol\.wait;", ptx) == len(roles(kernel))
+    assert count(r"griddepcontrol\.launch_dependents;", ptx) == 1
+    assert unwaited_global_accesses(ptx) == []
+
+
+def test_a_global_access_before_the_wait_is_found():
+    """The PTX check above is not vacuous: the producer's wait moved after its first TMA load
+    leaves that load reachable before any wait (every iteration's path runs it first), while the
+    second load, after the wait, is not."""
+    first = program("explicit_ws0_ws1")
+    lines = first.source.split("\n")
+    producer = lines.index(next(line for line in lines if line.startswith("def main_ws0(")))
+    wait = lines.index("    gdc_wait()", producer)
+    load = next(i for i in range(wait, len(lines)) if "tma.async_copy_global_to_shared(" in lines[i])
+    indent = lines[load][:len(lines[load]) - len(lines[load].lstrip())]
+    moved = lines[:wait] + lines[wait + 1:load + 1] + [indent + "gdc_wait()"] + lines[load + 1:]
+    late = GluonProgram("\n".join(moved), first.kernel, services().store, triton_version())
+    assert unwaited_global_accesses(first.asm["ptx"]) == []
+    found = unwaited_global_accesses(late.asm["ptx"])
+    assert len(found) == 1 and "cp.async.bulk.tensor.2d.shared::cluster.global" in found[0], found
 
 
 def test_compile_is_cached(monkeypatch):

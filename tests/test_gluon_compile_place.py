@@ -61,14 +61,14 @@ _IN_PROCESS = textwrap.dedent("""
            "hook": repr(knobs.runtime.add_stages_inspection_hook), "cache_dir": knobs.cache.dir}
     # Triton's JIT at a first launch on contiguous, 16-byte aligned tensors (its binder and
     # argument packing, here on CPU tensors: they specialize as CUDA tensors do), under the
-    # launcher's checks
+    # launcher's checks, with the launcher's options (programmatic dependent launch)
     kernel = program.kernel
     module = load_module(store, program.source, "tilews_gluon")      # as GluonProgram._load does
     fn = getattr(module, kernel.name)
     values = [torch.randn(*p.static_shape).to(p.dtype.torch_dtype) for p in kernel.params]
     args = getattr(module, kernel.name + "_args")(*values)
     backend = make_backend(GPUTarget("cuda", 90, 32))
-    options = dict(num_warps=program.num_warps, debug=False,
+    options = dict(num_warps=program.num_warps, **launch.gluon_compile.OPTIONS, debug=False,
                    instrumentation_mode=knobs.compilation.instrumentation_mode)
     bound, spec, parsed = create_function_from_signature(fn.signature, fn.params, backend)(*args, **options)
     parsed, signature, constants, attrs = fn._pack_args(backend, options, bound, spec, parsed)
@@ -78,6 +78,7 @@ _IN_PROCESS = textwrap.dedent("""
         triton.compile(GluonASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                        options=parsed.__dict__)
     out["jit_cache_hits"] = hits
+    out["launch_pdl"] = parsed.launch_pdl
     print(json.dumps(out))
 """)
 
@@ -111,8 +112,9 @@ def test_without_the_interpreter_it_compiles_in_this_process(in_process, tmp_pat
 
 def test_the_first_launch_finds_the_build_in_tritons_cache(in_process):
     """What Triton's JIT compiles at the first launch is a Triton cache hit of the compile-only
-    build: a GPU compiles a Gluon kernel once."""
-    assert in_process[0]["jit_cache_hits"] == [True]
+    build: a GPU compiles a Gluon kernel once, and it is launched with programmatic dependent
+    launch."""
+    assert in_process[0]["jit_cache_hits"] == [True] and in_process[0]["launch_pdl"] is True
 
 
 def test_one_compile_server_serves_the_process_and_is_replaced_when_it_dies(tmp_path, fresh_triton_cache):

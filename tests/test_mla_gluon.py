@@ -31,6 +31,7 @@ from tilews.lowering.plans import AsyncPlan
 from tilews.lowering.traverse import walk
 from tilews.triton_ext.gluon.backend import HOPPER
 
+from .helpers import unwaited_global_accesses
 from .test_shared_lifetimes import arrivals, mla_decode, mla_inputs, mla_reference
 from .test_ws_oracle import run_interp
 
@@ -116,6 +117,7 @@ def test_mla_decode_compiles_on_gluon_at_tilelang_sizes(batch):
     assert len(re.findall(r"ttng\.async_tma_copy_local_to_global ", ttgir)) == 2
     assert kernel.program.metadata["shared"] <= SMEM
     assert "ld.local" not in ptx and "st.local" not in ptx
+    assert unwaited_global_accesses(ptx) == []     # every role waits for the previous grid first
     assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)) == \
         {"m64n256k16", "m64n32k16"}     # P V: 256 of the 512 columns per warp group; Q K^T: 32 of 64
     if batch > 1:

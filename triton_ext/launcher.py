@@ -1,9 +1,12 @@
 """Launching a ``@triton.jit`` / ``@gluon.jit`` kernel with no per-call work that can be done once.
 
-``Launcher(fn, num_warps, compiling).launch(grid, args)`` launches through Triton's JIT the first
-time for each specialization of the arguments on a device (Triton compiles then, or loads from its
-cache, inside ``compiling()`` where given: the Gluon launcher's TTGIR checks) and keeps the ``CompiledKernel`` it returns; later calls with the same specialization launch that
-kernel directly on the current stream, skipping the JIT's argument binding and cache key. The
+``Launcher(fn, num_warps, compiling, options).launch(grid, args)`` launches through Triton's JIT the
+first time for each specialization of the arguments on a device (Triton compiles then, or loads
+from its cache, inside ``compiling()`` where given: the Gluon launcher's TTGIR checks; with the
+compile ``options`` beside ``num_warps``, e.g. the Gluon kernels' ``launch_pdl``) and keeps the
+``CompiledKernel`` it returns; later calls with the same specialization launch that kernel
+directly on the current stream, skipping the JIT's argument binding and cache key, with the launch
+attributes its metadata asks for (cooperative grid, programmatic dependent launch). The
 specialization is what Triton's JIT specializes on, computed by a function generated once per list
 of argument types: for integers the classes of Triton's ``native_specialize_impl`` (1 becomes a
 constant; divisibility by 16; i32, i64 or u64 by range; remembered per tuple of the integers'
@@ -34,7 +37,8 @@ _ENCODED = "_tilews_encoded"     # attribute of a TensorDescriptor holding its l
 
 
 class Launcher:
-    def __init__(self, fn, num_warps: int, compiling: Callable[[], ContextManager] = contextlib.nullcontext):
+    def __init__(self, fn, num_warps: int, compiling: Callable[[], ContextManager] = contextlib.nullcontext,
+                 options: Optional[dict] = None):
         import torch
         from triton import knobs
         from triton.runtime import driver
@@ -42,6 +46,7 @@ class Launcher:
         self.fn = fn
         self.interpreted = isinstance(fn, InterpretedFunction)
         self.num_warps = num_warps
+        self.options = dict(options or {})
         self.compiling = compiling
         self.compiled: dict = {}             # (device, specialization) -> DirectLaunch
         self._tensor = torch.Tensor
@@ -68,7 +73,8 @@ class Launcher:
         direct = self.compiled.get(key)
         if direct is None:
             with self.compiling():
-                self.compiled[key] = DirectLaunch.of(self.fn[grid](*args, num_warps=self.num_warps))
+                self.compiled[key] = DirectLaunch.of(self.fn[grid](*args, num_warps=self.num_warps,
+                                                                   **self.options))
             return
         stream = active.get_current_stream(device)
         g = tuple(grid) + (1, 1)

@@ -191,6 +191,44 @@ def test_cached_calls_take_new_data_and_replay_in_a_cuda_graph(granularity):
         assert rel_err(out, exact(*values)) < 1e-2
 
 
+def test_a_dependent_chain_of_hopper_kernels_replays_in_a_cuda_graph():
+    """Programmatic dependent launch (every Hopper kernel may start while the previous kernel in
+    the stream ends, and waits for it before touching global memory): two different kernels back
+    to back, the second adding the first's result row as its bias (reading what the first just
+    wrote), twice in one CUDA graph (the second chain's first kernel may write the block the
+    first chain's second kernel still reads: the graph's pool hands freed blocks to later
+    allocations), replayed on new values: each result against float64."""
+    _hopper()
+    M, N, K = 16, 4096, 4096
+
+    def chain(first, second):
+        y = fp8_scaled_mm(*first)                          # the swapped kernel (no bias)
+        return fp8_scaled_mm(*second, bias=y[0])           # another kernel, reading y's first row
+
+    def want(first, second):
+        return exact(*second) + exact(*first)[0]
+
+    values = [[inputs("tensor", "e4m3", "col", M, N, K, seed=10 * r + i) for i in range(4)]
+              for r in range(3)]
+    captured = [[t.clone() for t in s] for s in values[0]]
+    z = [chain(*captured[:2]), chain(*captured[2:])]       # compiled and kept, outside the capture
+    assert all(rel_err(z[i], want(*captured[2 * i:2 * i + 2])) < 1e-2 for i in range(2))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        z = [chain(*captured[:2]), chain(*captured[2:])]
+    for sets in values[1:]:
+        for dst, src in zip(captured, sets):
+            for d, t in zip(dst, src):
+                d.copy_(t)
+        for out in z:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i in range(2):
+            assert rel_err(z[i], want(*sets[2 * i:2 * i + 2])) < 1e-2, i
+
+
 def test_tune_fp8_times_the_hopper_tilings_and_the_op_uses_the_winner(monkeypatch, tmp_path):
     """``tune_fp8`` on an H100/H200: every Hopper tiling compiles and is right (none dropped),
     the winner is kept on disk, and the op's next call of the kind runs its kernel, correct."""

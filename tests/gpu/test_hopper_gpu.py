@@ -160,6 +160,28 @@ def test_block_sparse_gemm():
     assert not c1.view(M // bm, bm, N)[::7].any(), "row blocks without K tiles must be zero"
 
 
+@pytest.mark.parametrize("make", [explicit_single, persistent], ids=["two waves", "persistent"])
+def test_dependent_launches_back_to_back(make):
+    """Programmatic dependent launch (each kernel may start while the previous one still runs; it
+    waits for it before touching global memory): a chain of products x[i + 1] = x[i] @ B launched
+    back to back without synchronizing, each reading the previous kernel's result, the grid two
+    waves deep (256 blocks, one per SM at a time: 164 KB of shared memory each) or persistent
+    (one block per SM): each step against float64 of its own input; the kept launches ask for
+    programmatic dependent launch."""
+    _hopper()
+    M = N = K = 2048
+    kernel = make(M, N, K)
+    b = (torch.randn(K, N, device="cuda") / K ** 0.5).to(torch.bfloat16)
+    xs = [torch.randn(M, K, device="cuda").to(torch.bfloat16)]
+    for _ in range(8):
+        xs.append(kernel(xs[-1], b))
+    torch.cuda.synchronize()
+    for i in range(1, len(xs)):
+        assert rel_err(xs[i], xs[i - 1].double() @ b.double()) < 1e-2, i
+    launches = list(kernel.program._host[2].compiled.values())
+    assert launches and all(d.pdl for d in launches)
+
+
 def test_zz_print_table():
     if not ROWS:
         pytest.skip("no timed rows")

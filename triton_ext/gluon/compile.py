@@ -5,8 +5,9 @@ target and the kernel's parameters (buffers: shape and torch dtype; scalars: Tri
 argument function is called on meta tensors, so the signature of each TMA descriptor comes from
 Gluon's own ``TensorDescriptor`` and ``mangle_type``; then ``triton.compile`` builds for the
 target, specialized as Triton's JIT specializes contiguous, 16-byte aligned tensors at launch,
-with our TTGIR passes (``passes.checking``), and the result holds the text stages (``ttgir``,
-``llir``, ``ptx``, ...) and some metadata. SPEC's optional ``fp8_promote_every`` (int, default 0)
+with ``OPTIONS`` (the launcher's first launch passes the same) and our TTGIR passes
+(``passes.checking``), and the result holds the text stages (``ttgir``, ``llir``, ``ptx``, ...)
+and some metadata (``launch_pdl`` among it). SPEC's optional ``fp8_promote_every`` (int, default 0)
 is the K a block-scaled FP8 kernel covers between promotions, checked by the FP8 verifier; a
 verifier finding is the result's ``verifier_error`` (and ``notes``) instead of the stages.
 
@@ -23,6 +24,12 @@ import importlib.util
 import json
 import os
 import sys
+
+
+# Triton options of every emitted kernel besides ``num_warps``: programmatic dependent launch (the
+# roles wait on the previous grid before touching global memory: ``emit``); Triton's C launcher
+# reads it from the compiled kernel's metadata
+OPTIONS = {"launch_pdl": True}
 
 
 class _Scalar:
@@ -71,11 +78,12 @@ def _compile(spec: dict) -> dict:
     # FP8 promotion interval (it also names the Triton cache folder)
     with ttgir_passes.checking(int(spec.get("fp8_promote_every", 0))):
         compiled = triton.compile(GluonASTSource(fn, signature, constants, attrs),
-                                  target=GPUTarget(*spec["target"]), options={"num_warps": spec["num_warps"]})
+                                  target=GPUTarget(*spec["target"]),
+                                  options={"num_warps": spec["num_warps"], **OPTIONS})
     meta = compiled.metadata
     return {"asm": {k: v for k, v in compiled.asm.items() if isinstance(v, str)},
             "metadata": {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared,
-                         "triton_version": triton.__version__}}
+                         "launch_pdl": meta.launch_pdl, "triton_version": triton.__version__}}
 
 
 def build(spec: dict) -> dict:

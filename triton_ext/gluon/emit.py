@@ -8,7 +8,8 @@ The module holds, in order:
 * one ``@gluon.jit`` function per role (``<kernel>_ws<warp groups>``), taking the TMA
   descriptors, the scalar parameters, the shared buffers and the barriers, then the pointer and
   strides of each global buffer the role reads element by element (the plan's ``pointer_params``);
-  block indices are read with ``gl.program_id`` inside each;
+  each begins with the grid dependency (``_grid_dependency``); block indices are read with
+  ``gl.program_id`` inside each;
 * the kernel ``<kernel>``: per global buffer its descriptors, then its pointer and strides if it
   is a pointer parameter; shared buffers (those the ``SharedMemoryPlan`` lets share bytes as
   views of one arena per group, at their planned offsets) and mbarriers (initialized with the counts legalize
@@ -62,7 +63,8 @@ _IMPORTS = ["from triton.experimental import gluon",
             "from triton.experimental.gluon import language as gl",
             "from triton.experimental.gluon.language.nvidia.hopper import (",
             "    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)",
-            "from triton.experimental.gluon.nvidia.hopper import TensorDescriptor", "",
+            "from triton.experimental.gluon.nvidia.hopper import TensorDescriptor",
+            "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait", "",
             f"{DESCRIPTOR_FN} = TensorDescriptor.from_tensor"]
 # where a kernel adds a shared tile into global memory (bulk_reduce.py: Gluon has no such function)
 _BULK_REDUCE_IMPORT = "from tilews.triton_ext.gluon.bulk_reduce import async_reduce_add"
@@ -134,9 +136,36 @@ def _role(ctx: Ctx, role: ir.Role, fn: str, params: list[str]) -> None:
     with ctx.indent():
         ctx.line(f'"""{describe(role.warpgroups)}: {role.num_warps} warp(s), {role.num_regs} '
                  f'registers per thread."""')
+        _grid_dependency(ctx, role)
         _blocks(ctx, ctx.kernel)
         declare_fragments(ctx, role)
         seq(ctx, role.body)
+
+
+def _grid_dependency(ctx: Ctx, role: ir.Role) -> None:
+    """Programmatic dependent launch (every kernel is launched with it: ``compile.OPTIONS``): the
+    kernel may start while the previous kernel in the stream still runs, so each role first waits
+    (``griddepcontrol.wait``: until the previous grid has completed and its memory operations are
+    visible to this grid; a no-op when the kernel was launched without PDL) before it touches
+    global memory in any way: it may read what the previous kernel writes, and write what it
+    reads. Each role waits itself, as its first statement: a worker partition starts on its own
+    path through the compiled function, which the kernel function's prologue does not dominate,
+    and it overlaps the previous kernel from its own start. Everything before the wait (barrier
+    inits, the roles' set-up) touches no global memory.
+
+    The default role then lets the next kernel launch (``griddepcontrol.launch_dependents``; the
+    first call in a block counts for the block): its blocks may be scheduled once every block of
+    this grid has called it or exited, and only wait there for this grid to complete. A block
+    calls it only once resident and past its own wait, so the next grid's blocks take only
+    resources our blocks leave free once all of ours are resident (the last wave of a multi-wave
+    grid; every block of a persistent one): none of ours can be kept from a slot, and ours never
+    wait on the next grid, so ours complete and the next grid's wait returns: no deadlock, no
+    starvation. Triggered after the wait, never before, at most two grids are in flight. Were
+    it never called, the trigger would fire as our blocks exit (the next kernel then starts only
+    as early as its launch gap allows)."""
+    ctx.line("gdc_wait()")
+    if role.warpgroups == ctx.default_role:
+        ctx.line("gdc_launch_dependents()")
 
 
 def _jit_def(ctx: Ctx, loc: ir.Loc, name: str, params: list[str]) -> None:

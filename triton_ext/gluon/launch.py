@@ -25,7 +25,9 @@ and gives it a cache of TMA descriptors (``descriptors``); each call builds the 
 with the module's ``<kernel>_args`` (TMA descriptors; tensors and strides for pointer parameters)
 and launches the ``@gluon.jit`` kernel on ``<kernel>_grid`` through a ``triton_ext.launcher``
 (Triton's JIT once per specialization, then the compiled kernel directly), on the current torch
-stream. Its ``rules`` ask the binder for CUDA tensors and bulk-copy
+stream, with programmatic dependent launch (``compile.OPTIONS``: the kernel may start while the
+previous kernel in the stream finishes; ``emit``'s roles wait for it before touching global
+memory). Its ``rules`` ask the binder for CUDA tensors and bulk-copy
 alignment of the TMA operands. Triton is imported only there.
 """
 from __future__ import annotations
@@ -70,7 +72,7 @@ def compile_only(source: str, kernel: ir.Kernel, store: ArtifactStore, triton_ve
                            kernel.loc)
     from tilews.triton_ext import passes as ttgir_passes
     # the stage hook is not part of Triton's cache key: it is part of ours
-    parts = ("tilews-gluon-asm", 2, triton_version, ttgir_passes.cache_key_part(), source,
+    parts = ("tilews-gluon-asm", 3, triton_version, ttgir_passes.cache_key_part(), source,
              json.dumps(spec, sort_keys=True))
     payload, _ = store.fetch(parts, lambda: _run_compile(source, spec, kernel, store))
     return json.loads(payload)
@@ -224,7 +226,8 @@ class GluonProgram:
         name = self.kernel.name
         return (getattr(module, name + ARGS_SUFFIX), getattr(module, name + GRID_SUFFIX),
                 Launcher(getattr(module, name), self.num_warps,
-                         functools.partial(ttgir_passes.checking, self.kernel.fp8_promote_every)))
+                         functools.partial(ttgir_passes.checking, self.kernel.fp8_promote_every),
+                         gluon_compile.OPTIONS))
 
 
 def _require_hopper() -> None:
