@@ -32,8 +32,11 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            (Triton allocates no such tile), each of those shared buffers becomes one tile of R
            rows per role, ``<name>_h``, which role h uses whole, and another role's copy from
            global memory into the buffer becomes one copy per part, in row order, on the same
-           barrier. A ``ConsumerSplit`` plan names the roles. A consumer with a block-level
-           atomic (one add per block) stays one role, except under
+           barrier; so does a shared tile of BM rows (dim 0) that a block-level ``T.atomic_add``
+           adds whole into global memory (a bulk reduce-add takes a whole tile: the attention
+           backward's split-tail dK / dV), role h adding its tile into its R rows of the global
+           tile. A ``ConsumerSplit`` plan names the roles. A consumer with any other
+           block-level atomic (one add per block) stays one role, except under
            ``config.policy.split_partials``: a gemm summing over the rows (``transpose_a``, A a
            row-split shared tile, B's rows the row-split rows of a shared tile, its accumulator
            C cleared by it and of other than BM rows) becomes one partial product per role over
