@@ -11,6 +11,12 @@ each call's kernels under ``torch.profiler``), about 3 minutes:
 
     TILEWS_DEVICE_CMD='timeout 300 python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
 
+The split tail (``--tail``: non-causal, the main kernel's last wave at most half full split into
+parts, ``tail_split``): the op's backward with and without it beside cuDNN's, GPU time, rounds
+in alternating order, gradients checked against the unsplit op's (under 240 s):
+
+    TILEWS_DEVICE_CMD='timeout 240 python scripts/probe_attention_backward.py --tail --gpu-time --rounds 5 --only 0 2 --json ${OUT:-/tmp}/tail_split.json' bash scripts/device_run.sh
+
 Each shape's gradients are checked first: tilews's against cuDNN's on the same inputs (relative
 Frobenius error of dq, dk, dv), and, on a reduced shape, against a float64 reference. A variant
 that fails to build or to agree is reported and left out of the timing. ``--json PATH`` writes
@@ -206,6 +212,59 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
     _time(torch, name, impls, rounds, flops, results, timer)
 
 
+def run_tail(shape, rounds, results, timer=pc.launches_ms):
+    """``attention_backward`` with its split tail (the op's choice) and without
+    (``split_tail=False``), beside SDPA cuDNN's backward; the split's gradients against the
+    unsplit op's (and, through the op's autograd at a reduced shape, float64's)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from tilews.ops.attention import _forward
+    from tilews.ops.attention_backward import attention_backward, blocks, tail_split
+    from tilews.ops import attention
+    B, H, KV, S, D, causal = shape
+    name = f"B{B} H{H}/{KV} S{S} D{D} {'causal' if causal else 'full'}"
+    flops = 10.0 * B * H * S * S * D / (2 if causal else 1)
+    cfg = blocks(D, True)
+    units, trips = -(-S // cfg["block_M"]) * KV * B, H // KV * -(-S // cfg["block_N"])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"\n== {name}: {units} units on {sms} SMs, split (tail_units, tail_parts) = "
+          f"{tail_split(units, sms, trips)}; small-shape errors vs float64 (dq, dk, dv):",
+          ["%.1e" % e for e in check_small(torch, attention, D, causal, H // KV)], flush=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, H, S, D, device="cuda", generator=g).half().requires_grad_()
+    k, v = (torch.randn(B, KV, S, D, device="cuda", generator=g).half().requires_grad_() for _ in range(2))
+    do = torch.randn_like(q)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=KV != H)
+    cudnn = torch.autograd.grad(ref, (q, k, v), do, retain_graph=True)
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    out, lse = _forward(qd, kd, vd, causal, "bhsd", store_lse=True)
+    impls = {}
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.autograd.grad(ref, (q, k, v), do, retain_graph=True)
+    impls["SDPA cuDNN"] = sdpa
+    grads = {}
+    for label, split in (("tilews split", True), ("tilews unsplit", False)):
+        def run(split=split):
+            return attention_backward(do, qd, kd, vd, out, lse, causal, "bhsd", split_tail=split)
+        grads[label] = run()
+        impls[label] = run
+    print("split vs unsplit (dq, dk, dv):",
+          ["%.1e" % rel(a, b) for a, b in zip(grads["tilews split"], grads["tilews unsplit"])],
+          "; split vs cuDNN:", ["%.1e" % rel(a, b) for a, b in zip(grads["tilews split"], cudnn)])
+    errs = [rel(a, b) for a, b in zip(grads["tilews split"], grads["tilews unsplit"])]
+    if max(errs) > 1e-2:
+        print("tilews split: disagrees with the unsplit op: not timed")
+        del impls["tilews split"]
+    _time(torch, name, impls, rounds, flops, results, timer, alternate=True)
+    if "tilews split" in results[name]:
+        ratios = [a / b for a, b in zip(results[name]["tilews split"], results[name]["tilews unsplit"])]
+        print(f"  split / unsplit (per round): median {statistics.median(ratios):.4f} "
+              f"({min(ratios):.4f}-{max(ratios):.4f})")
+
+
 def three_kernels(torch, T, factories, mains, sizes, tensors, want, impls):
     """The op's three kernels called directly (no autograd), with each of ``mains`` (label ->
     main kernel) in the middle: each one's dq, dk, dv checked against the op's (``want``), then
@@ -263,13 +322,15 @@ def run_forward(shape, rounds, results):
     _time(torch, name, impls, rounds, flops, results)
 
 
-def _time(torch, name, impls, rounds, flops, results, timer=pc.launches_ms):
-    """Interleaved rounds of every implementation; median times and ratios to cuDNN's. ``timer``:
-    ``pc.launches_ms`` (from the launches: the host's latency to the first kernel counts) or
-    ``gpu_time`` (the kernels' GPU time, ``torch.profiler``)."""
+def _time(torch, name, impls, rounds, flops, results, timer=pc.launches_ms, alternate=False):
+    """Interleaved rounds of every implementation (``alternate``: odd rounds in reverse order);
+    median times and ratios to cuDNN's. ``timer``: ``pc.launches_ms`` (from the launches: the
+    host's latency to the first kernel counts) or ``gpu_time`` (the kernels' GPU time,
+    ``torch.profiler``)."""
     times = {lb: [] for lb in impls}
-    for _ in range(rounds):
-        for lb, fn in impls.items():
+    for r in range(rounds):
+        order = list(impls.items())
+        for lb, fn in reversed(order) if alternate and r % 2 else order:
             times[lb].append(timer(fn))
     base = "SDPA cuDNN" if "SDPA cuDNN" in times else next(iter(times))
     how = "kernels' GPU time" if timer is gpu_time else "from launches"
@@ -307,6 +368,8 @@ def main():
                         help="the op, its main kernel at the op's blocks and QUICK_CHANGES, its "
                              "preprocess and postprocess at the op's blocks")
     parser.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
+    parser.add_argument("--tail", action="store_true",
+                        help="the op's backward with and without its split tail (run_tail)")
     parser.add_argument("--gpu-time", action="store_true",
                         help="each call's kernels' GPU time (torch.profiler; else timed from its launches)")
     parser.add_argument("--forward", type=int, nargs="*", default=[],
@@ -320,9 +383,12 @@ def main():
             print(f"forward {FORWARD_SHAPES[i]}: {type(e).__name__}: {str(e)[:500]}")
     for i, shape in enumerate(SHAPES):
         if args.only is None or i in args.only:
+            timer = gpu_time if args.gpu_time else pc.launches_ms
             try:
-                run_shape(shape, args.rounds, results, args.quick,
-                          gpu_time if args.gpu_time else pc.launches_ms)
+                if args.tail:
+                    run_tail(shape, args.rounds, results, timer)
+                else:
+                    run_shape(shape, args.rounds, results, args.quick, timer)
             except Exception as e:      # noqa: BLE001
                 print(f"{shape}: {type(e).__name__}: {str(e)[:500]}")
     summary(results)

@@ -32,8 +32,11 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            (Triton allocates no such tile), each of those shared buffers becomes one tile of R
            rows per role, ``<name>_h``, which role h uses whole, and another role's copy from
            global memory into the buffer becomes one copy per part, in row order, on the same
-           barrier. A ``ConsumerSplit`` plan names the roles. A consumer with a block-level
-           atomic (one add per block) stays one role, except under
+           barrier; so does a shared tile of BM rows (dim 0) that a block-level ``T.atomic_add``
+           adds whole into global memory (a bulk reduce-add takes a whole tile: the attention
+           backward's split-tail dK / dV), role h adding its tile into its R rows of the global
+           tile. A ``ConsumerSplit`` plan names the roles. A consumer with any other
+           block-level atomic (one add per block) stays one role, except under
            ``config.policy.split_partials``: a gemm summing over the rows (``transpose_a``, A a
            row-split shared tile, B's rows the row-split rows of a shared tile, its accumulator
            C cleared by it and of other than BM rows) becomes one partial product per role over
@@ -87,9 +90,11 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
              and s.buffer.scope in (ir.Scope.FRAGMENT, ir.Scope.LOCAL) and s.buffer in used]  # order
     shared = _row_shared(consumer, rows)
     whole = _whole(consumer, rows) if partials else set()       # each role's own, whole
-    # a shared tile of rows no power of two (Triton allocates none) becomes one tile per role
+    # a shared tile of rows no power of two (Triton allocates none), or one a block-level atomic
+    # adds (a bulk reduce-add takes a whole tile), becomes one tile per role
+    added = _added(consumer, shared, rows)
     own = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc) and s.buffer in shared
-           and not ir.is_power_of_two(rows)]
+           and (not ir.is_power_of_two(rows) or s.buffer in added)]
     staging = [s.buffer for s in kernel.body.stmts if isinstance(s, ir.Alloc) and s.buffer in whole
                and s.buffer.scope is ir.Scope.SHARED]
     split, allocs, parts_of = [], [], {b: [] for b in own}
@@ -163,6 +168,15 @@ def _global_rows(s: ir.Copy, offset: int, rows: int) -> ir.Copy:
     g2 = dataclasses.replace(g, starts=g.starts[:d] + (start,) + g.starts[d + 1:],
                              extents=g.extents[:d] + (rows,) + g.extents[d + 1:])
     return dataclasses.replace(s, dst=g2) if g is s.dst else dataclasses.replace(s, src=g2)
+
+
+def _added(role: ir.Role, shared: dict, rows: int) -> set:
+    """The row-split shared tiles (``rows`` rows in dim 0) the role adds whole into global memory
+    by block-level atomics (each role then adds its own rows)."""
+    return {s.value.buffer for s in walk(role.body, opaque=(ir.Parallel,))
+            if isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region)
+            and s.value.buffer in shared and s.value.is_whole and shared[s.value.buffer] == 0
+            and ir.as_int(s.value.buffer.shape[0]) == rows and s.dst.buffer.scope is ir.Scope.GLOBAL}
 
 
 def _row_shared(role: ir.Role, rows: Optional[int] = None) -> dict[ir.Buffer, int]:
@@ -266,8 +280,10 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool) -> tuple
         if why:
             return None, why
         whole = _whole(role, rows)
+    added = _added(role, shared, rows)
     for s in walk(role.body, opaque=(ir.Parallel,)):
-        if isinstance(s, ir.AtomicAdd) and not (isinstance(s.value, ir.Region) and s.value.buffer in whole):
+        if isinstance(s, ir.AtomicAdd) and not (isinstance(s.value, ir.Region)
+                                                and (s.value.buffer in whole or s.value.buffer in added)):
             return None, f"the atomic at line {s.loc.line} is one per block; {parts} roles would each add"
     for s in walk(role.body):
         if isinstance(s, ir.Gemm) and not (partials and _row_sum(s, shared, rows)):
@@ -351,5 +367,7 @@ def _part(body: ir.Seq, offset: int, size: int, renamed: dict, shared: dict, who
         if isinstance(n, ir.Copy) and n.src.buffer not in whole and n.dst.buffer.scope is ir.Scope.GLOBAL \
                 and (n.src.buffer in row_dims or n.src.buffer.scope is ir.Scope.FRAGMENT):  # stored tile
             return _global_rows(n, offset, size)
+        if isinstance(n, ir.AtomicAdd) and isinstance(n.value, ir.Region) and n.value.buffer in mine:
+            return _global_rows(n, offset, size)          # a row-split tile added
         return None
     return transform(body, fn)

@@ -19,6 +19,13 @@ behind ``tilews.ops.attention``'s autograd.
    blocks that cross the diagonal.
 3. ``postprocess``: dQ cast to the operands' dtype.
 
+On a GPU, non-causal, a last wave of main-kernel blocks at most half full is split
+(``tail_split``, ``bwd_program``'s ``tail_units`` / ``tail_parts``): each of its units (a K/V
+block of a KV head) runs as several blocks over shares of its query blocks, adding dK and dV
+into a zeroed float32 workspace that a small kernel then casts (B4 H32 S4096 D128: 4096 units
+on 132 SMs, 31 full waves and 4 units; split, the last wave is 4 x 33 parts of ~2 query blocks
+each instead of 4 units of 64). Timed by ``scripts/probe_attention_backward.py --tail``.
+
 The row vectors (LSE, Delta) and dQ's accumulator have ``rows`` rows per head (whole forward query
 blocks): rows past the sequence's end hold finite values (zero Q / O / dO rows), so no kernel needs
 a mask for them, and their dQ rows are never read back. Every program takes BHSD tensors;
@@ -84,29 +91,99 @@ def preprocess_block(dim, block, layout, dtype):
 
 
 def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=128, block_N=64,
-                num_stages=2, threads=256, dtype=T.float16, dq_tile_add=False, defer_dq=False):
+                num_stages=2, threads=256, dtype=T.float16, dq_tile_add=False, defer_dq=False,
+                tail_units=0, tail_parts=1, tail_tile_add=False):
     """dK and dV of each K/V block (written), dQ added into its float32 accumulator (module
     docstring; ``dq_tile_add``: dQ's tile added through shared memory, else element atomics;
-    ``defer_dq``: as ``backward_block``'s)."""
+    ``defer_dq``: as ``backward_block``'s).
+
+    ``tail_units`` (non-causal; ``tail_split`` chooses them): the last ``tail_units`` units (one
+    K/V block of one KV head of one sequence, in the grid's bx-fastest order) each run as
+    ``tail_parts`` blocks, each over a contiguous share of the unit's query-block iterations,
+    so the grid's last wave holds ``tail_units * tail_parts`` short blocks instead of
+    ``tail_units`` whole ones. The grid is then one row of blocks: the whole units first, then
+    the parts (dispatched last; on Hopper ``persist``'s last round of tiles). A part adds its dK and dV into the float32 workspace ``dKV``
+    [tail_units, 2 (dK, dV), block_M, dim], which the caller zeroes: by tile through shared
+    memory where ``tail_tile_add``, else by element (``blocks``); a second kernel casts it into
+    dK and dV."""
     shape, kv_shape = [batch, heads, seq_len, dim], [batch, kv_heads, seq_len, dim]
     f32 = T.float32
-    grads = backward_block(dim, heads // kv_heads, is_causal, block_M, block_N, num_stages, "bhsd",
-                           dtype, dq_tile_add=dq_tile_add, defer_dq=defer_dq)
+    group = heads // kv_heads
+    grads = backward_block(dim, group, is_causal, block_M, block_N, num_stages, "bhsd",
+                           dtype, dq_tile_add=dq_tile_add, defer_dq=defer_dq,
+                           split_tail=tail_units > 0, tail_tile_add=tail_tile_add and tail_units > 0)
+    key_blocks = T.ceildiv(seq_len, block_M)
+    units = key_blocks * kv_heads * batch
+    trips = group * T.ceildiv(seq_len, block_N)
+    if tail_units and (is_causal or not 0 < tail_units <= units or not 2 <= tail_parts <= trips):
+        raise ValueError(f"bwd_program: tail_units={tail_units}, tail_parts={tail_parts}: a split "
+                         f"tail needs a non-causal program, 0 < tail_units <= {units} units and "
+                         f"2 <= tail_parts <= {trips} query-block iterations")
+    whole = units - tail_units
+    cast_rows = min(block_M, 32)
+
+    if not tail_units:
+        @T.prim_func
+        def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+                 dO: T.Tensor(shape, dtype), LSE: T.Tensor([batch, heads, rows], f32),
+                 Delta: T.Tensor([batch, heads, rows], f32), dQ: T.Tensor([batch, heads, rows, dim], f32),
+                 dK: T.Tensor(kv_shape, dtype), dV: T.Tensor(kv_shape, dtype)):
+            with T.Kernel(key_blocks, kv_heads, batch, threads=threads) as (bx, by, bz):
+                grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, 0, seq_len, 0, seq_len)
+        return main
 
     @T.prim_func
-    def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
-             dO: T.Tensor(shape, dtype), LSE: T.Tensor([batch, heads, rows], f32),
-             Delta: T.Tensor([batch, heads, rows], f32), dQ: T.Tensor([batch, heads, rows, dim], f32),
-             dK: T.Tensor(kv_shape, dtype), dV: T.Tensor(kv_shape, dtype)):
-        with T.Kernel(T.ceildiv(seq_len, block_M), kv_heads, batch, threads=threads) as (bx, by, bz):
-            grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, 0, seq_len, 0, seq_len)
-    return main
+    def split(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+              dO: T.Tensor(shape, dtype), LSE: T.Tensor([batch, heads, rows], f32),
+              Delta: T.Tensor([batch, heads, rows], f32), dQ: T.Tensor([batch, heads, rows, dim], f32),
+              dK: T.Tensor(kv_shape, dtype), dV: T.Tensor(kv_shape, dtype),
+              dKV: T.Tensor([tail_units, 2, block_M, dim], f32)):
+        # one row of a 3-d grid: on a GPU ``persist`` deals a 2-d or 3-d grid's tiles to one
+        # block per SM in launch order (the parts in its last round); it keeps a 1-d grid as is
+        with T.Kernel(whole + tail_units * tail_parts, 1, 1, threads=threads) as (bid, _, _):
+            # a part: its tail unit's slot in dKV and its share of the iterations (a whole unit:
+            # slot 0, share 0 and all of them)
+            part = T.max(bid - whole, 0)
+            slot, share = part // tail_parts, part % tail_parts
+            first = share * trips // tail_parts
+            count = T.if_then_else(bid < whole, trips, (share + 1) * trips // tail_parts - first)
+            unit = T.min(bid, whole + slot)
+            grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, unit % key_blocks,
+                  unit // key_blocks % kv_heads, unit // (key_blocks * kv_heads), 0, seq_len, 0,
+                  seq_len, part=(bid >= whole, slot, first, count, dKV))
+        with T.Kernel(block_M // cast_rows, tail_units, threads=128) as (rx, t):
+            # the parts' sums cast into dK and dV, ``cast_rows`` rows of each per block
+            unit = whole + t
+            bx, by, bz = unit % key_blocks, unit // key_blocks % kv_heads, unit // (key_blocks * kv_heads)
+            row = bx * block_M + rx * cast_rows
+            acc = T.alloc_fragment([cast_rows, dim], f32)
+            out = T.alloc_fragment([cast_rows, dim], dtype)
+            T.copy(dKV[t, 0, rx * cast_rows, 0], acc)
+            T.copy(acc, out)
+            T.copy(out, dK[bz, by, row, 0])
+            T.copy(dKV[t, 1, rx * cast_rows, 0], acc)
+            T.copy(acc, out)
+            T.copy(out, dV[bz, by, row, 0])
+    return split
+
+
+def tail_split(units: int, slots: int, trips: int) -> tuple:
+    """(tail_units, tail_parts) for ``bwd_program``: ``units`` blocks over ``slots`` resident
+    blocks (SMs times blocks per SM) leave a last wave of ``r = units % slots``; where ``0 < r <=
+    slots // 2``, those ``r`` units each run as ``min(slots // r, trips)`` parts (``trips``: a
+    unit's query-block iterations), so the last wave fills up to ``slots``. Else (0, 1): no
+    split (a full last wave, or one more than half full, where parts would gain less than
+    their extra prologues and the workspace's adds cost)."""
+    r = units % slots
+    parts = min(slots // r, trips) if 0 < r <= slots // 2 else 1
+    return (r, parts) if parts >= 2 else (0, 1)
 
 
 def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, dtype,
-                   sm_scale=None, dq_tile_add=False, defer_dq=False):
+                   sm_scale=None, dq_tile_add=False, defer_dq=False, split_tail=False,
+                   tail_tile_add=False):
     """The macro ``grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len,
-    k_start, k_len)``: keys ``[bx * block_M, (bx + 1) * block_M)`` of KV head ``by`` of sequence
+    k_start, k_len, part=None)``: keys ``[bx * block_M, (bx + 1) * block_M)`` of KV head ``by`` of sequence
     ``bz`` (module docstring), its queries rows ``q_start + [0, q_len)`` and keys ``k_start + [0,
     k_len)`` of their tensors (as ``attention_block``'s; LSE, Delta and dQ [batch, heads, rows,
     ...] from row 0). Causal keys are aligned to the bottom right (key ``j`` is seen by queries
@@ -122,9 +199,18 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
     of dQ's accumulator kept meanwhile), the last after the loop, so on Hopper dQ's shared store,
     fence, barriers and reduce-add run under those gemms instead of between the blocks, where
     no gemm is in flight (sm_90a D64: 20 more instructions per query block, a copy and the
-    branch; D128 spills 224-396 bytes that way)."""
-    if defer_dq and layout == "varlen":
-        raise ValueError("backward_block: defer_dq needs whole sequences (layout 'bhsd')")
+    branch; D128 spills 224-396 bytes that way).
+
+    ``split_tail`` (not varlen): ``grads`` takes ``part=(added, slot, start, count, dKV)``,
+    run-time values: the block runs iterations ``[start, start + count)`` of its loop over
+    query blocks; unless ``added`` it stores dK and dV, else adds them into ``dKV[slot, 0]`` and
+    ``dKV[slot, 1]`` (float32 [block_M, dim]; ``bwd_program``'s split tail): with
+    ``tail_tile_add`` each as one tile through shared memory (on Hopper a bulk reduce-add), else
+    by element."""
+    if tail_tile_add and not split_tail:
+        raise ValueError("backward_block: tail_tile_add needs split_tail")
+    if (defer_dq or split_tail) and layout == "varlen":
+        raise ValueError("backward_block: defer_dq and split_tail need whole sequences (layout 'bhsd')")
     sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
     scale = sm_scale * LOG2E
     f32 = T.float32
@@ -163,12 +249,13 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             T.copy(staging, dst)
 
     @T.macro
-    def query_block(it, by, bx, first, per_head):
-        """(query head, query block) of iteration ``it``: each K/V block starts at its own query
+    def query_block(it, by, bx, first, per_head, start):
+        """(query head, query block) of iteration ``start + it``: each K/V block starts at its own query
         block, so the blocks of one head do not all add into the same dQ rows at once: causal
         (not varlen, whose first blocks may all be 0) with ``block_M >= block_N`` (no two K/V
         blocks share a diagonal query block), the first query block already differs (the
         diagonal's); else rotated by ``bx``."""
+        it = it + start if split_tail else it
         h = by * group + it // per_head if group > 1 else by
         step = it % per_head if group > 1 else it
         return h, first + (step if own_first else (step + bx) % per_head)
@@ -181,17 +268,29 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         T.gemm(V_s, dO_s, dpT, transpose_B=True, clear_accum=True)
 
     @T.macro
-    def add_dq(dQ, dq, dq_s, bz, h, kb):
-        """dQ's rows of query block ``kb`` of head ``h`` += ``dq``."""
-        if dq_tile_add:
-            T.copy(dq, dq_s)
-            T.atomic_add(dQ[bz, h, kb * block_N, 0], dq_s)
+    def add_tile(dst, a, b, row, src, staging, extent):
+        """``dst[a, b, row + i, j] += src[i, j]`` (float32 [extent, dim]): one tile through shared
+        ``staging`` where given, else by element."""
+        if staging is not None:
+            T.copy(src, staging)
+            T.atomic_add(dst[a, b, row, 0], staging)
         else:
-            for i, j in T.Parallel(block_N, dim):
-                T.atomic_add(dQ[bz, h, kb * block_N + i, j], dq[i, j])
+            for i, j in T.Parallel(extent, dim):
+                T.atomic_add(dst[a, b, row + i, j], src[i, j])
 
     @T.macro
-    def grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len, k_start, k_len):
+    def add_dq(dQ, dq, dq_s, bz, h, kb):
+        """dQ's rows of query block ``kb`` of head ``h`` += ``dq``."""
+        add_tile(dQ, bz, h, kb * block_N, dq, dq_s, block_N)
+
+    @T.macro
+    def store_kv(dK, dV, dk, dv, bx, by, bz):
+        T.copy(dv, dV[bz, by, bx * block_M, 0])
+        T.copy(dk, dK[bz, by, bx * block_M, 0])
+
+    @T.macro
+    def grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, q_start, q_len, k_start, k_len,
+              part=None):
         offset = k_len - q_len
         K_s = T.alloc_shared([block_M, dim], dtype)
         V_s = T.alloc_shared([block_M, dim], dtype)
@@ -199,6 +298,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         dO_s = T.alloc_shared([block_N, dim], dtype)
         dsT_s = T.alloc_shared([block_M, block_N], dtype)
         dq_s = T.alloc_shared([block_N, dim], f32) if dq_tile_add else None
+        part_s = T.alloc_shared([block_M, dim], f32) if tail_tile_add else None
         # LSE and Delta through shared memory: on Hopper the producer loads them with Q and dO
         # (the consumer's element loads wait behind its dQ atomics). Varlen's row vectors have
         # a runtime length, which a bulk copy cannot describe: loaded by element there.
@@ -226,14 +326,19 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         else:
             first = 0
         per_head = T.ceildiv(q_len, block_N) - first
-        if varlen:
+        start = 0
+        if split_tail:
+            added, slot, start, trips, dKV = part
+        elif varlen:
             # the warp-specialized pipeline needs its loop at the kernel's top level: a block
             # past the sequence's end runs it zero times instead of returning
             trips = T.if_then_else(bx * block_M < k_len, group * per_head, 0)
         else:
             trips = group * per_head
+        # a split tail's part runs iterations [start, start + trips) (a loop from 0: a loop from
+        # start adds 2 sm_90a instructions per query block, its bounds' arithmetic)
         for it in T.Pipelined(trips, num_stages=num_stages):
-            h, kb = query_block(it, by, bx, first, per_head)
+            h, kb = query_block(it, by, bx, first, per_head, start)
             T.copy(rows(Q, bz, h, q_start + kb * block_N, block_N), Q_s)
             row_vector(LSE[bz, h, kb * block_N], lse_s, lse)
             T.gemm(K_s, Q_s, sT, transpose_B=True, clear_accum=True)
@@ -241,7 +346,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
                 dp_gemm(dO, Delta, dO_s, delta_s, delta, V_s, dpT, bz, h, q_start, kb)
                 # the previous query block's dQ, under this block's first two gemms
                 if it > 0:
-                    h_prev, kb_prev = query_block(it - 1, by, bx, first, per_head)
+                    h_prev, kb_prev = query_block(it - 1, by, bx, first, per_head, start)
                     add_dq(dQ, dq_prev, dq_s, bz, h_prev, kb_prev)
             for i, j in T.Parallel(block_M, block_N):
                 sT[i, j] = T.exp2(sT[i, j] * scale - lse[j])
@@ -265,7 +370,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             else:
                 add_dq(dQ, dq, dq_s, bz, h, kb)
         if defer_dq:
-            h_last, kb_last = query_block(trips - 1, by, bx, first, per_head)
+            h_last, kb_last = query_block(trips - 1, by, bx, first, per_head, start)
             add_dq(dQ, dq_prev, dq_s, bz, h_last, kb_last)
         if varlen:
             # the keys below k_len, from registers (a TMA store would write whole rows)
@@ -275,9 +380,15 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             for i, j in T.Parallel(block_M, dim):
                 if bx * block_M + i < k_len:
                     dK[k_start + bx * block_M + i, by, j] = T.cast(dk[i, j], dtype)
+        elif split_tail:
+            if not added:
+                store_kv(dK, dV, dk, dv, bx, by, bz)
+            else:
+                # a part of a split unit: its share of dK and dV added into the workspace
+                add_tile(dKV, slot, 1, 0, dv, part_s, block_M)
+                add_tile(dKV, slot, 0, 0, dk, part_s, block_M)
         else:
-            T.copy(dv, dV[bz, by, bx * block_M, 0])
-            T.copy(dk, dK[bz, by, bx * block_M, 0])
+            store_kv(dK, dV, dk, dv, bx, by, bz)
     return grads
 
 
@@ -373,19 +484,25 @@ def blocks(dim: int, gpu: bool, varlen: bool = False) -> dict:
     (H200, D128: the main kernel 5.2 ms against 6.7 ms with element atomics, which wait in the
     load/store queue; docs/performance.md); other head dims, whose shared tiles Triton cannot
     lay out, add by element, and so does ``varlen`` (its dQ rows have a runtime extent, which
-    no bulk copy describes; its program takes no ``dq_tile_add``)."""
+    no bulk copy describes; its program takes no ``dq_tile_add``). A split tail's parts add dK
+    and dV by tile (``tail_tile_add``) where dQ's tile is and the float32 staging tile takes at
+    most 32 KB (D64); D128's 64 KB, beside the persistent kernel's buffers, would leave the
+    whole units' dK / dV stores no shared staging (246864 > 232448 bytes): by element there."""
     if not gpu:
         return dict(block_M=64, block_N=32, threads=128, num_stages=2)
     tiles = dict(block_M=64, block_N=64, threads=256, num_stages=1) if dim > 128 else \
         dict(block_M=128, block_N=64, threads=256, num_stages=2)
-    return tiles if varlen else dict(tiles, dq_tile_add=dim & (dim - 1) == 0)
+    tile_add = dim & (dim - 1) == 0
+    return tiles if varlen else dict(tiles, dq_tile_add=tile_add,
+                                     tail_tile_add=tile_add and tiles["block_M"] * dim * 4 <= 32768)
 
 
 def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str,
-                       target: str = "auto"):
+                       target: str = "auto", split_tail: bool = True):
     """(dq, dk, dv) of ``tilews.ops.attention(q, k, v, is_causal, layout)`` given the output's
     gradient, the output and the forward's base-2 log-sum-exp (``lse``, [batch, heads, rows]),
-    computed by the kernels compiled for ``target``."""
+    computed by the kernels compiled for ``target``. On a GPU, non-causal, the main kernel's
+    last wave is split (``tail_split`` over the device's SMs) unless ``split_tail`` is False."""
     batch, heads, seq_len, dim, kv_heads = operand_sizes(q, k, layout)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if seq_len == 0 or batch == 0 or heads == 0:
@@ -398,8 +515,18 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
     dq_acc = lse.new_empty((batch, heads, rows, dim))
     bwd_preprocess, bwd, bwd_postprocess = kernels(target)
     bwd_preprocess(batch, heads, seq_len, dim, rows, dtype=dtype)(out, grad_out, delta, dq_acc)
+    cfg, workspace = blocks(dim, gpu), ()
+    if gpu and split_tail and not is_causal:
+        # one block per SM: the kernel's 384 threads x 168 registers take 64512 of an SM's 65536
+        units = -(-seq_len // cfg["block_M"]) * kv_heads * batch
+        trips = heads // kv_heads * -(-seq_len // cfg["block_N"])
+        tail_units, tail_parts = tail_split(
+            units, torch.cuda.get_device_properties(q.device).multi_processor_count, trips)
+        if tail_units:
+            cfg.update(tail_units=tail_units, tail_parts=tail_parts)
+            workspace = (torch.zeros((tail_units, 2, cfg["block_M"], dim), device=q.device),)
     bwd(batch, heads, kv_heads, seq_len, dim, is_causal, rows, dtype=dtype,
-        **blocks(dim, gpu))(q, k, v, grad_out, lse, delta, dq_acc, dk, dv)
+        **cfg)(q, k, v, grad_out, lse, delta, dq_acc, dk, dv, *workspace)
     bwd_postprocess(batch, heads, seq_len, dim, rows, dtype=dtype)(dq_acc, dq)
     return tuple(t if layout == "bhsd" else t.transpose(1, 2) for t in (dq, dk, dv))
 
