@@ -21,6 +21,9 @@ Ensures:   A *split dim* is a dim of an on-chip buffer (a shared buffer's last t
              piece by piece; cumulative sums likewise, never along a split dim;
            * ``T.Parallel`` loops: one loop per segment of a variable indexing a split dim, the
              variable shifted by the segment's offset wherever it is not the index of a piece;
+             each loop after the first with variables of fresh names (``<name>_<n>``, the n-th):
+             infer_layouts keys a loop's layout by its first variable's name, so a piece sharing
+             the first's names would run in the first piece's layout;
            * element accesses at a constant index: the piece holding it.
            The program is left unchanged (legalize_wgmma then refuses it with its own reason, and
            the ``tl`` backend compiles it) when some split would be unusable: a gemm M dim (the
@@ -80,7 +83,7 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     try:
         dims = _tied(kernel, odd)
         splits = _splits(kernel, dims)
-        body = _Rewriter(splits).seq(kernel.body)
+        body = _Rewriter(splits, kernel).seq(kernel.body)
         left = sorted({n.name for n in _buffers(body) if n in splits})
         if left:
             raise _Whole(f"'{left[0]}' is used where the pass cannot cut it")
@@ -218,8 +221,9 @@ def _segments(extent: int, cuts) -> list[tuple[int, int]]:
 
 
 class _Rewriter:
-    def __init__(self, splits: dict):
+    def __init__(self, splits: dict, kernel: ir.Kernel):
         self.splits = splits
+        self.kernel = kernel        # the names taken (fresh loop variables)
 
     def seq(self, body: ir.Seq) -> ir.Seq:
         out: list[ir.Stmt] = []
@@ -362,12 +366,19 @@ class _Rewriter:
                              f"{[hi - lo for lo, hi in segs]} along '{v.name}', not powers of two")
             per_var.append(segs)
         out = []
-        for seg in itertools.product(*per_var):
+        for n, seg in enumerate(itertools.product(*per_var)):
             shifts = {v: lo for v, (lo, _) in zip(p.vars, seg)}
             extents = {v: hi - lo for v, (lo, hi) in zip(p.vars, seg)}
             body = ir.Seq(tuple(self.scalar(t, shifts, extents) for t in p.body.stmts), p.body.loc)
-            out.append(dataclasses.replace(p, extents=tuple(extents.values()), body=body))
+            piece = dataclasses.replace(p, extents=tuple(extents.values()), body=body)
+            out.append(self.renamed(piece, n) if n else piece)
         return out
+
+    def renamed(self, p: ir.Parallel, n: int) -> ir.Parallel:
+        """Loop ``p`` with variables of fresh names, ``<name>_<n>``."""
+        fresh = {v: dataclasses.replace(v, name=fresh_name(self.kernel, f"{v.name}_{n}")) for v in p.vars}
+        return dataclasses.replace(p, vars=tuple(fresh.values()), body=transform(
+            p.body, lambda x: fresh.get(x) if isinstance(x, ir.Var) else None))
 
     def scalar(self, node, shifts: Optional[dict] = None, extents: Optional[dict] = None):
         """``node`` (an expression or a statement without nested bodies of its own to cut) with

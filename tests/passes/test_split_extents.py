@@ -16,7 +16,7 @@ from tilews.lowering import interpreter, ir, printer
 from tilews.lowering.frontend import build_kernel
 from tilews.lowering.passes import split_extents
 from tilews.lowering.pipeline import lower
-from tilews.lowering.plans import AsyncPlan, AsyncRefusal
+from tilews.lowering.plans import AsyncPlan, AsyncRefusal, LayoutPlan
 from tilews.lowering.traverse import walk
 from tilews.ops.attention import mha_fwd_program
 from tilews.triton_ext.gluon.backend import HOPPER
@@ -190,3 +190,20 @@ def test_reduction_oracle(kind):
     assert after is not before and any(isinstance(s, ir.Reduce) and not s.clear for s in walk(after.body))
     for k in (before, after):
         assert rel_err(interp(k, [x, torch.empty(16)], 1), want) < 1e-6
+
+
+def test_loop_pieces_have_variables_of_their_own():
+    # infer_layouts keys a T.Parallel's layout by its first variable's name: a piece sharing
+    # the first piece's names ran in that piece's layout (D96's 32 columns in the 64 columns'
+    # layout, each element twice in a thread's registers)
+    k = split(attention(1, 1, 128, 96, False))
+    loops = [s for s in walk(k.body) if isinstance(s, ir.Parallel)]
+    assert len(loops) > len({s.loc for s in loops})                  # some loops were cut
+    assert len({s.vars[0].name for s in loops}) == len(loops)
+    lowered = lower(build_kernel(attention(1, 1, 128, 96, False)), HOPPER)
+    frames = dict(lowered.find_plan(LayoutPlan).frames)
+    layouts = dict(lowered.find_plan(LayoutPlan).layouts)
+    for s in (s for s in walk(lowered.body) if isinstance(s, ir.Parallel)):
+        for b in {x.buffer for x in walk(s.body) if isinstance(x, ir.Store)}:
+            if b.scope is ir.Scope.FRAGMENT and len(b.shape) == 2:
+                assert frames[s.vars[0].name] == layouts[b.name], (s.vars[0].name, b.name)
