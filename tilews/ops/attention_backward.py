@@ -501,8 +501,9 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
                        target: str = "auto", split_tail: bool = True):
     """(dq, dk, dv) of ``tilews.ops.attention(q, k, v, is_causal, layout)`` given the output's
     gradient, the output and the forward's base-2 log-sum-exp (``lse``, [batch, heads, rows]),
-    computed by the kernels compiled for ``target``. On a GPU, non-causal, the main kernel's
-    last wave is split (``tail_split`` over the device's SMs) unless ``split_tail`` is False."""
+    computed by the kernels compiled for ``target``. On a GPU, non-causal, at a power-of-two head
+    dim, the main kernel's last wave is split (``tail_split`` over the device's SMs) unless
+    ``split_tail`` is False."""
     batch, heads, seq_len, dim, kv_heads = operand_sizes(q, k, layout)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if seq_len == 0 or batch == 0 or heads == 0:
@@ -516,8 +517,10 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
     bwd_preprocess, bwd, bwd_postprocess = kernels(target)
     bwd_preprocess(batch, heads, seq_len, dim, rows, dtype=dtype)(out, grad_out, delta, dq_acc)
     cfg, workspace = blocks(dim, gpu), ()
-    if gpu and split_tail and not is_causal:
-        # one block per SM: the kernel's 384 threads x 168 registers take 64512 of an SM's 65536
+    if gpu and split_tail and not is_causal and dim & (dim - 1) == 0:
+        # one block per SM: the kernel's 384 threads x 168 registers take 64512 of an SM's 65536.
+        # Power-of-two head dims only until a GPU run confirms the others: D96's split once added
+        # its 32-column pieces twice (split_extents' fix, checked compile-only; docs/status.md)
         units = -(-seq_len // cfg["block_M"]) * kv_heads * batch
         trips = heads // kv_heads * -(-seq_len // cfg["block_N"])
         tail_units, tail_parts = tail_split(
