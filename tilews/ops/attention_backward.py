@@ -19,7 +19,8 @@ behind ``tilews.ops.attention``'s autograd.
    blocks that cross the diagonal.
 3. ``postprocess``: dQ cast to the operands' dtype.
 
-On a GPU, non-causal, a last wave of main-kernel blocks at most half full is split
+On a GPU, non-causal, at a power-of-two head dim (until a GPU run confirms the others:
+``attention_backward``), a last wave of main-kernel blocks at most half full is split
 (``tail_split``, ``bwd_program``'s ``tail_units`` / ``tail_parts``): each of its units (a K/V
 block of a KV head) runs as several blocks over shares of its query blocks, adding dK and dV
 into a zeroed float32 workspace that a small kernel then casts (B4 H32 S4096 D128: 4096 units
