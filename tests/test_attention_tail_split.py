@@ -72,7 +72,7 @@ def test_tail_split_decision(units, sms, trips, want):
     assert tail_split(units, sms, trips) == want
 
 
-@pytest.mark.parametrize("change, match", [(dict(is_causal=True), "non-causal"),
+@pytest.mark.parametrize("change, match", [(dict(is_causal=True), "is_causal=True"),
                                            (dict(tail_units=9), "tail_units=9"),
                                            (dict(tail_parts=1), "tail_parts=1"),
                                            (dict(tail_parts=8), "2 <= tail_parts <= 7")])

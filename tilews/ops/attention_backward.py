@@ -118,8 +118,8 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
     trips = group * T.ceildiv(seq_len, block_N)
     if tail_units and (is_causal or not 0 < tail_units <= units or not 2 <= tail_parts <= trips):
         raise ValueError(f"bwd_program: tail_units={tail_units}, tail_parts={tail_parts}: a split "
-                         f"tail needs a non-causal program, 0 < tail_units <= {units} units and "
-                         f"2 <= tail_parts <= {trips} query-block iterations")
+                         f"tail needs a non-causal program (is_causal={is_causal}), 0 < tail_units "
+                         f"<= {units} units and 2 <= tail_parts <= {trips} query-block iterations")
     whole = units - tail_units
     cast_rows = min(block_M, 32)
 
