@@ -1,9 +1,10 @@
 """The attention backward's split tail (``tilews/ops/attention_backward.py``: ``bwd_program``'s
 ``tail_units`` / ``tail_parts``, ``tail_split``): the last units of the main kernel's grid each
 run as several blocks over shares of their query blocks, adding dK and dV into a float32
-workspace that a second kernel casts. Forced on the CPU targets (the op splits on a GPU only):
-the gradients against float64 (MHA and GQA, parts adding by tile and by element, a ragged
-sequence); the op's decision for a few (units, SMs) pairs; the program's refusals. Compile-only
+workspace that a second kernel casts. Forced on the CPU targets (the op splits on a GPU only,
+at power-of-two head dims for now): the gradients against float64 (MHA and GQA, parts adding by
+tile and by element, a ragged sequence); the op's decision for a few (units, SMs) pairs; the
+program's refusals. Compile-only
 (Hopper, the op's blocks at B4 H32 S4096 D128 and B8 H16 S4096 D64, 4 units x 33 parts): the
 kernel stays warp-specialized and persistent, D64 keeps one role per consumer warp group (each
 adds its own rows of dK / dV by bulk reduce-add) without spills, D128 adds by element and spills
