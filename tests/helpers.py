@@ -103,7 +103,7 @@ def innermost_loops(sass: str) -> list[list[str]]:
 
 
 GRID_WAIT = "griddepcontrol.wait"
-_LOCAL_SPACES = ("shared", "param", "local", "const")
+_NON_GLOBAL_SPACES = ("shared", "param", "local", "const")
 
 
 def touches_global(opcode: str) -> bool:
@@ -112,7 +112,7 @@ def touches_global(opcode: str) -> bool:
     bulk) copy or reduction with a global side."""
     parts = opcode.split(".")
     if parts[0] in ("ld", "ldu", "st", "red", "atom", "multimem"):
-        return not any(p.startswith(_LOCAL_SPACES) for p in parts[1:])
+        return not any(p.startswith(_NON_GLOBAL_SPACES) for p in parts[1:])
     return parts[0] == "cp" and "global" in parts
 
 
