@@ -103,10 +103,10 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
     ``tail_parts`` blocks, each over a contiguous share of the unit's query-block iterations,
     so the grid's last wave holds ``tail_units * tail_parts`` short blocks instead of
     ``tail_units`` whole ones. The grid is then one row of blocks: the whole units first, then
-    the parts (dispatched last; on Hopper ``persist``'s last round of tiles). A part adds its dK and dV into the float32 workspace ``dKV``
-    [tail_units, 2 (dK, dV), block_M, dim], which the caller zeroes: by tile through shared
-    memory where ``tail_tile_add``, else by element (``blocks``); a second kernel casts it into
-    dK and dV."""
+    the parts (dispatched last; on Hopper ``persist``'s last round of tiles). A part adds its
+    dK and dV into the float32 workspace ``dKV`` [tail_units, 2 (dK, dV), block_M, dim], which
+    the caller zeroes: by tile through shared memory where ``tail_tile_add``, else by element
+    (``blocks``); a second kernel casts it into dK and dV."""
     shape, kv_shape = [batch, heads, seq_len, dim], [batch, kv_heads, seq_len, dim]
     f32 = T.float32
     group = heads // kv_heads
