@@ -219,13 +219,13 @@ def run_tail(shape, rounds, results, timer=pc.launches_ms):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from tilews.ops.attention import _forward
-    from tilews.ops.attention_backward import attention_backward, blocks, tail_split
+    from tilews.ops.attention_backward import attention_backward, blocks, tail_split, units_and_trips
     from tilews.ops import attention
     B, H, KV, S, D, causal = shape
     name = f"B{B} H{H}/{KV} S{S} D{D} {'causal' if causal else 'full'}"
     flops = 10.0 * B * H * S * S * D / (2 if causal else 1)
     cfg = blocks(D, True)
-    units, trips = -(-S // cfg["block_M"]) * KV * B, H // KV * -(-S // cfg["block_N"])
+    units, trips = units_and_trips(B, H, KV, S, cfg["block_M"], cfg["block_N"])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"\n== {name}: {units} units on {sms} SMs, split (tail_units, tail_parts) = "
           f"{tail_split(units, sms, trips)}; small-shape errors vs float64 (dq, dk, dv):",

@@ -114,8 +114,7 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
                            dtype, dq_tile_add=dq_tile_add, defer_dq=defer_dq,
                            split_tail=tail_units > 0, tail_tile_add=tail_tile_add and tail_units > 0)
     key_blocks = T.ceildiv(seq_len, block_M)
-    units = key_blocks * kv_heads * batch
-    trips = group * T.ceildiv(seq_len, block_N)
+    units, trips = units_and_trips(batch, heads, kv_heads, seq_len, block_M, block_N)
     if tail_units and (is_causal or not 0 < tail_units <= units or not 2 <= tail_parts <= trips):
         raise ValueError(f"bwd_program: tail_units={tail_units}, tail_parts={tail_parts}: a split "
                          f"tail needs a non-causal program (is_causal={is_causal}), 0 < tail_units "
@@ -166,6 +165,13 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
             T.copy(acc, out)
             T.copy(out, dV[bz, by, row, 0])
     return split
+
+
+def units_and_trips(batch: int, heads: int, kv_heads: int, seq_len: int, block_M: int,
+                    block_N: int) -> tuple[int, int]:
+    """(the main kernel's units, each unit's query-block iterations) at these sizes and blocks:
+    ``tail_split``'s ``units`` and ``trips``, as ``bwd_program`` counts them."""
+    return -(-seq_len // block_M) * kv_heads * batch, heads // kv_heads * -(-seq_len // block_N)
 
 
 def tail_split(units: int, slots: int, trips: int) -> tuple:
@@ -522,8 +528,7 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
         # one block per SM: the kernel's 384 threads x 168 registers take 64512 of an SM's 65536.
         # Power-of-two head dims only until a GPU run confirms the others: D96's split once added
         # its 32-column pieces twice (split_extents' fix, checked compile-only; docs/status.md)
-        units = -(-seq_len // cfg["block_M"]) * kv_heads * batch
-        trips = heads // kv_heads * -(-seq_len // cfg["block_N"])
+        units, trips = units_and_trips(batch, heads, kv_heads, seq_len, cfg["block_M"], cfg["block_N"])
         tail_units, tail_parts = tail_split(
             units, torch.cuda.get_device_properties(q.device).multi_processor_count, trips)
         if tail_units:
