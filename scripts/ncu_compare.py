@@ -26,13 +26,13 @@ ROWS = (r"gpu__time_duration\.sum", r"smsp__issue_active\.avg\.pct_of_peak_susta
         r"smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
 
 
-def profile(label: str, kernel: str, command: list[str], out: Path, ncu: str, skip: int = 1) -> dict:
-    """{metric: (unit, value)} of the kernel named ``kernel`` (ncu's ``--kernel-name`` syntax,
-    e.g. ``regex:nvjet``) that ``command`` launches after ``skip`` earlier launches of it; writes
+def profile(label: str, kernel: str, command: list[str], out: Path, ncu: str) -> dict:
+    """{metric: (unit, value)} of the second launch of the kernel named ``kernel`` (ncu's
+    ``--kernel-name`` syntax, e.g. ``regex:nvjet``) by ``command`` (the first may compile); writes
     ``label``'s report and CSVs under ``out``."""
     rep = out / label
     subprocess.run([ncu, "--clock-control", "none", "--kernel-name", kernel, "--launch-skip",
-                    str(skip), "--launch-count", "1", *[a for s in SECTIONS for a in ("--section", s)],
+                    "1", "--launch-count", "1", *[a for s in SECTIONS for a in ("--section", s)],
                     "-f", "-o", str(rep), *command], check=True)
     raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "raw", "--csv"],
                          check=True, capture_output=True, text=True).stdout
