@@ -322,9 +322,10 @@ def async_shared_reads(s: ir.Stmt) -> set:
     return set()
 
 
-def fresh_name(kernel: ir.Kernel, name: str) -> str:
-    """``name``, or ``name_<n>`` if a variable or buffer of the kernel already has it."""
-    used = {v.name for v in kernel.block_vars} | {p.name for p in kernel.params}
+def fresh_name(kernel: ir.Kernel, name: str, taken: frozenset = frozenset()) -> str:
+    """``name``, or ``name_<n>`` if a variable or buffer of the kernel already has it, or a name of
+    ``taken`` (those a rewrite has made and not yet put into the kernel)."""
+    used = {v.name for v in kernel.block_vars} | {p.name for p in kernel.params} | set(taken)
     named = (ir.Var, ir.Buffer)
     transform(kernel.body, lambda n: used.add(n.name) if isinstance(n, named) else None)
     fresh, n = name, 0

@@ -224,6 +224,7 @@ class _Rewriter:
     def __init__(self, splits: dict, kernel: ir.Kernel):
         self.splits = splits
         self.kernel = kernel        # the names taken (fresh loop variables)
+        self.made: set[str] = set()  # and the names this rewrite made (not in ``kernel``)
 
     def seq(self, body: ir.Seq) -> ir.Seq:
         out: list[ir.Stmt] = []
@@ -375,8 +376,13 @@ class _Rewriter:
         return out
 
     def renamed(self, p: ir.Parallel, n: int) -> ir.Parallel:
-        """Loop ``p`` with variables of fresh names, ``<name>_<n>``."""
-        fresh = {v: dataclasses.replace(v, name=fresh_name(self.kernel, f"{v.name}_{n}")) for v in p.vars}
+        """Loop ``p`` with variables of fresh names, ``<name>_<n>`` (or that with a suffix: names
+        the kernel has or this rewrite made, e.g. for a loop of ``i`` and one of ``i_1``, are
+        taken)."""
+        fresh = {}
+        for v in p.vars:
+            fresh[v] = dataclasses.replace(v, name=fresh_name(self.kernel, f"{v.name}_{n}", self.made))
+            self.made.add(fresh[v].name)
         return dataclasses.replace(p, vars=tuple(fresh.values()), body=transform(
             p.body, lambda x: fresh.get(x) if isinstance(x, ir.Var) else None))
 

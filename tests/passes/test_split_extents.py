@@ -207,3 +207,31 @@ def test_loop_pieces_have_variables_of_their_own():
         for b in {x.buffer for x in walk(s.body) if isinstance(x, ir.Store)}:
             if b.scope is ir.Scope.FRAGMENT and len(b.shape) == 2:
                 assert frames[s.vars[0].name] == layouts[b.name], (s.vars[0].name, b.name)
+
+
+def two_scalings(rows, cols):
+    """Two loops over a [rows, cols] tile, the second's variables named as split_extents names
+    the first's second piece (``i_1``, ``j_1``)."""
+    @T.prim_func
+    def main(X: T.Tensor((rows, cols), T.float32), Y: T.Tensor((rows, cols), T.float32)):
+        with T.Kernel(1, threads=128) as bx:
+            x = T.alloc_fragment((rows, cols), T.float32)
+            T.copy(X[0, 0], x)
+            for i, j in T.Parallel(rows, cols):
+                x[i, j] = x[i, j] * 2.0
+            for i_1, j_1 in T.Parallel(rows, cols):
+                x[i_1, j_1] = x[i_1, j_1] + 1.0
+            T.copy(x, Y[0, 0])
+    return main
+
+
+def test_loop_pieces_never_share_a_made_name():
+    # the first loop's second piece takes i_1_1 (i_1 is the user's); the second loop's second
+    # piece would have been named i_1_1 too, and run in the first's layout
+    k = split(two_scalings(16, 48))
+    loops = [s for s in walk(k.body) if isinstance(s, ir.Parallel)]
+    assert len(loops) == 4
+    names = [v.name for s in loops for v in s.vars]
+    assert len(set(names)) == len(names), names
+    x = randn(16, 48, seed=7)
+    assert rel_err(interp(k, [x, torch.empty(16, 48)], 1), 2 * x + 1) < 1e-6
