@@ -219,16 +219,18 @@ def run_tail(shape, rounds, results, timer=pc.launches_ms):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from tilews.ops.attention import _forward
-    from tilews.ops.attention_backward import attention_backward, blocks, tail_split, units_and_trips
+    from tilews.ops.attention_backward import attention_backward, blocks, op_tail_split, units_and_trips
     from tilews.ops import attention
     B, H, KV, S, D, causal = shape
     name = f"B{B} H{H}/{KV} S{S} D{D} {'causal' if causal else 'full'}"
     flops = 10.0 * B * H * S * S * D / (2 if causal else 1)
     cfg = blocks(D, True)
-    units, trips = units_and_trips(B, H, KV, S, cfg["block_M"], cfg["block_N"])
+    units, _ = units_and_trips(B, H, KV, S, cfg["block_M"], cfg["block_N"])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"\n== {name}: {units} units on {sms} SMs, split (tail_units, tail_parts) = "
-          f"{tail_split(units, sms, trips)}; small-shape errors vs float64 (dq, dk, dv):",
+    split = op_tail_split(B, H, KV, S, D, causal, cfg, sms)
+    print(f"\n== {name}: {units} units on {sms} SMs, the op's split (tail_units, tail_parts) = "
+          f"{split}{'' if split[0] else ' (none: split and unsplit time one kernel)'}; "
+          f"small-shape errors vs float64 (dq, dk, dv):",
           ["%.1e" % e for e in check_small(torch, attention, D, causal, H // KV)], flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, H, S, D, device="cuda", generator=g).half().requires_grad_()

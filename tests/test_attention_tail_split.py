@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tilews.language as T
-from tilews.ops.attention_backward import blocks, bwd_program, kernels, tail_split
+from tilews.ops.attention_backward import blocks, bwd_program, kernels, op_tail_split, tail_split
 
 from .helpers import randn
 from .test_attention_backward import _reference, _rel
@@ -71,6 +71,14 @@ def test_split_tail_gives_the_float64_gradients(target, group, parts, tile_add):
 ])
 def test_tail_split_decision(units, sms, trips, want):
     assert tail_split(units, sms, trips) == want
+
+
+@pytest.mark.parametrize("dim, causal, want", [(128, False, (4, 33)), (64, False, (4, 33)),
+                                               (128, True, (0, 1)),     # causal: no split
+                                               (96, False, (0, 1))])    # until a GPU confirms D96
+def test_the_op_splits_non_causal_power_of_two_head_dims(dim, causal, want):
+    B, H, S = (4, 32, 4096) if dim == 128 else (8, 16, 4096)
+    assert op_tail_split(B, H, H, S, dim, causal, blocks(dim, True), 132) == want
 
 
 @pytest.mark.parametrize("change, match", [(dict(is_causal=True), "is_causal=True"),

@@ -174,6 +174,19 @@ def units_and_trips(batch: int, heads: int, kv_heads: int, seq_len: int, block_M
     return -(-seq_len // block_M) * kv_heads * batch, heads // kv_heads * -(-seq_len // block_N)
 
 
+def op_tail_split(batch: int, heads: int, kv_heads: int, seq_len: int, dim: int, is_causal: bool,
+                  cfg: dict, sms: int) -> tuple:
+    """The split ``attention_backward`` makes on a GPU of ``sms`` SMs with ``blocks``' ``cfg``:
+    ``tail_split`` (one block per SM: the kernel's 384 threads x 168 registers take 64512 of an
+    SM's 65536) where the program is non-causal and the head dim a power of two, else (0, 1).
+    Power-of-two head dims only until a GPU run confirms the others: D96's split once added its
+    32-column pieces twice (split_extents' fix, checked compile-only; docs/status.md)."""
+    if is_causal or dim & (dim - 1):
+        return 0, 1
+    units, trips = units_and_trips(batch, heads, kv_heads, seq_len, cfg["block_M"], cfg["block_N"])
+    return tail_split(units, sms, trips)
+
+
 def tail_split(units: int, slots: int, trips: int) -> tuple:
     """(tail_units, tail_parts) for ``bwd_program``: ``units`` blocks over ``slots`` resident
     blocks (SMs times blocks per SM) leave a last wave of ``r = units % slots``; where ``0 < r <=
@@ -524,13 +537,10 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
     bwd_preprocess, bwd, bwd_postprocess = kernels(target)
     bwd_preprocess(batch, heads, seq_len, dim, rows, dtype=dtype)(out, grad_out, delta, dq_acc)
     cfg, workspace = blocks(dim, gpu), ()
-    if gpu and split_tail and not is_causal and dim & (dim - 1) == 0:
-        # one block per SM: the kernel's 384 threads x 168 registers take 64512 of an SM's 65536.
-        # Power-of-two head dims only until a GPU run confirms the others: D96's split once added
-        # its 32-column pieces twice (split_extents' fix, checked compile-only; docs/status.md)
-        units, trips = units_and_trips(batch, heads, kv_heads, seq_len, cfg["block_M"], cfg["block_N"])
-        tail_units, tail_parts = tail_split(
-            units, torch.cuda.get_device_properties(q.device).multi_processor_count, trips)
+    if gpu and split_tail:
+        tail_units, tail_parts = op_tail_split(
+            batch, heads, kv_heads, seq_len, dim, is_causal, cfg,
+            torch.cuda.get_device_properties(q.device).multi_processor_count)
         if tail_units:
             cfg.update(tail_units=tail_units, tail_parts=tail_parts)
             workspace = (torch.zeros((tail_units, 2, cfg["block_M"], dim), device=q.device),)
