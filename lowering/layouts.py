@@ -62,6 +62,22 @@ class Blocked:
     threads_along_row: int = 32         # 2-d: a warp's threads along a row (the rest down)
 
 
+def holds_twice(layout, extents: tuple[int, ...]) -> bool:
+    """Whether a thread would hold some element of a tile of ``extents`` in two of its registers
+    in ``layout``: the layout's per-thread pattern is wider than the tile, so it wraps onto
+    itself (a wgmma accumulator of instruction width n over fewer than n columns, or fewer
+    than 16 rows; a blocked layout's run of ``vector`` over a shorter row). Repeated elements are
+    harmless to loads and stores, not to atomics: Triton 3.6's element atomics drop duplicates
+    held by other threads but add a thread's own duplicates twice."""
+    if isinstance(layout, WgmmaAccumulator):
+        return extents[0] < 16 or extents[-1] < layout.instr_shape[1] if len(extents) == 2 else False
+    if isinstance(layout, RowSlice) and isinstance(layout.parent, WgmmaAccumulator):
+        return extents[0] < (16 if layout.dim == 1 else layout.parent.instr_shape[1])
+    if isinstance(layout, Blocked) and layout.rank == 2 and len(extents) == 2:
+        return extents[1] < layout.vector
+    return False
+
+
 def warp_partition_ok(m_warps: int, n_warps: int, role_warps: int, M: int, N: int,
                       wgmma: bool = True) -> bool:
     """docs/ws-semantics.md #3: a GEMM warp partition (m, n) is valid iff m * n is the role's warp count,

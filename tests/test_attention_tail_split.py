@@ -190,3 +190,22 @@ def test_split_tail_adds_each_element_once_at_head_dim_96():
     adds = re.findall(r"atom\.global\.gpu\.relaxed\.add\.v2\.f32 \{[^}]*\}, (\[[^\]]*\]), (\{[^}]*\})", ptx)
     assert len(adds) == (64 * 96 + 2 * 128 * 96) // (256 * 2)
     assert len(set(adds)) == len(adds)
+
+
+def test_an_atomic_in_a_layout_holding_elements_twice_is_refused(monkeypatch):
+    """The D96 bug's class, put back (split_extents' loop pieces keeping the first piece's
+    variable names): the Gluon emitter refuses the 32-column pieces' element atomics, which ran in
+    the 64-column layout, as an internal error naming the buffer, instead of adding twice."""
+    from tilews.lowering.errors import InternalError
+    from tilews.lowering.frontend import build_function
+    from tilews.lowering.passes import split_extents
+    from tilews.lowering.pipeline import lower
+    from tilews.triton_ext.gluon import emit
+    from tilews.triton_ext.gluon.backend import HOPPER
+
+    program = bwd_program(2, 4, 4, 1000, 96, False, 1024, dtype=T.float16,
+                          **dict(blocks(96, True), tail_units=64, tail_parts=2))
+    monkeypatch.setattr(split_extents._Rewriter, "renamed", lambda self, p, n: p)
+    lowered = lower(build_function(program).kernels[0], HOPPER)
+    with pytest.raises(InternalError, match=r"atomic add into 'd(Q|KV)'.*holds an element twice"):
+        emit(lowered)

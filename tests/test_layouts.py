@@ -115,3 +115,16 @@ def test_row_slice_is_held_by_one_row_of_threads(case, dim):
             assert len({t // 32 for t in threads}) == lay.warps_per_cta[1]
         else:
             assert len(threads) == 8 * lay.warps_per_cta[0]     # 8 lanes of each warp along M
+
+
+def test_holds_twice_finds_patterns_wider_than_their_tile():
+    acc = layouts.WgmmaAccumulator((8, 1), (16, 64, 16))
+    assert layouts.holds_twice(acc, (128, 32))            # D96's 32 columns in a 64-wide pattern
+    assert not layouts.holds_twice(acc, (128, 64)) and not layouts.holds_twice(acc, (128, 128))
+    assert layouts.holds_twice(acc, (8, 64))              # rows r and r + 8 of 8 rows
+    wide = layouts.WgmmaAccumulator((4, 2), (16, 32, 16))
+    assert not layouts.holds_twice(wide, (64, 32))        # the second warp column repeats: other threads
+    assert layouts.holds_twice(layouts.RowSlice(0, acc), (32,))
+    assert not layouts.holds_twice(layouts.RowSlice(1, acc), (128,))
+    assert layouts.holds_twice(layouts.Blocked(2, 4, vector=8), (16, 4))
+    assert not layouts.holds_twice(layouts.Blocked(2, 4, vector=8), (16, 64))

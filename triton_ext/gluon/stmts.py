@@ -18,7 +18,7 @@ from typing import Callable
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
 
-from tilews.lowering.layouts import WgmmaOperandA
+from tilews.lowering.layouts import WgmmaOperandA, holds_twice
 from tilews.lowering.simplify import fold
 
 from . import fragments, invariants
@@ -262,6 +262,11 @@ def _atomic_add(ctx: Ctx, s: ir.AtomicAdd) -> None:
         _bulk_reduce_add(ctx, s)        # legalize_wgmma: a shared tile added by TMA
         return
     b = s.dst.buffer
+    if ctx.par is not None and holds_twice(ctx.par.layout, ctx.par.extents):
+        raise InternalError(f"gluon backend: the element atomic add into '{b.name}' runs in a "
+                            f"T.Parallel of extents {list(ctx.par.extents)} laid out as "
+                            f"{ctx.par.layout}, which holds an element twice in a thread: Triton "
+                            f"would add it twice", s.loc)
     if s.releases:
         ctx.line("gl.thread_barrier()")
     ptr, inside = element_address(ctx, b, s.dst.starts, s.loc)
