@@ -159,9 +159,10 @@ def _fill_parts(body: ir.Seq, parts_of: dict) -> ir.Seq:
     return transform(body, fn) if parts_of else body
 
 
-def _global_rows(s: ir.Copy, offset: int, rows: int) -> ir.Copy:
-    """``s`` with its global region cut to ``rows`` rows from ``offset`` (the region's first dim
-    of more than one element: the tile's rows)."""
+def _global_rows(s, offset: int, rows: int):
+    """``s`` (a copy, or a tile ``atomic_add`` into global memory) with its global region cut to
+    ``rows`` rows from ``offset`` (the region's first dim of more than one element: the tile's
+    rows)."""
     g = s.dst if s.dst.buffer.scope is ir.Scope.GLOBAL else s.src
     d = next(k for k, e in enumerate(g.extents) if e != 1)
     start = ir.BinOp(ir.BinOpKind.ADD, g.starts[d], ir.Const(offset, ir.DType.I32, s.loc), ir.DType.I32, s.loc)

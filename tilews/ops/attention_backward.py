@@ -122,6 +122,11 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
     whole = units - tail_units
     cast_rows = min(block_M, 32)
 
+    @T.macro
+    def unit_block(unit):
+        """(bx, by, bz) of ``unit`` in the grid's bx-fastest order."""
+        return unit % key_blocks, unit // key_blocks % kv_heads, unit // (key_blocks * kv_heads)
+
     if not tail_units:
         @T.prim_func
         def main(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
@@ -147,14 +152,12 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
             slot, share = part // tail_parts, part % tail_parts
             first = share * trips // tail_parts
             count = T.if_then_else(bid < whole, trips, (share + 1) * trips // tail_parts - first)
-            unit = T.min(bid, whole + slot)
-            grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, unit % key_blocks,
-                  unit // key_blocks % kv_heads, unit // (key_blocks * kv_heads), 0, seq_len, 0,
-                  seq_len, part=(bid >= whole, slot, first, count, dKV))
+            bx, by, bz = unit_block(T.min(bid, whole + slot))
+            grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, 0, seq_len, 0, seq_len,
+                  part=(bid >= whole, slot, first, count, dKV))
         with T.Kernel(block_M // cast_rows, tail_units, threads=128) as (rx, t):
             # the parts' sums cast into dK and dV, ``cast_rows`` rows of each per block
-            unit = whole + t
-            bx, by, bz = unit % key_blocks, unit // key_blocks % kv_heads, unit // (key_blocks * kv_heads)
+            bx, by, bz = unit_block(whole + t)
             row = bx * block_M + rx * cast_rows
             acc = T.alloc_fragment([cast_rows, dim], f32)
             out = T.alloc_fragment([cast_rows, dim], dtype)
@@ -538,9 +541,9 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
     bwd_preprocess(batch, heads, seq_len, dim, rows, dtype=dtype)(out, grad_out, delta, dq_acc)
     cfg, workspace = blocks(dim, gpu), ()
     if gpu and split_tail:
-        tail_units, tail_parts = op_tail_split(
-            batch, heads, kv_heads, seq_len, dim, is_causal, cfg,
-            torch.cuda.get_device_properties(q.device).multi_processor_count)
+        # the SMs ``persist`` deals the main kernel's tiles to (tilews.num_sms: the current device's)
+        tail_units, tail_parts = op_tail_split(batch, heads, kv_heads, seq_len, dim, is_causal, cfg,
+                                               tilews.num_sms())
         if tail_units:
             cfg.update(tail_units=tail_units, tail_parts=tail_parts)
             workspace = (torch.zeros((tail_units, 2, cfg["block_M"], dim), device=q.device),)
