@@ -29,13 +29,17 @@ DECODE = [(m, n, k) for m in (16, 32, 64, 128) for n, k in ((4096, 4096), (14336
 BF16 = torch.bfloat16
 
 
-def input_sets(m: int, n: int, k: int) -> list[tuple]:
-    """(a, b, scale_a, scale_b) sets, b column-major (what ``_scaled_mm`` takes), >= 160 MB of b."""
+def operands(m: int, n: int, k: int) -> tuple:
+    """(a, b, scale_a, scale_b): random e4m3 a [m, k] and b [k, n] column-major (``w.t()``, what
+    ``_scaled_mm`` takes), per-tensor scales."""
     def fp8(*shape):
         return (torch.randn(*shape, device="cuda") / 2).to(torch.float8_e4m3fn)
-    sets = max(2, -(-160 * 2**20 // (n * k)))
-    return [(fp8(m, k), fp8(n, k).t(), torch.tensor(0.7, device="cuda"), torch.tensor(1.3, device="cuda"))
-            for _ in range(sets)]
+    return fp8(m, k), fp8(n, k).t(), torch.tensor(0.7, device="cuda"), torch.tensor(1.3, device="cuda")
+
+
+def input_sets(m: int, n: int, k: int) -> list[tuple]:
+    """``operands`` sets holding >= 160 MB of b (past L2)."""
+    return [operands(m, n, k) for _ in range(max(2, -(-160 * 2**20 // (n * k))))]
 
 
 def timed(graphs: dict, calls: int, rounds: int, err: float) -> dict:
