@@ -44,9 +44,6 @@ class SchedulePolicy:
                                     # 1.12 -> 0.96x cuDNN's backward time, H200)
     sum_partials: bool = False      # sum_partials: those roles' partials summed in shared memory,
                                     # one atomic add (opt-in, measured slower; TILEWS_SUM_PARTIALS)
-    loads_before_gemms: bool = False  # overlap_gemms keeps a load of shared memory into a fragment
-                                    # ahead of the gemms that follow it (attention backward's LSE
-                                    # and Delta; TILEWS_LOADS_BEFORE_GEMMS)
 
 
 @dataclass(frozen=True)

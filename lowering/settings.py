@@ -45,9 +45,6 @@ SWITCHES = (
     ("TILEWS_SUM_PARTIALS", "Hopper: with TILEWS_SPLIT_PARTIALS, the roles hand their partial "
                             "products to the first, which adds their sum once (sum_partials; "
                             "off unless set to an on value)"),
-    ("TILEWS_LOADS_BEFORE_GEMMS", "Hopper: with TILEWS_OVERLAP_GEMMS, a load of shared memory into "
-                                  "registers stays ahead of the gemms written after it, so its "
-                                  "latency passes under theirs (off unless set to an on value)"),
     ("TILEWS_OVERLAP_PROMOTION", "Hopper: issue an FP8 k-block's wgmma before the previous "
                                  "k-block's product is promoted, the products in two fragments "
                                  "by turns (overlap_promotion; on unless set to an off value)"),
@@ -122,7 +119,6 @@ class Settings:
     merge_releases: bool = True
     split_partials: bool = True
     sum_partials: bool = False
-    loads_before_gemms: bool = False
     overlap_promotion: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
@@ -143,7 +139,6 @@ class Settings:
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
                    split_partials=flag("TILEWS_SPLIT_PARTIALS", environ, default=True),
                    sum_partials=flag("TILEWS_SUM_PARTIALS", environ),
-                   loads_before_gemms=flag("TILEWS_LOADS_BEFORE_GEMMS", environ),
                    overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),

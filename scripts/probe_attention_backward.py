@@ -248,27 +248,23 @@ def run_tail(shape, rounds, results, timer=pc.launches_ms):
             torch.autograd.grad(ref, (q, k, v), do, retain_graph=True)
     impls["SDPA cuDNN"] = sdpa
     grads = {}
-    for label, split, loads in (("tilews split", True, "off"), ("tilews unsplit", False, "off"),
-                                ("tilews split, loads first", True, "on")):
-        def run(split=split, loads=loads):
-            with mock.patch.dict(os.environ, TILEWS_LOADS_BEFORE_GEMMS=loads):
-                return attention_backward(do, qd, kd, vd, out, lse, causal, "bhsd", split_tail=split)
+    for label, split in (("tilews split", True), ("tilews unsplit", False)):
+        def run(split=split):
+            return attention_backward(do, qd, kd, vd, out, lse, causal, "bhsd", split_tail=split)
         grads[label] = run()
         impls[label] = run
     print("split vs unsplit (dq, dk, dv):",
           ["%.1e" % rel(a, b) for a, b in zip(grads["tilews split"], grads["tilews unsplit"])],
           "; split vs cuDNN:", ["%.1e" % rel(a, b) for a, b in zip(grads["tilews split"], cudnn)])
-    for label in ("tilews split", "tilews split, loads first"):
-        errs = [rel(a, b) for a, b in zip(grads[label], grads["tilews unsplit"])]
-        if max(errs) > 1e-2:
-            print(f"{label}: disagrees with the unsplit op ({['%.1e' % e for e in errs]}): not timed")
-            del impls[label]
+    errs = [rel(a, b) for a, b in zip(grads["tilews split"], grads["tilews unsplit"])]
+    if max(errs) > 1e-2:
+        print("tilews split: disagrees with the unsplit op: not timed")
+        del impls["tilews split"]
     _time(torch, name, impls, rounds, flops, results, timer, alternate=True)
-    for row, base in (("tilews split", "tilews unsplit"), ("tilews split, loads first", "tilews split")):
-        if row in results[name]:
-            ratios = [a / b for a, b in zip(results[name][row], results[name][base])]
-            print(f"  {row} / {base} (per round): median {statistics.median(ratios):.4f} "
-                  f"({min(ratios):.4f}-{max(ratios):.4f})")
+    if "tilews split" in results[name]:
+        ratios = [a / b for a, b in zip(results[name]["tilews split"], results[name]["tilews unsplit"])]
+        print(f"  split / unsplit (per round): median {statistics.median(ratios):.4f} "
+              f"({min(ratios):.4f}-{max(ratios):.4f})")
 
 
 def three_kernels(torch, T, factories, mains, sizes, tensors, want, impls):

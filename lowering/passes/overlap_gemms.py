@@ -14,11 +14,7 @@ Ensures:   every statement list (a role's body, a loop body, a branch) whose wai
            1. each wgmma moves up past the statements before it that neither write its operands
               or accumulator nor read its accumulator; the first ``barrier_wait`` it meets (the
               wait for its ring slot) joins it and moves on with it, so the statements between
-              them stay after both; with ``config.policy.loads_before_gemms``, the loads of
-              shared memory into fragments it meets before that wait (the attention backward's
-              LSE and Delta, read from the slot the wait guards) join it too and stay between
-              the wait and the gemm, so their latency passes under the gemms; it stops at
-              another gemm, a wait, a barrier operation, a proxy fence,
+              them stay after both; it stops at another gemm, a wait, a barrier operation, a proxy fence,
               a bulk copy or a statement holding any of those (gemms keep their order; waits
               move earlier only past statements that involve no barrier, so no role waits on an
               arrival it used to give first);
@@ -68,27 +64,24 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     released: dict[str, set] = {}
     for ws in (s for s in walk(kernel.body) if isinstance(s, ir.WarpSpecialize)):
         released.update(roles.released_buffers(ws))
-    loads_first = config.policy.loads_before_gemms
-    return dataclasses.replace(kernel, body=_rewrite(kernel.body, released, loads_first))
+    return dataclasses.replace(kernel, body=_rewrite(kernel.body, released))
 
 
-def _rewrite(seq: ir.Seq, released: dict, loads_first: bool) -> ir.Seq:
+def _rewrite(seq: ir.Seq, released: dict) -> ir.Seq:
     """``seq`` with its nested lists rescheduled first, then itself where it qualifies."""
-    stmts = tuple(_rewrite_nested(s, released, loads_first) for s in seq.stmts)
+    stmts = tuple(_rewrite_nested(s, released) for s in seq.stmts)
     if _qualifies(stmts):
-        stmts = _place_waits(_hoist_gemms(_without_waits(stmts), loads_first), released, seq.loc)
+        stmts = _place_waits(_hoist_gemms(_without_waits(stmts)), released, seq.loc)
     return dataclasses.replace(seq, stmts=stmts)
 
 
-def _rewrite_nested(s: ir.Stmt, released: dict, loads_first: bool) -> ir.Stmt:
+def _rewrite_nested(s: ir.Stmt, released: dict) -> ir.Stmt:
     if isinstance(s, ir.WarpSpecialize):
-        return dataclasses.replace(s, roles=tuple(_rewrite_nested(r, released, loads_first)
-                                                  for r in s.roles))
+        return dataclasses.replace(s, roles=tuple(_rewrite_nested(r, released) for r in s.roles))
     if isinstance(s, (ir.For, ir.Role)):
-        return dataclasses.replace(s, body=_rewrite(s.body, released, loads_first))
+        return dataclasses.replace(s, body=_rewrite(s.body, released))
     if isinstance(s, ir.If):
-        return dataclasses.replace(s, then=_rewrite(s.then, released, loads_first),
-                                   orelse=_rewrite(s.orelse, released, loads_first))
+        return dataclasses.replace(s, then=_rewrite(s.then, released), orelse=_rewrite(s.orelse, released))
     return s
 
 
@@ -125,13 +118,7 @@ def _independent(bundle: list, s: ir.Stmt) -> bool:
     return not (s_writes & (reads | writes) or s_reads & writes)
 
 
-def _shared_load(s: ir.Stmt) -> bool:
-    """Whether ``s`` copies shared memory into a fragment."""
-    return isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.SHARED \
-        and s.dst.buffer.scope is ir.Scope.FRAGMENT
-
-
-def _hoist_gemms(stmts: list, loads_first: bool) -> list:
+def _hoist_gemms(stmts: list) -> list:
     """Step 1 of the module docstring."""
     out: list = []
     for s in stmts:
@@ -142,9 +129,6 @@ def _hoist_gemms(stmts: list, loads_first: bool) -> list:
         while True:
             while top > 0 and not _fixed(out[top - 1]) and _independent(bundle, out[top - 1]):
                 top -= 1
-                if loads_first and _shared_load(out[top]) and \
-                        not any(isinstance(b, ir.BarrierWait) for b in bundle):
-                    bundle = [out[top]] + bundle    # a load the gemm meets before its wait
             if top == 0 or not isinstance(out[top - 1], ir.BarrierWait) or \
                     any(isinstance(b, ir.BarrierWait) for b in bundle):
                 break
