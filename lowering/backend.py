@@ -6,10 +6,14 @@ A backend takes a kernel from the frontend to something that runs on one target:
     reason  = backend.refuses(lowered)         # None, or why this program is not for it
     source  = backend.emit(lowered)            # the generated code (emitters only spell plans)
     program = backend.load(lowered, source, options)   # a Program: launch(values), asm, rules
+    needed  = backend.shared_bytes(program)   # shared memory as its toolchain counts it
 
 ``tilews.compiler.compile_kernel`` walks a target's chain of backends (``tilews.backends``), takes
 the first that does not refuse and records each refusal's reason in the compile report. The
 lowered kernel and its source are cached under a key that includes ``backend.fingerprint()``.
+Where a loaded program needs more shared memory than ``config.caps.smem_bytes`` (the plan plus
+the toolchain's own scratch), the compiler lowers it again with ``with_config`` of a config whose
+``smem_bytes`` leaves that scratch room.
 
 What a backend needs from outside comes in ``Services`` at construction (the artifact store,
 the settings, the machine); backends never import the ``tilews`` user surface. Arguments reach
@@ -100,6 +104,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def load(self, lowered: ir.Kernel, source: str, options: dict) -> Program:
         ...
+
+    def shared_bytes(self, program: Program) -> Optional[int]:
+        """The shared memory per block ``program`` (from ``load``) needs as its toolchain counts it:
+        the lowering's ``SharedMemoryPlan`` and the toolchain's own scratch beside it; None where
+        it is not known before launch (the default: a toolchain compiling at launch, or none)."""
+        return None
+
+    def with_config(self, config: BackendConfig) -> "Backend":
+        """This backend with ``config`` instead of its own (same services)."""
+        return type(self)(config, self.services)
 
     def fingerprint(self) -> tuple:
         """What, besides the IR and tilews's own sources, determines this backend's output."""

@@ -95,7 +95,8 @@ class InvalidAddressError(ValueError):
 
 class ResourceLimitError(CompileError):
     """A valid program whose lowered form needs more of the machine than this backend has (shared
-    memory after that backend's own schedule: rings, per-tile slots, staging). Unlike other
+    memory after that backend's own schedule: rings, per-tile slots, staging; or with its
+    toolchain's scratch beside them, after lowering again for less). Unlike other
     ``CompileError``s it is no verdict on the program: a compile chain treats it as the backend's
     refusal and tries the next backend (``tilews.compiler``), which plans differently; only the
     last backend's limit reaches the user, after the earlier ones' reasons."""

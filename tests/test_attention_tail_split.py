@@ -9,7 +9,8 @@ program's refusals. Compile-only
 kernel stays warp-specialized and persistent, D64 keeps one role per consumer warp group (each
 adds its own rows of dK / dV by bulk reduce-add) without spills, D128 adds by element and spills
 only outside its query-block loop; the D64 kernel lowered for Hopper gives the float64 gradients
-on the interpreter."""
+on the interpreter. The D192 split (B2 H4 S1000) compiled for Hopper fits Triton's scratch beside
+its plan: lowered again with one preload slot."""
 from __future__ import annotations
 
 import re
@@ -137,6 +138,30 @@ def test_split_tail_compiles_warp_specialized_on_hopper(D):
     assert spilled == 0 if D == 64 else spilled <= 64, report
     loop = max(innermost_loops(sass(program.asm["ptx"])), key=len)
     assert not [op for op in loop if op.startswith(("STL", "LDL"))]
+
+
+def test_split_tail_at_head_dim_192_is_lowered_again_for_tritons_scratch():
+    """Compile-only (sm_90a) through the compile path, the GPU test's D192 split (B2 H4 S1000,
+    64 units x 2 parts): its plan (two preload slots, 230496 bytes) fits 232448, but Triton's
+    own scratch beside it (a ``convert_layout`` between dot operands of two mma parents: about
+    4 KB) took the kernel past an H200's shared memory at launch. The compiler lowers it again
+    for 232448 less that scratch: one preload slot, and Triton's total fits."""
+    from tilews.lowering.capabilities import SM90
+    main = kernels("hopper")[1](2, 4, 4, 1000, 192, False, 1024, dtype=T.float16,
+                                **dict(blocks(192, True), tail_units=64, tail_parts=2)).kernels[0]
+    notes = main.report.notes
+    again = [m for m in map(re.compile(
+        r"hopper: the gluon backend's compiled program needs (\d+) bytes of shared memory, (\d+) "
+        r"of them its toolchain's scratch beside the plan's (\d+), more than the (\d+) of target "
+        r"'hopper'; lowered again for (\d+) bytes").fullmatch, notes) if m]
+    assert len(again) == 1, notes
+    needed, scratch, planned, limit, budget = map(int, again[0].groups())
+    assert limit == SM90.smem_bytes < needed == planned + scratch and budget == limit - scratch
+    assert any(n.startswith("warp_specialize: one slot for the preloads of each tile") and
+               n.endswith(f"more than the {budget} of target 'hopper'") for n in notes), notes
+    assert main.report.backend == "gluon" and "gl.warp_specialize(" in main.program.source
+    assert main.report.shared_bytes <= budget
+    assert main.program.metadata["shared"] <= SM90.smem_bytes
 
 
 def test_split_roles_add_their_rows_on_the_interpreter():

@@ -5,7 +5,10 @@ the chain on its own: for each backend of the chain (``tilews.backends``) the ke
 the backend's pass pipeline and emitted; the first backend that does not refuse the lowered kernel
 loads it (so one kernel of a function may run on the preferred backend and the next on a
 fallback). A refusal's reason, and the notes of the refused lowering, go to that kernel's compile
-report.
+report. A loaded program whose toolchain adds scratch (Triton's layout conversions) that takes it
+past the machine's shared memory is lowered again for the machine's bytes less that scratch
+(``_take``), with a note saying so; one that still does not fit is the backend's
+``ResourceLimitError``, and so, like a lowering that outgrew the machine, the next backend's turn.
 
 The on-disk cache holds, per backend, the lowered IR and the emitted source (or the refusal),
 under a key of what fully determines them: the printed frontend IR (plus every statement's source
@@ -24,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tilews import backends, cache, pass_config, targets
 from tilews.lowering import ir, printer
-from tilews.lowering.backend import Backend, Services
+from tilews.lowering.backend import Backend, Program, Services
 from tilews.lowering.errors import CompileError, InternalError, ResourceLimitError
 from tilews.lowering.frontend import KernelSource, build_function
 from tilews.lowering.plans import SharedMemoryPlan
@@ -165,10 +168,8 @@ def _compile_one(before: ir.Kernel, chain: Sequence[Backend], target: str, notes
     for n, backend in enumerate(chain):
         # a bug in lowering or emitting is an InternalError with a reproducer (tilews.reproducer);
         # it is not a CompileError, so the fallback below never takes it for a refusal
-        attempt = Attempt(before, backend.name, target, settings)
         try:
-            payload, hit = store.fetch(_key_parts(before, backend),
-                                       lambda: pickle.dumps(_lower(backend, before, attempt)))
+            taken = _take(before, backend, target, store, settings, config)
         except ResourceLimitError as e:
             if n + 1 == len(chain):
                 raise _after_refusals(e, refusals, target, backend) from None
@@ -178,27 +179,89 @@ def _compile_one(before: ir.Kernel, chain: Sequence[Backend], target: str, notes
             continue
         except CompileError as e:
             raise _after_refusals(e, refusals, target, backend) from None
-        lowered: Lowered = pickle.loads(payload)
+        lowered = taken.lowered
         if lowered.refusal is None:
             break
         refusals.append(f"the {backend.name} backend refused the program ({lowered.refusal})")
         nxt = chain[n + 1].name if n + 1 < len(chain) else None
-        notes += lowered.ir_after.notes + (f"{target}: {refusals[-1]}; using {nxt}",)
+        notes += taken.notes + lowered.ir_after.notes + (f"{target}: {refusals[-1]}; using {nxt}",)
     else:
-        attempt.lowered = lowered.ir_after
-        raise attempt.internal(InternalError(f"target '{target}': every backend refused the "
-                                             f"program ({lowered.refusal})", before.loc))
-    attempt.lowered, attempt.source = lowered.ir_after, lowered.source
-    with attempt.guard("loading"):
-        program = backend.load(lowered.ir_after, lowered.source, dict(config.options))
+        taken.attempt.lowered = lowered.ir_after
+        raise taken.attempt.internal(InternalError(f"target '{target}': every backend refused the "
+                                                   f"program ({lowered.refusal})", before.loc))
     # Triton compiles a tl program at its first launch (or interprets it at each)
-    program = attempt.guard_launch(program, tuple(refusals))
+    program = taken.attempt.guard_launch(taken.program, tuple(refusals))
     shared = lowered.ir_after.find_plan(SharedMemoryPlan)
     report = CompileReport(
         target=target if backend.config.name == target else f"{target} -> {backend.config.name}",
-        backend=backend.name, notes=notes + lowered.ir_after.notes, passes=lowered.pass_ms,
-        cache_hit=hit, shared_bytes=shared.total_bytes if shared is not None else 0,
+        backend=backend.name, notes=notes + taken.notes + lowered.ir_after.notes,
+        passes=lowered.pass_ms, cache_hit=taken.hit,
+        shared_bytes=shared.total_bytes if shared is not None else 0,
         compile_ms=(time.perf_counter() - t0) * 1e3, kernel=before.name)
     if settings.print_source:
         print(lowered.source)
     return CompiledKernel(before, lowered.ir_after, program, report)
+
+
+MAX_RELOWERINGS = 2
+"""How often a backend lowers a kernel again for less shared memory when its toolchain's scratch
+did not fit beside the plan (``_take``)."""
+
+
+@dataclass
+class _Taken:
+    """One backend's result for one kernel: its lowering (cached), and the loaded program unless
+    the backend refused it; ``notes``: why it was lowered again, if it was."""
+    attempt: Attempt
+    lowered: Lowered
+    program: Optional[Program]
+    hit: bool                          # every lowering came from the disk cache
+    notes: tuple[str, ...] = ()
+
+
+def _take(before: ir.Kernel, backend: Backend, target: str, store: cache.DiskCache,
+          settings: Settings, config: CompileConfig) -> _Taken:
+    """``before`` lowered (through the disk cache), emitted and loaded by ``backend``, or its
+    refusal. A loaded program that needs more shared memory than ``backend.config.caps.smem_bytes``
+    (``Backend.shared_bytes``: the plan plus the toolchain's own scratch, which the passes do not
+    see) is lowered again by the backend with ``smem_bytes`` less that scratch, so each pass that
+    weighs shared memory (slots, rings, staging) chooses what fits beside it; the reduced config is
+    part of the fingerprint, so of the cache key, and a later compile that finds the first
+    lowering cached ends in the same second one. At most ``MAX_RELOWERINGS`` times, and only
+    while the excess shrinks; then a ``ResourceLimitError`` at the kernel's line (the chain's next
+    backend is tried, as for a lowering that outgrew the machine)."""
+    limit = backend.config.caps.smem_bytes
+    notes: tuple[str, ...] = ()
+    hits, excess, why = True, None, ""
+    while True:
+        attempt = Attempt(before, backend.name, target, settings)
+        try:
+            payload, hit = store.fetch(_key_parts(before, backend),
+                                       lambda: pickle.dumps(_lower(backend, before, attempt)))
+        except ResourceLimitError as e:
+            if not notes:
+                raise
+            raise ResourceLimitError(f"{e.message}, lowered again because {why}", e.loc,
+                                     e.notes) from None
+        lowered: Lowered = pickle.loads(payload)
+        hits = hits and hit
+        if lowered.refusal is not None:
+            return _Taken(attempt, lowered, None, hits, notes)
+        attempt.lowered, attempt.source = lowered.ir_after, lowered.source
+        with attempt.guard("loading"):
+            program = backend.load(lowered.ir_after, lowered.source, dict(config.options))
+        needed = backend.shared_bytes(program)
+        if needed is None or needed <= limit:
+            return _Taken(attempt, lowered, program, hits, notes)
+        plan = lowered.ir_after.find_plan(SharedMemoryPlan)
+        planned = plan.total_bytes if plan is not None else 0
+        why = (f"the {backend.name} backend's compiled program needs {needed} bytes of shared "
+               f"memory, {needed - planned} of them its toolchain's scratch beside the plan's "
+               f"{planned}, more than the {limit} of target '{target}'")
+        if len(notes) == MAX_RELOWERINGS or (excess is not None and needed - limit >= excess):
+            tried = f" (lowered for {backend.config.caps.smem_bytes} bytes)" if notes else ""
+            raise ResourceLimitError(why + tried, before.loc)
+        excess = needed - limit
+        budget = min(backend.config.caps.smem_bytes - 1, limit - (needed - planned))
+        notes += (f"{target}: {why}; lowered again for {budget} bytes",)
+        backend = backend.with_config(backend.config.replace(smem_bytes=budget))

@@ -3,8 +3,9 @@
 It lowers for sm_90 (with the machine's SM count, for persistent grids) and refuses a program
 whose lowering made an ``AsyncRefusal`` instead of an ``AsyncPlan`` (the next backend of the
 chain, ``tl``, compiles it). Loading compiles the source for sm_90a (compile-only on a machine
-without a GPU). Its output depends on the Triton version and on our TTGIR passes, both part of its
-fingerprint.
+without a GPU), so the program's shared memory as Triton counts it is known before any launch
+(``shared_bytes``: the compiler lowers again where it exceeds the machine's). Its output
+depends on the Triton version and on our TTGIR passes, both part of its fingerprint.
 """
 from __future__ import annotations
 
@@ -98,6 +99,12 @@ class GluonBackend(Backend):
 
     def load(self, lowered: ir.Kernel, source: str, options: dict) -> GluonProgram:
         return GluonProgram(source, lowered, self.services.store, triton_version())
+
+    def shared_bytes(self, program: GluonProgram) -> int:
+        """Triton's total for the compiled kernel: our arena (the ``SharedMemoryPlan``) and
+        Triton's own scratch beside it (layout conversions: the D192 attention backward's
+        ``convert_layout`` between dot operands of two mma parents takes 4 KB)."""
+        return program.metadata["shared"]
 
     def fingerprint(self) -> tuple:
         from tilews.triton_ext import passes as ttgir_passes
