@@ -7,7 +7,7 @@ behind ``tilews.ops.attention``'s autograd.
    head the KV head serves (GQA: ``group`` heads in turn, so dK and dV of a KV head sum all of
    them in registers, no atomics). Per query block: ``S^T = K Q^T``, ``P^T = exp2(S^T * scale -
    LSE)`` (the forward's base-2 log-sum-exp), ``dP^T = V dO^T``, ``dV += P^T dO``,
-   ``dS^T = P^T (dP^T - Delta)``, ``dK += dS^T Q``, and ``dQ += dS K`` added into
+   ``dS^T = P^T (dP^T - Delta) / sqrt(D)``, ``dK += dS^T Q``, and ``dQ += dS K`` added into
    float32 by element atomics from registers (dS^T goes through shared memory: the gemm reads it
    transposed), or with ``dq_tile_add`` as a tile through shared memory (on Hopper one bulk
    reduce-add; slower on an H200 so far, docs/performance.md). Each K/V block runs its query
@@ -16,11 +16,8 @@ behind ``tilews.ops.attention``'s autograd.
    by a run-time count per query block). With ``defer_dq`` a query block's dQ is added during
    the next block, under its first gemms (``backward_block``).
    Causal: query blocks before the K/V block's first key are skipped; a mask runs only on the
-   blocks that cross the diagonal. The softmax scale (``1 / sqrt(D)`` unless given) is left out
-   of dS and applied once to each sum instead, as FlashAttention does: to dK before it is
-   stored (or added by a split tail's part), to dQ by the postprocess (sm_90a, D128: 389 -> 356
-   instructions per query block and consumer thread).
-3. ``postprocess``: dQ times the softmax scale, cast to the operands' dtype.
+   blocks that cross the diagonal.
+3. ``postprocess``: dQ cast to the operands' dtype.
 
 On a GPU, non-causal, at a power-of-two head dim (until a GPU run confirms the others:
 ``attention_backward``), a last wave of main-kernel blocks at most half full is split
@@ -218,9 +215,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
     ``"varlen"``: the rows past a sequence's end belong to the next one, so a block that reaches
     past ``k_len`` or ``q_len`` masks those keys and queries out of P, dK and dV are stored only
     for keys below ``k_len``, and a block past the end (``bx * block_M >= k_len``) runs no query
-    block and stores nothing. ``sm_scale``: the forward's (default ``1 / sqrt(dim)``); dK is
-    scaled by it once before it leaves the block, dQ's sums are not (the postprocess scales
-    them).
+    block and stores nothing. ``sm_scale``: the forward's (default ``1 / sqrt(dim)``).
 
     ``defer_dq`` (not varlen, whose blocks may run no query block): each query block's dQ is
     added during the next one, after that block's ``S^T`` and ``dP^T`` gemms are issued (a copy
@@ -389,7 +384,7 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
             T.copy(sT, pT)
             T.gemm(pT, dO_s, dv)
             for i, j in T.Parallel(block_M, block_N):
-                dsT[i, j] = sT[i, j] * (dpT[i, j] - delta[j])
+                dsT[i, j] = sT[i, j] * (dpT[i, j] - delta[j]) * sm_scale
             T.gemm(dsT, Q_s, dk)
             T.copy(dsT, dsT_s)
             T.gemm(dsT_s, K_s, dq, transpose_A=True, clear_accum=True)
@@ -400,8 +395,6 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
         if defer_dq:
             h_last, kb_last = query_block(trips - 1, by, bx, first, per_head, start)
             add_dq(dQ, dq_prev, dq_s, bz, h_last, kb_last)
-        for i, j in T.Parallel(block_M, dim):
-            dk[i, j] = dk[i, j] * sm_scale
         if varlen:
             # the keys below k_len, from registers (a TMA store would write whole rows)
             for i, j in T.Parallel(block_M, dim):
@@ -422,12 +415,9 @@ def backward_block(dim, group, is_causal, block_M, block_N, num_stages, layout, 
     return grads
 
 
-def bwd_postprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=128, dtype=T.float16,
-                            sm_scale=None):
-    """``dQ_out = dQ[:, :, :seq_len] * sm_scale`` (default ``1 / sqrt(dim)``: the main kernel
-    leaves it out of dQ's sum) in ``dtype``."""
+def bwd_postprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=128, dtype=T.float16):
+    """``dQ_out = dQ[:, :, :seq_len]`` in ``dtype``."""
     f32 = T.float32
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
 
     @T.prim_func
     def main(dQ: T.Tensor([batch, heads, rows, dim], f32),
@@ -436,8 +426,7 @@ def bwd_postprocess_program(batch, heads, seq_len, dim, rows, block=64, threads=
             acc = T.alloc_fragment([block, dim], f32)
             out = T.alloc_fragment([block, dim], dtype)
             T.copy(dQ[bz, by, bx * block, 0], acc)
-            for i, j in T.Parallel(block, dim):
-                out[i, j] = T.cast(acc[i, j] * sm_scale, dtype)
+            T.copy(acc, out)
             T.copy(out, dQ_out[bz, by, bx * block, 0])
     return main
 
@@ -484,11 +473,10 @@ def bwd_varlen_program(heads, kv_heads, dim, is_causal, block_M=128, block_N=64,
     return main
 
 
-def bwd_varlen_postprocess_program(heads, dim, block=64, threads=128, dtype=T.float16, sm_scale=None):
+def bwd_varlen_postprocess_program(heads, dim, block=64, threads=128, dtype=T.float16):
     """``dQ_out`` [total_q, heads, dim]: each sequence's rows of dQ [batch, heads, lse_rows, dim]
-    times ``sm_scale`` (``bwd_postprocess_program``'s) in ``dtype``."""
+    in ``dtype``."""
     seqs, batch, total_q, _, padded = varlen_dims()
-    sm_scale = 1.0 / math.sqrt(dim) if sm_scale is None else sm_scale
 
     @T.prim_func
     def main(dQ: T.Tensor([batch, heads, padded, dim], T.float32), cu_seqlens_q: T.Tensor([seqs], T.int32),
@@ -500,7 +488,7 @@ def bwd_varlen_postprocess_program(heads, dim, block=64, threads=128, dtype=T.fl
             T.copy(dQ[bz, by, bx * block, 0], acc)
             for i, j in T.Parallel(block, dim):
                 if bx * block + i < cu_seqlens_q[bz + 1] - q_start:
-                    dQ_out[q_start + bx * block + i, by, j] = T.cast(acc[i, j] * sm_scale, dtype)
+                    dQ_out[q_start + bx * block + i, by, j] = T.cast(acc[i, j], dtype)
     return main
 
 

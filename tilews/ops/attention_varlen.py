@@ -100,8 +100,7 @@ def varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max
             heads, k.shape[1], dim, causal, dtype=dtype, sm_scale=softmax_scale,
             **backward_blocks(dim, q.device.type == "cuda", varlen=True))(
             q, k, v, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, lse, delta, dq_acc, dk, dv)
-    _factory(bwd_varlen_postprocess_program, target)(heads, dim, dtype=dtype, sm_scale=softmax_scale)(
-        dq_acc, cu_seqlens_q, dq)
+    _factory(bwd_varlen_postprocess_program, target)(heads, dim, dtype=dtype)(dq_acc, cu_seqlens_q, dq)
     return dq, dk, dv
 
 
