@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_compare as pc  # noqa: E402
 
 SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 16, 4096, 64, False),
-          (8, 16, 16, 4096, 64, True), (4, 32, 8, 4096, 128, True), (2, 16, 16, 8192, 128, True)]
+          (8, 16, 16, 4096, 64, True), (4, 32, 8, 4096, 128, True), (2, 16, 16, 8192, 128, True),
+          (8, 16, 16, 4096, 96, False), (8, 16, 16, 4096, 192, False)]
 # the main kernel timed alone beside the op: at the op's blocks (``blocks``), and changed by each
 # of these ("overlap_gemms" / "merge_releases" / "split_partials" / "sum_partials": compiled with
 # TILEWS_OVERLAP_GEMMS / TILEWS_MERGE_RELEASES=off, TILEWS_SPLIT_PARTIALS / TILEWS_SUM_PARTIALS=on,
