@@ -8,12 +8,15 @@ gradients, and refuses varlen. Compile-only (Hopper): the causal main kernel's l
 no run-time value; the deferred dQ's copy keeps the wgmmas in flight (no C7517). With
 ``split_partials`` (the default) the Hopper-lowered main kernel (one role per consumer warp group,
 each with its own dQ partial) gives the float64 gradients on the interpreter; off, or at D128,
-one role."""
+one role. At D96 and D192 the Hopper-lowered main kernel adds dQ's tile as one bulk reduce-add
+per piece of the head dim and gives the float64 gradients on the interpreter."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tilews.lowering import ir
+from tilews.lowering.traverse import walk
 from tilews.ops import attention
 
 from .helpers import randn
@@ -209,6 +212,36 @@ def test_split_partials_give_the_float64_gradients(causal, group, summed):
     assert lowered.find_plan(ConsumerSplit) is not None, lowered.notes
     assert any("each adds its own partial dq" in n for n in lowered.notes), lowered.notes
     assert any("sum_partials: T.ws(2) hand their partials (dq_1)" in n for n in lowered.notes) == summed
+    interpreter.run(lowered, args, seed=1)
+    S = args[0].shape[2]
+    for name, got, w in zip("qkv", (args[6][:, :, :S], args[7], args[8]), want):
+        assert _rel(got, w) < 2e-3, name
+
+
+@pytest.mark.parametrize("D, causal", [(96, False), (192, True)])
+def test_pieces_of_dq_added_by_tile_give_the_float64_gradients(D, causal):
+    """``dq_tile_add`` at head dims that are no power of two (the GPU's choice, ``blocks``):
+    split_extents cuts dQ's float32 tile into pieces (64 + 32, 128 + 64), each copied to its own
+    shared tile and reduce-added into its columns of dQ's accumulator, and each piece's write in
+    the next query block waits for its own add (the bulk groups complete in order: at most as
+    many outstanding as adds issued after it); the lowered program on the interpreter gives the
+    float64 gradients."""
+    from tilews.lowering import interpreter
+    lowered, args, want = _lowered_main(D, causal, 1, True, S=256 if D == 96 else 128, dq_tile_add=True)
+    pieces = (64, 32) if D == 96 else (128, 64)
+    assert any(n.startswith("split_extents: cut into") and f"dq_s ({pieces[0]} + {pieces[1]})" in n
+               for n in lowered.notes), lowered.notes
+    adds = [s for s in walk(lowered.body) if isinstance(s, ir.AtomicAdd)]
+    assert [(a.value.buffer.scope, a.value.extents[-1], ir.as_int(a.dst.starts[-1])) for a in adds] == \
+        [(ir.Scope.SHARED, pieces[0], 0), (ir.Scope.SHARED, pieces[1], pieces[0])]
+    loop = next(s for s in walk(lowered.body) if isinstance(s, ir.For) and adds[0] in s.body.stmts)
+    body = list(loop.body.stmts)
+    for n, add in enumerate(adds):
+        write = next(i for i, s in enumerate(body)
+                     if isinstance(s, ir.Copy) and s.dst.buffer == add.value.buffer)
+        wait = max(i for i, s in enumerate(body[:write]) if isinstance(s, ir.BulkStoreWait))
+        assert body[wait].outstanding <= len(adds) - 1 - n
+        assert not any(isinstance(s, ir.AtomicAdd) for s in body[wait:write])
     interpreter.run(lowered, args, seed=1)
     S = args[0].shape[2]
     for name, got, w in zip("qkv", (args[6][:, :, :S], args[7], args[8]), want):

@@ -191,14 +191,16 @@ def test_split_roles_add_their_rows_on_the_interpreter():
         assert _rel(got, w) < 2e-3, name
 
 
-def test_split_tail_adds_each_element_once_at_head_dim_96():
+@pytest.mark.parametrize("dq_tile_add", [True, False], ids=["dq_by_tile", "dq_by_element"])
+def test_split_tail_adds_each_element_once_at_head_dim_96(dq_tile_add):
     """Compile-only (sm_90a), the GPU test's D96 split (B2 H4 S1000, 64 units x 2 parts): the
     head dim runs as pieces of 64 and 32 columns (split_extents), each added in its own layout.
     The 32-column pieces' loops once ran in the 64-column pieces' layout (the two loops shared
     their variables' names, by which infer_layouts keys a loop's layout): converted into it, a
     thread held each element of dK's and dV's 32 columns twice, Triton 3.6's atomic added both
-    (those columns doubled on an H200). The PTX adds each element of dQ [64, 96] and of dK, dV
-    [128, 96] once: 60 two-element atomics per consumer thread (256), no two alike."""
+    (those columns doubled on an H200). The PTX adds each element of dK, dV [128, 96] once, and
+    of dQ [64, 96] by element too where not by tile (the op's choice is by tile: one bulk
+    reduce-add per piece): 48 (60) two-element atomics per consumer thread (256), no two alike."""
     from tilews.lowering.frontend import build_function
     from tilews.lowering.pipeline import lower
     from tilews.triton_ext.gluon import emit
@@ -206,15 +208,18 @@ def test_split_tail_adds_each_element_once_at_head_dim_96():
 
     from .helpers import gluon_program
 
+    assert blocks(96, True)["dq_tile_add"]
     program = bwd_program(2, 4, 4, 1000, 96, False, 1024, dtype=T.float16,
-                          **dict(blocks(96, True), tail_units=64, tail_parts=2))
+                          **dict(blocks(96, True), tail_units=64, tail_parts=2, dq_tile_add=dq_tile_add))
     lowered = lower(build_function(program).kernels[0], HOPPER)
     source = emit(lowered)
-    for piece in ("dq_64", "dk_64", "dv_64"):      # in their own layout, not converted
+    for piece in ("dk_64", "dv_64") + (() if dq_tile_add else ("dq_64",)):   # own layout, not converted
         assert re.search(rf"gl\.atomic_add\([^\n]*, {piece}, mask=", source), piece
+    reduced = re.findall(r"async_reduce_add\(dQ_desc_(\d), \[[^\]]*, (\d+)\], dq_s_(\d+)\)", source)
+    assert reduced == ([("0", "0", "0"), ("1", "64", "64")] if dq_tile_add else [])
     ptx = gluon_program(lowered).asm["ptx"]
     adds = re.findall(r"atom\.global\.gpu\.relaxed\.add\.v2\.f32 \{[^}]*\}, (\[[^\]]*\]), (\{[^}]*\})", ptx)
-    assert len(adds) == (64 * 96 + 2 * 128 * 96) // (256 * 2)
+    assert len(adds) == ((0 if dq_tile_add else 64 * 96) + 2 * 128 * 96) // (256 * 2)
     assert len(set(adds)) == len(adds)
 
 

@@ -5,7 +5,8 @@ Attention at head dims 96 and 192 (causal and not) and GEMMs with block_N 192 an
 (the programs of tests/passes/test_split_extents.py) compile for ``GPUTarget("cuda", 90, 32)``
 without a GPU: the jit report says the gluon backend took them; the TTGIR has one
 ``ttg.warp_specialize``, a ``ttng.warp_group_dot`` per piece with the pieces' shapes and TMA
-copies for each piece; the PTX has wgmma instructions of the pieces' N.
+copies for each piece; the PTX has wgmma instructions of the pieces' N. The attention backward's
+main kernel at D96 and D192 adds dQ's tile by one bulk reduce-add per piece.
 """
 from __future__ import annotations
 
@@ -211,3 +212,45 @@ def test_forward_storing_lse_splits_its_consumers(dim):
     assert rel_err(out, want_o) < 5e-3
     assert rel_err(lse, torch.logsumexp(logits, -1) * 1.44269504) < 1e-4
     assert "warp_group_dot" in gluon_program(lowered).asm["ttgir"]
+
+
+# ----------------------------------------------------------------------------------------------
+# the attention backward's dQ, added by tile at head dims 96 and 192
+
+
+@pytest.mark.parametrize("dim", [96, 192])
+def test_backward_adds_dq_by_one_bulk_reduce_per_piece(dim):
+    """Compile-only (sm_90a) through the compile path, the op's main kernel at B8 H16 S4096
+    (its split tail on 132 SMs): with ``dq_tile_add`` (``blocks``' choice) split_extents cuts
+    dQ's shared tile like the head dim, and the kernel stays warp-specialized on Gluon with one
+    bulk reduce-add per piece into its columns of dQ (no element atomic of dQ), no spills, and
+    Triton's shared memory within an H100's (D192 lowered again for Triton's scratch)."""
+    import tilews.language as T
+    from tilews.lowering.capabilities import SM90
+    from tilews.ops.attention_backward import blocks, kernels, op_tail_split
+    from tilews.triton_ext.toolchain import ptxas_report, sass
+
+    from .helpers import innermost_loops
+
+    cfg = blocks(dim, True)
+    assert cfg["dq_tile_add"] and not cfg["tail_tile_add"]
+    units, parts = op_tail_split(8, 16, 16, 4096, dim, False, cfg, 132)
+    main = kernels("hopper")[1](8, 16, 16, 4096, dim, False, 4096, dtype=T.float16,
+                                **dict(cfg, tail_units=units, tail_parts=parts)).kernels[0]
+    hi, lo = (128, 64) if dim == 192 else (64, 32)
+    assert main.report.backend == "gluon", main.report.notes
+    assert any(f"dq_s ({hi} + {lo})" in n for n in main.report.notes), main.report.notes
+    src = main.program.source
+    assert count(r"gl\.warp_specialize\(", src) == 1
+    assert re.findall(r"async_reduce_add\(dQ_desc_\d, \[[^\]]*, (\d+)\], dq_s_(\d+)\)", src) == \
+        [("0", "0"), (str(hi), str(hi))]
+    assert not re.search(r"gl\.atomic_add\(dQ\b", src)
+    assert main.program.metadata["shared"] <= SM90.smem_bytes
+    ptx = main.program.asm["ptx"]
+    assert count(r"cp\.reduce\.async\.bulk\.tensor\.4d\.global\.shared::cta\.add", ptx) == 2
+    report = ptxas_report(ptx)
+    if report is None:
+        pytest.skip("this Triton bundles no ptxas")
+    assert "0 bytes spill stores" in report, report
+    loop = max(innermost_loops(sass(ptx)), key=len)
+    assert not [op for op in loop if op.startswith(("STL", "LDL"))]

@@ -6,14 +6,15 @@ Requires:  a verified kernel (frontend IR; before plan_pipeline, so the pieces a
            pipelined, warp-specialized and legalized).
 Ensures:   A *split dim* is a dim of an on-chip buffer (a shared buffer's last two dims, any dim of
            a fragment) whose extent is not a power of two, together with every on-chip dim it is
-           tied to: the matching dims of a copy's two regions, a gemm's K dims (A's and B's) and
-           N dims (B's and C's), a reduction's kept dims, the dims a ``T.Parallel`` variable
-           indexes. Its extent ``n`` is cut into its binary pieces, largest first (192 = 128 + 64,
-           96 = 64 + 32, 576 = 512 + 64); each buffer with a split dim becomes one buffer per piece
-           (``<name>_<offset>``, the piece's extent along the dim), and every statement touching it
-           runs once per piece, in order:
-           * copies and fills: one per segment of the cut points of both regions, global starts
-             shifted by the segment's offset;
+           tied to: the matching dims of a copy's (or a tile atomic's) two regions, a gemm's K dims
+           (A's and B's) and N dims (B's and C's), a reduction's kept dims, the dims a
+           ``T.Parallel`` variable indexes. Its extent ``n`` is cut into its binary pieces,
+           largest first (192 = 128 + 64, 96 = 64 + 32, 576 = 512 + 64); each buffer with a split
+           dim becomes one buffer per piece (``<name>_<offset>``, the piece's extent along the
+           dim), and every statement touching it runs once per piece, in order:
+           * copies, fills and tile atomics (``T.atomic_add`` of a tile, whose destination is
+             global): one per segment of the cut points of both regions, global starts shifted by
+             the segment's offset (a tile atomic's pieces keep its memory order);
            * gemms: one per (N segment, K segment), N outer; a split K accumulates into the same C,
              only the first keeps ``clear_accum``;
            * reductions along a split dim: the first piece as written, later pieces with
@@ -31,7 +32,7 @@ Ensures:   A *split dim* is a dim of an on-chip buffer (a shared buffer's last t
            step or an N piece shorter than 8, a buffer with two split dims, a region or loop
            segment that does not start at a piece boundary of its buffer or is no power of two, a
            cumulative sum along a split dim, an element access at an index that is neither a
-           ``T.Parallel`` variable plus a constant nor a constant, a tile atomic on a split buffer.
+           ``T.Parallel`` variable plus a constant nor a constant.
            A note names the buffers split (or what kept the program whole).
 Preserves: program meaning (interpreter before == after) and every node's loc (pieces carry the
            loc of the statement or buffer they come from).
@@ -146,9 +147,10 @@ def _tied(kernel: ir.Kernel, odd: set) -> set:
             parent[find(p)] = find(pairs[0])
     rows: list = []
     for s in walk(kernel.body):
-        if isinstance(s, ir.Copy):
-            for x, y in zip(_region_dims(s.src), _region_dims(s.dst)):
-                tie([(s.src.buffer, x), (s.dst.buffer, y)])
+        if isinstance(s, ir.Copy) or isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):
+            src = s.src if isinstance(s, ir.Copy) else s.value
+            for x, y in zip(_region_dims(src), _region_dims(s.dst)):
+                tie([(src.buffer, x), (s.dst.buffer, y)])
         elif isinstance(s, ir.Gemm):
             dims = _gemm_dims(s)
             tie(dims["N"])
@@ -256,8 +258,9 @@ class _Rewriter:
             return self.reduce(s)
         if isinstance(s, ir.Parallel):
             return self.parallel(s)
-        if isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region) and s.value.buffer in self.splits:
-            raise _Whole(f"the tile atomic at line {s.loc.line} reads '{s.value.buffer.name}'")
+        if isinstance(s, ir.AtomicAdd) and isinstance(s.value, ir.Region):
+            return [dataclasses.replace(s, value=value, dst=dst)
+                    for value, dst in self.regions(s.value, s.dst)]
         return [self.scalar(s)]
 
     # regions ----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_gradients_against_float64(dim, causal, dtype, heads, kv_heads):
         assert rel_err(got, want) < 1e-2, (name, rel_err(got, want))
 
 
-@pytest.mark.parametrize("dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("dim", [64, 96, 128, 192, 256])
 def test_main_kernel_is_warp_specialized(dim):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a Hopper GPU")
@@ -53,8 +53,9 @@ def test_main_kernel_is_warp_specialized(dim):
 @pytest.mark.parametrize("dim", [64, 96, 128, 192])
 def test_split_tail_against_the_unsplit_backward(dim):
     """The main kernel with its last wave split (64 units of B2 H4 S1000 in 2 parts each: all of
-    them, half at D192's block_M 64) against the unsplit one, same inputs. D96 and D192 add their
-    head dim's pieces (64 + 32, 128 + 64) by element: D96's 32 columns were once added twice
+    them, half at D192's block_M 64) against the unsplit one, same inputs. D96 and D192 add
+    their parts' dK and dV in the head dim's pieces (64 + 32, 128 + 64) by element (dQ by one
+    bulk reduce-add per piece): D96's 32 columns were once added twice
     (tests/test_attention_tail_split.py ``test_split_tail_adds_each_element_once_at_head_dim_96``)."""
     from tilews.ops.attention_backward import attention_backward
     g = torch.Generator(device="cuda").manual_seed(dim)

@@ -74,6 +74,30 @@ def prefix_sums(rows, cols):
     return main
 
 
+def split_k_gemm(M, N, K, splits, block_K=64, col0=16):
+    """Y[:, col0:col0 + N] += A @ B, each of ``splits`` blocks adding its share of K's product
+    as dQ's tile in the attention backward: the float32 accumulator (N not a power of two)
+    through a shared tile, added by one tile atomic (on Hopper a bulk reduce-add)."""
+    steps = K // splits // block_K
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), T.float16), B: T.Tensor((K, N), T.float16),
+             Y: T.Tensor((M, col0 + N), T.float32)):
+        with T.Kernel(splits, threads=128) as bx:
+            A_s = T.alloc_shared((M, block_K), T.float16)
+            B_s = T.alloc_shared((block_K, N), T.float16)
+            c = T.alloc_fragment((M, N), T.float32)
+            c_s = T.alloc_shared((M, N), T.float32)
+            T.clear(c)
+            for k in T.Pipelined(steps, num_stages=2):
+                T.copy(A[0, (bx * steps + k) * block_K], A_s)
+                T.copy(B[(bx * steps + k) * block_K, 0], B_s)
+                T.gemm(A_s, B_s, c)
+            T.copy(c, c_s)
+            T.atomic_add(Y[0, col0], c_s)
+    return main
+
+
 def split(prim) -> ir.Kernel:
     return split_extents.run(build_kernel(prim), HOPPER)
 
@@ -104,6 +128,10 @@ def test_attention_head_dim_192(expect):
 @pytest.mark.parametrize("kind", ["max", "abssum"])
 def test_reduction_along_the_cut_dim(expect, kind):
     expect(printer.to_text(split(row_stats(16, 48, kind))))
+
+
+def test_tile_atomic_of_a_cut_tile(expect):
+    expect(printer.to_text(split(split_k_gemm(64, 96, 256, 2))))
 
 
 def test_cumsum_along_the_cut_dim_is_kept_whole():
@@ -235,3 +263,33 @@ def test_loop_pieces_never_share_a_made_name():
     assert len(set(names)) == len(names), names
     x = randn(16, 48, seed=7)
     assert rel_err(interp(k, [x, torch.empty(16, 48)], 1), 2 * x + 1) < 1e-6
+
+
+@pytest.mark.parametrize("N", [96, 192])
+def test_tile_atomic_oracle(N):
+    # one tile atomic per piece, each into Y's columns shifted by the piece's offset; on Hopper
+    # each a bulk reduce-add of its own shared piece
+    M, K, splits, col0 = 64, 512, 4, 16
+    a, b = randn(M, K, dtype=torch.float16, seed=8), randn(K, N, dtype=torch.float16, seed=9)
+    y0 = randn(M, col0 + N, seed=10)
+    want = y0.double().clone()
+    want[:, col0:] += a.double() @ b.double()
+    pieces = [1 << n for n in reversed(range(N.bit_length())) if N >> n & 1]
+    before = build_kernel(split_k_gemm(M, N, K, splits, col0=col0))
+    after = split_extents.run(before, HOPPER)
+    adds = [s for s in walk(after.body) if isinstance(s, ir.AtomicAdd)]
+    assert [a.value.buffer.static_shape[1] for a in adds] == [a.dst.extents[1] for a in adds] == pieces
+    assert [ir.as_int(a.dst.starts[1]) for a in adds] == [col0 + sum(pieces[:n]) for n in range(len(pieces))]
+    lowered = lower(before, HOPPER)
+    assert lowered.find_plan(AsyncPlan) is not None, lowered.plans
+    assert any(isinstance(s, ir.WarpSpecialize) for s in walk(lowered.body))
+    assert len([s for s in walk(lowered.body) if isinstance(s, ir.AtomicAdd)
+                and s.value.buffer.scope is ir.Scope.SHARED]) == len(pieces)
+    got = []
+    for k in (before, after, lowered):
+        y = y0.clone()
+        interpreter.run(k, [a, b, y])
+        assert rel_err(y.double(), want) < 1e-5
+        got.append(y)
+    # cutting only reorders float sums
+    assert (got[1] - got[0]).abs().max() < 1e-3 and (got[2] - got[1]).abs().max() < 1e-3

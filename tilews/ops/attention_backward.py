@@ -10,7 +10,7 @@ behind ``tilews.ops.attention``'s autograd.
    ``dS^T = P^T (dP^T - Delta) / sqrt(D)``, ``dK += dS^T Q``, and ``dQ += dS K`` added into
    float32 by element atomics from registers (dS^T goes through shared memory: the gemm reads it
    transposed), or with ``dq_tile_add`` as a tile through shared memory (on Hopper one bulk
-   reduce-add; slower on an H200 so far, docs/performance.md). Each K/V block runs its query
+   reduce-add per piece of the head dim; a GPU's choice, ``blocks``). Each K/V block runs its query
    blocks starting from its own, so the blocks of a head do not add into the same dQ rows at the
    same time: rotated by ``bx``, or causal from the diagonal's (already its own; no remainder
    by a run-time count per query block). With ``defer_dq`` a query block's dQ is added during
@@ -500,19 +500,22 @@ def blocks(dim: int, gpu: bool, varlen: bool = False) -> dict:
     """The main kernel's blocks, threads, ring depth and dQ form for head dim ``dim``: 128 keys x
     64 queries over two consumer warp groups on a GPU (64 keys above D = 128, where dK and dV of
     128 rows would not fit the registers), 64 x 32 on the CPU's interpreter. On a GPU, dQ's tile
-    is added with one bulk reduce-add per query block where the head dim is a power of two
-    (H200, D128: the main kernel 5.2 ms against 6.7 ms with element atomics, which wait in the
-    load/store queue; docs/performance.md); other head dims, whose shared tiles Triton cannot
-    lay out, add by element, and so does ``varlen`` (its dQ rows have a runtime extent, which
-    no bulk copy describes; its program takes no ``dq_tile_add``). A split tail's parts add dK
-    and dV by tile (``tail_tile_add``) where dQ's tile is and the float32 staging tile takes at
-    most 32 KB (D64); D128's 64 KB, beside the persistent kernel's buffers, would leave the
-    whole units' dK / dV stores no shared staging (246864 > 232448 bytes): by element there."""
+    is added through shared memory (``dq_tile_add``; on Hopper one bulk reduce-add per query
+    block, H200, D128: the main kernel 5.2 ms against 6.7 ms with element atomics, which wait in
+    the load/store queue; docs/performance.md) where the head dim is a power of two, and at D96
+    and D192, one per piece of split_extents' (64 + 32, 128 + 64; both compile warp-specialized
+    without spills); other head dims (not compiled that way) add by element, and so does
+    ``varlen`` (its dQ rows have a runtime extent, which no bulk copy describes; its program
+    takes no ``dq_tile_add``). A split tail's parts add dK and dV by tile (``tail_tile_add``)
+    where dQ's tile is and the float32 staging tile takes at most 32 KB (D64); D128's 64 KB,
+    beside the persistent kernel's buffers, would leave the whole units' dK / dV stores no
+    shared staging (246864 > 232448 bytes), and D96's and D192's 48 KB would leave the preloads
+    one slot (D192 the query-block ring one slot too): by element there."""
     if not gpu:
         return dict(block_M=64, block_N=32, threads=128, num_stages=2)
     tiles = dict(block_M=64, block_N=64, threads=256, num_stages=1) if dim > 128 else \
         dict(block_M=128, block_N=64, threads=256, num_stages=2)
-    tile_add = dim & (dim - 1) == 0
+    tile_add = dim & (dim - 1) == 0 or dim in (96, 192)
     return tiles if varlen else dict(tiles, dq_tile_add=tile_add,
                                      tail_tile_add=tile_add and tiles["block_M"] * dim * 4 <= 32768)
 
