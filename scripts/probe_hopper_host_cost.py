@@ -54,7 +54,7 @@ class _StandIn:
 
 class _Jit:
     def __getitem__(self, grid):
-        def first(*args, num_warps):
+        def first(*args, num_warps, **options):
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
             return _StandIn([i for i, a in enumerate(args) if isinstance(a, TensorDescriptor)])
         return first
@@ -74,8 +74,8 @@ def stub_gpu() -> None:
     launcher_module._THREAD.has_context = True
     init = launcher_module.Launcher.__init__
 
-    def stubbed(self, fn, num_warps, compiling=None):
-        init(self, fn, num_warps)
+    def stubbed(self, fn, num_warps, compiling=None, options=None):
+        init(self, fn, num_warps, options=options)
         self.fn, self.interpreted = _Jit(), False
         self._driver = types.SimpleNamespace(active=_Driver())
     launcher_module.Launcher.__init__ = stubbed

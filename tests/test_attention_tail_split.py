@@ -2,7 +2,7 @@
 ``tail_units`` / ``tail_parts``, ``tail_split``): the last units of the main kernel's grid each
 run as several blocks over shares of their query blocks, adding dK and dV into a float32
 workspace that a second kernel casts. Forced on the CPU targets (the op splits on a GPU
-only): the gradients against float64 (MHA and GQA, parts adding by
+only, at D64 and D128): the gradients against float64 (MHA and GQA, parts adding by
 tile and by element, a ragged sequence); the op's decision for a few (units, SMs) pairs; the
 program's refusals. Compile-only
 (Hopper, the op's blocks at B4 H32 S4096 D128 and B8 H16 S4096 D64, 4 units x 33 parts): the
@@ -76,9 +76,9 @@ def test_tail_split_decision(units, sms, trips, want):
 
 @pytest.mark.parametrize("dim, causal, want", [(128, False, (4, 33)), (64, False, (4, 33)),
                                                (128, True, (0, 1)),     # causal: no split
-                                               (96, False, (4, 33)),    # 128 x 64 blocks
-                                               (192, False, (8, 16))])  # 64 x 64: 8192 units
-def test_the_op_splits_non_causal_programs(dim, causal, want):
+                                               (96, False, (0, 1)),     # measured slower
+                                               (192, False, (0, 1))])   # measured slower
+def test_the_op_splits_non_causal_programs_at_d64_and_d128(dim, causal, want):
     B, H, S = (4, 32, 4096) if dim == 128 else (8, 16, 4096)
     assert op_tail_split(B, H, H, S, dim, causal, blocks(dim, True), 132) == want
 

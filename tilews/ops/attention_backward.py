@@ -19,7 +19,8 @@ behind ``tilews.ops.attention``'s autograd.
    blocks that cross the diagonal.
 3. ``postprocess``: dQ cast to the operands' dtype.
 
-On a GPU, non-causal, a last wave of main-kernel blocks at most half full is split
+On a GPU, non-causal, at D64 and D128 (``SPLIT_HEAD_DIMS``: where it was measured faster), a
+last wave of main-kernel blocks at most half full is split
 (``tail_split``, ``bwd_program``'s ``tail_units`` / ``tail_parts``): each of its units (a K/V
 block of a KV head) runs as several blocks over shares of its query blocks, adding dK and dV
 into a zeroed float32 workspace that a small kernel then casts (B4 H32 S4096 D128: 4096 units
@@ -176,12 +177,21 @@ def units_and_trips(batch: int, heads: int, kv_heads: int, seq_len: int, block_M
     return -(-seq_len // block_M) * kv_heads * batch, heads // kv_heads * -(-seq_len // block_N)
 
 
+SPLIT_HEAD_DIMS = (64, 128)
+"""The head dims whose backward the split tail makes faster (H200, B4 H32 / B8 H16, S4096, the
+whole backward's GPU time, split / unsplit: D64 0.95-0.97, D128 0.95-0.98). Not the others: with
+dQ added by tile, D96's split is 1.03 and D192's 1.06 of the unsplit time (their split kernels
+hold the parts' extra shared memory at the cost of the whole units' schedule: D192 is lowered
+again for fewer preload slots); D256 not measured (docs/performance.md)."""
+
+
 def op_tail_split(batch: int, heads: int, kv_heads: int, seq_len: int, dim: int, is_causal: bool,
                   cfg: dict, sms: int) -> tuple:
     """The split ``attention_backward`` makes on a GPU of ``sms`` SMs with ``blocks``' ``cfg``:
     ``tail_split`` (one block per SM: the kernel's 384 threads x 168 registers take 64512 of an
-    SM's 65536) where the program is non-causal, else (0, 1)."""
-    if is_causal:
+    SM's 65536) where the program is non-causal at a head dim of ``SPLIT_HEAD_DIMS``, else
+    (0, 1)."""
+    if is_causal or dim not in SPLIT_HEAD_DIMS:
         return 0, 1
     units, trips = units_and_trips(batch, heads, kv_heads, seq_len, cfg["block_M"], cfg["block_N"])
     return tail_split(units, sms, trips)
@@ -524,8 +534,9 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
                        target: str = "auto", split_tail: bool = True):
     """(dq, dk, dv) of ``tilews.ops.attention(q, k, v, is_causal, layout)`` given the output's
     gradient, the output and the forward's base-2 log-sum-exp (``lse``, [batch, heads, rows]),
-    computed by the kernels compiled for ``target``. On a GPU, non-causal, the main kernel's last
-    wave is split (``tail_split`` over the device's SMs) unless ``split_tail`` is False."""
+    computed by the kernels compiled for ``target``. On a GPU, non-causal, at ``SPLIT_HEAD_DIMS``,
+    the main kernel's last wave is split (``tail_split`` over the device's SMs) unless
+    ``split_tail`` is False."""
     batch, heads, seq_len, dim, kv_heads = operand_sizes(q, k, layout)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if seq_len == 0 or batch == 0 or heads == 0:
