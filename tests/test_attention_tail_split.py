@@ -25,10 +25,10 @@ from .helpers import randn
 from .test_attention_backward import _reference, _rel
 
 
-def _inputs(B, H, KV, S, D):
+def _inputs(B, H, KV, S, D, causal=False):
     q, do = (randn(B, H, S, D, dtype=torch.float16, seed=s) for s in (1, 4))
     k, v = (randn(B, KV, S, D, dtype=torch.float16, seed=s) for s in (2, 3))
-    o, lse = torch.ops.tilews.attention(q, k, v, False, "bhsd")
+    o, lse = torch.ops.tilews.attention(q, k, v, causal, "bhsd")
     return q, k, v, do, o, lse
 
 

@@ -41,6 +41,7 @@ rows (dK, dV and the S^T / dP^T tiles), and the dQ product splits its columns; a
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 
 import torch
@@ -93,10 +94,15 @@ def preprocess_block(dim, block, layout, dtype):
 
 def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=128, block_N=64,
                 num_stages=2, threads=256, dtype=T.float16, dq_tile_add=False, defer_dq=False,
-                tail_units=0, tail_parts=1, tail_tile_add=False):
+                tail_units=0, tail_parts=1, tail_tile_add=False, order_sms=0):
     """dK and dV of each K/V block (written), dQ added into its float32 accumulator (module
     docstring; ``dq_tile_add``: dQ's tile added through shared memory, else element atomics;
     ``defer_dq``: as ``backward_block``'s).
+
+    ``order_sms`` (causal; ``balanced_order`` makes the order): the kernel is written persistent,
+    ``order_sms`` blocks each running units ``block_id, block_id + order_sms, ...`` of the grid,
+    unit ``t`` being ``Order[t]`` (an int32 tensor of the units in some order, a parameter after
+    ``dV``): the caller chooses which block runs which unit.
 
     ``tail_units`` (non-causal; ``tail_split`` chooses them): the last ``tail_units`` units (one
     K/V block of one KV head of one sequence, in the grid's bx-fastest order) each run as
@@ -126,6 +132,23 @@ def bwd_program(batch, heads, kv_heads, seq_len, dim, is_causal, rows, block_M=1
     def unit_block(unit):
         """(bx, by, bz) of ``unit`` in the grid's bx-fastest order."""
         return unit % key_blocks, unit // key_blocks % kv_heads, unit // (key_blocks * kv_heads)
+
+    if order_sms:
+        if not is_causal or tail_units:
+            raise ValueError(f"bwd_program: order_sms={order_sms} orders a causal program's units "
+                             f"(is_causal={is_causal}, tail_units={tail_units})")
+
+        @T.prim_func
+        def ordered(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+                    dO: T.Tensor(shape, dtype), LSE: T.Tensor([batch, heads, rows], f32),
+                    Delta: T.Tensor([batch, heads, rows], f32), dQ: T.Tensor([batch, heads, rows, dim], f32),
+                    dK: T.Tensor(kv_shape, dtype), dV: T.Tensor(kv_shape, dtype),
+                    Order: T.Tensor([units], T.int32)):
+            with T.Kernel(order_sms, threads=threads) as block_id:
+                for t in T.Persistent([units], order_sms, block_id):
+                    bx, by, bz = unit_block(Order[t])
+                    grads(Q, K, V, dO, LSE, Delta, dQ, dK, dV, bx, by, bz, 0, seq_len, 0, seq_len)
+        return ordered
 
     if not tail_units:
         @T.prim_func
@@ -185,6 +208,10 @@ hold the parts' extra shared memory at the cost of the whole units' schedule: D1
 again for fewer preload slots); D256 not measured (docs/performance.md)."""
 
 
+ORDER_HEAD_DIMS = (64, 128)
+"""The head dims whose causal backward runs its units in ``balanced_order`` (timed there)."""
+
+
 def op_tail_split(batch: int, heads: int, kv_heads: int, seq_len: int, dim: int, is_causal: bool,
                   cfg: dict, sms: int) -> tuple:
     """The split ``attention_backward`` makes on a GPU of ``sms`` SMs with ``blocks``' ``cfg``:
@@ -195,6 +222,45 @@ def op_tail_split(batch: int, heads: int, kv_heads: int, seq_len: int, dim: int,
         return 0, 1
     units, trips = units_and_trips(batch, heads, kv_heads, seq_len, cfg["block_M"], cfg["block_N"])
     return tail_split(units, sms, trips)
+
+
+BALANCED_ROUNDS = 4
+"""The rounds of units at the end of the causal main kernel that ``balanced_order`` deals
+longest first (the earlier ones keep the heads a round's blocks read together)."""
+
+
+@functools.lru_cache(maxsize=64)
+def balanced_order(batch: int, heads: int, kv_heads: int, seq_len: int, block_M: int,
+                   block_N: int, sms: int) -> tuple[int, ...]:
+    """The causal main kernel's units (``unit_block``'s launch order) in the order
+    ``bwd_program(order_sms=sms)`` runs them (block ``b`` takes positions ``b, b + sms, ...``).
+    A unit's work is its query-block iterations, fewer the later its keys (``group * (query
+    blocks - first)``). Dealt in rounds of consecutive units, alternating direction (persist's
+    deal), the blocks' totals spread +-3% around the mean at B4 H32 S4096 (the round structure
+    meets the work's slope unevenly), and the kernel lasts as long as the busiest block. So the
+    first rounds are dealt that way (a round's blocks read a few heads' Q and dO, which stay in
+    L2), and the last ``BALANCED_ROUNDS`` rounds' units go longest first, each to the block with
+    the least work so far among those with a position left (LPT): the busiest block's total
+    1.031 -> 1.008 of the mean at that shape."""
+    key_blocks, q_blocks = -(-seq_len // block_M), -(-seq_len // block_N)
+    group = heads // kv_heads
+    units = key_blocks * kv_heads * batch
+    work = [group * (q_blocks - (u % key_blocks) * block_M // block_N) for u in range(units)]
+    order, load = [0] * units, [0] * sms
+    dealt = max(0, -(-units // sms) - BALANCED_ROUNDS) * sms
+    for position in range(dealt):
+        r, b = divmod(position, sms)
+        order[position] = r * sms + (b if r % 2 == 0 else sms - 1 - b)
+        load[b] += work[order[position]]
+    free = [list(range(dealt + b, units, sms)) for b in range(sms)]
+    blocks = [(load[b], b) for b in range(sms) if free[b]]
+    heapq.heapify(blocks)
+    for unit in sorted(range(dealt, units), key=lambda u: (-work[u], u)):
+        total, b = heapq.heappop(blocks)
+        order[free[b].pop(0)] = unit
+        if free[b]:
+            heapq.heappush(blocks, (total + work[unit], b))
+    return tuple(order)
 
 
 def tail_split(units: int, slots: int, trips: int) -> tuple:
@@ -557,10 +623,27 @@ def attention_backward(grad_out, q, k, v, out, lse, is_causal: bool, layout: str
         if tail_units:
             cfg.update(tail_units=tail_units, tail_parts=tail_parts)
             workspace = (torch.zeros((tail_units, 2, cfg["block_M"], dim), device=q.device),)
+    if gpu and is_causal and dim in ORDER_HEAD_DIMS:
+        sms = tilews.num_sms()
+        cfg.update(order_sms=sms)
+        workspace = (_order_tensor((batch, heads, kv_heads, seq_len, cfg["block_M"], cfg["block_N"],
+                                    sms), q.device),)
     bwd(batch, heads, kv_heads, seq_len, dim, is_causal, rows, dtype=dtype,
         **cfg)(q, k, v, grad_out, lse, delta, dq_acc, dk, dv, *workspace)
     bwd_postprocess(batch, heads, seq_len, dim, rows, dtype=dtype)(dq_acc, dq)
     return tuple(t if layout == "bhsd" else t.transpose(1, 2) for t in (dq, dk, dv))
+
+
+_orders: dict = {}
+
+
+def _order_tensor(sizes: tuple, device: torch.device) -> torch.Tensor:
+    """``balanced_order(*sizes)`` as an int32 tensor on ``device`` (made once per sizes and
+    device)."""
+    key = (sizes, device)
+    if key not in _orders:
+        _orders[key] = torch.tensor(balanced_order(*sizes), dtype=torch.int32, device=device)
+    return _orders[key]
 
 
 @torch.library.custom_op("tilews::attention_backward", mutates_args=(),
