@@ -8,7 +8,6 @@ numbers are checked too; the real Triton case (the attention backward at head di
 from __future__ import annotations
 
 import pytest
-import torch
 
 import tilews
 from tilews import backends
