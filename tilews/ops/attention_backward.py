@@ -48,6 +48,7 @@ import torch
 
 import tilews
 import tilews.language as T
+from tilews.binding import remember
 from tilews.lowering import dtypes
 
 from .attention import LOG2E, operand_sizes, tile_rows, varlen_dims
@@ -242,10 +243,9 @@ def balanced_order(batch: int, heads: int, kv_heads: int, seq_len: int, block_M:
     L2), and the last ``BALANCED_ROUNDS`` rounds' units go longest first, each to the block with
     the least work so far among those with a position left (LPT): the busiest block's total
     1.031 -> 1.008 of the mean at that shape."""
-    key_blocks, q_blocks = -(-seq_len // block_M), -(-seq_len // block_N)
-    group = heads // kv_heads
-    units = key_blocks * kv_heads * batch
-    work = [group * (q_blocks - (u % key_blocks) * block_M // block_N) for u in range(units)]
+    units, trips = units_and_trips(batch, heads, kv_heads, seq_len, block_M, block_N)
+    key_blocks, group = -(-seq_len // block_M), heads // kv_heads
+    work = [trips - group * ((u % key_blocks) * block_M // block_N) for u in range(units)]
     order, load = [0] * units, [0] * sms
     dealt = max(0, -(-units // sms) - BALANCED_ROUNDS) * sms
     for position in range(dealt):
@@ -639,11 +639,13 @@ _orders: dict = {}
 
 def _order_tensor(sizes: tuple, device: torch.device) -> torch.Tensor:
     """``balanced_order(*sizes)`` as an int32 tensor on ``device`` (made once per sizes and
-    device)."""
+    device; the cache bounded as every per-call-signature cache, ``remember``)."""
     key = (sizes, device)
-    if key not in _orders:
-        _orders[key] = torch.tensor(balanced_order(*sizes), dtype=torch.int32, device=device)
-    return _orders[key]
+    found = _orders.get(key)
+    if found is None:
+        found = remember(_orders, key, torch.tensor(balanced_order(*sizes), dtype=torch.int32,
+                                                    device=device))
+    return found
 
 
 @torch.library.custom_op("tilews::attention_backward", mutates_args=(),
