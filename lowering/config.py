@@ -44,6 +44,11 @@ class SchedulePolicy:
                                     # 1.12 -> 0.96x cuDNN's backward time, H200)
     sum_partials: bool = False      # sum_partials: those roles' partials summed in shared memory,
                                     # one atomic add (opt-in, measured slower; TILEWS_SUM_PARTIALS)
+    take_turns: bool = False        # where the roles' whole partials would not fit the registers
+                                    # (D128 backward), split_consumers splits anyway and the roles
+                                    # compute the whole product in turns (take_turns; opt-in,
+                                    # TILEWS_TAKE_TURNS: the op's split-tail and causal kernels
+                                    # spill that way and are slower, docs/performance.md)
 
 
 @dataclass(frozen=True)

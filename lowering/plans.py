@@ -60,6 +60,7 @@ class ConsumerSplit(Plan):
     so they run the same statements, loops and branches in the same order."""
     made_by: ClassVar[str] = "split_consumers"
     roles: tuple[tuple[int, ...], ...]
+    turns: bool = False        # the roles compute their row sum in turns (take_turns)
 
 
 @dataclass(frozen=True)

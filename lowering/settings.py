@@ -45,6 +45,10 @@ SWITCHES = (
     ("TILEWS_SUM_PARTIALS", "Hopper: with TILEWS_SPLIT_PARTIALS, the roles hand their partial "
                             "products to the first, which adds their sum once (sum_partials; "
                             "off unless set to an on value)"),
+    ("TILEWS_TAKE_TURNS", "Hopper: where the split roles' own partials would not fit their "
+                          "registers (attention backward's dQ at D128), the roles compute the "
+                          "whole product in turns, one per iteration (take_turns; off unless set "
+                          "to an on value)"),
     ("TILEWS_OVERLAP_PROMOTION", "Hopper: issue an FP8 k-block's wgmma before the previous "
                                  "k-block's product is promoted, the products in two fragments "
                                  "by turns (overlap_promotion; on unless set to an off value)"),
@@ -119,6 +123,7 @@ class Settings:
     merge_releases: bool = True
     split_partials: bool = True
     sum_partials: bool = False
+    take_turns: bool = False
     overlap_promotion: bool = True
     tune: bool = False
     compile_workers: Optional[int] = None  # TILEWS_COMPILE_WORKERS; None: the CPU count
@@ -139,6 +144,7 @@ class Settings:
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
                    split_partials=flag("TILEWS_SPLIT_PARTIALS", environ, default=True),
                    sum_partials=flag("TILEWS_SUM_PARTIALS", environ),
+                   take_turns=flag("TILEWS_TAKE_TURNS", environ),
                    overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),
                    compile_workers=_count("TILEWS_COMPILE_WORKERS", environ),

@@ -66,6 +66,10 @@ from ..traverse import buffers_read, buffers_written, element_accesses, touched,
 # per thread (a worker role holding gemms has 232: the rest for operands, addresses and fragment
 # math); attention's backward takes 160 at D64, 256 at D128 (which would spill)
 ACCUMULATOR_REGS = 168
+# take_turns (two roles): the accumulators kept across iterations, and the larger of those each
+# iteration clears and the whole product computed in turns, in at most this many (the roles
+# then ask for 240: the D128 backward's 128 + max(64, 64) compile without spills in the loop)
+TURN_ACCUMULATOR_REGS = 192
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -79,7 +83,8 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         return kernel
     parts = len(consumer.warpgroups)
     partials = config.policy.split_partials
-    rows, why = _rows(kernel, consumer, parts, partials)
+    turns = partials and config.policy.take_turns and parts == 2
+    rows, why = _rows(kernel, consumer, parts, partials, turns)
     if rows is None:
         return kernel.with_note(f"split_consumers: the consumer keeps its {parts} warp groups in one "
                                 f"role: {why}")
@@ -122,8 +127,9 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     body = ir.Seq(tuple(top[:allocs_end] + allocs + top[allocs_end:]), kernel.body.loc)
     names = [f"ws({h + 1})" for h in range(parts)]
     sums = sorted(b.name for b in whole if b.scope is ir.Scope.FRAGMENT and len(b.shape) > 1)
+    turns = turns and _registers(consumer, rows, parts, _row_shared(consumer, rows))[0] > ACCUMULATOR_REGS
     return dataclasses.replace(kernel, body=body).with_plan(
-        ConsumerSplit(tuple(r.warpgroups for r in split))).with_note(
+        ConsumerSplit(tuple(r.warpgroups for r in split), turns)).with_note(
         f"split_consumers: the consumer's {rows} rows are split between roles "
         f"{', '.join(names[:-1])} and {names[-1]}, {share} each, so one warp group's fragment math "
         f"runs under another's gemms" + (f"; each adds its own partial {', '.join(sums)} over its "
@@ -224,17 +230,31 @@ def _whole(role: ir.Role, rows: int) -> set:
                     and s.src.buffer in frags and s.dst.buffer.scope is ir.Scope.SHARED}
 
 
-def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict) -> Optional[str]:
+def _registers(role: ir.Role, rows: int, parts: int, shared: dict) -> tuple[int, int]:
+    """Registers per thread of each role's gemm accumulators with its row-sum partials whole:
+    all at once (split_partials), and in turns (take_turns: those kept across iterations, plus
+    the larger of those cleared each iteration and the partials, which are live after them)."""
+    whole = _whole(role, rows)
+    gemms = [s for s in walk(role.body) if isinstance(s, ir.Gemm)]
+    sums = {s.c.buffer for s in gemms if _row_sum(s, shared, rows)}
+    cleared = {s.c.buffer for s in gemms if s.clear_accum} - sums
+    regs = {b: ir.as_int(b.shape[0]) // (1 if b in whole else parts) * ir.as_int(b.shape[1]) // 128
+            for b in {s.c.buffer for s in gemms}}
+    kept = sum(n for b, n in regs.items() if b not in cleared and b not in sums)
+    return sum(regs.values()), kept + max(sum(regs[b] for b in cleared), sum(regs[b] for b in sums))
+
+
+def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict, turns: bool) -> Optional[str]:
     """Why the role's fragments of other than ``rows`` rows cannot each be the roles' own
-    whole copies (``_whole``), or None."""
+    whole copies (``_whole``), or None (``turns``: where all at once would not fit the
+    registers, the roles may compute the row sums in turns)."""
     whole = _whole(role, rows)
     sums = {s.c.buffer for s in walk(role.body) if _row_sum(s, shared, rows)}
-    accumulators = {s.c.buffer for s in walk(role.body) if isinstance(s, ir.Gemm)}
-    regs = sum(ir.as_int(b.shape[0]) // (1 if b in whole else parts) * ir.as_int(b.shape[1])
-               for b in accumulators) // 128
-    if sums and regs > ACCUMULATOR_REGS:
+    regs, in_turns = _registers(role, rows, parts, shared)
+    if sums and regs > ACCUMULATOR_REGS and not (turns and in_turns <= TURN_ACCUMULATOR_REGS):
         return (f"each role's gemm accumulators, its partial {sorted(b.name for b in sums)[0]} "
-                f"whole, would take {regs} registers per thread (at most {ACCUMULATOR_REGS})")
+                f"whole, would take {regs} registers per thread (at most {ACCUMULATOR_REGS}"
+                + (f"; {in_turns} in turns, at most {TURN_ACCUMULATOR_REGS}" if turns else "") + ")")
     for s in walk(role.body, opaque=(ir.Parallel,)):
         mine = {b for t in walk(s.body) for b, _ in element_accesses(t)} if isinstance(s, ir.Parallel) \
             else set(buffers_read(s) + buffers_written(s))
@@ -261,9 +281,11 @@ def _partials_refused(role: ir.Role, rows: int, parts: int, shared: dict) -> Opt
     return None
 
 
-def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool) -> tuple[Optional[int], str]:
+def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool,
+          turns: bool = False) -> tuple[Optional[int], str]:
     """BM, or None and why the role cannot be split in ``parts`` (``partials``: row-sum gemms
-    and row vectors over the columns allowed, ``split_partials``)."""
+    and row vectors over the columns allowed, ``split_partials``; ``turns``: computed in turns
+    where they do not fit the registers at once, ``take_turns``)."""
     gemms = [s for s in walk(role.body) if isinstance(s, ir.Gemm)]
     if not gemms:
         return None, "it computes no gemm"
@@ -277,7 +299,7 @@ def _rows(kernel: ir.Kernel, role: ir.Role, parts: int, partials: bool) -> tuple
     shared = _row_shared(role, rows if partials else None)
     whole = set()
     if partials:
-        why = _partials_refused(role, rows, parts, shared)
+        why = _partials_refused(role, rows, parts, shared, turns)
         if why:
             return None, why
         whole = _whole(role, rows)

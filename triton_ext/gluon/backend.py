@@ -21,8 +21,8 @@ from tilews.lowering.passes import (check_barriers, coarsen_handshakes, infer_la
                                     overlap_gemms, overlap_mma, overlap_promotion, overlap_softmax,
                                     overlap_store, panel_grid, persist, pingpong, plan_buffers,
                                     plan_pipeline, registerize, ring_handshakes, runtime_clear, split_consumers,
-                                    split_extents, sum_partials, swizzle_grid, uniform_selects,
-                                    warp_specialize)
+                                    split_extents, sum_partials, swizzle_grid, take_turns,
+                                    uniform_selects, warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
 from tilews.lowering.plans import AsyncRefusal
 
@@ -53,12 +53,13 @@ PIPELINE = Pipeline((
     # ring, before its roles are split (both rewrite the loop the roles share, and the ring's
     # buffers are what the later passes plan);
     # then one consumer role per warp group where their rows are independent, or each with its
-    # own partial of a gemm over the rows (attention backward's dQ; opted in, the roles sum
-    # their partials before one add).
+    # own partial of a gemm over the rows (attention backward's dQ at D64; opted in, where
+    # those partials do not fit the registers (D128) the roles compute the whole product in
+    # turns, or the roles sum their partials before one add).
     # Shared buffers left as one role's scratch then become register tiles.
     Phase("specialize", (Pass.of(persist), Pass.of(longest_first), Pass.of(plan_pipeline),
                          Pass.of(coarsen_handshakes), Pass.of(ring_handshakes),
-                         Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(sum_partials),
+                         Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(take_turns), Pass.of(sum_partials),
                          Pass.of(registerize))),
     # Rings and roles are final: place shared buffers and check the budget, then layouts.
     Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
