@@ -27,11 +27,11 @@ Ensures:   every statement list (a role's body, a loop body, a branch) whose wai
               verify_async) is held back until a wait placed for another reason completes that
               gemm, or until the next barrier wait, a statement writing what the arrival reads
               (a ring slot counter: the interpreter found the deadlock moving it past one made)
-              or the end of the list; arrivals on one barrier buffer keep their order, and an
-              arrival no in-flight gemm holds back goes out where it is written, before the held
-              ones on other barriers (take_turns' handing over of dS: held behind the ring's
-              releases until the role's gemms completed, it delayed the other role, and ptxas
-              12.8 crashed on the kernel);
+              or the end of the list; arrivals keep their order among themselves, except a
+              hand-over (an arrival after the role's barrier) that no in-flight gemm holds back:
+              it goes out where it is written, before held arrivals on other barriers
+              (take_turns' dS: held behind the ring's releases until the role's gemms completed,
+              it delayed the other role, and ptxas 12.8 crashed on the kernel);
            4. the list ends with ``gemm_wait 0`` (Gluon carries only completed accumulators
               across iterations and out of branches) followed by the held-back arrivals;
            5. a ``bulk_store_wait`` (overlap_store's, before its staging buffer's next write)
@@ -173,7 +173,8 @@ def _place_waits(stmts: list, released: dict, loc: ir.Loc) -> tuple:
             continue
         if isinstance(s, ir.BarrierArrive):
             needed = [g for g in inflight if roles.released_operand(s, g, released) is not None]
-            if needed or any(a.barrier.buffer is s.barrier.buffer for a, _ in held):
+            if needed or (held and not s.after_role_barrier) \
+                    or any(a.barrier.buffer is s.barrier.buffer for a, _ in held):
                 held.append((s, needed))
             else:
                 out.extend(store_waits)
