@@ -48,7 +48,8 @@ SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 1
 # this one's first gemms; D128 spills 224-396 B that way; "split_partials": one role per consumer
 # warp group, each with its own 64 keys and dQ partial, reduce-added twice (D128 keeps one role:
 # its partial would not fit the registers); "sum_partials": the second role hands its partial to
-# the first through shared memory, one reduce-add of the sum).
+# the first through shared memory, one reduce-add of the sum; "take_turns": D128's warp groups as
+# two roles that compute dQ over all 128 keys in turns, TILEWS_TAKE_TURNS=on).
 # Compile-only (sm_90a, D64): 128 x 128 spills 160 B and serializes its wgmmas (ptxas C7512),
 # 64 x 128 spills 96 B: not timed.
 # The op's main kernel is the first row (split_partials on: D64 split, D128 one role).
@@ -57,7 +58,8 @@ SUMMED = dict(sum_partials=True)
 MAIN_CHANGES = {64: [ONE_ROLE, SUMMED, dict(num_stages=3), dict(ONE_ROLE, num_stages=3),
                      dict(merge_releases=False), dict(ONE_ROLE, defer_dq=True),
                      dict(ONE_ROLE, defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
-                128: [dict(merge_releases=False), dict(num_stages=3), dict(defer_dq=True),
+                128: [dict(take_turns=True), dict(merge_releases=False), dict(num_stages=3),
+                      dict(defer_dq=True),
                       dict(overlap_gemms=False), dict(dq_tile_add=None)]}
 # --quick: the changes timed (the op's rival schedules), by head dim
 QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:2]}
@@ -68,15 +70,16 @@ FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4
 
 
 def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = True,
-                      sum_partials: bool = False):
-    """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS and
-    TILEWS_SUM_PARTIALS on/off (a factory's memo of calls does not see them: compile with a
-    fresh one)."""
+                      sum_partials: bool = False, take_turns: bool = False):
+    """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS,
+    TILEWS_SUM_PARTIALS and TILEWS_TAKE_TURNS on/off (a factory's memo of calls does not see them:
+    compile with a fresh one)."""
     onoff = lambda flag: "on" if flag else "off"  # noqa: E731
     return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS=onoff(overlap_gemms),
                            TILEWS_MERGE_RELEASES=onoff(merge_releases),
                            TILEWS_SPLIT_PARTIALS=onoff(split_partials),
-                           TILEWS_SUM_PARTIALS=onoff(sum_partials))
+                           TILEWS_SUM_PARTIALS=onoff(sum_partials),
+                           TILEWS_TAKE_TURNS=onoff(take_turns))
 
 
 def rel(a, b) -> float:
@@ -159,15 +162,17 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
         on, merge = cfg.pop("overlap_gemms", True), cfg.pop("merge_releases", True)
         split, summed = cfg.pop("split_partials", True), cfg.pop("sum_partials", False)
+        turns = cfg.pop("take_turns", False)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
             + (" dQ tile" if cfg.get("dq_tile_add") else "") \
             + (" deferred" if cfg.get("defer_dq") else "") + ("" if on else " gemms off") \
-            + ("" if merge else " unmerged") + ("" if split else " one role") + (" summed" if summed else "")
+            + ("" if merge else " unmerged") + ("" if split else " one role") + (" summed" if summed else "") \
+            + (" turns" if turns else "")
         try:
-            with schedule_switches(on, merge, split, summed):
+            with schedule_switches(on, merge, split, summed, turns):
                 kern = tilews.jit()(bwd_program)(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
             wanted = ["each adds its own partial"] * (split and D == 64) + \
-                ["sum_partials: T.ws(2) hand"] * summed
+                ["sum_partials: T.ws(2) hand"] * summed + ["take_turns: T.ws(1) and T.ws(2)"] * turns
             if not all(any(w in n for n in kern.report.notes) for w in wanted):
                 print(f"{label}: not built as asked: "
                       f"{[n for n in kern.report.notes if n.startswith(('split_consumers', 'sum_partials'))]}")
