@@ -57,10 +57,12 @@ def slot_shape(b: ir.Buffer, pipeline: Optional[PipelinePlan]) -> tuple[int, ...
 @dataclass(frozen=True)
 class ConsumerSplit(Plan):
     """The roles split_consumers made of one consumer: copies of one body, each with its own rows,
-    so they run the same statements, loops and branches in the same order."""
+    so they run the same statements, loops and branches in the same order; ``turns``: their
+    row-sum partials do not fit at once, and take_turns has them compute the whole product in
+    turns."""
     made_by: ClassVar[str] = "split_consumers"
     roles: tuple[tuple[int, ...], ...]
-    turns: bool = False        # the roles compute their row sum in turns (take_turns)
+    turns: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,12 @@ Ensures:   when the consumer role ``ws(1, ..., n)`` (n >= 2 warp groups) does fr
            inside ``T.Parallel`` (a row vector over the tile's columns: attention backward's
            LSE / Delta), is each role's own whole copy read from the whole vector. Barrier
            arrivals are counted in threads, so the roles together arrive as the one did.
+           Under ``config.policy.take_turns`` (two roles), where those whole partials beside a
+           role's other accumulators would take more than ``ACCUMULATOR_REGS`` registers a
+           thread but the accumulators kept across iterations plus the larger of those cleared
+           each iteration and the partials take at most ``TURN_ACCUMULATOR_REGS``, the consumer
+           is split all the same and the plan says ``turns`` (take_turns then has the roles
+           compute the product over all rows in turns).
            Anything else is unchanged, with a note.
 Preserves: program meaning (interpreter before == after) and locations.
 """
