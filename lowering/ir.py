@@ -639,6 +639,17 @@ def const(value, dtype: Optional[DType] = None, loc: Loc = UNKNOWN_LOC) -> Const
     return Const(value, dtype, loc)
 
 
+def whole_region(b: Buffer, loc: Loc) -> Region:
+    """All of buffer ``b`` (static shape) as a region."""
+    return Region(b, tuple(Const(0, DType.I32, loc) for _ in b.shape), b.static_shape, loc)
+
+
+def slot_region(b: Buffer, slot: Expr, loc: Loc) -> Region:
+    """Slot ``slot`` (dim 0) of the ring buffer ``b``, whole."""
+    zero = Const(0, DType.I32, loc)
+    return Region(b, (slot,) + (zero,) * (len(b.shape) - 1), (1,) + b.static_shape[1:], loc)
+
+
 def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 

@@ -152,8 +152,7 @@ def _coarsened(kernel: ir.Kernel, hs, factor: int, k_dims: dict) -> tuple[ir.Ker
             for b in hs.buffers}
 
     def whole(r: ir.Region) -> ir.Region:
-        w = wide[r.buffer]
-        return ir.Region(w, tuple(c(0) for _ in w.shape), w.static_shape, r.loc)
+        return ir.whole_region(wide[r.buffer], r.loc)
 
     def parity(ahead: int) -> ir.Expr:
         return ir.BinOp(ir.BinOpKind.MOD, fold(ir.BinOp(ir.BinOpKind.ADD, loop.var, c(ahead), i32, loc)),

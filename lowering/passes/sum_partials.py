@@ -116,22 +116,12 @@ def _staged_add(role: ir.Role) -> Optional[tuple[ir.Copy, ir.AtomicAdd, ir.Barri
     return None
 
 
-def _slot_region(b: ir.Buffer, slot: ir.Expr, loc: ir.Loc) -> ir.Region:
-    """Slot ``slot`` of the ring buffer ``b``, whole."""
-    zero = _const(0, loc)
-    return ir.Region(b, (slot,) + (zero,) * (len(b.shape) - 1), (1,) + b.static_shape[1:], loc)
-
-
-def _whole(b: ir.Buffer, loc: ir.Loc) -> ir.Region:
-    return ir.Region(b, tuple(_const(0, loc) for _ in b.shape), b.static_shape, loc)
-
-
 def _send(copy: ir.Copy, ringed: ir.Buffer, bars, slot, parity) -> list:
     full, free = bars
     loc = copy.loc
     again = ir.BinOp(ir.BinOpKind.XOR, parity, _const(1, loc), ir.DType.I32, loc)
     return [ir.BarrierWait(ir.BarrierRef(free, slot, loc), again, loc),
-            dataclasses.replace(copy, dst=_slot_region(ringed, slot, loc)),
+            dataclasses.replace(copy, dst=ir.slot_region(ringed, slot, loc)),
             ir.BarrierArrive(ir.BarrierRef(full, slot, loc), loc, after_role_barrier=True)]
 
 
@@ -141,7 +131,7 @@ def _receive(copy: ir.Copy, slot, parity, senders, recv: ir.Buffer) -> list:
     out = []
     for ringed, (full, free) in senders:
         out += [ir.BarrierWait(ir.BarrierRef(full, slot, loc), parity, loc),
-                ir.Copy(_slot_region(ringed, slot, loc), _whole(recv, loc), loc=loc),
+                ir.Copy(ir.slot_region(ringed, slot, loc), ir.whole_region(recv, loc), loc=loc),
                 ir.BarrierArrive(ir.BarrierRef(free, slot, loc), loc, after_role_barrier=True),
                 _accumulate(acc, recv, loc)]
     return out + [copy]

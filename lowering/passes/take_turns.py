@@ -40,7 +40,7 @@ from typing import Optional
 from .. import ir, roles
 from ..config import BackendConfig
 from ..plans import ConsumerSplit
-from ..traverse import fresh_name, transform, walk
+from ..traverse import fresh_name, touched, transform, walk
 
 TURN_REGS = 240
 """Registers per thread of each role taking turns (the producer's 24 leave 488 for the two: the
@@ -75,15 +75,15 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                 ir.BarrierArrive(ir.BarrierRef(ready, slot, write.loc), write.loc, after_role_barrier=True),
                 ir.If(ir.Cmp(ir.CmpKind.EQ, slot, ir.Const(h, ir.DType.I32, gemm.loc), gemm.loc),
                       ir.Seq((ir.BarrierWait(ir.BarrierRef(ready, slot, gemm.loc), parity, gemm.loc),
-                              dataclasses.replace(gemm, a=_slot_whole(ringed, slot, gemm.a),
-                                                  b=_whole(gemm.b)),
+                              dataclasses.replace(gemm, a=ir.slot_region(ringed, slot, gemm.a.loc),
+                                                  b=ir.whole_region(gemm.b.buffer, gemm.b.loc)),
                               copy, add), gemm.loc),
                       ir.Seq((), gemm.loc), gemm.loc)]
         body, staged = _unstage(_replace_run(role.body, (write, gemm, copy, add), turn))
         unstaged |= staged
         new_roles[g] = dataclasses.replace(role, body=body, num_regs=TURN_REGS)
     ws2 = dataclasses.replace(ws, roles=tuple(new_roles.get(r.warpgroups, r) for r in ws.roles))
-    unstaged -= _buffers(ws2)
+    unstaged -= touched(ws2)
     body = []
     for s in kernel.body.stmts:
         if isinstance(s, ir.Alloc) and s.buffer in unstaged:
@@ -128,16 +128,6 @@ def _slotted(r: ir.Region, ringed: ir.Buffer, slot: ir.Expr) -> ir.Region:
     return ir.Region(ringed, (slot,) + r.starts, (1,) + r.extents, r.loc)
 
 
-def _slot_whole(ringed: ir.Buffer, slot: ir.Expr, like: ir.Region) -> ir.Region:
-    zero = ir.Const(0, ir.DType.I32, like.loc)
-    return ir.Region(ringed, (slot,) + (zero,) * (len(ringed.shape) - 1), (1,) + ringed.static_shape[1:], like.loc)
-
-
-def _whole(r: ir.Region) -> ir.Region:
-    zero = ir.Const(0, ir.DType.I32, r.loc)
-    return ir.Region(r.buffer, (zero,) * len(r.buffer.shape), r.buffer.static_shape, r.loc)
-
-
 def _replace_run(body: ir.Seq, run_: tuple, new: list) -> ir.Seq:
     def fn(n):
         if not isinstance(n, ir.Seq) or run_[0] not in n.stmts:
@@ -174,8 +164,3 @@ def _unstage(body: ir.Seq) -> tuple[ir.Seq, set]:
         return dataclasses.replace(n, stmts=tuple(out)) if len(out) != len(stmts) else None
     return transform(body, fn), staged
 
-
-def _buffers(s: ir.Stmt) -> set:
-    found: set = set()
-    transform(s, lambda n: found.add(n) if isinstance(n, ir.Buffer) else None)
-    return found

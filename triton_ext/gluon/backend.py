@@ -59,8 +59,8 @@ PIPELINE = Pipeline((
     # Shared buffers left as one role's scratch then become register tiles.
     Phase("specialize", (Pass.of(persist), Pass.of(longest_first), Pass.of(plan_pipeline),
                          Pass.of(coarsen_handshakes), Pass.of(ring_handshakes),
-                         Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(take_turns), Pass.of(sum_partials),
-                         Pass.of(registerize))),
+                         Pass.of(warp_specialize), Pass.of(split_consumers), Pass.of(take_turns),
+                         Pass.of(sum_partials), Pass.of(registerize))),
     # Rings and roles are final: place shared buffers and check the budget, then layouts.
     Phase("plan memory", (Pass.of(plan_buffers), Pass.of(infer_layouts))),
     # The copy mechanisms, then Hopper's choices (TMA, wgmma, register budgets) or the reason to
