@@ -9,6 +9,9 @@
   own: sm_90a SASS of the D64 loop, 6 ``BAR.SYNC`` instead of 5). The lowered program gives the
   float64 gradients on the interpreter (gemms there are synchronous, so a statement moved past
   one it depends on would show), and its sm_90a PTX waits with ``wgmma.wait_group 1``.
+* The first gemm carries the loads of its ring slot into fragments: LSE is read from shared
+  memory between ``S^T``'s slot wait and its issue (not behind both gemms' operand reads);
+  Delta, read for ``dP^T``, stays after the first gemm wait.
 * With the policy off (``TILEWS_OVERLAP_GEMMS=off``) every gemm is waited at once, as
   legalize_wgmma writes it.
 * A statement that writes a gemm's register operand, or reads its accumulator, waits for it;
@@ -73,6 +76,22 @@ def test_backward_gemms_issue_together_and_wait_where_needed():
         "gemm->dv", "wait1", "parallel dsT",
         "gemm->dk", "copy ->dsT_s", "gemm->dq", "wait0", "arrive empty_dO_s", "arrive empty_Q_s",
         "parallel atomics"]
+
+
+def test_the_first_gemm_carries_its_slots_loads():
+    order = []
+    for s in _consumer_loop(lower(_backward(), HOPPER, upto="overlap_gemms")):
+        if isinstance(s, ir.BarrierWait):
+            order.append(f"wait {s.barrier.buffer.name}")
+        elif isinstance(s, ir.Gemm):
+            order.append(f"gemm->{s.c.buffer.name}")
+        elif isinstance(s, ir.GemmWait):
+            order.append(f"wait{s.outstanding}")
+        elif isinstance(s, ir.Copy) and s.src.buffer.scope is ir.Scope.SHARED \
+                and s.dst.buffer.scope is ir.Scope.FRAGMENT:
+            order.append(f"load {s.src.buffer.name}")
+    assert order[:8] == ["wait full_Q_s", "load lse_s", "gemm->sT", "wait full_dO_s", "gemm->dpT",
+                         "wait1", "load delta_s", "gemm->dv"], order
 
 
 def test_bulk_store_wait_follows_the_final_wait_and_arrivals():
