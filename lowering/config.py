@@ -44,6 +44,9 @@ class SchedulePolicy:
                                     # 1.12 -> 0.96x cuDNN's backward time, H200)
     sum_partials: bool = False      # sum_partials: those roles' partials summed in shared memory,
                                     # one atomic add (opt-in, measured slower; TILEWS_SUM_PARTIALS)
+    reduce_role: bool = True        # reduce_role: a consumer loop's bulk reduce-adds of a staged
+                                    # tile issued by a warp of their own (attention backward's dQ;
+                                    # TILEWS_REDUCE_ROLE)
     take_turns: bool = False        # where the roles' whole partials would not fit the registers
                                     # (D128 backward), split_consumers splits anyway and the roles
                                     # compute the whole product in turns (take_turns; opt-in,

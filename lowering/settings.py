@@ -45,6 +45,10 @@ SWITCHES = (
     ("TILEWS_SUM_PARTIALS", "Hopper: with TILEWS_SPLIT_PARTIALS, the roles hand their partial "
                             "products to the first, which adds their sum once (sum_partials; "
                             "off unless set to an on value)"),
+    ("TILEWS_REDUCE_ROLE", "Hopper: a warp of its own issues the bulk reduce-adds a consumer's "
+                           "loop makes from a staged tile (attention backward's dQ), the "
+                           "consumer only storing the tile and arriving (reduce_role; on unless "
+                           "set to an off value)"),
     ("TILEWS_TAKE_TURNS", "Hopper: where the split roles' own partials would not fit their "
                           "registers (attention backward's dQ at D128), the roles compute the "
                           "whole product in turns, one per iteration (take_turns; off unless set "
@@ -123,6 +127,7 @@ class Settings:
     merge_releases: bool = True
     split_partials: bool = True
     sum_partials: bool = False
+    reduce_role: bool = True
     take_turns: bool = False
     overlap_promotion: bool = True
     tune: bool = False
@@ -144,6 +149,7 @@ class Settings:
                    merge_releases=flag("TILEWS_MERGE_RELEASES", environ, default=True),
                    split_partials=flag("TILEWS_SPLIT_PARTIALS", environ, default=True),
                    sum_partials=flag("TILEWS_SUM_PARTIALS", environ),
+                   reduce_role=flag("TILEWS_REDUCE_ROLE", environ, default=True),
                    take_turns=flag("TILEWS_TAKE_TURNS", environ),
                    overlap_promotion=flag("TILEWS_OVERLAP_PROMOTION", environ, default=True),
                    tune=flag("TILEWS_TUNE", environ),

@@ -51,6 +51,7 @@ def configure(cls: type[Backend], services: Services, passes: PassOptions = Pass
                                         merge_releases=services.settings.merge_releases,
                                         split_partials=services.settings.split_partials,
                                         sum_partials=services.settings.sum_partials,
+                                        reduce_role=services.settings.reduce_role,
                                         take_turns=services.settings.take_turns,
                                         overlap_promotion=services.settings.overlap_promotion),
                          CodegenOptions(fast_math=passes.fast_math,

@@ -20,7 +20,8 @@ from tilews.lowering.passes import (check_barriers, coarsen_handshakes, infer_la
                                     legalize_wgmma, longest_first, mask_after_gemm, merge_releases,
                                     overlap_gemms, overlap_mma, overlap_promotion, overlap_softmax,
                                     overlap_store, panel_grid, persist, pingpong, plan_buffers,
-                                    plan_pipeline, registerize, ring_handshakes, runtime_clear, split_consumers,
+                                    plan_pipeline, reduce_role, registerize, ring_handshakes,
+                                    runtime_clear, split_consumers,
                                     split_extents, sum_partials, swizzle_grid, take_turns,
                                     uniform_selects, warp_specialize)
 from tilews.lowering.pipeline import Pass, Phase, Pipeline
@@ -73,10 +74,12 @@ PIPELINE = Pipeline((
     # under the next tile's main loop (persistent kernels).
     # Then, in what those left as written, each block's independent wgmmas in flight together
     # under its fragment math (the attention backward's five gemms); then ring slots those
-    # release together share one barrier (the backward's Q and dO slots).
+    # release together share one barrier (the backward's Q and dO slots), and a warp of its own
+    # issues the reduce-adds a consumer's loop makes from a staged tile (the backward's dQ),
+    # handed over by that release.
     Phase("overlap", (Pass.of(overlap_softmax), Pass.of(pingpong), Pass.of(overlap_promotion),
                       Pass.of(overlap_mma), Pass.of(overlap_store), Pass.of(overlap_gemms),
-                      Pass.of(merge_releases))),
+                      Pass.of(merge_releases), Pass.of(reduce_role))),
     # Last: persist made its own panels, and legalize read block ranges from the 2-d grid. A
     # grid of GEMM tiles left in launch order by the program gets panels as T.use_swizzle's.
     Phase("grid", (Pass.of(panel_grid), Pass.of(swizzle_grid))),
