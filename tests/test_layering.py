@@ -96,7 +96,7 @@ def test_only_the_settings_module_reads_tilews_switches():
            "TILEWS_DUMP_IR": "/d", "TILEWS_POISON_OUTPUTS": " 1 ", "TILEWS_DEBUG_FRONTEND": "true",
            "TILEWS_OVERLAP_SOFTMAX": "on", "TILEWS_OVERLAP_GEMMS": "off",
            "TILEWS_MERGE_RELEASES": "off", "TILEWS_SPLIT_PARTIALS": "off",
-           "TILEWS_SUM_PARTIALS": "1", "TILEWS_TAKE_TURNS": "yes",
+           "TILEWS_SUM_PARTIALS": "1", "TILEWS_TAKE_TURNS": "yes", "TILEWS_REDUCE_ROLE": "off",
            "TILEWS_OVERLAP_PROMOTION": "no", "TILEWS_TUNE": "yes",
            "TILELANG_DISABLE_CACHE": "no", "TILEWS_CXX": " clang++ ", "TILEWS_COMPILE_WORKERS": " 3 ",
            "TILEWS_COMPILE_PROCESSES": "on"}
@@ -106,9 +106,9 @@ def test_only_the_settings_module_reads_tilews_switches():
     assert (str(s.cache_dir), s.disable_cache, s.print_source, str(s.dump_ir), s.poison_outputs,
             s.debug_frontend, s.overlap_softmax, s.overlap_gemms, s.merge_releases,
             s.split_partials, s.sum_partials, s.take_turns, s.overlap_promotion, s.tune, s.cxx,
-            s.compile_workers, s.compile_processes) == ("/c", True, True, "/d", True, True, True,
-                                                        False, False, False, True, True, False,
-                                                        True, "clang++", 3, True)
+            s.compile_workers, s.compile_processes, s.reduce_role) == (
+        "/c", True, True, "/d", True, True, True, False, False, False, True, True, False, True,
+        "clang++", 3, True, False)
     assert Settings.from_env({}) == Settings()
     for off in ("", "0", "false", "No", "off"):
         assert flag("TILEWS_PRINT_SOURCE", {"TILEWS_PRINT_SOURCE": off}) is False
