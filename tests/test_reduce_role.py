@@ -7,29 +7,18 @@ float64 gradients; compile-only, the consumer's loop issues no reduce-add and th
 does, and the loop keeps its barriers and its freedom from spills."""
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
-import torch
 
-import tilews.language as T
 from tilews.lowering import ir
 from tilews.lowering.traverse import walk
-from tilews.ops.attention_backward import balanced_order, blocks, bwd_program, kernels
 
-from .test_attention_backward import _reference, _rel
-from .test_attention_tail_split import _inputs
+from .test_take_turns import FORMS, gives_the_float64_gradients, lowered_backward
 
 
 def _lowered(B, H, S, D, causal, sms, reduce_role=True, **extra):
-    from tilews.lowering.frontend import build_function
-    from tilews.lowering.pipeline import lower
-    from tilews.triton_ext.gluon.backend import HOPPER
-    program = bwd_program(B, H, H, S, D, causal, S, dtype=T.float16, **dict(blocks(D, True), **extra))
-    config = HOPPER.replace(num_sms=sms)
-    config = dataclasses.replace(config, policy=dataclasses.replace(config.policy, reduce_role=reduce_role))
-    return lower(build_function(program).kernels[0], config)
+    return lowered_backward(B, H, S, D, causal, sms, dict(reduce_role=reduce_role), **extra)
 
 
 def _roles(kernel):
@@ -37,14 +26,10 @@ def _roles(kernel):
     return {r.warpgroups: r for r in ws.roles}
 
 
-@pytest.mark.parametrize("causal, extra", [(False, {}), (False, dict(tail_units=2, tail_parts=3)),
-                                           (True, dict(order_sms=3))],
-                         ids=["plain", "split-tail", "causal-ordered"])
+@FORMS
 def test_reducer_gives_the_float64_gradients(causal, extra):
-    """B1 H2 S384 D128 on 3 SMs: the lowered kernel has the reducer warp, and the interpreter
-    (roles concurrently, races checked) gives float64 SDPA's gradients (a split tail's dK / dV
-    parts go to the workspace: dQ checked there)."""
-    from tilews.lowering import interpreter
+    """The lowered kernel has the reducer warp, the consumer's release hands dQ's tile over, and
+    the kernel gives the float64 gradients."""
     B, H, S, D = 1, 2, 384, 128
     lowered = _lowered(B, H, S, D, causal, 3, **extra)
     assert any(n.startswith("reduce_role: the bulk reduce-adds of dq_s") for n in lowered.notes), lowered.notes
@@ -53,23 +38,7 @@ def test_reducer_gives_the_float64_gradients(causal, extra):
     releases = [s for s in walk(_roles(lowered)[(1, 2)].body) if isinstance(s, ir.BarrierArrive)
                 and s.barrier.buffer.name == "empty_dO_s"]
     assert len(releases) == 1 and releases[0].after_role_barrier     # it hands dQ's tile over
-    q, k, v, do, o, lse = _inputs(B, H, H, S, D, causal=causal)
-    rows = lse.shape[-1]
-    delta, dq_acc = torch.empty_like(lse), torch.full((B, H, rows, D), float("nan"))
-    kernels("interpret")[0](B, H, S, D, rows, dtype=T.float16)(o, do, delta, dq_acc)
-    dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
-    args = [q, k, v, do, lse, delta, dq_acc, dk, dv]
-    if "tail_units" in extra:
-        args.append(torch.zeros(extra["tail_units"], 2, 128, D))
-    if "order_sms" in extra:
-        cfg = blocks(D, True)
-        args.append(torch.tensor(balanced_order(B, H, H, S, cfg["block_M"], cfg["block_N"], 3),
-                                 dtype=torch.int32))
-    interpreter.run(lowered, args, seed=1)
-    want = _reference(q, k, v, do, causal, "bhsd")
-    assert _rel(dq_acc[:, :, :S], want[0]) < 2e-3
-    if "tail_units" not in extra:
-        assert _rel(dk, want[1]) < 2e-3 and _rel(dv, want[2]) < 2e-3
+    gives_the_float64_gradients(lowered, B, H, S, D, causal, extra)
 
 
 def test_off_and_where_it_does_not_apply():

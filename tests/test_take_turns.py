@@ -18,29 +18,31 @@ from .test_attention_backward import _reference, _rel
 from .test_attention_tail_split import _inputs
 
 
-def _lowered(B, H, S, D, causal, sms, turns=True, **extra):
+def lowered_backward(B, H, S, D, causal, sms, policy: dict, **extra):
+    """The op's main backward program at ``blocks(D, True)`` (``extra``: its tail-split or order
+    parameters) lowered for Hopper on ``sms`` SMs with the schedule ``policy`` given."""
     from tilews.lowering.frontend import build_function
     from tilews.lowering.pipeline import lower
     from tilews.triton_ext.gluon.backend import HOPPER
     program = bwd_program(B, H, H, S, D, causal, S, dtype=T.float16, **dict(blocks(D, True), **extra))
-    return lower(build_function(program).kernels[0], HOPPER.replace(num_sms=sms, take_turns=turns))
+    return lower(build_function(program).kernels[0], HOPPER.replace(num_sms=sms, **policy))
 
 
-@pytest.mark.parametrize("causal, extra", [(False, {}), (False, dict(tail_units=2, tail_parts=3)),
-                                           (True, dict(order_sms=3))],
-                         ids=["plain", "split-tail", "causal-ordered"])
-def test_turns_give_the_float64_gradients(causal, extra):
-    """B1 H2 S384 D128 on 3 SMs: the lowered kernel takes turns, and the interpreter (roles run
-    concurrently, races checked) gives float64 SDPA's gradients (dK / dV of a split tail's
-    parts go to the workspace: dQ checked there)."""
+def _lowered(B, H, S, D, causal, sms, turns=True, **extra):
+    return lowered_backward(B, H, S, D, causal, sms, dict(take_turns=turns), **extra)
+
+
+FORMS = pytest.mark.parametrize("causal, extra", [(False, {}), (False, dict(tail_units=2, tail_parts=3)),
+                                                  (True, dict(order_sms=3))],
+                                ids=["plain", "split-tail", "causal-ordered"])
+"""The D128 main kernel's three forms in the op: plain, with a split tail, causal in a balanced
+order (B1 H2 S384 on 3 SMs)."""
+
+
+def gives_the_float64_gradients(lowered, B, H, S, D, causal, extra) -> None:
+    """The lowered kernel on the interpreter (roles concurrently, races checked) gives float64
+    SDPA's gradients (dK / dV of a split tail's parts go to the workspace: dQ checked there)."""
     from tilews.lowering import interpreter
-    from tilews.lowering.plans import ConsumerSplit
-    B, H, S, D = 1, 2, 384, 128
-    lowered = _lowered(B, H, S, D, causal, 3, **extra)
-    split = lowered.find_plan(ConsumerSplit)
-    assert split is not None and split.turns, lowered.notes
-    assert any(n.startswith("take_turns: T.ws(1) and T.ws(2) compute dq over all 128 rows")
-               for n in lowered.notes), lowered.notes
     q, k, v, do, o, lse = _inputs(B, H, H, S, D, causal=causal)
     rows = lse.shape[-1]
     delta, dq_acc = torch.empty_like(lse), torch.full((B, H, rows, D), float("nan"))
@@ -58,6 +60,19 @@ def test_turns_give_the_float64_gradients(causal, extra):
     assert _rel(dq_acc[:, :, :S], want[0]) < 2e-3
     if "tail_units" not in extra:
         assert _rel(dk, want[1]) < 2e-3 and _rel(dv, want[2]) < 2e-3
+
+
+@FORMS
+def test_turns_give_the_float64_gradients(causal, extra):
+    """The lowered kernel takes turns and gives the float64 gradients."""
+    from tilews.lowering.plans import ConsumerSplit
+    B, H, S, D = 1, 2, 384, 128
+    lowered = _lowered(B, H, S, D, causal, 3, **extra)
+    split = lowered.find_plan(ConsumerSplit)
+    assert split is not None and split.turns, lowered.notes
+    assert any(n.startswith("take_turns: T.ws(1) and T.ws(2) compute dq over all 128 rows")
+               for n in lowered.notes), lowered.notes
+    gives_the_float64_gradients(lowered, B, H, S, D, causal, extra)
 
 
 def test_off_by_default_and_d64_keeps_its_own_partials():
