@@ -74,3 +74,22 @@ def test_reducer_kernel_on_sm90a():
     assert not [op for op in loop if op.startswith(("STL", "LDL", "UTMAREDG"))], loop
     assert sum(op.startswith("BAR.SYNC") for op in loop) == 3
     assert sum(op.startswith("HGMMA") for op in loop) == 32
+
+
+def test_d256_takes_the_reducer_without_new_spills():
+    """Compile-only, D256 (the merged consumer adds a 64 x 256 tile): the reducer applies, the
+    consumer's loop issues no reduce-add and spills no more than without the pass."""
+    from tilews.triton_ext.toolchain import ptxas_report, sass
+
+    from .helpers import gluon_program, innermost_loops
+    loops = {}
+    for on in (False, True):
+        lowered = _lowered(4, 32, 4096, 256, False, 132, reduce_role=on)
+        assert ((3,) in _roles(lowered)) == on, lowered.notes
+        ptx = gluon_program(lowered).asm["ptx"]
+        if ptxas_report(ptx) is None:
+            pytest.skip("this Triton bundles no ptxas")
+        loops[on] = max(innermost_loops(sass(ptx)), key=len)
+    assert not [op for op in loops[True] if op.startswith("UTMAREDG")]
+    spills = {on: sum(op.startswith(("STL", "LDL")) for op in loop) for on, loop in loops.items()}
+    assert spills[True] <= spills[False] and len(loops[True]) < len(loops[False]), spills
