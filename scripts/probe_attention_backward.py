@@ -6,7 +6,8 @@ rounds, median times and ratios (min-max).
 
 The op's D64 consumer is split into one role per warp group with its own dQ partial
 (``split_partials``, on); ``--quick`` times it beside the one-role consumer, the summed partials
-(``sum_partials``) and 3 stages (D128: unmerged releases and 3 stages), GPU time (``--gpu-time``:
+(``sum_partials``) and 3 stages (D128: without the dQ reducer warp, in turns, unmerged
+releases), GPU time (``--gpu-time``:
 each call's kernels under ``torch.profiler``), about 3 minutes:
 
     TILEWS_DEVICE_CMD='timeout 300 python scripts/probe_attention_backward.py --quick --gpu-time --rounds 5 --only 2 3 --json $OUT/bwd_split.json' bash scripts/device_run.sh
@@ -49,7 +50,8 @@ SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True), (8, 16, 1
 # warp group, each with its own 64 keys and dQ partial, reduce-added twice (D128 keeps one role:
 # its partial would not fit the registers); "sum_partials": the second role hands its partial to
 # the first through shared memory, one reduce-add of the sum; "take_turns": D128's warp groups as
-# two roles that compute dQ over all 128 keys in turns, TILEWS_TAKE_TURNS=on).
+# two roles that compute dQ over all 128 keys in turns, TILEWS_TAKE_TURNS=on; "reduce_role": False
+# leaves dQ's reduce-adds to the merged consumer, TILEWS_REDUCE_ROLE=off).
 # Compile-only (sm_90a, D64): 128 x 128 spills 160 B and serializes its wgmmas (ptxas C7512),
 # 64 x 128 spills 96 B: not timed.
 # The op's main kernel is the first row (split_partials on: D64 split, D128 one role).
@@ -58,11 +60,12 @@ SUMMED = dict(sum_partials=True)
 MAIN_CHANGES = {64: [ONE_ROLE, SUMMED, dict(num_stages=3), dict(ONE_ROLE, num_stages=3),
                      dict(merge_releases=False), dict(ONE_ROLE, defer_dq=True),
                      dict(ONE_ROLE, defer_dq=True, num_stages=3), dict(block_M=64, threads=128)],
-                128: [dict(take_turns=True), dict(merge_releases=False), dict(num_stages=3),
+                128: [dict(reduce_role=False), dict(take_turns=True), dict(merge_releases=False),
+                      dict(num_stages=3),
                       dict(defer_dq=True),
                       dict(overlap_gemms=False), dict(dq_tile_add=None)]}
 # --quick: the changes timed (the op's rival schedules), by head dim
-QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:2]}
+QUICK_CHANGES = {64: MAIN_CHANGES[64][:4], 128: MAIN_CHANGES[128][:3]}
 # the preprocess's and postprocess's (rows per block, threads); the op's first
 PREPOST_BLOCKS = ((64, 128), (128, 128), (128, 256))
 FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False),
@@ -70,16 +73,17 @@ FORWARD_SHAPES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4
 
 
 def schedule_switches(overlap_gemms: bool, merge_releases: bool, split_partials: bool = True,
-                      sum_partials: bool = False, take_turns: bool = False):
+                      sum_partials: bool = False, take_turns: bool = False, reduce_role: bool = True):
     """Compiles inside use TILEWS_OVERLAP_GEMMS, TILEWS_MERGE_RELEASES, TILEWS_SPLIT_PARTIALS,
-    TILEWS_SUM_PARTIALS and TILEWS_TAKE_TURNS on/off (a factory's memo of calls does not see them:
-    compile with a fresh one)."""
+    TILEWS_SUM_PARTIALS, TILEWS_TAKE_TURNS and TILEWS_REDUCE_ROLE on/off (a factory's memo of
+    calls does not see them: compile with a fresh one)."""
     onoff = lambda flag: "on" if flag else "off"  # noqa: E731
     return mock.patch.dict(os.environ, TILEWS_OVERLAP_GEMMS=onoff(overlap_gemms),
                            TILEWS_MERGE_RELEASES=onoff(merge_releases),
                            TILEWS_SPLIT_PARTIALS=onoff(split_partials),
                            TILEWS_SUM_PARTIALS=onoff(sum_partials),
-                           TILEWS_TAKE_TURNS=onoff(take_turns))
+                           TILEWS_TAKE_TURNS=onoff(take_turns),
+                           TILEWS_REDUCE_ROLE=onoff(reduce_role))
 
 
 def rel(a, b) -> float:
@@ -162,14 +166,14 @@ def run_shape(shape, rounds, results, quick=False, timer=pc.launches_ms):
             cfg["dq_tile_add"] = not op.get("dq_tile_add", False)
         on, merge = cfg.pop("overlap_gemms", True), cfg.pop("merge_releases", True)
         split, summed = cfg.pop("split_partials", True), cfg.pop("sum_partials", False)
-        turns = cfg.pop("take_turns", False)
+        turns, reducer = cfg.pop("take_turns", False), cfg.pop("reduce_role", True)
         label = "main " + "x".join(str(cfg[x]) for x in ("block_M", "block_N", "threads", "num_stages")) \
             + (" dQ tile" if cfg.get("dq_tile_add") else "") \
             + (" deferred" if cfg.get("defer_dq") else "") + ("" if on else " gemms off") \
             + ("" if merge else " unmerged") + ("" if split else " one role") + (" summed" if summed else "") \
-            + (" turns" if turns else "")
+            + (" turns" if turns else "") + ("" if reducer else " no reducer")
         try:
-            with schedule_switches(on, merge, split, summed, turns):
+            with schedule_switches(on, merge, split, summed, turns, reducer):
                 kern = tilews.jit()(bwd_program)(B, H, KV, S, D, causal, rows, dtype=T.float16, **cfg)
             wanted = ["each adds its own partial"] * (split and D == 64) + \
                 ["sum_partials: T.ws(2) hand"] * summed + ["take_turns: T.ws(1) and T.ws(2)"] * turns
