@@ -55,10 +55,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .. import ir, schedule
+from .. import ir, roles, schedule
 from ..config import BackendConfig
 from ..plans import AsyncPlan
-from ..traverse import bulk_reduce, exprs_of, fresh_name, subexprs, touched, transform, walk
+from ..traverse import bulk_reduce, exprs_of, fresh_name, rewrite, subexprs, touched, transform, walk
 
 REDUCER_WARPS = 1
 """Warps of the reducer role: one thread issues each add."""
@@ -72,67 +72,98 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     if ws is None or len(ws.roles) != 2:
         return kernel
     producer, consumer = sorted(ws.roles, key=lambda r: r.num_warps)
-    if producer.num_warps != 1:
-        return kernel
-    found = _staged_add(consumer)
+    found = _staged_add(consumer) if producer.num_warps == 1 else None
     if found is None:
         return kernel
-    loop, (release, wait, copy, fence, add) = found
-    slot = release.barrier.index
-    if not (isinstance(slot, ir.BinOp) and slot.op is ir.BinOpKind.MOD and ir.as_int(slot.b) is not None):
-        return kernel
-    running, stages = slot.a, ir.as_int(slot.b)
-    loc = add.loc
+    loop, run_ = found
+    release, copy = run_[0], run_[2]
     x = copy.dst.buffer
-    drained = ir.Buffer(fresh_name(kernel, f"{x.name}_drained"), (ir.Const(1, ir.DType.I32, loc),),
-                        ir.DType.I64, ir.Scope.BARRIER, (128,), loc)
+    drained = ir.Buffer(fresh_name(kernel, f"{x.name}_drained"), (ir.Const(1, ir.DType.I32, copy.loc),),
+                        ir.DType.I64, ir.Scope.BARRIER, (roles.role_threads((0,)),), copy.loc)
     counter = schedule.ring_counter(loop)
     own = None if counter is None else dataclasses.replace(
         counter, name=fresh_name(kernel, "reduced", frozenset({drained.name})))
-    i32 = ir.DType.I32
-    one = ir.Const(1, i32, loc)
-    drained_at = ir.BarrierRef(drained, ir.Const(0, i32, loc), loc)
-    handed_back = ir.BinOp(ir.BinOpKind.XOR, ir.BinOp(ir.BinOpKind.AND, running, one, i32, loc), one, i32, loc)
-    staged = [ir.BarrierWait(drained_at, handed_back, copy.loc), copy, fence,
-              dataclasses.replace(release, after_role_barrier=True)]
-    consumer2 = dataclasses.replace(consumer, body=_rewrite_loop(consumer.body, loop, staged))
-    _, parity = schedule.ring_slot(running, stages, loc)
-    reduce = [ir.BarrierWait(release.barrier, parity, loc), add, ir.BulkStoreWait(0, loc),
-              ir.BarrierArrive(drained_at, loc)]
-    reducer_body = tuple(_projected(consumer.body, loop, reduce, counter))
-    if own is not None:
-        reducer_body = transform(reducer_body, lambda n: own if n == counter else None)
     group = max(g for r in ws.roles for g in r.warpgroups) + 1
-    reducer = ir.Role((group,), ir.Seq(reducer_body + (ir.BulkStoreWait(0, loc),), loc),
-                      num_warps=REDUCER_WARPS, num_regs=producer.num_regs, loc=loc)
-    ws2 = dataclasses.replace(ws, roles=tuple(consumer2 if r is consumer else r for r in ws.roles)
-                              + (reducer,))
+    reducer = _reducer(consumer, loop, run_, drained, counter, own, group, producer.num_regs)
+    staged = _consumer_staging(consumer, loop, run_, drained)
+    ws2 = dataclasses.replace(ws, roles=tuple(staged if r is consumer else r for r in ws.roles) + (reducer,))
     body = [ws2 if s is ws else s for s in kernel.body.stmts]
     at = max(k for k, s in enumerate(body) if isinstance(s, ir.Alloc)) + 1
-    body[at:at] = [ir.Alloc(drained, loc)] + ([ir.Alloc(own, loc)] if own is not None else [])
-    read = {x.buffer.name for t in walk(reducer) for e in exprs_of(t) for x in subexprs(e)
-            if isinstance(x, ir.Load)}
-    plan2 = dataclasses.replace(
-        plan, barrier_counts=plan.barrier_counts + ((drained.name, (1,)),),
-        pointer_params=tuple((name, readers + ((group,),) if name in read else readers)
-                             for name, readers in plan.pointer_params),
-        scalar_locals=plan.scalar_locals + (((own.name, dict(plan.scalar_locals)[counter.name]),)
-                                            if own is not None else ()))
+    body[at:at] = [ir.Alloc(drained, copy.loc)] + ([ir.Alloc(own, copy.loc)] if own is not None else [])
     return dataclasses.replace(kernel, body=ir.Seq(tuple(body), kernel.body.loc),
-                               threads=kernel.threads + 128).with_plan(plan2).with_note(
-        f"reduce_role: the bulk reduce-adds of {x.name} in {_describe(consumer)}'s loop at line "
-        f"{loop.loc.line} go out from a reducer warp, T.ws({group}); the release of "
-        f"{release.barrier.buffer.name} follows {x.name}'s store and hands it over, "
+                               threads=kernel.threads + 128).with_plan(
+        _plan_with(plan, reducer, drained, counter, own)).with_note(
+        f"reduce_role: the bulk reduce-adds of {x.name} in {roles.describe(consumer.warpgroups)}'s "
+        f"loop at line {loop.loc.line} go out from a reducer warp, {roles.describe((group,))}; the "
+        f"release of {release.barrier.buffer.name} follows {x.name}'s store and hands it over, "
         f"{drained.name} hands it back")
 
 
-def _describe(role: ir.Role) -> str:
-    return f"T.ws({', '.join(map(str, role.warpgroups))})"
+def _running(release: ir.BarrierArrive) -> Optional[tuple[ir.Expr, int]]:
+    """(running count n, stages S) of a ring release at slot ``n % S``; else None."""
+    slot = release.barrier.index
+    if isinstance(slot, ir.BinOp) and slot.op is ir.BinOpKind.MOD and ir.as_int(slot.b) is not None:
+        return slot.a, ir.as_int(slot.b)
+    return None
+
+
+def _consumer_staging(consumer: ir.Role, loop: ir.For, run_: tuple, drained: ir.Buffer) -> ir.Role:
+    """The consumer with its loop's run replaced: wait for the hand-back, store, fence, release
+    (after the role's barrier: it hands the tile over)."""
+    release, _, copy, fence, _ = run_
+    running, _ = _running(release)
+    i32, loc = ir.DType.I32, copy.loc
+    one = ir.Const(1, i32, loc)
+    handed_back = ir.BinOp(ir.BinOpKind.XOR, ir.BinOp(ir.BinOpKind.AND, running, one, i32, loc), one, i32, loc)
+    staged = (ir.BarrierWait(ir.BarrierRef(drained, ir.Const(0, i32, loc), loc), handed_back, loc),
+              copy, fence, dataclasses.replace(release, after_role_barrier=True))
+
+    def replace_run(s: ir.Stmt):
+        if not (isinstance(s, ir.For) and s == loop):
+            return None
+        stmts = s.body.stmts
+        bump = stmts[-1:] if schedule.ring_counter(s) is not None else ()
+        return dataclasses.replace(s, body=dataclasses.replace(
+            s.body, stmts=stmts[:len(stmts) - len(bump) - len(run_)] + staged + bump))
+    return rewrite(consumer, replace_run)
+
+
+def _reducer(consumer: ir.Role, loop: ir.For, run_: tuple, drained: ir.Buffer,
+             counter: Optional[ir.Buffer], own: Optional[ir.Buffer], group: int, regs: int) -> ir.Role:
+    """The reducer role: the consumer's loops around ``loop`` (their ring counter in ``own``),
+    each iteration waiting for the release, adding, waiting for the add's reads and handing the
+    tile back; a bulk wait before it ends."""
+    release, _, _, _, add = run_
+    running, stages = _running(release)
+    loc = add.loc
+    _, parity = schedule.ring_slot(running, stages, loc)
+    per_iteration = [ir.BarrierWait(release.barrier, parity, loc), add, ir.BulkStoreWait(0, loc),
+                     ir.BarrierArrive(ir.BarrierRef(drained, ir.Const(0, ir.DType.I32, loc), loc), loc)]
+    body = tuple(_projected(consumer.body, loop, per_iteration, counter))
+    if own is not None:
+        body = transform(body, lambda n: own if n == counter else None)
+    return ir.Role((group,), ir.Seq(body + (ir.BulkStoreWait(0, loc),), loc),
+                   num_warps=REDUCER_WARPS, num_regs=regs, loc=loc)
+
+
+def _plan_with(plan: AsyncPlan, reducer: ir.Role, drained: ir.Buffer, counter: Optional[ir.Buffer],
+               own: Optional[ir.Buffer]) -> AsyncPlan:
+    """``plan`` with the hand-back barrier (one arrival a phase), the reducer's counter (as the
+    consumer's is) and the reducer among the readers of the pointers its loops read."""
+    read = {x.buffer.name for t in walk(reducer) for e in exprs_of(t) for x in subexprs(e)
+            if isinstance(x, ir.Load)}
+    counters = ((own.name, dict(plan.scalar_locals)[counter.name]),) if own is not None else ()
+    return dataclasses.replace(
+        plan, barrier_counts=plan.barrier_counts + ((drained.name, (1,)),),
+        pointer_params=tuple((name, readers + (reducer.warpgroups,) if name in read else readers)
+                             for name, readers in plan.pointer_params),
+        scalar_locals=plan.scalar_locals + counters)
 
 
 def _staged_add(role: ir.Role) -> Optional[tuple[ir.For, tuple]]:
-    """The consumer's innermost loop holding gemms and its run (release, bulk wait, staging copy,
-    fence, bulk reduce-add), where it has the form of the module docstring; else None."""
+    """The consumer's innermost loop holding gemms and its run (release at a ring slot
+    ``n % S``, bulk wait, staging copy, fence, bulk reduce-add), where it has the form of the
+    module docstring; else None."""
     loops = [s for s in walk(role.body) if isinstance(s, ir.For)
              and any(isinstance(t, ir.Gemm) for t in s.body.stmts)]
     if len(loops) != 1:
@@ -150,7 +181,7 @@ def _staged_add(role: ir.Role) -> Optional[tuple[ir.For, tuple]]:
             and copy.src.buffer.scope is ir.Scope.FRAGMENT and copy.dst.buffer.scope is ir.Scope.SHARED
             and isinstance(fence, ir.ProxyFence) and bulk_reduce(add) and add.value.buffer == copy.dst.buffer):
         return None
-    if sum(isinstance(s, ir.BarrierArrive) for s in walk(loop)) != 1:
+    if sum(isinstance(s, ir.BarrierArrive) for s in walk(loop)) != 1 or _running(release) is None:
         return None
     x = copy.dst.buffer
     if sum(x in touched(s) for s in walk(role.body) if not isinstance(s, (ir.For, ir.If, ir.Seq))) != 2:
@@ -174,34 +205,6 @@ def _reads_role_buffers(s: ir.Stmt, exclude: set, own_only: bool = False) -> boo
 
 def _holds(s: ir.Stmt, target: ir.Stmt) -> bool:
     return any(t is target for t in walk(s))
-
-
-def _rewrite_loop(body: ir.Seq, loop: ir.For, staged: list) -> ir.Seq:
-    """``body`` with the run at the end of ``loop``'s body (before the ring counter's increment)
-    replaced by ``staged``."""
-    def fn(s):
-        if s is not loop:
-            return None
-        stmts = list(s.body.stmts)
-        keep = stmts[-1:] if schedule.ring_counter(s) is not None else []
-        stmts = stmts[:len(stmts) - len(keep) - 5] + staged + keep
-        return dataclasses.replace(s, body=dataclasses.replace(s.body, stmts=tuple(stmts)))
-    return _rebuilt(body, fn)
-
-
-def _rebuilt(seq: ir.Seq, fn) -> ir.Seq:
-    out = []
-    for s in seq.stmts:
-        r = fn(s)
-        if r is not None:
-            out.append(r)
-        elif isinstance(s, ir.For):
-            out.append(dataclasses.replace(s, body=_rebuilt(s.body, fn)))
-        elif isinstance(s, ir.If):
-            out.append(dataclasses.replace(s, then=_rebuilt(s.then, fn), orelse=_rebuilt(s.orelse, fn)))
-        else:
-            out.append(s)
-    return dataclasses.replace(seq, stmts=tuple(out))
 
 
 def _projected(seq: ir.Seq, loop: ir.For, per_iteration: list, counter: Optional[ir.Buffer]) -> list:
