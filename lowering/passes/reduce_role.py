@@ -24,8 +24,8 @@ Ensures:   where a warp specialization has one consumer role beside a one-warp p
                barrier_arrive R[n % S] after_role_barrier    the release now also hands X over
 
            and a reducer role of one warp, in a warp group after the last (the kernel's
-           ``threads`` count it), runs the consumer's
-           loops (their bounds and ring counter, in a counter of its own) with, per iteration,
+           ``threads`` count it), runs the consumer's loops (their bounds, and its own copy of
+           their ring counter) with, per iteration,
 
                barrier_wait R[n % S] parity=(n // S) & 1    the consumer's release of iteration n
                atomic_add G[...] += X
@@ -47,8 +47,9 @@ Preserves: program meaning. The add of iteration n reads X after the consumer's 
 
 The D128 attention backward's main kernel (one merged consumer): per query block its two warp
 groups no longer meet at a barrier to issue the add, nor wait for the previous add to have read
-the tile; the release they already gave carries the hand-over, so the loop keeps its barrier
-count. Measured in docs/performance.md ("Attention backward").
+the tile; the release they already gave carries the hand-over (an arrival of its own would cost
+another barrier: Triton puts one between two mbarrier operations), so the loop has 3 block
+barriers instead of 4. Measured in docs/performance.md ("Attention backward").
 """
 from __future__ import annotations
 
