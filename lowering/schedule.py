@@ -147,6 +147,12 @@ def ring_counter(loop: ir.For):
     return last.buffer if bumped else None
 
 
+def flipped(parity: ir.Expr, loc: ir.Loc) -> ir.BinOp:
+    """``parity ^ 1``: the phase before the one ``parity`` waits for (a wait for a slot's release,
+    which passes at once on a fresh barrier)."""
+    return _op(ir.BinOpKind.XOR, parity, _c(1, loc), loc)
+
+
 def ring_slot(it: ir.Expr, stages: int, loc: ir.Loc) -> tuple[ir.Expr, ir.Expr]:
     """(ring slot, phase parity) of the ``it``-th use of a ring of ``stages``."""
     B = ir.BinOpKind

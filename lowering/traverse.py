@@ -249,6 +249,12 @@ def touched(*stmts: ir.Stmt) -> set:
     return reads | writes
 
 
+def users(body: ir.Stmt, buffer: ir.Buffer) -> list[ir.Stmt]:
+    """The statements of ``body`` that read or write ``buffer``, in order, leaving out the loops,
+    branches and lists around them."""
+    return [s for s in walk(body) if not isinstance(s, (ir.For, ir.If, ir.Seq)) and buffer in touched(s)]
+
+
 def transform(node, fn: Callable):
     """Rebuild any IR node bottom-up: its IR-valued fields first (nested tuples included), then
     ``fn(node)``, which returns a replacement or None to keep the node. Buffers are leaves (``fn``

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir, protocol, roles
+from .. import ir, protocol, roles, schedule
 from ..plans import AsyncPlan, ConsumerSplit, SharedMemoryPlan
 from ..config import BackendConfig
 from ..traverse import fresh_name, transform, walk
@@ -113,7 +113,7 @@ def _turn(run: list, turns: ir.Buffer, count: ir.Buffer, h: int, n: int) -> list
     taken = ir.Load(count, (_const(0, loc),), loc)
     parity = ir.BinOp(ir.BinOpKind.AND, taken, _const(1, loc), i32, loc)
     if h == 0:
-        parity = ir.BinOp(ir.BinOpKind.XOR, parity, _const(1, loc), i32, loc)
+        parity = schedule.flipped(parity, loc)
     wait = ir.BarrierWait(ir.BarrierRef(turns, _const(h, loc), loc), parity, loc)
     arrive = ir.BarrierArrive(ir.BarrierRef(turns, _const((h + 1) % n, loc), loc), run[last].loc)
     bump = ir.Store(count, (_const(0, loc),), ir.BinOp(ir.BinOpKind.ADD, taken, _const(1, loc), i32, loc),

@@ -59,7 +59,7 @@ from typing import Optional
 from .. import ir, roles, schedule
 from ..config import BackendConfig
 from ..plans import AsyncPlan
-from ..traverse import bulk_reduce, exprs_of, fresh_name, rewrite, subexprs, touched, transform, walk
+from ..traverse import bulk_reduce, exprs_of, fresh_name, rewrite, subexprs, transform, users, walk
 
 REDUCER_WARPS = 1
 """Warps of the reducer role: one thread issues each add."""
@@ -76,17 +76,16 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
     found = _staged_add(consumer) if producer.num_warps == 1 else None
     if found is None:
         return kernel
-    loop, run_ = found
+    loop, counter, run_ = found
     release, copy = run_[0], run_[2]
     x = copy.dst.buffer
     drained = ir.Buffer(fresh_name(kernel, f"{x.name}_drained"), (ir.Const(1, ir.DType.I32, copy.loc),),
                         ir.DType.I64, ir.Scope.BARRIER, (roles.role_threads((0,)),), copy.loc)
-    counter = schedule.ring_counter(loop)
     own = None if counter is None else dataclasses.replace(
         counter, name=fresh_name(kernel, "reduced", frozenset({drained.name})))
     group = max(g for r in ws.roles for g in r.warpgroups) + 1
     reducer = _reducer(consumer, loop, run_, drained, counter, own, group, producer.num_regs)
-    staged = _consumer_staging(consumer, loop, run_, drained)
+    staged = _consumer_staging(consumer, loop, counter, run_, drained)
     ws2 = dataclasses.replace(ws, roles=tuple(staged if r is consumer else r for r in ws.roles) + (reducer,))
     body = [ws2 if s is ws else s for s in kernel.body.stmts]
     at = max(k for k, s in enumerate(body) if isinstance(s, ir.Alloc)) + 1
@@ -108,22 +107,23 @@ def _running(release: ir.BarrierArrive) -> Optional[tuple[ir.Expr, int]]:
     return None
 
 
-def _consumer_staging(consumer: ir.Role, loop: ir.For, run_: tuple, drained: ir.Buffer) -> ir.Role:
+def _consumer_staging(consumer: ir.Role, loop: ir.For, counter: Optional[ir.Buffer], run_: tuple,
+                      drained: ir.Buffer) -> ir.Role:
     """The consumer with its loop's run replaced: wait for the hand-back, store, fence, release
     (after the role's barrier: it hands the tile over)."""
     release, _, copy, fence, _ = run_
     running, _ = _running(release)
     i32, loc = ir.DType.I32, copy.loc
-    one = ir.Const(1, i32, loc)
-    handed_back = ir.BinOp(ir.BinOpKind.XOR, ir.BinOp(ir.BinOpKind.AND, running, one, i32, loc), one, i32, loc)
-    staged = (ir.BarrierWait(ir.BarrierRef(drained, ir.Const(0, i32, loc), loc), handed_back, loc),
+    this_use = ir.BinOp(ir.BinOpKind.AND, running, ir.Const(1, i32, loc), i32, loc)
+    staged = (ir.BarrierWait(ir.BarrierRef(drained, ir.Const(0, i32, loc), loc),
+                             schedule.flipped(this_use, loc), loc),
               copy, fence, dataclasses.replace(release, after_role_barrier=True))
 
     def replace_run(s: ir.Stmt):
         if not (isinstance(s, ir.For) and s == loop):
             return None
         stmts = s.body.stmts
-        bump = stmts[-1:] if schedule.ring_counter(s) is not None else ()
+        bump = stmts[-1:] if counter is not None else ()
         return dataclasses.replace(s, body=dataclasses.replace(
             s.body, stmts=stmts[:len(stmts) - len(bump) - len(run_)] + staged + bump))
     return rewrite(consumer, replace_run)
@@ -161,10 +161,10 @@ def _plan_with(plan: AsyncPlan, reducer: ir.Role, drained: ir.Buffer, counter: O
         scalar_locals=plan.scalar_locals + counters)
 
 
-def _staged_add(role: ir.Role) -> Optional[tuple[ir.For, tuple]]:
-    """The consumer's innermost loop holding gemms and its run (release at a ring slot
-    ``n % S``, bulk wait, staging copy, fence, bulk reduce-add), where it has the form of the
-    module docstring; else None."""
+def _staged_add(role: ir.Role) -> Optional[tuple[ir.For, Optional[ir.Buffer], tuple]]:
+    """The consumer's innermost loop holding gemms, its ring counter (or None) and its run
+    (release at a ring slot ``n % S``, bulk wait, staging copy, fence, bulk reduce-add), where it
+    has the form of the module docstring; else None."""
     loops = [s for s in walk(role.body) if isinstance(s, ir.For)
              and any(isinstance(t, ir.Gemm) for t in s.body.stmts)]
     if len(loops) != 1:
@@ -184,24 +184,20 @@ def _staged_add(role: ir.Role) -> Optional[tuple[ir.For, tuple]]:
         return None
     if sum(isinstance(s, ir.BarrierArrive) for s in walk(loop)) != 1 or _running(release) is None:
         return None
-    x = copy.dst.buffer
-    if sum(x in touched(s) for s in walk(role.body) if not isinstance(s, (ir.For, ir.If, ir.Seq))) != 2:
+    if users(role.body, copy.dst.buffer) != [copy, add]:
         return None
-    if _reads_role_buffers(add, exclude={x, counter}) or any(
-            _reads_role_buffers(s, exclude={counter}, own_only=True)
-            for s in walk(role.body) if isinstance(s, (ir.For, ir.If)) and _holds(s, loop)):
+    around = [s for s in walk(role.body) if isinstance(s, (ir.For, ir.If)) and _holds(s, loop)]
+    if any(_reads_role_buffers(s, counter) for s in [add] + around):
         return None
-    return loop, (release, wait, copy, fence, add)
+    return loop, counter, (release, wait, copy, fence, add)
 
 
-def _reads_role_buffers(s: ir.Stmt, exclude: set, own_only: bool = False) -> bool:
-    """Whether ``s``'s own expressions (``own_only``) or ``s`` whole read a buffer that is not
-    global memory (a role's registers, locals or shared tiles), besides ``exclude``."""
-    exprs = list(exprs_of(s)) if own_only else [e for t in walk(s) for e in exprs_of(t)]
-    loads = {x.buffer for e in exprs for x in subexprs(e) if isinstance(x, ir.Load)}
-    if not own_only and isinstance(s, ir.AtomicAdd):
-        loads |= {s.value.buffer} if isinstance(s.value, ir.Region) else set()
-    return any(b.scope is not ir.Scope.GLOBAL and b not in exclude for b in loads)
+def _reads_role_buffers(s: ir.Stmt, counter: Optional[ir.Buffer]) -> bool:
+    """Whether ``s``'s own expressions (its coordinates, a loop's bounds, a branch's condition)
+    read a buffer that is not global memory (a role's registers, locals or shared tiles) other
+    than the ring counter."""
+    loads = {x.buffer for e in exprs_of(s) for x in subexprs(e) if isinstance(x, ir.Load)}
+    return any(b.scope is not ir.Scope.GLOBAL and b != counter for b in loads)
 
 
 def _holds(s: ir.Stmt, target: ir.Stmt) -> bool:

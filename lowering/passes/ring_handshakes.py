@@ -219,8 +219,7 @@ def ringed(kernel: ir.Kernel, hs: Handshake, stages: int) -> ir.Kernel:
     rings = {b: dataclasses.replace(b, shape=(slots,) + b.shape) for b in hs.buffers}
     bars = {b: dataclasses.replace(b, shape=(slots,), arrive_counts=b.arrive_counts * stages)
             for b in (hs.full, hs.empty)}
-    released = ir.BinOp(ir.BinOpKind.XOR, phase, ir.Const(1, ir.DType.I32, loc), ir.DType.I32, loc)
-    parity = {bars[hs.full]: phase, bars[hs.empty]: released}
+    parity = {bars[hs.full]: phase, bars[hs.empty]: schedule.flipped(phase, loc)}
 
     def fn(node):
         if isinstance(node, ir.BarrierRef) and node.buffer in bars:

@@ -33,10 +33,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .. import ir, roles
+from .. import ir, roles, schedule
 from ..config import BackendConfig
 from ..plans import ConsumerSplit
-from ..traverse import fresh_name, touched, transform, walk
+from ..traverse import fresh_name, transform, users, walk
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
@@ -108,9 +108,7 @@ def _staged_add(role: ir.Role) -> Optional[tuple[ir.Copy, ir.AtomicAdd, ir.Barri
                     and copy.dst.is_whole and add.value.is_whole
                     and copy.dst.buffer.scope is ir.Scope.SHARED):
                 continue
-            users = [s for s in walk(role.body) if copy.dst.buffer in touched(s)
-                     and not isinstance(s, (ir.For, ir.Seq, ir.If))]
-            if users != [copy, add] or not stmts or not isinstance(stmts[0], ir.BarrierWait):
+            if users(role.body, copy.dst.buffer) != [copy, add] or not isinstance(stmts[0], ir.BarrierWait):
                 return None
             return copy, add, stmts[0]
     return None
@@ -119,8 +117,7 @@ def _staged_add(role: ir.Role) -> Optional[tuple[ir.Copy, ir.AtomicAdd, ir.Barri
 def _send(copy: ir.Copy, ringed: ir.Buffer, bars, slot, parity) -> list:
     full, free = bars
     loc = copy.loc
-    again = ir.BinOp(ir.BinOpKind.XOR, parity, _const(1, loc), ir.DType.I32, loc)
-    return [ir.BarrierWait(ir.BarrierRef(free, slot, loc), again, loc),
+    return [ir.BarrierWait(ir.BarrierRef(free, slot, loc), schedule.flipped(parity, loc), loc),
             dataclasses.replace(copy, dst=ir.slot_region(ringed, slot, loc)),
             ir.BarrierArrive(ir.BarrierRef(full, slot, loc), loc, after_role_barrier=True)]
 

@@ -204,7 +204,7 @@ def _auto(kernel: ir.Kernel, plan: PipelinePlan, preload_slots: int, staging: st
         bar = lambda b: ir.BarrierRef(b, stage, loc)  # noqa: E731
         out = []
         for g, (full, empty) in zip(groups, bars):
-            out += [ir.BarrierWait(bar(empty), ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc), loc),
+            out += [ir.BarrierWait(bar(empty), schedule.flipped(phase, loc), loc),
                     *(dataclasses.replace(restage(p), barrier=bar(full)) for p in g.copies),
                     ir.BarrierArrive(bar(full), loc)]
         return tuple(out)
@@ -342,8 +342,7 @@ def _preload(before: tuple, positions: tuple[int, ...], new_allocs: list, loc: i
                      (128 * consumers,) * slots, loc)
     new_allocs.append(ir.Alloc(free, loc))
     free_ref = ir.BarrierRef(free, slot, loc)
-    flipped = ir.BinOp(ir.BinOpKind.XOR, phase, c(1), ir.DType.I32, loc)
-    return _Preloads(prelude, [ir.BarrierWait(free_ref, flipped, loc)] + loads,
+    return _Preloads(prelude, [ir.BarrierWait(free_ref, schedule.flipped(phase, loc), loc)] + loads,
                      [ir.BarrierArrive(free_ref, loc)], rings, restage)
 
 
