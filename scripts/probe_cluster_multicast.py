@@ -163,21 +163,42 @@ VARIANTS = {"cluster s3": (True, 3, 1), "cluster s4 halves": (True, 4, 2),
 
 
 def kernel_module(cluster: bool, stages: int, halves: int):
-    """The kernel source for one variant, written to a file (Triton reads the source of a jit
-    function) and imported."""
-    name = f"multicast_{int(cluster)}_{stages}_{halves}"
+    """The kernel source for one variant, imported (``source_module``)."""
+    return source_module(f"multicast_{int(cluster)}_{stages}_{halves}",
+                         KERNEL.format(cluster=cluster, stages=stages, halves=halves))
+
+
+def source_module(name: str, source: str):
+    """``source`` written to a file (Triton reads the source of a jit function) and imported as
+    module ``name``."""
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
-    path.write_text(KERNEL.format(cluster=cluster, stages=stages, halves=halves))
+    path.write_text(source)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def rewrite(ptx: str) -> tuple[str, dict]:
-    """The cluster form of the kernel's PTX (module docstring); counts of what it changed."""
+def in_clusters_of_two(compiled, ptx: str):
+    """``compiled`` with its cubin assembled from ``ptx`` (a ``rewrite``) and its launch asking for
+    clusters of 2 (``num_ctas`` in the packed metadata: Triton's launcher multiplies the grid's x
+    by it)."""
+    folder = Path(tempfile.mkdtemp())
+    (folder / "k.ptx").write_text(ptx)
+    subprocess.run([get_ptxas(90).path, "-lineinfo", "--gpu-name=sm_90a", str(folder / "k.ptx"), "-o",
+                    str(folder / "k.cubin")], check=True, capture_output=True)
+    compiled.kernel = (folder / "k.cubin").read_bytes()
+    compiled.packed_metadata = (compiled.metadata.num_warps, 2, compiled.metadata.shared)
+    return compiled
+
+
+def rewrite(ptx: str, shared: int = 1, rank_bytes: int = 0) -> tuple[str, dict]:
+    """The cluster form of the kernel's PTX (module docstring): the loads through the kernel's
+    ``shared``-th tensor map (0-based, in parameter order; here B's) multicast to both CTAs of
+    a pair, each landing ``rank_bytes`` times the CTA's rank in the pair past its written
+    destination (0 here: the kernel places each half itself); counts of what it changed."""
     lines = ptx.split("\n")
-    b_param = re.findall(r"\.param \.align 64 \.b8 (\w+)\[128\]", ptx)[1]      # B's tensor map
+    b_param = re.findall(r"\.param \.align 64 \.b8 (\w+)\[128\]", ptx)[shared]
     b_regs = {m.group(1) for line in lines
               for m in [re.search(rf"mov\.b64\s+(%rd\d+), {b_param};", line)] if m}
     for line in lines:
@@ -199,7 +220,13 @@ def rewrite(ptx: str) -> tuple[str, dict]:
         m = copy.search(line)
         if m and m.group(4) in b_regs:
             indent, pred, dst, desc, coord, bar = m.groups()
-            out.append(f"{indent}{{ .reg .b16 %twm; mov.b16 %twm, 3; {pred or ''}cp.async.bulk.tensor.2d."
+            if rank_bytes:      # the copy lands rank_bytes further per rank of the CTA in its pair
+                offset = (f".reg .b32 %twk, %twd; mov.u32 %twk, %cluster_ctarank; "
+                          f"mad.lo.u32 %twd, %twk, {rank_bytes}, {dst[1:-1]}; ")
+                dst = "[%twd]"
+            else:
+                offset = ""
+            out.append(f"{indent}{{ .reg .b16 %twm; {offset}mov.b16 %twm, 3; {pred or ''}cp.async.bulk.tensor.2d."
                        f"shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster {dst}, "
                        f"[{desc}, {coord}], {bar}, %twm; }}")
             counts["multicast"] += 1
@@ -238,13 +265,7 @@ def build(variant: str, descriptors: tuple):
         return compiled, None
     ptx, counts = rewrite(compiled.asm["ptx"])
     assert counts == dict(multicast=4, remote_arrivals=2, barriers=2 * stages), counts
-    folder = Path(tempfile.mkdtemp())
-    (folder / "k.ptx").write_text(ptx)
-    subprocess.run([get_ptxas(90).path, "-lineinfo", "--gpu-name=sm_90a", str(folder / "k.ptx"), "-o",
-                    str(folder / "k.cubin")], check=True, capture_output=True)
-    compiled.kernel = (folder / "k.cubin").read_bytes()
-    compiled.packed_metadata = (compiled.metadata.num_warps, 2, compiled.metadata.shared)
-    return compiled, counts
+    return in_clusters_of_two(compiled, ptx), counts
 
 
 def descriptors(a, b, c, halves: int):

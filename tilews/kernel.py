@@ -175,8 +175,12 @@ class Kernel:
     def bound(self, args: Sequence):
         """A call ``f(*args)`` doing what calling the kernel does (its last output, or None) for
         arguments of ``args``'s signature: the binding fixed to that signature
-        (``Binder.bound``), then the launch. The caller keys it on at least the signature."""
-        bind, launches = self.binder.bound(args), tuple(k.program.launch for k in self.kernels)
+        (``Binder.bound``), then each program's launch for that signature where it has one
+        (``bound_launch``: Gluon's), else its launch. The caller keys it on at least the
+        signature."""
+        bind = self.binder.bound(args)
+        launches = tuple(k.program.bound_launch() if hasattr(k.program, "bound_launch") else k.program.launch
+                         for k in self.kernels)
 
         def call(*args):
             values, outs = bind(*args)

@@ -22,6 +22,13 @@ kernel needs scratch memory, or a launch hook listens (``triton.knobs.runtime.la
 holds one, e.g. a profiler's; Triton 3.6 keeps an empty hook chain there otherwise, which counts
 as none), the compiled kernel's own ``run`` is used, as the JIT would.
 
+A caller that launches one call signature again and again may skip even that: ``compiled_for``
+gives the compiled kernel a specialization has on the current device, ``unhooked`` says whether a
+launch may go straight to its C launcher now (this thread's context, the same current device, no
+launch hook listening), ``stream`` gives the current stream, and ``value_key`` computes the part
+of the specialization a call signature leaves open from the call's values (the Gluon program's
+``bound_launch`` uses them).
+
 Under Triton's CPU interpreter (``TRITON_INTERPRET=1``) there is no compiled kernel: every call
 goes through the interpreter.
 """
@@ -88,6 +95,24 @@ class Launcher:
         direct.raw(g[0], g[1], g[2], stream, kernel.function, direct.cooperative, direct.pdl, None,
                    None, kernel.packed_metadata, None, None, leave, *direct.expand(args))
 
+    def compiled_for(self, args: list) -> tuple[int, Optional["DirectLaunch"]]:
+        """(the current device, the kernel compiled for ``args``'s specialization on it, or None
+        where none has been yet)."""
+        device = self._driver.active.get_current_device()
+        return device, self.compiled.get((device, self.specialization(args)))
+
+    def unhooked(self, device: int) -> bool:
+        """Whether a launch may go straight to a compiled kernel's C launcher on ``device`` now:
+        this thread has a current context, ``device`` is the current device and no launch hook
+        listens (else ``launch`` does what Triton's JIT would)."""
+        return (getattr(_THREAD, "has_context", False) and self._driver.active.get_current_device() == device
+                and _listening(self._hooks.launch_enter_hook) is None
+                and _listening(self._hooks.launch_exit_hook) is None)
+
+    def stream(self, device: int) -> int:
+        """The current torch stream's handle on ``device``."""
+        return self._driver.active.get_current_stream(device)
+
 
 _THREAD = threading.local()
 
@@ -122,6 +147,13 @@ def _specializer(types: tuple, tensor: type) -> Callable[[list], tuple]:
     values = "".join(f"args[{i}], " for i in ints)
     return eval(f"lambda args: ({''.join(a + ', ' for a in aligned)}classes(({values})),)",  # noqa: S307
                 {"classes": classes})
+
+
+def value_key(values: list, picked: list[int], tensor: type) -> Callable[[list], tuple]:
+    """A function of a value list like ``values`` giving the specialization (``_specializer``) of
+    the values at ``picked``, with no list built per call."""
+    spec = _specializer(tuple(type(values[i]) for i in picked), tensor)
+    return eval(f"lambda v: spec(({''.join(f'v[{i}], ' for i in picked)}))", {"spec": spec})  # noqa: S307
 
 
 def _listening(hook):
@@ -167,7 +199,17 @@ class DirectLaunch:
             desc = args[i]
             encoded = desc.__dict__.get(_ENCODED)
             if encoded is None:
-                from triton.backends.nvidia.driver import make_tensordesc_arg
-                encoded = desc.__dict__[_ENCODED] = make_tensordesc_arg(desc, meta)
+                encoded = desc.__dict__[_ENCODED] = _encoded(desc, meta)
             out[i:i + 1] = encoded
         return out
+
+    def encoder(self, i: int) -> Callable[[object], list]:
+        """The function expanding a descriptor for the ``i``-th descriptor argument."""
+        return functools.partial(_encoded, meta=self.descriptors[i][1])
+
+
+def _encoded(desc, meta) -> list:
+    """What Triton's launcher wrapper passes for TMA descriptor ``desc``: its encoded tensor map,
+    shape and strides."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    return make_tensordesc_arg(desc, meta)

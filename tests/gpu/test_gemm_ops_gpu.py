@@ -199,3 +199,44 @@ def test_launch_hooks_are_called_when_set_and_cost_nothing_when_empty(monkeypatc
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert len(seen) == 1 and built and rel_err(c, a.double() @ b.double()) < 1e-2
+
+
+def test_kept_calls_launch_straight_to_the_c_launcher_and_stay_correct(monkeypatch):
+    """A kept call (``run``'s, as ``matmul``'s) of a one-kernel Gluon schedule launches through
+    ``GluonProgram.bound_launch``: after the first call no call goes through ``Launcher.launch``
+    while nothing listens, with new inputs (new addresses, then the first's again: descriptors
+    per address), a launch hook added (then every call goes the general way and the hook sees
+    it), and under a CUDA graph."""
+    _hopper()
+    import triton.knobs as knobs
+    from tilews.triton_ext.launcher import Launcher
+    general = []
+    real = Launcher.launch
+    monkeypatch.setattr(Launcher, "launch", lambda self, grid, args: general.append(1) or real(self, grid, args))
+    schedule = Schedule.from_text("tiled 128x128x64 s4 t128 g8")
+    sets = [_inputs(256, 512, 1024, seed=s) for s in range(3)]
+    run(*sets[0], None, schedule)                     # the first call of the kind: the general way
+    general.clear()
+    for a, b in sets + sets[:1]:
+        c = run(a, b, None, schedule)
+        assert rel_err(c, a.double() @ b.double()) < 1e-2
+    assert not general
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        c = run(*sets[1], None, schedule)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert general and seen and rel_err(c, sets[1][0].double() @ sets[1][1].double()) < 1e-2
+    general.clear()
+    a, b = sets[2]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = run(a, b, None, schedule)
+    for seed in (7, 8):
+        a.copy_(_inputs(256, 512, 1024, seed=seed)[0])
+        c.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(c, a.double() @ b.double()) < 1e-2
+    assert not general

@@ -35,7 +35,7 @@ each declared once (``ctx.layout_const``). Anything without a rule is an
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 from tilews.lowering import ir
 from tilews.lowering.errors import InternalError
@@ -49,6 +49,9 @@ from .fragments import declare_fragments
 from .stmts import seq
 
 ARGS_SUFFIX = "_args"
+BOUND_ARGS_SUFFIX = "_bound_args"     # the arguments expanded for Triton's C launcher (launch.py)
+SITES_SUFFIX = "_descriptor_sites"    # each TMA descriptor's (block, layout), in argument order
+BOUND_SITES = "_sites"                # that function's parameter of per-site expanders
 # buffers the SharedMemoryPlan lets share bytes are views of one arena allocation per group
 # (Triton's allocator cannot reuse allocations live across gl.warp_specialize): rows of 128 bytes
 # in the 128-byte swizzle, so the arena is aligned as swizzled tiles need (1024 bytes), viewed
@@ -176,7 +179,7 @@ def _jit_def(ctx: Ctx, loc: ir.Loc, name: str, params: list[str]) -> None:
 
 
 def _kernel_fn(ctx: Ctx, kernel: ir.Kernel, roles, fns, params) -> None:
-    _jit_def(ctx, kernel.loc, ctx.fn, [n for names, _ in _kernel_params(ctx, kernel) for n in names])
+    _jit_def(ctx, kernel.loc, ctx.fn, [n for names, _, _ in _kernel_params(ctx, kernel) for n in names])
     barriers = [s.buffer for s in kernel.body.stmts
                 if isinstance(s, ir.Alloc) and s.buffer.scope is ir.Scope.BARRIER]
     with ctx.indent():
@@ -206,9 +209,10 @@ def _init_barriers(ctx: Ctx, barriers: list) -> None:
     ctx.line("gl.thread_barrier()")
 
 
-def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[list[str], str]]:
-    """The kernel's parameters in order, in groups with each group's host expression: per global
-    buffer its TMA descriptors (one each), then its pointer and strides (one group: ``B,
+def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[list[str], str, Optional[tuple]]]:
+    """The kernel's parameters in order, in groups with each group's host expression and, for a
+    TMA descriptor, its site (the tensor's name, the block, the layout's name): per global buffer
+    its TMA descriptors (one each), then its pointer and strides (one group: ``B,
     *B.stride()``, one stride query per buffer) if roles read it element by element; each scalar
     parameter as itself."""
     targets = _descriptor_buffers(ctx)
@@ -216,26 +220,47 @@ def _kernel_params(ctx: Ctx, kernel: ir.Kernel) -> list[tuple[list[str], str]]:
     for p in kernel.params:
         name = ctx.name(p.name)
         if isinstance(p, ir.Var):
-            out.append(([name], name))
+            out.append(([name], name, None))
             continue
         for (g, block), desc in ctx.descriptors.items():
             if g == p.name:
                 layout = ctx.layout(targets[(g, block)], kernel.loc)
-                out.append(([desc], f"{DESCRIPTOR_FN}({name}, {list(block)}, {layout}.value)"))
+                out.append(([desc], f"{DESCRIPTOR_FN}({name}, {list(block)}, {layout}.value)",
+                            (name, list(block), layout)))
         if p.name in ctx.pointers:
-            out.append((_pointer(ctx, p), f"{name}, *{name}.stride()"))
+            out.append((_pointer(ctx, p), f"{name}, *{name}.stride()", None))
     return out
 
 
 def _host_fns(ctx: Ctx, kernel: ir.Kernel) -> None:
+    """The host functions beside the kernel: its arguments (``<kernel>_args``), the same expanded
+    for Triton's C launcher by a call signature's descriptor sites (``<kernel>_bound_args``, with
+    ``<kernel>_descriptor_sites``: each site's block and layout, in order), and its grid."""
     names = [ctx.name(p.name) for p in kernel.params]
-    args = [host for _, host in _kernel_params(ctx, kernel)]
+    groups = _kernel_params(ctx, kernel)
+    args = [host for _, host, _ in groups]
+    sites = [site for _, _, site in groups if site is not None]
+    sites_param = ctx.fresh(BOUND_SITES)
+    expanded, i = [], 0
+    for _, host, site in groups:
+        if site is None:
+            expanded.append(host)
+        else:
+            expanded.append(f"*{sites_param}[{i}]({site[0]})")
+            i += 1
     scalars = ", ".join(ctx.name(v.name) for v in kernel.scalar_params)
     grid = ", ".join(host_expr(ctx, g) for g in kernel.grid) + ("," if len(kernel.grid) == 1 else "")
     ctx.lines += ["", "", f"def {ctx.fresh(kernel.name + ARGS_SUFFIX)}({', '.join(names)}):",
                   '    """The kernel\'s arguments: TMA descriptors laid out like the shared buffers '
                   'they fill or drain, tensors and strides for pointers."""',
                   "    return (" + ",\n            ".join(args) + ("," if len(args) == 1 else "") + ")",
+                  "", "", f"def {ctx.fresh(kernel.name + BOUND_ARGS_SUFFIX)}({', '.join([sites_param, *names])}):",
+                  '    """The kernel\'s arguments as Triton\'s C launcher takes them, for calls of one '
+                  f'signature: each TMA descriptor expanded by its site ({sites_param}[i](tensor): '
+                  'its encoded tensor map, shape and strides)."""',
+                  "    return (" + ",\n            ".join(expanded) + ("," if len(expanded) == 1 else "") + ")",
+                  "", "", f"{ctx.fresh(kernel.name + SITES_SUFFIX)} = (" +
+                  "".join(f"({block}, {layout}.value), " for _, block, layout in sites) + ")",
                   "", "", f"def {ctx.fresh(kernel.name + GRID_SUFFIX)}({scalars}):",
                   f"    return ({grid})"]
 

@@ -29,6 +29,15 @@ stream, with programmatic dependent launch (``compile.OPTIONS``: the kernel may 
 previous kernel in the stream finishes; ``emit``'s roles wait for it before touching global
 memory). Its ``rules`` ask the binder for CUDA tensors and bulk-copy
 alignment of the TMA operands. Triton is imported only there.
+
+``.bound_launch()`` is the launch of a kept call (``Kernel.bound``: one call signature, so each
+tensor's shape, strides and dtype are fixed): after its first call it passes Triton's C launcher
+the arguments ``<kernel>_bound_args`` makes, each TMA descriptor expanded by a ``DescriptorSite``
+(its encoded tensor map kept per tensor address), with the grid, stream and launch attributes
+the general path would use: the host argument function's descriptor cache keys, Triton's
+specialization of every argument and the descriptors' expansion are not paid per call. A call it
+cannot take (a launch hook listening, another current device, a pointer's alignment or an
+integer's class unlike the first call's) goes through ``.launch``.
 """
 from __future__ import annotations
 
@@ -41,7 +50,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from tilews.lowering import ir
 from tilews.lowering.arguments import ArgumentRules
@@ -49,12 +58,12 @@ from tilews.lowering.backend import ArtifactStore
 from tilews.lowering.errors import CompileError, InternalError
 from tilews.lowering.plans import AsyncPlan
 
-from ..launcher import Launcher
+from ..launcher import Launcher, value_key
 from ..modules import load_module
 from ..pysource import GRID_SUFFIX
 from . import compile as gluon_compile
-from .descriptors import DescriptorCache
-from .emit import ARGS_SUFFIX, DESCRIPTOR_FN
+from .descriptors import DescriptorCache, DescriptorSite
+from .emit import ARGS_SUFFIX, BOUND_ARGS_SUFFIX, DESCRIPTOR_FN, SITES_SUFFIX
 
 TARGET = ("cuda", 90, 32)
 _TIMEOUT_S = 900          # a build taking longer is taken for a hung child
@@ -200,7 +209,9 @@ class GluonProgram:
         self._stages: dict[str, str] = built["asm"]
         self.metadata: dict = built["metadata"]
         self._scalar_at = [i for i, p in enumerate(kernel.params) if isinstance(p, ir.Var)]
-        self._host = None        # (argument function, grid function, Launcher) once loaded
+        self._host = None        # (argument function, grid function, Launcher, bound argument
+                                 # function, descriptor sites) once loaded
+        self._make_descriptor = None   # the module's own TensorDescriptor.from_tensor, once loaded
 
     @property
     def asm(self) -> dict[str, str]:
@@ -212,8 +223,57 @@ class GluonProgram:
         buffers, numbers for scalars), on the current torch stream."""
         if self._host is None:
             self._host = self._load()
-        args_fn, grid_fn, launcher = self._host
+        args_fn, grid_fn, launcher = self._host[:3]
         launcher.launch(grid_fn(*[values[i] for i in self._scalar_at]), args_fn(*values))
+
+    def bound_launch(self) -> Callable[[list], None]:
+        """``launch`` for the values of one call signature (each tensor's shape, strides, dtype
+        and device the same; the caller keys it on at least that, as ``Kernel.bound`` does).
+        After a first ``launch``, a call goes straight to Triton's C launcher with the arguments
+        ``<kernel>_bound_args`` expands (each TMA descriptor's tensor map encoded once per
+        tensor address, ``DescriptorSite``), where it may (``_direct``); else through ``launch``."""
+        tried: list = []          # [the direct launch, or None], once the first call made it
+
+        def launch(values: list) -> None:
+            if tried:
+                if tried[0] is None or not tried[0](values):
+                    self.launch(values)
+                return
+            self.launch(values)
+            tried.append(self._direct(values))
+        return launch
+
+    def _direct(self, values: list) -> Optional[Callable[[list], bool]]:
+        """For ``bound_launch``, after ``values`` were launched: a function launching values of
+        their signature through Triton's C launcher, answering False (launching nothing) where
+        that call must go through ``launch``: another device, a launch hook listening, or
+        another specialization (a pointer's alignment or an integer's class, which the
+        signature leaves open); None where this kernel has no direct launch."""
+        import torch
+        args_fn, grid_fn, launcher, bound_args, site_specs = self._host
+        device, compiled = launcher.compiled_for(args_fn(*values))
+        if compiled is None or compiled.raw is None or len(compiled.descriptors) != len(site_specs):
+            return None
+        sites = tuple(DescriptorSite(self._make_descriptor, block, layout, compiled.encoder(i))
+                      for i, (block, layout) in enumerate(site_specs))
+        passed = bound_args(sites, *values)
+        picked = [i for i, v in enumerate(values)
+                  if (isinstance(v, int) and not isinstance(v, bool))
+                  or (isinstance(v, torch.Tensor) and any(a is v for a in passed))]
+        key = value_key(values, picked, torch.Tensor)
+        expected, scalar_at = key(values), self._scalar_at
+        kernel, raw = compiled.kernel, compiled.raw
+        function, metadata, cooperative, pdl = kernel.function, kernel.packed_metadata, compiled.cooperative, compiled.pdl
+        unhooked, stream = launcher.unhooked, launcher.stream
+
+        def direct(values: list) -> bool:
+            if not unhooked(device) or key(values) != expected:
+                return False
+            g = tuple(grid_fn(*[values[i] for i in scalar_at])) + (1, 1)
+            raw(g[0], g[1], g[2], stream(device), function, cooperative, pdl, None, None, metadata,
+                None, None, None, *bound_args(sites, *values))
+            return True
+        return direct
 
     def _load(self):
         """The module's host functions and a launcher of its kernel (its JIT compiles under our
@@ -222,12 +282,14 @@ class GluonProgram:
         _require_hopper()
         from tilews.triton_ext import passes as ttgir_passes
         module = load_module(self.store, self.source, "tilews_gluon")
-        setattr(module, DESCRIPTOR_FN, DescriptorCache(getattr(module, DESCRIPTOR_FN)))
+        self._make_descriptor = getattr(module, DESCRIPTOR_FN)
+        setattr(module, DESCRIPTOR_FN, DescriptorCache(self._make_descriptor))
         name = self.kernel.name
         return (getattr(module, name + ARGS_SUFFIX), getattr(module, name + GRID_SUFFIX),
                 Launcher(getattr(module, name), self.num_warps,
                          functools.partial(ttgir_passes.checking, self.kernel.fp8_promote_every),
-                         gluon_compile.OPTIONS))
+                         gluon_compile.OPTIONS),
+                getattr(module, name + BOUND_ARGS_SUFFIX), getattr(module, name + SITES_SUFFIX))
 
 
 def _require_hopper() -> None:
