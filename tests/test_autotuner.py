@@ -466,6 +466,36 @@ def test_hopper_space_builds_in_forked_children_and_loads_their_builds(monkeypat
     assert serial_builds == [os.getpid()] * 3 and parallel_builds == [os.getpid()]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_forked_children_answer_the_machine_from_their_parent(monkeypatch, tmp_path):
+    """On a GPU host the parent has used CUDA before it forks (its first compile asked for the
+    device's capability), and CUDA cannot be initialized again in a forked child: a child answers
+    ``targets``' questions from the parent's snapshot, so its builds happen. Simulated: torch's
+    CUDA queries answer in this process and raise in any other (as torch does after a fork)."""
+    import types
+    from tilews import compile_processes, targets
+    parent = os.getpid()
+
+    def only_here(value):
+        def query(*args, **kwargs):
+            if os.getpid() != parent:
+                raise RuntimeError("Cannot re-initialize CUDA in forked subprocess")
+            return value
+        return query
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", only_here((9, 0)))
+    monkeypatch.setattr(torch.cuda, "current_device", only_here(0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", only_here(types.SimpleNamespace(multi_processor_count=114)))
+    monkeypatch.setattr(torch.version, "hip", None)
+
+    def answer(i):
+        (tmp_path / f"{i}.txt").write_text(repr((targets.machine(), targets.num_sms(), targets.resolve("auto")[0])))
+    compile_processes.prebuild([1, 2, 3], answer, 2)
+    want = repr((targets.machine(), 114, "hopper"))
+    assert [(tmp_path / f"{i}.txt").read_text() if (tmp_path / f"{i}.txt").exists() else None
+            for i in (1, 2, 3)] == [want] * 3
+
+
 def test_compile_processes_need_the_switch_and_the_artifact_store():
     """Children are forked only where ``TILEWS_COMPILE_PROCESSES`` is on (off by default) and
     the on-disk cache is on (without it a child's build would be lost)."""

@@ -16,7 +16,10 @@ Why processes: the heavy part of a compile (Triton's code generator, LLVM, ptxas
 Triton's stage hook and cache folder are process-wide; under ``TRITON_INTERPRET=1`` one compile
 server per process), so threads do not overlap it. A forked child has its own: it starts its own
 compile server where one is needed (``triton_ext.gluon.launch`` forgets the parent's at fork).
-Forking copies the user's closures, so nothing needs to pickle.
+Forking copies the user's closures, so nothing needs to pickle. A child must not touch CUDA
+where the parent has (it cannot be initialized again after a fork: every compile of a child on a
+GPU host failed that way, silently, and the parent then built everything itself): it answers the
+machine's facts from the parent's ``targets.snapshot``, taken before the fork.
 
 ``usable(settings)``: where this applies: ``os.fork`` exists, the artifact store is on (else a
 child's build is lost) and ``TILEWS_COMPILE_PROCESSES`` is on (it is off by default).
@@ -28,6 +31,7 @@ import signal
 import time
 from typing import Callable, Sequence
 
+from tilews import targets
 from tilews.lowering.settings import Settings
 
 TIMEOUT_S = 900           # a child still compiling after this long is taken for a hung one
@@ -40,11 +44,12 @@ def usable(settings: Settings) -> bool:
 
 def prebuild(items: Sequence, compile_one: Callable, workers: int) -> None:
     """Compile ``items`` in ``workers`` forked children, into the artifact store; wait for them."""
-    children = []
+    children, facts = [], targets.snapshot()
     for i in range(min(workers, len(items))):
         pid = os.fork()
         if pid == 0:                                    # the child: build its share, then leave
             try:
+                targets.pin(facts)                      # CUDA is not to be touched here
                 for item in items[i::workers]:
                     try:
                         compile_one(item)
