@@ -11,6 +11,10 @@ tilews variant: ``tilews.ops.attention``'s kernel (``mha_fwd``) rebuilt for each
 blocks ``tilews.ops.attention.blocks`` gives: 128 x 128 blocks, 2 K/V stages over 256 threads on a GPU
 (128 x 64 in one stage above D = 128), 64 x 64 over 128 threads on the CPU.
 
+Second tilews variant: ``examples/attention.py``'s ``ws_mha_fwd_program``, the same
+computation with the schedule written out by the user (``T.ws`` producer and two consumers, their
+barriers), at the same blocks (issue 41: what an explicit program a user writes runs at).
+
 References, on a GPU only: SDPA with its cuDNN backend and with its flash backend
 (FlashAttention-2), each forced with ``torch.nn.attention.sdpa_kernel``. Entering that context
 costs ~10 us of Python, as much as a short kernel, so it is entered around the reference's build,
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tilews.lowering.dtypes import from_torch
 
-from .kernels import for_target
+from .kernels import example, for_target
 from .machine import Machine
 from .shapes import Shape, with_modes
 from .workload import Case, Reference, Unavailable, Variant, Workload, standard_preset
@@ -85,6 +90,27 @@ def _build_tilews(case: Case, target: str):
                                           dtype=from_torch(case.dtype), **blocks(D, case.machine.gpu))
 
 
+def _build_explicit(case: Case, target: str):
+    """``examples/attention.py``'s ``ws_mha_fwd_program`` (the schedule written out with ``T.ws``
+    roles and barriers, as a user writes it) at the op's blocks for ``target``."""
+    from tilews.ops.attention import blocks
+    B, H, S, D, _ = case.shape
+    chosen = blocks(D, case.machine.gpu)
+    return for_target(example("attention").ws_mha_fwd_program, target)(
+        B, H, S, D, _causal(case), block_M=chosen["block_M"], block_N=chosen["block_N"],
+        stages=chosen["num_stages"], dtype=from_torch(case.dtype))
+
+
+def _with_roles(target: str, machine: Machine) -> Optional[str]:
+    """Where the explicit program cannot run: a target without warp specialization runs its roles
+    one after another, and its producer then waits on a release its consumers give later (a
+    ring of fewer stages than key blocks)."""
+    if target in ("interpret", "hopper"):
+        return None
+    return (f"the explicit T.ws program's K/V ring needs its roles to run at once: target "
+            f"'{target}' has no warp specialization (hopper and interpret do)")
+
+
 # ---- references --------------------------------------------------------------------------------
 
 def _build_sdpa(backend: SDPBackend, case: Case):
@@ -123,6 +149,7 @@ WORKLOAD = Workload(
     name="attention", dims="BHSD", modes=MODES, presets=PRESETS, default_preset=standard_preset,
     flops=_flops, make_inputs=_make_inputs, make_output=_make_output, reference=_reference,
     tolerance=1e-2,
-    variants=[Variant("tilews.ops.attention", _build_tilews)],
+    variants=[Variant("tilews.ops.attention", _build_tilews),
+              Variant("tilews explicit T.ws (examples/attention.py)", _build_explicit, _with_roles)],
     references=[sdpa_reference("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION, "cuDNN"),
                 sdpa_reference("SDPA flash", SDPBackend.FLASH_ATTENTION, "FlashAttention-2")])

@@ -17,9 +17,6 @@ of the user's program instead.
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -27,7 +24,7 @@ import torch
 from tilews.lowering.dtypes import from_torch
 
 from . import apple_gpu
-from .kernels import for_target
+from .kernels import example, for_target
 from .machine import Machine, mlx_unavailable, mps_unavailable, triton_unavailable
 from .shapes import Shape
 from .workload import Case, Reference, Unavailable, Variant, Workload, standard_preset
@@ -85,23 +82,6 @@ def _reference(case: Case, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def example_gemm():
     """``examples/gemm.py`` (the user's GEMM programs)."""
     return example("gemm")
-
-
-def example(name: str):
-    """``examples/<name>.py``: importable from a checkout's root, else loaded from the checkout
-    this bench lives in (an installed ``tilews-bench`` run from elsewhere)."""
-    try:
-        return importlib.import_module(f"examples.{name}")
-    except ImportError:
-        path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
-        if not path.exists():
-            raise ImportError(f"tilews's example kernels (examples/{name}.py) are not at {path}; run "
-                              f"the bench from a tilews checkout") from None
-        spec = importlib.util.spec_from_file_location(f"examples.{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
 
 
 def persistent_variant(block_M: int, block_N: int, block_K: int, num_stages: int, threads: int) -> Variant:

@@ -406,18 +406,21 @@ def test_attention_runs_on_the_cpu_with_flash_attention_flops(tmp_path, capsys):
     assert "reference SDPA cuDNN: unavailable (SDPA's CUDNN_ATTENTION backend runs on a CUDA GPU only)" in out
     assert "reference SDPA flash: unavailable (" in out
     rows = [ln.split("|")[1:5] for ln in out.splitlines() if ln.startswith("| 1x2x100x64")]
+    explicit = "tilews explicit T.ws (examples/attention.py)"     # the user's T.ws program
     assert [[c.strip() for c in r[:3]] for r in rows] == [
         ["1x2x100x64:causal", "tilews.ops.attention", "interpret"],
-        ["1x2x100x64:noncausal", "tilews.ops.attention", "interpret"]]
+        ["1x2x100x64:causal", explicit, "interpret"],
+        ["1x2x100x64:noncausal", "tilews.ops.attention", "interpret"],
+        ["1x2x100x64:noncausal", explicit, "interpret"]]
     assert all(r[3].strip().startswith("OK ") for r in rows)
     data = json.loads(path.read_text())
     assert [(r["shape"], r["status"]) for r in data["rows"]] == [
-        ([1, 2, 100, 64, "causal"], "ok"), ([1, 2, 100, 64, "noncausal"], "ok")]
-    causal, full = data["rows"]
+        ([1, 2, 100, 64, "causal"], "ok")] * 2 + [([1, 2, 100, 64, "noncausal"], "ok")] * 2
+    causal, _, full, _ = data["rows"]
     assert full["flops"] == 4 * 1 * 2 * 100 * 100 * 64 == 2 * causal["flops"]     # halved when causal
     assert causal["tflops"] == pytest.approx(causal["flops"] / causal["ms"] / 1e9)
     assert all(r["rel_err"] < 1e-2 for r in data["rows"])
-    assert [r["shape"] for r in csv.DictReader(table.open())] == ["1x2x100x64:causal", "1x2x100x64:noncausal"]
+    assert [r["shape"] for r in csv.DictReader(table.open())] == ["1x2x100x64:causal"] * 2 + ["1x2x100x64:noncausal"] * 2
     assert attention.WORKLOAD.flops((4, 32, 4096, 128, "causal")) == 2 * 4 * 32 * 4096 ** 2 * 128
 
 
@@ -617,8 +620,9 @@ def test_all_runs_every_workload(tmp_path, capsys):
     assert data["pending"] == {}
     per_workload = {w: [r for r in data["rows"] if r["workload"] == w]
                     for w in ("gemm", "epilogue", "attention", "fp8")}
-    # attention: no reference here; fp8: per shape, 4 modes with torch._scaled_mm, block with two
-    assert [len(rows) for rows in per_workload.values()] == [2 * 2, 6 * 2, 2, 2 * (4 * 2 + 3)]
+    # attention: no reference here, the op and the explicit T.ws program; fp8: per shape, 4 modes
+    # with torch._scaled_mm, block with two
+    assert [len(rows) for rows in per_workload.values()] == [2 * 2, 6 * 2, 2 * 2, 2 * (4 * 2 + 3)]
     assert {r["impl"] for r in data["rows"] if r["status"] != "ok"} == {"F.scaled_mm blockwise"}
     assert all(r["status"] == "unavailable" for r in data["rows"] if r["status"] != "ok")
     assert out.rstrip().splitlines()[-1].endswith("all rows correct.")

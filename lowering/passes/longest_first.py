@@ -2,7 +2,8 @@
 
 Causal attention's query block ``bx`` loops over ``bx + 1`` key blocks (TileLang's examples:
 ``T.ceildiv((bx + 1) * block_M, block_N)``), so in launch order the longest blocks come last and
-one of them can run alone at the end of the grid. A grid launched as it stands (the ``tl``
+one of them can run alone at the end of the grid. A program that writes its schedule out
+(``T.ws`` roles, each looping over the key blocks with ``range``) has the same loops in its roles. A grid launched as it stands (the ``tl``
 backend, a Gluon kernel that stays one block per tile) starts its longest blocks first and fills
 the tail with short ones. A persistent kernel (``persist``, which runs before this pass in the
 Gluon pipeline) keeps its launch order: its serpentine rounds already share unequal tiles out
@@ -13,7 +14,8 @@ leaves the order to this pass.
 Requires:  a verified kernel (frontend IR, or after ``persist``) without ``block_defs``.
 Ensures:   a kernel with a ``T.Persistent`` tile loop: unchanged. Otherwise, for the first
            grid dimension ``d`` (in order x, y, z) with a static extent ``g`` of 2 to
-           ``MAX_EXTENT`` whose block index ``b`` the bounds of a ``T.Pipelined`` loop read,
+           ``MAX_EXTENT`` whose block index ``b`` the bounds of a ``T.Pipelined`` loop, or of a
+           serial loop inside a ``T.ws`` role, read,
            where the iterations of every such loop are integers at each ``b`` in ``[0, g)`` once
            ``b`` is known (they read no other block index, no runtime scalar and no memory),
            their sum never falls as ``b`` grows and rises somewhere: every use of ``b`` in the
@@ -40,6 +42,8 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                                 for s in kernel.body.stmts):
         return kernel
     loops = [s for s in walk(kernel.body) if isinstance(s, ir.For) and s.kind is ir.ForKind.PIPELINED]
+    loops += [s for role in walk(kernel.body) if isinstance(role, ir.Role)
+              for s in walk(role.body) if isinstance(s, ir.For) and s.kind is ir.ForKind.SERIAL]
     for var, extent in zip(kernel.block_vars, kernel.grid):
         g = ir.as_int(extent)
         reading = [s for s in loops if any(e == var for bound in (s.start, s.stop)
@@ -54,10 +58,14 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
         body = transform(kernel.body, lambda n: flipped if n == var else None)
         return dataclasses.replace(kernel, body=body).with_note(
             f"longest_first: block index {var.name} numbered backwards ({var.name} -> {g - 1} - "
-            f"{var.name}): the T.Pipelined loop at line {reading[0].loc.line} runs {trips[0]} "
+            f"{var.name}): the {_kind(reading[0])} loop at line {reading[0].loc.line} runs {trips[0]} "
             f"iterations at {var.name} = 0 and {trips[-1]} at {var.name} = {g - 1}, so the longest "
             f"blocks start first")
     return kernel
+
+
+def _kind(loop: ir.For) -> str:
+    return "T.Pipelined" if loop.kind is ir.ForKind.PIPELINED else "role's"
 
 
 def _trips(loops: list, var: ir.Var, g: int) -> Optional[list[int]]:

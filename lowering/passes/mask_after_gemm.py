@@ -19,13 +19,18 @@ Ensures:   in every statement list, a ``T.Parallel`` nest directly followed by a
            shape and ``value`` is a ``T.if_then_else`` tree whose conditions read no ``C`` and
            whose leaves are the float constants 0, +inf or -inf, becomes the gemm with
            ``clear_accum`` followed by the nest storing ``value`` with each leaf ``x`` replaced
-           by ``x + C[v...]`` (0 by ``C[v...]`` alone). A note names the gemms' lines. Anything
+           by ``x + C[v...]`` (0 by ``C[v...]`` alone). Where ``value`` reads no memory, barrier
+           waits may separate the nest from the gemm and barrier arrives follow the gemm (an
+           explicit program's wait for the gemm's operands and their release): the waits, the
+           gemm, the arrives, then the masked nest. A note names the gemms' lines. Anything
            else is unchanged.
 Preserves: program meaning: ``0 + sum`` is the sum and ``+-inf + sum`` is ``+-inf`` or NaN
            exactly as ``+-inf`` accumulated term by term is (a gemm's summation order is
            unspecified), except where the terms' own sum overflows, and the sign of a zero sum,
            which the numeric contract leaves open (design.md §3); the conditions read nothing
-           the gemm writes, so they have the same values after it. Locations.
+           the gemm writes, so they have the same values after it; a nest moved across barrier
+           waits and arrives reads no memory and writes only its own fragment, so no barrier
+           orders anything it touches. Locations.
 """
 from __future__ import annotations
 
@@ -35,13 +40,43 @@ from typing import Optional
 
 from .. import ir
 from ..config import BackendConfig
-from ..traverse import rewrite_pairs, subexprs, whole_store
+from ..traverse import rewrite_pairs, subexprs, transform, whole_store
 
 
 def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
-    return kernel.rewritten(*rewrite_pairs(kernel.body, _moved),
+    lines: list[int] = []
+    body, more = rewrite_pairs(transform(kernel.body, lambda n: _around_barriers(n, lines)), _moved)
+    return kernel.rewritten(body, lines + more,
                             "mask_after_gemm: the T.gemm at line {lines} overwrites its accumulator "
                             "and the mask written into it before is applied to its result")
+
+
+def _around_barriers(node, lines: list[int]) -> Optional[ir.Seq]:
+    """In a statement list, a mask nest of a gemm's accumulator whose value reads no memory,
+    separated from the gemm by barrier waits or followed by it and then barrier arrives (an
+    explicit program's wait for the gemm's operands and release of them): the waits, the gemm
+    overwriting its accumulator, the arrives, then the masked nest (``lines``: each gemm's);
+    None where there is none."""
+    if not isinstance(node, ir.Seq):
+        return None
+    stmts, changed, i = list(node.stmts), False, 0
+    while i < len(stmts):
+        g = i + 1
+        while g < len(stmts) and isinstance(stmts[g], ir.BarrierWait):
+            g += 1
+        end = g + 1
+        while end < len(stmts) and isinstance(stmts[end], ir.BarrierArrive):
+            end += 1
+        moved = _moved(stmts[i], stmts[g]) if g < len(stmts) and end > i + 2 else None
+        if moved is None or any(isinstance(e, ir.Load) for e in subexprs(whole_store(stmts[i]).value)):
+            i += 1
+            continue
+        gemm, masked = moved
+        stmts[i:end] = [*stmts[i + 1:g], gemm, *stmts[g + 1:end], masked]
+        lines.append(gemm.loc.line)
+        changed = True
+        i = end
+    return dataclasses.replace(node, stmts=tuple(stmts)) if changed else None
 
 
 def _moved(nest: ir.Stmt, gemm: ir.Stmt) -> Optional[list[ir.Stmt]]:

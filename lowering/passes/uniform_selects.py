@@ -9,16 +9,18 @@ math: H100, TileLang's causal D192 attention 1.07x TileLang's own kernel with th
 block, 0.85x with it only where it cuts (D128 causal 1.07x -> 0.81x).
 
 Requires:  a verified kernel (frontend IR; any backend).
-Ensures:   A *uniform condition* of a ``T.Parallel`` nest is the condition of a ``Select`` in its
-           body that compares (``<``, ``<=``, ``>``, ``>=``) two integer expressions whose
-           difference is a sum of constant multiples of the nest's variables plus a rest that
-           reads no nest variable and no buffer (loop and block indices, runtime scalars,
-           constants), with at least one nest variable. The nest with the first such condition
+Ensures:   A *uniform comparison* of a ``T.Parallel`` nest compares (``<``, ``<=``, ``>``,
+           ``>=``) two integer expressions whose difference is a sum of constant multiples of
+           the nest's variables plus a rest that reads no nest variable and no buffer (loop and
+           block indices, runtime scalars, constants), with at least one nest variable; a
+           *uniform condition* is the condition of a ``Select`` in its body that is one, or an
+           ``and`` of them (an explicit program's causal mask and its key-length bound). The nest with the first such condition
            (in pre-order) becomes ``if <it holds at every element>: <nest, those selects -> their
            true value> else: if <it fails at every element>: <nest, -> false value> else:
-           <nest as written>``; the two scalar tests are the condition at the extremes of the
+           <nest as written>``; the two scalar tests are each comparison at the extremes of its
            difference over the nest's box (each variable at 0 or its extent - 1, by the sign of
-           its coefficient). A branch's stores that write back the element they read (``acc[i,
+           its coefficient): an ``and`` holds everywhere where each of its comparisons does, and
+           fails everywhere where one of them does. A branch's stores that write back the element they read (``acc[i,
            j] = T.if_then_else(c, acc[i, j], -inf)`` where ``c`` holds) are dropped. A note
            names the nests' lines. Anything else is unchanged.
 Preserves: program meaning (each element takes the value it took: the branch taken is the one
@@ -58,12 +60,21 @@ def run(kernel: ir.Kernel, config: BackendConfig) -> ir.Kernel:
                             "same at every element")
 
 
-def _uniform_condition(par: ir.Parallel, written: frozenset) -> Optional[ir.Cmp]:
+def _uniform_condition(par: ir.Parallel, written: frozenset) -> Optional[ir.Expr]:
     for s in walk(par.body):
         for e in (x for top in exprs_of(s) for x in subexprs(top)):
-            if isinstance(e, ir.Select) and _extremes(e.cond, par, written) is not None:
+            if isinstance(e, ir.Select) and _conjuncts(e.cond, par, written) is not None:
                 return e.cond
     return None
+
+
+def _conjuncts(cond: ir.Expr, par: ir.Parallel, written: frozenset) -> Optional[list[ir.Cmp]]:
+    """The comparisons ``cond`` is the conjunction of (itself, or the operands of its ``and``s),
+    where each is a uniform comparison of ``par`` (``_extremes``); else None."""
+    if isinstance(cond, ir.BinOp) and cond.op is ir.BinOpKind.LAND:
+        a, b = _conjuncts(cond.a, par, written), _conjuncts(cond.b, par, written)
+        return None if a is None or b is None else a + b
+    return [cond] if _extremes(cond, par, written) is not None else None
 
 
 def _extremes(cond: ir.Expr, par: ir.Parallel, written: frozenset):
@@ -93,19 +104,31 @@ def _extremes(cond: ir.Expr, par: ir.Parallel, written: frozenset):
     return shift(low), shift(high)
 
 
-def _branched(par: ir.Parallel, cond: ir.Cmp, written: frozenset) -> ir.If:
-    least, greatest = _extremes(cond, par, written)
-    if _FLIP[cond.op]:      # a - b <= 0 (or < 0): it holds everywhere at its greatest
-        least, greatest = greatest, least
-    zero = ir.Const(0, ir.DType.I32, cond.loc)
-    everywhere = ir.Cmp(cond.op, least, zero, cond.loc)
-    nowhere = ir.Cmp(_NEGATION[cond.op], greatest, zero, cond.loc)
+def _branched(par: ir.Parallel, cond: ir.Expr, written: frozenset) -> ir.If:
+    """The branches on ``cond``: it holds at every element where each of its conjuncts does, and
+    fails at every element where one of them does."""
+    tests = [_everywhere_nowhere(c, par, written) for c in _conjuncts(cond, par, written)]
+    everywhere, nowhere = tests[0]
+    for e, n in tests[1:]:
+        everywhere = ir.BinOp(ir.BinOpKind.LAND, everywhere, e, ir.DType.BOOL, cond.loc)
+        nowhere = ir.BinOp(ir.BinOpKind.LOR, nowhere, n, ir.DType.BOOL, cond.loc)
     seq = lambda *s: ir.Seq(tuple(s), par.loc)  # noqa: E731
     return ir.If(everywhere, seq(*_decided(par, cond, True)),
                  seq(ir.If(nowhere, seq(*_decided(par, cond, False)), seq(par), par.loc)), par.loc)
 
 
-def _decided(par: ir.Parallel, cond: ir.Cmp, holds: bool) -> tuple[ir.Stmt, ...]:
+def _everywhere_nowhere(cond: ir.Cmp, par: ir.Parallel, written: frozenset) -> tuple[ir.Cmp, ir.Cmp]:
+    """Scalar tests that comparison ``cond`` holds at every element of ``par``'s box, and that it
+    fails at every one: its ``a - b`` at the extreme where it is hardest to hold, and where it is
+    easiest."""
+    least, greatest = _extremes(cond, par, written)
+    if _FLIP[cond.op]:      # a - b <= 0 (or < 0): it holds everywhere at its greatest
+        least, greatest = greatest, least
+    zero = ir.Const(0, ir.DType.I32, cond.loc)
+    return ir.Cmp(cond.op, least, zero, cond.loc), ir.Cmp(_NEGATION[cond.op], greatest, zero, cond.loc)
+
+
+def _decided(par: ir.Parallel, cond: ir.Expr, holds: bool) -> tuple[ir.Stmt, ...]:
     """``par`` with the selects on ``cond`` replaced by the value ``holds`` picks; () where every
     store then writes back the element it read."""
     body = transform(par.body, lambda n: (n.a if holds else n.b)
