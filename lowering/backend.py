@@ -72,6 +72,10 @@ class Program(Protocol):
     def launch(self, values: list) -> None:
         """Run on checked ``values`` aligned with ``kernel.params``."""
 
+    # optional: ``bound_launch() -> launch`` for the values of one call signature, which a kept
+    # call (``tilews.Kernel.bound``) uses where a program has it (Gluon's skips per-call work the
+    # signature fixes); a program without it is launched by ``launch``
+
 
 class Backend(abc.ABC):
     """One backend: a name, its config (capabilities, pipeline, options), and the four steps
