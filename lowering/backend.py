@@ -73,8 +73,8 @@ class Program(Protocol):
         """Run on checked ``values`` aligned with ``kernel.params``."""
 
     # optional: ``bound_launch() -> launch`` for the values of one call signature, which a kept
-    # call (``tilews.Kernel.bound``) uses where a program has it (Gluon's skips per-call work the
-    # signature fixes); a program without it is launched by ``launch``
+    # call (``tilews.Kernel.bound``) uses where a program has it (Gluon's and tl's go straight to
+    # Triton's C launcher); a program without it is launched by ``launch``
 
 
 class Backend(abc.ABC):

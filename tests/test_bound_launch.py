@@ -1,5 +1,6 @@
-"""``GluonProgram.bound_launch``: a kept call's launch straight to Triton's C launcher
-(``triton_ext/gluon/launch.py``, ``triton_ext/launcher.py``, ``triton_ext/gluon/descriptors.py``).
+"""``bound_launch``: a kept call's launch straight to Triton's C launcher, for Gluon and ``tl``
+programs (``triton_ext/launcher.py``, ``triton_ext/gluon/launch.py``, ``triton_ext/tl/launch.py``,
+``triton_ext/gluon/descriptors.py``).
 
 Without a GPU: Hopper kernels compiled compile-only, Triton's JIT and C launcher stubbed (the
 stub records what each launch passes; a TMA descriptor's "encoding" names the tensor's address,
@@ -27,14 +28,22 @@ from tilews.triton_ext.gluon.descriptors import DescriptorSite
 E4M3 = torch.float8_e4m3fn
 
 
+class _CLauncher:
+    """Triton's C launcher (a built-in: no Python code object), recording each launch."""
+
+    def __init__(self, record):
+        self.record = record
+
+    def __call__(self, *args):
+        self.record.append(("raw", args))
+
+
 class _Compiled:
     """What Triton's JIT returns at a first launch, as ``DirectLaunch.of`` reads it."""
 
     def __init__(self, record, descriptors: list[int]):
         self.function, self.packed_metadata = "function", (4, 1, 1024)
-
-        def raw(*args):
-            record.append(("raw", args))
+        raw = _CLauncher(record)
         launcher, tensordesc_indices = raw, set(descriptors)
         tensordesc_meta = [{"position": i} for i in descriptors]
 
@@ -62,7 +71,8 @@ class _Record(list):
 @pytest.fixture
 def stub_gpu(monkeypatch):
     """Launches recorded, not run: [(how, arguments)] per launch ("jit": the first one, "raw":
-    the C launcher, "run": the compiled kernel's own run, as with a launch hook)."""
+    the C launcher, "run": the compiled kernel's own run, as with a launch hook), each launch
+    through ``Launcher.launch`` (the general path) marked "general" first."""
     import triton.backends.nvidia.driver as nvidia
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     record = _Record()
@@ -84,6 +94,12 @@ def stub_gpu(monkeypatch):
         self._driver = types.SimpleNamespace(active=types.SimpleNamespace(
             get_current_device=lambda: device["current"], get_current_stream=lambda d: 70 + d))
     monkeypatch.setattr(launcher_module.Launcher, "__init__", stubbed)
+    general = launcher_module.Launcher.launch
+
+    def launch(self, grid, args):        # the general path, marked
+        record.append(("general", ()))
+        general(self, grid, args)
+    monkeypatch.setattr(launcher_module.Launcher, "launch", launch)
     monkeypatch.setattr(nvidia, "make_tensordesc_arg", lambda desc, meta: [
         ("map", desc.base.data_ptr(), tuple(desc.block_shape), meta["position"]), *desc.shape, *desc.strides])
     record.device = device
@@ -112,8 +128,9 @@ def _fp8_swapped(M=16, N=128, K=256):
 def _general(program, values, record) -> tuple:
     """What the general path passes for ``values`` (after its first launch, the C launcher)."""
     program.launch(values)
-    how, args = record.pop()
-    assert how == "raw"
+    (general, _), (how, args) = record[-2:]
+    del record[-2:]
+    assert (general, how) == ("general", "raw")
     return args
 
 
@@ -122,7 +139,7 @@ def test_bound_launch_passes_what_launch_passes(stub_gpu):
     bound = program.bound_launch()
     first = values()
     bound(first)                                   # the first call: Triton's JIT, then ready
-    assert [how for how, _ in stub_gpu] == ["jit"]
+    assert [how for how, _ in stub_gpu] == ["general", "jit"]
     for vs in [first, values(), values(), first]:  # the first's addresses again: cached expansions
         stub_gpu.clear()
         bound(vs)
@@ -141,10 +158,12 @@ def test_bound_launch_goes_the_general_way_where_it_must(stub_gpu):
     stub_gpu.clear()
 
     def how(vs):
+        stub_gpu.clear()
         bound(vs)
-        return [h for h, _ in stub_gpu[-1:]]
+        return [h for h, _ in stub_gpu if h != "general"] if stub_gpu[0][0] == "general" else \
+            ["direct " + h for h, _ in stub_gpu]
 
-    assert how(vs) == ["raw"]
+    assert how(vs) == ["direct raw"]
     from triton import knobs
     seen = []
     knobs.runtime.launch_enter_hook.add(seen.append)
@@ -152,14 +171,14 @@ def test_bound_launch_goes_the_general_way_where_it_must(stub_gpu):
         assert how(vs) == ["run"]                   # the compiled kernel's run calls the hook
     finally:
         knobs.runtime.launch_enter_hook.remove(seen.append)
-    assert how(vs) == ["raw"]
+    assert how(vs) == ["direct raw"]
     misaligned = list(vs)
     misaligned[1] = torch.zeros(5)[1:2]             # scale_a (a pointer) 4 bytes past 16
     assert how(misaligned) == ["jit"]               # another specialization: Triton compiles
     stub_gpu.device["current"] = 1
     assert how(vs) == ["jit"]                       # another device: its own compiled kernel
     stub_gpu.device["current"] = 0
-    assert how(vs) == ["raw"]
+    assert how(vs) == ["direct raw"]
 
 
 def test_an_integers_class_decides_as_tritons_does(stub_gpu):
@@ -179,7 +198,7 @@ def test_an_integers_class_decides_as_tritons_does(stub_gpu):
     bound(values(128))                              # 128: the class of 64 (multiple of 16)
     assert [h for h, _ in stub_gpu] == ["raw"] and stub_gpu[-1][1][:3] == (2, 2, 1)
     bound(values(1))
-    assert [h for h, _ in stub_gpu][-1] == "jit"
+    assert [h for h, _ in stub_gpu][-2:] == ["general", "jit"]
 
 
 def test_a_descriptor_site_encodes_each_address_once():
@@ -199,3 +218,26 @@ def test_a_descriptor_site_encodes_each_address_once():
     site(z)                                          # a third address: the site starts over
     site(x)
     assert encoded == [x.data_ptr(), y.data_ptr(), z.data_ptr(), x.data_ptr()]
+
+
+def test_a_tl_program_launches_directly_too(stub_gpu):
+    """A ``triton.language`` program (pointers and strides, a runtime dim): the same arguments
+    as the general path; a pointer 4 bytes past 16-byte alignment goes the general way (Triton
+    compiles the unaligned specialization)."""
+    kernel = tilews.jit(out_idx=[-1], target="triton")(gemm_programs.tiled.fn)(
+        T.dynamic("M"), 64, 64, block_M=32, block_N=32, block_K=32, num_stages=1)
+    program = _program(kernel)
+
+    def values(M, a=None):
+        return [M, torch.randn(M, 64) if a is None else a, torch.randn(64, 64), torch.empty(M, 64)]
+    bound = program.bound_launch()
+    bound(values(32))
+    for vs in (values(32), values(48)):
+        stub_gpu.clear()
+        bound(vs)
+        assert [h for h, _ in stub_gpu] == ["raw"]
+        direct = stub_gpu.pop()[1]
+        assert direct == _general(program, vs, stub_gpu)
+    stub_gpu.clear()
+    bound(values(32, a=torch.randn(32 * 64 + 1)[1:].view(32, 64)))
+    assert [h for h, _ in stub_gpu] == ["general", "jit"]

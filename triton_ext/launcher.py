@@ -22,12 +22,12 @@ kernel needs scratch memory, or a launch hook listens (``triton.knobs.runtime.la
 holds one, e.g. a profiler's; Triton 3.6 keeps an empty hook chain there otherwise, which counts
 as none), the compiled kernel's own ``run`` is used, as the JIT would.
 
-A caller that launches one call signature again and again may skip even that: ``compiled_for``
-gives the compiled kernel a specialization has on the current device, ``unhooked`` says whether a
-launch may go straight to its C launcher now (this thread's context, the same current device, no
-launch hook listening), ``stream`` gives the current stream, and ``value_key`` computes the part
-of the specialization a call signature leaves open from the call's values (the Gluon program's
-``bound_launch`` uses them).
+A caller that launches one call signature again and again may skip even that
+(``bound_launch``, the programs' launch for a kept call): after the signature's first launch,
+``Launcher.direct`` gives a function calling the compiled kernel's C launcher with the arguments
+already expanded, where this call may (``unhooked``: this thread's context, the same current
+device, no launch hook listening; the part of Triton's specialization a signature leaves open,
+``value_key``, the same as the first call's).
 
 Under Triton's CPU interpreter (``TRITON_INTERPRET=1``) there is no compiled kernel: every call
 goes through the interpreter.
@@ -112,6 +112,57 @@ class Launcher:
     def stream(self, device: int) -> int:
         """The current torch stream's handle on ``device``."""
         return self._driver.active.get_current_stream(device)
+
+    def direct(self, values: list, args: list,
+               prepared: Callable[[list], tuple]) -> Optional[Callable[[list], bool]]:
+        """After ``args`` (a program's arguments made of its launch ``values``) were launched: a
+        function launching values of the same call signature straight through the compiled
+        kernel's C launcher, ``prepared(values)`` giving (the grid, the arguments as that
+        launcher takes them: TMA descriptors expanded), answering False (launching nothing)
+        where the call must go through ``launch``: not ``unhooked``, or another specialization
+        (a pointer's alignment or an integer's class among ``values``, which a signature leaves
+        open); None where the kernel has no direct launch. The signature fixes the rest of the
+        specialization: each tensor's strides and the integers derived from them."""
+        import torch
+        device, compiled = self.compiled_for(args)
+        if compiled is None or compiled.raw is None:
+            return None
+        passed = prepared(values)[1]
+        picked = [i for i, v in enumerate(values)
+                  if (isinstance(v, int) and not isinstance(v, bool))
+                  or (isinstance(v, torch.Tensor) and any(a is v for a in passed))]
+        key = value_key(values, picked, torch.Tensor)
+        expected, unhooked, stream = key(values), self.unhooked, self.stream
+        kernel, raw = compiled.kernel, compiled.raw
+        function, metadata, cooperative, pdl = (kernel.function, kernel.packed_metadata,
+                                                compiled.cooperative, compiled.pdl)
+
+        def direct(values: list) -> bool:
+            if not unhooked(device) or key(values) != expected:
+                return False
+            grid, expanded = prepared(values)
+            g = tuple(grid) + (1, 1)
+            raw(g[0], g[1], g[2], stream(device), function, cooperative, pdl, None, None, metadata,
+                None, None, None, *expanded)
+            return True
+        return direct
+
+
+def bound_launch(launch: Callable[[list], None],
+                 direct: Callable[[list], Optional[Callable[[list], bool]]]) -> Callable[[list], None]:
+    """A program's launch for the values of one call signature: the first call through
+    ``launch``, which then gives ``direct(values)`` (a direct launch, ``Launcher.direct``, or
+    None); later calls through it where it takes them, else through ``launch``."""
+    tried: list = []          # [the direct launch, or None], once the first call made it
+
+    def bound(values: list) -> None:
+        if tried:
+            if tried[0] is None or not tried[0](values):
+                launch(values)
+            return
+        launch(values)
+        tried.append(direct(values))
+    return bound
 
 
 _THREAD = threading.local()

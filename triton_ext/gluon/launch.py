@@ -58,7 +58,7 @@ from tilews.lowering.backend import ArtifactStore
 from tilews.lowering.errors import CompileError, InternalError
 from tilews.lowering.plans import AsyncPlan
 
-from ..launcher import Launcher, value_key
+from ..launcher import Launcher, bound_launch
 from ..modules import load_module
 from ..pysource import GRID_SUFFIX
 from . import compile as gluon_compile
@@ -228,52 +228,25 @@ class GluonProgram:
 
     def bound_launch(self) -> Callable[[list], None]:
         """``launch`` for the values of one call signature (each tensor's shape, strides, dtype
-        and device the same; the caller keys it on at least that, as ``Kernel.bound`` does).
-        After a first ``launch``, a call goes straight to Triton's C launcher with the arguments
-        ``<kernel>_bound_args`` expands (each TMA descriptor's tensor map encoded once per
-        tensor address, ``DescriptorSite``), where it may (``_direct``); else through ``launch``."""
-        tried: list = []          # [the direct launch, or None], once the first call made it
-
-        def launch(values: list) -> None:
-            if tried:
-                if tried[0] is None or not tried[0](values):
-                    self.launch(values)
-                return
-            self.launch(values)
-            tried.append(self._direct(values))
-        return launch
+        and device the same; the caller keys it on at least that, as ``Kernel.bound`` does):
+        after a first ``launch``, straight to Triton's C launcher where it may
+        (``launcher.bound_launch``), with the arguments ``<kernel>_bound_args`` expands (each
+        TMA descriptor's tensor map encoded once per tensor address, ``DescriptorSite``)."""
+        return bound_launch(lambda values: self.launch(values), self._direct)
 
     def _direct(self, values: list) -> Optional[Callable[[list], bool]]:
-        """For ``bound_launch``, after ``values`` were launched: a function launching values of
-        their signature through Triton's C launcher, answering False (launching nothing) where
-        that call must go through ``launch``: another device, a launch hook listening, or
-        another specialization (a pointer's alignment or an integer's class, which the
-        signature leaves open); None where this kernel has no direct launch."""
-        import torch
+        """``Launcher.direct`` for ``bound_launch``, after ``values`` were launched; None where
+        the compiled kernel's descriptors are not this module's sites."""
         args_fn, grid_fn, launcher, bound_args, site_specs = self._host
-        device, compiled = launcher.compiled_for(args_fn(*values))
-        if compiled is None or compiled.raw is None or len(compiled.descriptors) != len(site_specs):
+        args = args_fn(*values)
+        compiled = launcher.compiled_for(args)[1]
+        if compiled is None or len(compiled.descriptors) != len(site_specs):
             return None
         sites = tuple(DescriptorSite(self._make_descriptor, block, layout, compiled.encoder(i))
                       for i, (block, layout) in enumerate(site_specs))
-        passed = bound_args(sites, *values)
-        picked = [i for i, v in enumerate(values)
-                  if (isinstance(v, int) and not isinstance(v, bool))
-                  or (isinstance(v, torch.Tensor) and any(a is v for a in passed))]
-        key = value_key(values, picked, torch.Tensor)
-        expected, scalar_at = key(values), self._scalar_at
-        kernel, raw = compiled.kernel, compiled.raw
-        function, metadata, cooperative, pdl = kernel.function, kernel.packed_metadata, compiled.cooperative, compiled.pdl
-        unhooked, stream = launcher.unhooked, launcher.stream
-
-        def direct(values: list) -> bool:
-            if not unhooked(device) or key(values) != expected:
-                return False
-            g = tuple(grid_fn(*[values[i] for i in scalar_at])) + (1, 1)
-            raw(g[0], g[1], g[2], stream(device), function, cooperative, pdl, None, None, metadata,
-                None, None, None, *bound_args(sites, *values))
-            return True
-        return direct
+        scalar_at = self._scalar_at
+        return launcher.direct(values, args, lambda v: (grid_fn(*[v[i] for i in scalar_at]),
+                                                        bound_args(sites, *v)))
 
     def _load(self):
         """The module's host functions and a launcher of its kernel (its JIT compiles under our

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 from tilews.lowering import ir
 from tilews.lowering.arguments import ArgumentRules
 from tilews.lowering.backend import ArtifactStore
 from tilews.lowering.plans import StreamPlan
 
-from ..launcher import Launcher
+from ..launcher import Launcher, bound_launch
 from ..modules import load_module
 from ..pysource import GRID_SUFFIX
 
@@ -66,6 +66,21 @@ class TlProgram:
         buffers, numbers for scalars), on the current torch stream."""
         args, scalars = self._arguments(*values)
         self.launcher.launch(self.grid_fn(*scalars), args)
+
+    def bound_launch(self) -> Callable[[list], None]:
+        """``launch`` for the values of one call signature (the caller keys it on at least that,
+        as ``Kernel.bound`` does): after a first ``launch``, straight to Triton's C launcher
+        where it may (``launcher.bound_launch``)."""
+        return bound_launch(lambda values: self.launch(values), self._direct)
+
+    def _direct(self, values: list) -> Optional[Callable[[list], bool]]:
+        """``Launcher.direct`` for ``bound_launch``, after ``values`` were launched."""
+        arguments, grid_fn = self._arguments, self.grid_fn
+
+        def prepared(v: list) -> tuple:
+            args, scalars = arguments(*v)
+            return grid_fn(*scalars), args
+        return self.launcher.direct(values, arguments(*values)[0], prepared)
 
 
 def _arguments_of(params, passed) -> Callable[..., tuple[list, tuple]]:
