@@ -23,6 +23,7 @@ from tilews.ops import fp8 as fp8_ops
 from tilews.ops import gemm_programs
 from tilews.triton_ext import launcher as launcher_module
 from tilews.triton_ext.gluon import launch as gluon_launch
+from tilews.testing import rel_err
 from tilews.triton_ext.gluon.descriptors import DescriptorSite
 
 E4M3 = torch.float8_e4m3fn
@@ -241,3 +242,17 @@ def test_a_tl_program_launches_directly_too(stub_gpu):
     stub_gpu.clear()
     bound(values(32, a=torch.randn(32 * 64 + 1)[1:].view(32, 64)))
     assert [h for h, _ in stub_gpu] == ["general", "jit"]
+
+
+def test_under_tritons_interpreter_every_call_is_interpreted():
+    """A ``tl`` program under Triton's CPU interpreter (the tests' own setting) has no compiled
+    kernel and no driver to ask for one: its kept calls launch through the interpreter, each
+    with the call's own values."""
+    kernel = tilews.jit(out_idx=[-1], target="triton")(gemm_programs.tiled.fn)(
+        T.dynamic("M"), 64, 64, block_M=32, block_N=32, block_K=32, num_stages=1)
+    a, b = torch.randn(40, 64).bfloat16(), torch.randn(64, 64).bfloat16()
+    call = kernel.bound((a, b))
+    for seed in (1, 2):
+        a, b = (torch.randn(*shape, generator=torch.Generator().manual_seed(seed + i)).bfloat16()
+                for i, shape in enumerate(((40, 64), (64, 64))))
+        assert rel_err(call(a, b), a.double() @ b.double()) < 1e-2

@@ -121,9 +121,12 @@ class Launcher:
         launcher takes them: TMA descriptors expanded), answering False (launching nothing)
         where the call must go through ``launch``: not ``unhooked``, or another specialization
         (a pointer's alignment or an integer's class among ``values``, which a signature leaves
-        open); None where the kernel has no direct launch. The signature fixes the rest of the
+        open); None where the kernel has no direct launch (under Triton's interpreter, none
+        has). The signature fixes the rest of the
         specialization: each tensor's strides and the integers derived from them."""
         import torch
+        if self.interpreted:                    # Triton's CPU interpreter: no compiled kernel
+            return None
         device, compiled = self.compiled_for(args)
         if compiled is None or compiled.raw is None:
             return None

@@ -3,9 +3,9 @@
 Causal attention's query block ``bx`` loops over ``bx + 1`` key blocks (TileLang's examples:
 ``T.ceildiv((bx + 1) * block_M, block_N)``), so in launch order the longest blocks come last and
 one of them can run alone at the end of the grid. A program that writes its schedule out
-(``T.ws`` roles, each looping over the key blocks with ``range``) has the same loops in its roles. A grid launched as it stands (the ``tl``
-backend, a Gluon kernel that stays one block per tile) starts its longest blocks first and fills
-the tail with short ones. A persistent kernel (``persist``, which runs before this pass in the
+(``T.ws`` roles, each looping over the key blocks with ``range``) has the same loops in its
+roles. A grid launched as it stands (the ``tl`` backend, a Gluon kernel that stays one block
+per tile) starts its longest blocks first and fills the tail with short ones. A persistent kernel (``persist``, which runs before this pass in the
 Gluon pipeline) keeps its launch order: its serpentine rounds already share unequal tiles out
 evenly, and there the backwards order measured slower (H200, causal B4 H32 S4096 D128, 5 rounds:
 0.93x cuDNN numbered backwards, 1.10x in launch order; D64 equal). ``tilews.ops.attention``

@@ -14,15 +14,15 @@ Ensures:   A *uniform comparison* of a ``T.Parallel`` nest compares (``<``, ``<=
            the nest's variables plus a rest that reads no nest variable and no buffer (loop and
            block indices, runtime scalars, constants), with at least one nest variable; a
            *uniform condition* is the condition of a ``Select`` in its body that is one, or an
-           ``and`` of them (an explicit program's causal mask and its key-length bound). The nest with the first such condition
-           (in pre-order) becomes ``if <it holds at every element>: <nest, those selects -> their
-           true value> else: if <it fails at every element>: <nest, -> false value> else:
-           <nest as written>``; the two scalar tests are each comparison at the extremes of its
-           difference over the nest's box (each variable at 0 or its extent - 1, by the sign of
-           its coefficient): an ``and`` holds everywhere where each of its comparisons does, and
-           fails everywhere where one of them does. A branch's stores that write back the element they read (``acc[i,
-           j] = T.if_then_else(c, acc[i, j], -inf)`` where ``c`` holds) are dropped. A note
-           names the nests' lines. Anything else is unchanged.
+           ``and`` of them (an explicit program's causal mask and its key-length bound). The nest
+           with the first such condition (in pre-order) becomes ``if <it holds at every element>:
+           <nest, those selects -> their true value> else: if <it fails at every element>: <nest, ->
+           false value> else: <nest as written>``; the two scalar tests are each comparison at the
+           extremes of its difference over the nest's box (each variable at 0 or its extent - 1, by
+           the sign of its coefficient): an ``and`` holds everywhere where each of its comparisons
+           does, and fails everywhere where one of them does. A branch's stores that write back the
+           element they read (``acc[i, j] = T.if_then_else(c, acc[i, j], -inf)`` where ``c`` holds)
+           are dropped. A note names the nests' lines. Anything else is unchanged.
 Preserves: program meaning (each element takes the value it took: the branch taken is the one
            the element's own condition selects) and locations (the branches carry the nest's).
 """
