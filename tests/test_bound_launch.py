@@ -158,11 +158,13 @@ def test_bound_launch_goes_the_general_way_where_it_must(stub_gpu):
     bound(vs)
     stub_gpu.clear()
 
-    def how(vs):
+    def how(vs) -> list[str]:
+        """What the call did: "direct raw" (straight to the C launcher), else what the general
+        path did ("raw", "run" with a hook, "jit" for a new specialization)."""
         stub_gpu.clear()
         bound(vs)
-        return [h for h, _ in stub_gpu if h != "general"] if stub_gpu[0][0] == "general" else \
-            ["direct " + h for h, _ in stub_gpu]
+        hows = [h for h, _ in stub_gpu]
+        return hows[1:] if hows[0] == "general" else [f"direct {h}" for h in hows]
 
     assert how(vs) == ["direct raw"]
     from triton import knobs
