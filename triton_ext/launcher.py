@@ -95,12 +95,6 @@ class Launcher:
         direct.raw(g[0], g[1], g[2], stream, kernel.function, direct.cooperative, direct.pdl, None,
                    None, kernel.packed_metadata, None, None, leave, *direct.expand(args))
 
-    def compiled_for(self, args: list) -> tuple[int, Optional["DirectLaunch"]]:
-        """(the current device, the kernel compiled for ``args``'s specialization on it, or None
-        where none has been yet)."""
-        device = self._driver.active.get_current_device()
-        return device, self.compiled.get((device, self.specialization(args)))
-
     def unhooked(self, device: int) -> bool:
         """Whether a launch may go straight to a compiled kernel's C launcher on ``device`` now:
         this thread has a current context, ``device`` is the current device and no launch hook
@@ -114,21 +108,24 @@ class Launcher:
         return self._driver.active.get_current_stream(device)
 
     def direct(self, values: list, args: list,
-               prepared: Callable[[list], tuple]) -> Optional[Callable[[list], bool]]:
+               preparer: Callable[["DirectLaunch"], Optional[Callable[[list], tuple]]]
+               ) -> Optional[Callable[[list], bool]]:
         """After ``args`` (a program's arguments made of its launch ``values``) were launched: a
         function launching values of the same call signature straight through the compiled
-        kernel's C launcher, ``prepared(values)`` giving (the grid, the arguments as that
-        launcher takes them: TMA descriptors expanded), answering False (launching nothing)
+        kernel's C launcher, ``preparer(compiled)(values)`` giving (the grid, the arguments as
+        that launcher takes them: TMA descriptors expanded), answering False (launching nothing)
         where the call must go through ``launch``: not ``unhooked``, or another specialization
         (a pointer's alignment or an integer's class among ``values``, which a signature leaves
         open); None where the kernel has no direct launch (under Triton's interpreter, none
-        has). The signature fixes the rest of the
+        has) or ``preparer`` gives none for it. The signature fixes the rest of the
         specialization: each tensor's strides and the integers derived from them."""
         import torch
         if self.interpreted:                    # Triton's CPU interpreter: no compiled kernel
             return None
-        device, compiled = self.compiled_for(args)
-        if compiled is None or compiled.raw is None:
+        device = self._driver.active.get_current_device()
+        compiled = self.compiled.get((device, self.specialization(args)))   # launched: compiled
+        prepared = None if compiled is None or compiled.raw is None else preparer(compiled)
+        if prepared is None:
             return None
         passed = prepared(values)[1]
         picked = [i for i, v in enumerate(values)

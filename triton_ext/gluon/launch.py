@@ -238,15 +238,15 @@ class GluonProgram:
         """``Launcher.direct`` for ``bound_launch``, after ``values`` were launched; None where
         the compiled kernel's descriptors are not this module's sites."""
         args_fn, grid_fn, launcher, bound_args, site_specs = self._host
-        args = args_fn(*values)
-        compiled = launcher.compiled_for(args)[1]
-        if compiled is None or len(compiled.descriptors) != len(site_specs):
-            return None
-        sites = tuple(DescriptorSite(self._make_descriptor, block, layout, compiled.encoder(i))
-                      for i, (block, layout) in enumerate(site_specs))
         scalar_at = self._scalar_at
-        return launcher.direct(values, args, lambda v: (grid_fn(*[v[i] for i in scalar_at]),
-                                                        bound_args(sites, *v)))
+
+        def preparer(compiled) -> Optional[Callable[[list], tuple]]:
+            if len(compiled.descriptors) != len(site_specs):
+                return None
+            sites = tuple(DescriptorSite(self._make_descriptor, block, layout, compiled.encoder(i))
+                          for i, (block, layout) in enumerate(site_specs))
+            return lambda v: (grid_fn(*[v[i] for i in scalar_at]), bound_args(sites, *v))
+        return launcher.direct(values, args_fn(*values), preparer)
 
     def _load(self):
         """The module's host functions and a launcher of its kernel (its JIT compiles under our

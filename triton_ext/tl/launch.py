@@ -80,7 +80,7 @@ class TlProgram:
         def prepared(v: list) -> tuple:
             args, scalars = arguments(*v)
             return grid_fn(*scalars), args
-        return self.launcher.direct(values, arguments(*values)[0], prepared)
+        return self.launcher.direct(values, arguments(*values)[0], lambda compiled: prepared)
 
 
 def _arguments_of(params, passed) -> Callable[..., tuple[list, tuple]]:
